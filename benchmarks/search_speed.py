@@ -1,0 +1,44 @@
+"""How long a full plan (search space + memory model + ranking) takes.
+
+    python benchmarks/search_speed.py [--repeat 5]
+
+Prints the median wall time per case; the target is about a second for DeepSeek-V3 on 1024
+GPUs on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from planner.hardware import ClusterSpec, get_gpu
+from planner.models import resolve_model
+from planner.plan import make_plan
+from planner.workload import GrpoWorkload
+
+CASES = (("qwen3-30b", 16), ("qwen2.5-7b", 8), ("llama3.1-70b", 64), ("deepseek-v3", 256),
+         ("deepseek-v3", 1024))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    workload = GrpoWorkload()
+    print(f"{'model':>14} {'GPUs':>5} {'enumerated':>14} {'actor layouts':>14} "
+          f"{'fit':>8} {'median s':>9} {'min s':>7}")
+    for name, gpus in CASES:
+        model, cluster = resolve_model(name), ClusterSpec(get_gpu("h100"), gpus, 8)
+        times = []
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            plan = make_plan(model, cluster, workload)
+            times.append(time.perf_counter() - start)
+        print(f"{name:>14} {gpus:>5} {plan.enumerated:>14,} {len(plan.candidates):>14,} "
+              f"{int(plan.candidates['fits'].sum()):>8,} {statistics.median(times):>9.3f} "
+              f"{min(times):>7.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from planner.cli import entry_point
+
+entry_point()

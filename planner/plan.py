@@ -1,0 +1,108 @@
+"""From a model, a cluster and a workload to a ranked table of layouts.
+
+This is the one place the pieces meet: search space -> cost model -> ranking.  It returns
+plain data (:class:`Plan`, a pandas DataFrame of candidates plus counts); formatting for people
+lives in :mod:`planner.report` and exit codes in :mod:`planner.cli`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from planner.errors import InvalidLayoutError
+from planner.hardware import GIB, ClusterSpec
+from planner.layout import LAYOUT_FIELDS, RECOMPUTE, Columns, Layout
+from planner.memory import PHASES, estimate_memory
+from planner.models import ModelSpec
+from planner.ranking import rank_candidates
+from planner.rules import UNWISE_FLAGS, explain, pipeline_split, unwise_flags
+from planner.space import SearchOptions, build_space
+from planner.workload import GrpoWorkload
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+PLANNER_VERSION = "0.1.0"
+
+
+@dataclass
+class Plan:
+    model: ModelSpec
+    cluster: ClusterSpec
+    workload: GrpoWorkload
+    candidates: "pd.DataFrame"  # ranked, best first; every valid layout, fitting or not
+    enumerated: int
+    valid: int
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def fitting(self) -> "pd.DataFrame":
+        return self.candidates[self.candidates["fits"]]
+
+
+def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
+                  cols: Columns, pick_utilization: bool) -> Columns:
+    """Cost-model columns (memory, flags) for layouts that obey every rule."""
+    first, _, last, _ = pipeline_split(model.num_layers, cols["pp"],
+                                       cols.get("first_stage_layers"),
+                                       cols.get("last_stage_layers"))
+    cols = {**cols, "first_stage_layers": first, "last_stage_layers": last}
+    memory = estimate_memory(model, cluster, workload, cols, pick_utilization=pick_utilization)
+    training_peak = np.max([memory[f"mem_{phase}_bytes"] for phase in
+                            ("update_actor", "old_log_prob", "ref")], axis=0)
+    flags = unwise_flags(model, cluster, workload,
+                         {**cols, "train_peak_fraction": training_peak / cluster.gpu.memory_bytes})
+    out = {**cols, **memory}
+    for name in UNWISE_FLAGS:
+        out[f"flag_{name}"] = flags[name]
+    out["unwise_count"] = np.sum([flags[name] for name in UNWISE_FLAGS], axis=0)
+    return out
+
+
+def _frame(cols: Columns) -> "pd.DataFrame":
+    import pandas as pd
+
+    frame = pd.DataFrame(cols)
+    frame["recompute"] = pd.Categorical.from_codes(frame["recompute"].astype(int), RECOMPUTE)
+    frame["peak_phase"] = pd.Categorical.from_codes(frame["peak_phase"].astype(int), PHASES)
+    frame["peak_memory_gib"] = frame["peak_bytes"] / GIB
+    for phase in PHASES:
+        frame[f"mem_{phase}_gib"] = frame[f"mem_{phase}_bytes"] / GIB
+    return frame
+
+
+def make_plan(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
+              options: SearchOptions = SearchOptions()) -> Plan:
+    space = build_space(model, cluster, workload, options)
+    scored = score_columns(model, cluster, workload, space.columns,
+                           pick_utilization=options.gpu_memory_utilization is None)
+    frame = rank_candidates(_frame(scored))
+    return Plan(model=model, cluster=cluster, workload=workload, candidates=frame,
+                enumerated=space.enumerated, valid=space.valid, rejected=space.rejected)
+
+
+@dataclass
+class Estimate:
+    model: ModelSpec
+    cluster: ClusterSpec
+    workload: GrpoWorkload
+    layout: Layout
+    row: dict  # every cost-model column for this layout
+
+
+def estimate_layout(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
+                    layout: Layout, pick_utilization: bool = False) -> Estimate:
+    """Score one layout; raises :class:`InvalidLayoutError` listing every broken rule."""
+    broken = explain(model, cluster, workload, layout.to_dict())
+    if broken:
+        raise InvalidLayoutError(broken)
+    scored = score_columns(model, cluster, workload, layout.to_columns(), pick_utilization)
+    row = {name: values[0].item() if hasattr(values[0], "item") else values[0]
+           for name, values in scored.items()}
+    values = {name: row[name] for name in LAYOUT_FIELDS}
+    values["recompute"] = RECOMPUTE[int(values["recompute"])]
+    return Estimate(model=model, cluster=cluster, workload=workload,
+                    layout=Layout(**values), row=row)

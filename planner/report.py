@@ -1,0 +1,208 @@
+"""Plans and estimates as JSON-ready dicts, CSV and terminal tables.
+
+The JSON shape is a contract later tools rely on::
+
+    {"model": {...}, "cluster": {...}, "workload": {...},
+     "enumerated": N, "valid": N, "fitting": N, "rejected": {rule: count},
+     "candidates": [{"rank", "layout": {...}, "fits", "peak_memory_gib", "peak_phase",
+                     "memory_utilization", "memory_gib": {phase: gib},
+                     "breakdown_gib": {...}, "rollout": {...}, "flags": [...]}]}
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any, Mapping
+
+from planner.hardware import GIB
+from planner.layout import LAYOUT_FIELDS, RECOMPUTE
+from planner.memory import PHASES
+from planner.rules import UNWISE_FLAGS
+
+BREAKDOWN_PARTS = ("weights", "grads", "optimizer", "train_activations", "train_logits",
+                   "ref_weights", "rollout_weights", "kv_cache")
+TIME_PHASES = ("generate", "old_log_prob", "ref", "update_actor", "weight_sync")
+
+
+def _plain(value: Any) -> Any:
+    """numpy/pandas scalars to JSON-ready Python values."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float):
+        return round(value, 4)
+    return value
+
+
+def candidate_dict(row: Mapping[str, Any]) -> dict:
+    layout = {name: _plain(row[name]) for name in LAYOUT_FIELDS}
+    recompute = row["recompute"]
+    layout["recompute"] = recompute if isinstance(recompute, str) else RECOMPUTE[int(recompute)]
+    for name in ("param_offload", "optimizer_offload", "ref_param_offload", "sequence_parallel",
+                 "distributed_optimizer"):
+        layout[name] = bool(layout[name])
+    peak_phase = row["peak_phase"]
+    out = {
+        "layout": layout,
+        "fits": bool(row["fits"]),
+        "peak_memory_gib": round(float(row["peak_bytes"]) / GIB, 2),
+        "peak_phase": peak_phase if isinstance(peak_phase, str) else PHASES[int(peak_phase)],
+        "peak_stage": "last" if int(row["peak_stage"]) else "first",
+        "memory_utilization": round(float(row["memory_utilization"]), 4),
+        "memory_gib": {phase: round(float(row[f"mem_{phase}_bytes"]) / GIB, 2)
+                       for phase in PHASES},
+        "breakdown_gib": {part: round(float(row[f"{part}_bytes"]) / GIB, 2)
+                          for part in BREAKDOWN_PARTS},
+        "rollout": {"kv_cache_tokens_per_gpu": int(row["kv_cache_tokens_per_gpu"]),
+                    "concurrent_seqs": int(row["rollout_concurrent_seqs"]),
+                    "seqs_per_rank": int(row["rollout_seqs_per_rank"]),
+                    "fits": bool(row["rollout_fits"])},
+        "flags": [name for name in UNWISE_FLAGS if bool(row[f"flag_{name}"])],
+    }
+    if "rank" in row:
+        out = {"rank": int(row["rank"]), **out}
+    if "step_time_s" in row:
+        out["step_time_s"] = round(float(row["step_time_s"]), 3)
+        out["time_s"] = {phase: round(float(row[f"time_{phase}_s"]), 3) for phase in TIME_PHASES}
+        out["tokens_per_s_per_gpu"] = round(float(row["tokens_per_s_per_gpu"]), 1)
+        out["mfu"] = round(float(row["mfu"]), 4)
+    return out
+
+
+def plan_dict(plan, top: int | None) -> dict:
+    shown = plan.candidates if top is None else plan.candidates.head(top)
+    return {
+        "model": {**plan.model.to_dict(), "params": plan.model.params.to_dict()},
+        "cluster": plan.cluster.to_dict(),
+        "workload": plan.workload.to_dict(),
+        "enumerated": int(plan.enumerated),
+        "valid": int(plan.valid),
+        "candidates_scored": int(len(plan.candidates)),
+        "fitting": int(plan.candidates["fits"].sum()),
+        "rejected": dict(sorted(plan.rejected.items(), key=lambda item: -item[1])),
+        "candidates": [candidate_dict(row) for row in shown.to_dict("records")],
+    }
+
+
+def to_json(data: dict) -> str:
+    return json.dumps(data, indent=2)
+
+
+def plan_csv(plan, top: int | None) -> str:
+    shown = plan.candidates if top is None else plan.candidates.head(top)
+    columns = ["rank", *LAYOUT_FIELDS, "fits", "peak_memory_gib", "peak_phase",
+               "memory_utilization", *[f"mem_{phase}_gib" for phase in PHASES], "unwise_count"]
+    if "step_time_s" in shown:
+        columns += ["step_time_s", "tokens_per_s_per_gpu", "mfu"]
+    buffer = io.StringIO()
+    shown[columns].to_csv(buffer, index=False, float_format="%.4g")
+    return buffer.getvalue()
+
+
+def _offload(row) -> str:
+    parts = [name for name, key in (("param", "param_offload"), ("optim", "optimizer_offload"),
+                                    ("ref", "ref_param_offload")) if bool(row[key])]
+    return "+".join(parts) or "-"
+
+
+def format_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """Right-aligned text table; ``columns`` are (header, key) pairs."""
+    cells = [[header for header, _ in columns]]
+    cells += [[str(row[key]) for _, key in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def plan_table(plan, top: int) -> str:
+    fitting = plan.fitting.head(top)
+    model, cluster = plan.model, plan.cluster
+    p = model.params
+    head = [
+        f"model    {model.name}: {p.total / 1e9:.2f}B params ({p.active / 1e9:.2f}B active), "
+        f"{model.num_layers} layers, hidden {model.hidden_size}"
+        + (f", {model.num_experts} experts top-{model.moe_top_k}" if model.is_moe else ""),
+        f"cluster  {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpu.memory_gib:.1f} GiB), "
+        f"{cluster.gpus_per_node} per node",
+        f"workload GRPO: {plan.workload.train_batch_size} prompts x n={plan.workload.rollout_n}, "
+        f"prompt {plan.workload.prompt_length} + response {plan.workload.response_length} "
+        f"tokens, mini-batch {plan.workload.mini_batch_size}",
+        f"searched {plan.enumerated:,} layouts: {plan.valid:,} valid "
+        f"({len(plan.candidates):,} actor layouts, rollout chosen per layout), "
+        f"{int(plan.candidates['fits'].sum()):,} fit in memory",
+    ]
+    rows = []
+    has_time = "step_time_s" in fitting
+    for record in fitting.to_dict("records"):
+        rows.append({
+            **record,
+            "vpp": record["vpp"] if record["pp"] > 1 else "-",
+            "rollout": f"{record['rollout_tp']}/{record['rollout_dp']}/{record['rollout_ep']}",
+            "util": f"{record['gpu_memory_utilization']:.2f}",
+            "offload": _offload(record),
+            "peak": f"{record['peak_bytes'] / GIB:.1f}",
+            "mem": f"{100 * record['memory_utilization']:.0f}%",
+            "step": f"{record.get('step_time_s', 0):.1f}",
+            "tps": f"{record.get('tokens_per_s_per_gpu', 0):.0f}",
+            "flags": ",".join(name for name in UNWISE_FLAGS if record[f"flag_{name}"]) or "-",
+        })
+    columns = [("#", "rank"), ("TP", "tp"), ("PP", "pp"), ("VPP", "vpp"), ("CP", "cp")]
+    if model.is_moe:
+        columns += [("EP", "ep"), ("ETP", "etp")]
+    columns += [("DP", "dp"), ("mbs", "micro_batch"), ("recompute", "recompute"),
+                ("offload", "offload"), ("rollout TP/DP/EP", "rollout"), ("util", "util")]
+    if has_time:
+        columns += [("step s", "step"), ("tok/s/GPU", "tps")]
+    columns += [("peak GiB", "peak"), ("mem", "mem"), ("peak phase", "peak_phase"),
+                ("flags", "flags")]
+    body = format_table(rows, columns) if rows else "no layout fits in GPU memory"
+    rejected = ", ".join(f"{name} {count:,}" for name, count in
+                         sorted(plan.rejected.items(), key=lambda item: -item[1]))
+    tail = [f"rejected: {rejected}" if rejected else "rejected: none"]
+    if not rows:
+        best = plan.candidates.head(1).to_dict("records")
+        if best:
+            tail.append(f"closest: {best[0]['peak_bytes'] / GIB:.1f} GiB peak in "
+                        f"{best[0]['peak_phase']} vs {cluster.gpu.memory_gib:.1f} GiB per GPU; "
+                        f"add GPUs or use a larger GPU")
+    return "\n".join(head) + "\n\n" + body + "\n\n" + "\n".join(tail)
+
+
+def estimate_dict(estimate) -> dict:
+    return {"model": estimate.model.name, "cluster": estimate.cluster.to_dict(),
+            "workload": estimate.workload.to_dict(), **candidate_dict(estimate.row)}
+
+
+def estimate_text(estimate) -> str:
+    data = estimate_dict(estimate)
+    layout = data["layout"]
+    lines = [
+        f"{estimate.model.name} on {estimate.cluster.num_gpus} x {estimate.cluster.gpu.name}: "
+        f"TP{layout['tp']} PP{layout['pp']} VPP{layout['vpp']} CP{layout['cp']} "
+        f"EP{layout['ep']} ETP{layout['etp']} DP{layout['dp']}, micro-batch "
+        f"{layout['micro_batch']}, recompute {layout['recompute']}, offload "
+        f"{_offload(layout)}; rollout TP{layout['rollout_tp']} DP{layout['rollout_dp']} "
+        f"EP{layout['rollout_ep']} at gpu_memory_utilization "
+        f"{layout['gpu_memory_utilization']:.2f}",
+        f"fits: {'yes' if data['fits'] else 'NO'} - peak {data['peak_memory_gib']:.2f} GiB "
+        f"({100 * data['memory_utilization']:.0f}% of "
+        f"{estimate.cluster.gpu.memory_gib:.1f} GiB) in {data['peak_phase']} "
+        f"({data['peak_stage']} pipeline stage)",
+        "",
+        "phase peaks (GiB):  " + "  ".join(f"{phase} {gib:.2f}"
+                                           for phase, gib in data["memory_gib"].items()),
+        "breakdown (GiB):    " + "  ".join(f"{part} {gib:.2f}"
+                                           for part, gib in data["breakdown_gib"].items()),
+        f"rollout:            {data['rollout']['kv_cache_tokens_per_gpu']:,} KV tokens per GPU, "
+        f"{data['rollout']['concurrent_seqs']} sequences at once, "
+        f"{data['rollout']['seqs_per_rank']} per rank",
+    ]
+    if "step_time_s" in data:
+        lines.append("time (s):           " + "  ".join(
+            f"{phase} {sec:.2f}" for phase, sec in data["time_s"].items())
+            + f"  -> step {data['step_time_s']:.2f} s, "
+              f"{data['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, MFU {100 * data['mfu']:.1f}%")
+    if data["flags"]:
+        lines.append("unwise:             " + ", ".join(data["flags"]))
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""What the job does: a verl GRPO step's batch and sequence shape.
+
+Defaults follow verl's GRPO Megatron examples (``examples/grpo_trainer/run_qwen2-7b_math_megatron.sh``:
+``data.train_batch_size=1024``, ``ppo_mini_batch_size=256``, ``rollout.n=5``, 1024-token prompts
+and responses).  Batch sizes count prompts, as verl's config does; ``rollout_n`` responses are
+sampled per prompt, so a step trains on ``train_batch_size * rollout_n`` sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from planner.errors import PlanInputError
+
+PRECISIONS = ("bf16", "fp16", "fp8")
+
+
+@dataclass(frozen=True)
+class GrpoWorkload:
+    train_batch_size: int = 1024  # prompts per step (data.train_batch_size)
+    rollout_n: int = 5  # responses per prompt (actor_rollout_ref.rollout.n)
+    prompt_length: int = 1024  # data.max_prompt_length (tokens)
+    response_length: int = 1024  # data.max_response_length (tokens)
+    mini_batch_size: int = 256  # prompts per optimizer step (actor.ppo_mini_batch_size)
+    ppo_epochs: int = 1
+    precision: str = "bf16"
+    use_kl_loss: bool = True  # GRPO's KL to the reference policy needs the reference model
+    max_num_seqs: int = 1024  # vLLM concurrency cap per engine (rollout.max_num_seqs)
+
+    def __post_init__(self) -> None:
+        for name in ("train_batch_size", "rollout_n", "prompt_length", "response_length",
+                     "mini_batch_size", "ppo_epochs", "max_num_seqs"):
+            value = getattr(self, name)
+            if value < 1:
+                raise PlanInputError(f"--{name.replace('_', '-')} must be a positive integer, "
+                                     f"got {value}")
+        if self.mini_batch_size > self.train_batch_size:
+            raise PlanInputError(
+                f"--mini-batch-size {self.mini_batch_size} exceeds --train-batch-size "
+                f"{self.train_batch_size}; verl needs train_batch_size >= ppo_mini_batch_size")
+        if self.precision not in PRECISIONS:
+            raise PlanInputError(f"--precision {self.precision!r} is not one of "
+                                 f"{', '.join(PRECISIONS)}")
+
+    @property
+    def sequence_length(self) -> int:
+        """Longest prompt+response sequence: what one sample can cost in memory."""
+        return self.prompt_length + self.response_length
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.train_batch_size * self.rollout_n
+
+    @property
+    def sequences_per_mini_batch(self) -> int:
+        return self.mini_batch_size * self.rollout_n
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,125 @@
+"""The command line: contract of the JSON output, exit codes, one-line errors, fast start."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_table_for_qwen3_30b_on_16_gpus(capsys):
+    code, out, err = run(capsys, "--model", "qwen3-30b", "--gpus", "16", "--gpu-type", "h100")
+    assert code == 0
+    assert "Qwen3-30B-A3B" in out and "16 x H100-80GB" in out and "rejected:" in out
+    assert out.count("\n") > 8
+
+
+def test_plan_json_contract(capsys):
+    code, out, _ = run(capsys, "--model", "qwen2.5-7b", "--gpus", "8", "--gpu-type", "h100",
+                       "--format", "json", "--top", "3")
+    assert code == 0
+    data = json.loads(out)
+    assert {"model", "cluster", "workload", "candidates", "rejected", "enumerated"} <= set(data)
+    assert len(data["candidates"]) == 3
+    candidate = data["candidates"][0]
+    assert set(candidate["layout"]) >= {"tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch",
+                                        "recompute", "param_offload", "optimizer_offload",
+                                        "rollout_tp", "rollout_dp", "rollout_ep",
+                                        "gpu_memory_utilization"}
+    assert set(candidate["memory_gib"]) == {"generate", "old_log_prob", "ref", "update_actor",
+                                            "weight_sync"}
+    assert candidate["fits"] is True
+    assert candidate["peak_memory_gib"] == max(candidate["memory_gib"].values())
+    assert data["enumerated"] == data["valid"] + sum(data["rejected"].values())
+    layout = candidate["layout"]
+    assert layout["tp"] * layout["pp"] * layout["cp"] * layout["dp"] == 8
+
+
+def test_plan_csv(capsys):
+    code, out, _ = run(capsys, "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h20",
+                       "--format", "csv", "--top", "5")
+    lines = out.strip().splitlines()
+    assert code == 0 and len(lines) == 6 and lines[0].startswith("rank,tp,pp")
+
+
+def test_pins_and_no_offload(capsys):
+    code, out, _ = run(capsys, "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100",
+                       "--tp", "2", "--no-offload", "--format", "json", "--top", "50")
+    candidates = json.loads(out)["candidates"]
+    assert code == 0 and candidates
+    assert all(c["layout"]["tp"] == 2 and not c["layout"]["param_offload"]
+               and not c["layout"]["optimizer_offload"] for c in candidates)
+
+
+def test_estimate_one_layout(capsys):
+    code, out, _ = run(capsys, "estimate", "--model", "qwen2.5-7b", "--gpus", "8",
+                       "--gpu-type", "h100", "--tp", "2", "--pp", "2", "--micro-batch", "2",
+                       "--format", "json")
+    data = json.loads(out)
+    assert code == 0 and data["valid"] and data["layout"]["dp"] == 2
+    assert data["breakdown_gib"]["weights"] > 0 and data["breakdown_gib"]["kv_cache"] > 0
+
+
+def test_estimate_invalid_layout_exits_1_with_the_rule(capsys):
+    code, out, err = run(capsys, "estimate", "--model", "qwen2.5-7b", "--gpus", "8",
+                         "--gpu-type", "h100", "--tp", "8")
+    assert code == 1
+    assert "tp_divides_heads" in err and "28" in err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--model", "qwen9", "--gpus", "8"], "unknown model 'qwen9'"),
+    (["--model", "qwen3-8b", "--gpus", "0", "--gpu-type", "h100"], "--gpus must be"),
+    (["--model", "qwen3-8b", "--gpus", "12", "--gpu-type", "h100"], "multiple of --gpus-per-node"),
+    (["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h300"], "unknown GPU type 'h300'"),
+    (["--model", "qwen3-8b", "--gpus", "8", "--top", "0", "--gpu-type", "h100"], "--top"),
+    (["--model", "qwen3-8b", "--gpus", "8", "--no-offload", "--param-offload",
+      "--gpu-type", "h100"], "contradicts"),
+    (["--model", "qwen3-8b", "--gpus", "eight"], "invalid int value"),
+    (["--model", "qwen3-8b", "--gpus", "8", "--format", "xml"], "invalid choice"),
+    (["estimate", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100",
+      "--recompute", "some"], "invalid choice"),
+    (["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--train-batch-size", "16",
+      "--mini-batch-size", "32"], "exceeds --train-batch-size"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    error_lines = [line for line in err.splitlines() if not line.startswith("note:")]
+    assert len(error_lines) == 1 and needle in error_lines[0], err
+    assert "Traceback" not in err
+
+
+def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{broken")
+    result = subprocess.run([sys.executable, "-m", "planner", "--model", str(bad), "--gpus", "8",
+                             "--gpu-type", "h100"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "cannot read" in result.stderr
+
+
+def test_help_does_not_import_heavy_packages():
+    code = ("import sys; from planner.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('torch', 'verl', 'optuna', 'transformers', 'pandas', 'numpy',"
+            " 'megatron') if m in sys.modules]\n"
+            "print('HEAVY', heavy)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "HEAVY []" in result.stdout, result.stdout + result.stderr
+    assert "plan-parallel" in result.stdout
+
+
+def test_models_and_gpus_listings(capsys):
+    code, out, _ = run(capsys, "models")
+    assert code == 0 and "DeepSeek-V3" in out and "671.03B" in out
+    code, out, _ = run(capsys, "gpus", "--format", "json")
+    assert code == 0 and any(g["name"] == "GB300" for g in json.loads(out))

@@ -1,0 +1,153 @@
+"""Search space: every enumerated layout obeys every rule; counts add up; pins work."""
+
+import numpy as np
+import pytest
+
+from conftest import cluster
+from planner.models import resolve_model
+from planner.plan import make_plan
+from planner.rules import RULES, micro_batches_per_mini_batch, pipeline_split, violations
+from planner.space import SearchOptions, build_space
+from planner.workload import GrpoWorkload
+
+CASES = [("qwen3-30b", 16), ("qwen2.5-7b", 8), ("llama3.1-70b", 32), ("deepseek-v3", 256),
+         ("mixtral-8x7b", 8), ("qwen3-0.6b", 1)]
+
+
+def independent_check(model, world, workload, row) -> list[str]:
+    """The constraints, restated one layout at a time without the planner's rule code."""
+    broken = []
+    tp, pp, vpp, cp, ep, etp, dp = (int(row[k]) for k in ("tp", "pp", "vpp", "cp", "ep", "etp",
+                                                          "dp"))
+    if tp * pp * cp * dp != world:
+        broken.append("world")
+    if model.num_attention_heads % tp:
+        broken.append("heads")
+    g = model.num_query_groups
+    if g % tp and tp % g:
+        broken.append("groups")
+    first, last = int(row["first_stage_layers"]), int(row["last_stage_layers"])
+    middle_stages = max(pp - 2, 0)
+    middle_layers = model.num_layers - first - last if pp > 1 else 0
+    if pp == 1 and first != model.num_layers:
+        broken.append("split")
+    if pp > 1:
+        if first < 1 or last < 1 or (middle_stages and middle_layers % middle_stages):
+            broken.append("split")
+        if middle_stages == 0 and middle_layers != 0:
+            broken.append("split")
+    if vpp > 1:
+        if pp < 2 or first % vpp or last % vpp:
+            broken.append("vpp")
+        if middle_stages and (middle_layers // middle_stages) % vpp:
+            broken.append("vpp")
+    if model.is_moe:
+        if model.num_experts % ep or model.moe_ffn_hidden_size % etp:
+            broken.append("experts")
+    elif ep != 1 or etp != 1:
+        broken.append("dense-ep")
+    if world % (etp * ep * pp):
+        broken.append("expert-grid")
+    mbs = int(row["micro_batch"])
+    if workload.sequences_per_step % (dp * mbs) or workload.sequences_per_mini_batch % dp:
+        broken.append("batch")
+    if (workload.sequences_per_mini_batch // dp) % mbs:
+        broken.append("micro")
+    rtp, rdp, rep = int(row["rollout_tp"]), int(row["rollout_dp"]), int(row["rollout_ep"])
+    if model.num_attention_heads % rtp or world % (rtp * rdp):
+        broken.append("rollout")
+    if model.is_moe and rep not in (1, rtp * rdp):
+        broken.append("rollout-ep")
+    if not model.is_moe and (rep != 1 or rdp != 1):
+        broken.append("rollout-dense")
+    return broken
+
+
+@pytest.mark.parametrize("name,world", CASES)
+def test_every_enumerated_layout_obeys_every_constraint(name, world):
+    model, workload = resolve_model(name), GrpoWorkload()
+    space = build_space(model, cluster(world), workload)
+    assert len(space) > 0
+    cols = space.columns  # first/last stage layers 0: megatron-core's automatic split
+    broken = violations(model, cluster(world), workload, cols)
+    assert not any(mask.any() for mask in broken.values())
+    first, _, last, _ = pipeline_split(model.num_layers, cols["pp"])
+    cols = {**cols, "first_stage_layers": first, "last_stage_layers": last}
+    rng = np.random.default_rng(0)
+    for index in rng.choice(len(space), size=min(400, len(space)), replace=False):
+        row = {key: values[index] for key, values in cols.items()}
+        assert independent_check(model, world, workload, row) == [], row
+
+
+@pytest.mark.parametrize("name,world", CASES)
+def test_rejection_counts_add_up(name, world):
+    space = build_space(resolve_model(name), cluster(world), GrpoWorkload())
+    assert space.enumerated == space.valid + sum(space.rejected.values())
+    assert set(space.rejected) <= {rule.name for rule in RULES}
+
+
+def test_rejections_name_the_rules_users_hit():
+    space = build_space(resolve_model("qwen2.5-7b"), cluster(8), GrpoWorkload())
+    # 28 heads: TP 8 is impossible; 8 GPUs: TP*PP must divide 8.
+    assert space.rejected["tp_divides_heads"] > 0
+    assert space.rejected["world_size"] > 0
+    assert 8 not in set(space.columns["tp"])
+
+
+def test_pins_restrict_the_space():
+    options = SearchOptions(fixed=(("pp", 2), ("tp", 2)))
+    space = build_space(resolve_model("qwen3-8b"), cluster(16), GrpoWorkload(), options)
+    assert set(space.columns["tp"]) == {2} and set(space.columns["pp"]) == {2}
+
+
+def test_dense_models_get_no_expert_parallelism():
+    space = build_space(resolve_model("llama3.1-8b"), cluster(16), GrpoWorkload())
+    assert set(space.columns["ep"]) == {1} and set(space.columns["etp"]) == {1}
+    assert set(space.columns["rollout_dp"]) == {1}
+
+
+def test_uneven_pipeline_for_prime_layer_count():
+    """DeepSeek-V3's 61 layers: uneven first/last stages as verl's examples use."""
+    pp = np.array([1, 2, 4, 8, 16])
+    first, middle, last, valid = pipeline_split(61, pp)
+    assert valid.all()
+    middle_layers = middle * np.maximum(pp - 2, 0)
+    assert list(np.where(pp == 1, first, first + middle_layers + last)) == [61] * 5
+    assert (int(first[4]), int(middle[4]), int(last[4])) == (3, 4, 2)
+    assert (int(first[1]), int(last[1])) == (31, 30)
+
+
+def test_explicit_stage_split():
+    first, middle, last, valid = pipeline_split(
+        28, np.array([4, 4, 2, 1]), np.array([4, 5, 14, 3]), np.array([6, 0, 14, 0]))
+    assert list(valid) == [True, False, True, True]  # 28-5=23 over 3 stages does not divide
+    assert (int(first[0]), int(middle[0]), int(last[0])) == (4, 9, 6)
+    assert int(first[3]) == 28  # PP = 1 ignores the split
+
+
+def test_interleaving_needs_enough_micro_batches():
+    model, workload = resolve_model("qwen3-8b"), GrpoWorkload(mini_batch_size=16, rollout_n=1)
+    space = build_space(model, cluster(16), workload)
+    cols = space.columns
+    m = micro_batches_per_mini_batch(workload, cols)
+    interleaved = cols["vpp"] > 1
+    assert interleaved.any()
+    assert (m[interleaved] >= cols["pp"][interleaved]).all()
+    assert (m[interleaved] % cols["pp"][interleaved] == 0).all()
+
+
+def test_plan_marks_unwise_layouts_and_ranks_them_lower():
+    plan = make_plan(resolve_model("llama3.1-70b"), cluster(32), GrpoWorkload())
+    frame = plan.candidates
+    across = frame[frame["flag_tp_across_nodes"]]
+    assert len(across) > 0 and (across["tp"] > 8).all()
+    fitting = frame[frame["fits"]]
+    assert fitting["unwise_count"].is_monotonic_increasing or \
+        fitting.iloc[0]["unwise_count"] == fitting["unwise_count"].min()
+
+
+def test_deepseek_v3_on_1024_gpus_produces_a_plan():
+    plan = make_plan(resolve_model("deepseek-v3"), cluster(1024), GrpoWorkload())
+    assert plan.candidates["fits"].any()
+    best = plan.candidates.iloc[0]
+    assert best["fits"] and best["ep"] > 1 or best["pp"] > 1
