@@ -54,9 +54,19 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
     for name, default in from_defaults.items():
         group.add_argument(f"--{name.replace('_', '-')}", type=int, default=default,
                            help=f"default {default}")
+    group.add_argument("--mean-response-length", type=int, default=0,
+                       help="tokens generated per response on average (time follows it; "
+                            "default: half of --response-length)")
     group.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
     group.add_argument("--max-num-seqs", type=int, default=1024,
                        help="rollout engine's max concurrent sequences (default 1024)")
+    group.add_argument("--workload", choices=("grpo", "pretrain"), default="grpo",
+                       help="grpo (verl) or a plain Megatron pretraining step")
+    group.add_argument("--seq-len", type=int, default=4096, help="pretrain: sequence length")
+    group.add_argument("--global-batch", type=int, default=1024,
+                       help="pretrain: sequences per optimizer step")
+    group.add_argument("--calibration", help="efficiency constants fitted for your cluster "
+                                             "(JSON from `plan-parallel calibrate`)")
 
 
 def _layout_args(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -138,12 +148,26 @@ def _resolve_cluster(args):
 
 
 def _workload(args):
-    from planner.workload import GrpoWorkload
+    from planner.workload import GrpoWorkload, PretrainWorkload
 
-    return GrpoWorkload(train_batch_size=args.train_batch_size, rollout_n=args.rollout_n,
+    if args.workload == "pretrain":
+        return PretrainWorkload(seq_len=args.seq_len, global_batch=args.global_batch,
+                                precision=args.precision)
+    return GrpoWorkload(mean_response_length=args.mean_response_length,
+                        train_batch_size=args.train_batch_size, rollout_n=args.rollout_n,
                         prompt_length=args.prompt_length, response_length=args.response_length,
                         mini_batch_size=args.mini_batch_size, ppo_epochs=args.ppo_epochs,
                         precision=args.precision, max_num_seqs=args.max_num_seqs)
+
+
+def _calibration(args):
+    if not args.calibration:
+        return None
+    from pathlib import Path
+
+    from planner.timing import read_calibration
+
+    return read_calibration(Path(args.calibration))
 
 
 PIN_FIELDS = {"tp": "tp", "pp": "pp", "vpp": "vpp", "cp": "cp", "ep": "ep", "etp": "etp",
@@ -188,7 +212,7 @@ def cmd_plan(args) -> int:
         recompute=(args.recompute,) if args.recompute else RECOMPUTE,
         gpu_memory_utilization=args.gpu_memory_utilization,
         fixed=tuple(sorted(pins.items())))
-    plan = make_plan(model, cluster, workload, options)
+    plan = make_plan(model, cluster, workload, options, _calibration(args))
     if args.format == "json":
         print(to_json(plan_dict(plan, args.top)))
     elif args.format == "csv":
@@ -217,13 +241,15 @@ def cmd_estimate(args) -> int:
                   ref_param_offload=bool(args.ref_param_offload), sequence_parallel=tp > 1,
                   first_stage_layers=args.first_stage_layers or 0,
                   last_stage_layers=args.last_stage_layers or 0,
-                  rollout_tp=args.rollout_tp or tp, rollout_dp=args.rollout_dp or 1,
+                  rollout_tp=args.rollout_tp or (tp if args.workload == "grpo" else 1),
+                  rollout_dp=args.rollout_dp or 1,
                   rollout_ep=args.rollout_ep or 1,
                   gpu_memory_utilization=args.gpu_memory_utilization or 0.6)
     layout = Layout(**values)
     try:
         estimate = estimate_layout(model, cluster, workload, layout,
-                                   pick_utilization=args.gpu_memory_utilization is None)
+                                   pick_utilization=args.gpu_memory_utilization is None,
+                                   calibration=_calibration(args))
     except InvalidLayoutError as error:
         if args.format == "json":
             print(to_json({"valid": False, "layout": layout.to_dict(),

@@ -32,6 +32,7 @@ class GpuSpec:
     nvlink_bandwidth_bytes_per_s: float  # per GPU, per direction; PCIe figure when no NVLink
     inter_node_bandwidth_bytes_per_s: float  # per GPU, per direction (one NIC per GPU)
     nvlink_domain_gpus: int  # GPUs one NVLink/NVSwitch domain connects (8 on HGX, 72 on NVL72)
+    host_bandwidth_bytes_per_s: float = 25 * 1e9  # GPU<->CPU per direction (offload traffic)
     aliases: tuple[str, ...] = ()
     nvml_names: tuple[str, ...] = ()  # substrings of pynvml.nvmlDeviceGetName() for this part
 
@@ -61,46 +62,48 @@ class GpuSpec:
 
 # Sources: NVIDIA data sheets (dense tensor-core rates, i.e. half the "with sparsity" figures),
 # NVML-reported totals seen on the parts, NVLink generation bandwidth halved for one direction,
-# one 200/400/800 Gb/s NIC per GPU for the inter-node figure.
+# one 200/400/800 Gb/s NIC per GPU for the inter-node figure.  Host bandwidth: PCIe Gen4 x16
+# (~25 GB/s achieved) or Gen5 x16 (~50 GB/s); Grace-Blackwell's NVLink-C2C 900 GB/s (bidir) per
+# superchip, shared by its two GPUs.
 GPU_CATALOG: tuple[GpuSpec, ...] = (
     # A100 SXM4 80GB data sheet: BF16 312 TFLOP/s, HBM2e 2,039 GB/s, NVLink3 600 GB/s (bidir);
     # HDR InfiniBand 200 Gb/s per GPU (DGX A100).  NVML total 81,920 MiB.
     GpuSpec("A100-80GB", 81920 * MIB, 312 * TERA, 0.0, 2039 * GIGA, 300 * GIGA, 25 * GIGA, 8,
-            aliases=("a100", "a100-80g", "a100-sxm"), nvml_names=("A100-SXM4-80GB", "A100 80GB")),
+            host_bandwidth_bytes_per_s=25 * GIGA, aliases=("a100", "a100-80g", "a100-sxm"), nvml_names=("A100-SXM4-80GB", "A100 80GB")),
     # H100 SXM5 data sheet: BF16 989 TFLOP/s, FP8 1,979, HBM3 3.35 TB/s, NVLink4 900 GB/s
     # (bidir); NDR 400 Gb/s per GPU (DGX H100).  NVML total 81,559 MiB.
     GpuSpec("H100-80GB", 81559 * MIB, 989 * TERA, 1979 * TERA, 3350 * GIGA, 450 * GIGA, 50 * GIGA,
-            8, aliases=("h100", "h100-sxm", "h100-80g"), nvml_names=("H100 80GB", "H100-SXM")),
+            8, host_bandwidth_bytes_per_s=50 * GIGA, aliases=("h100", "h100-sxm", "h100-80g"), nvml_names=("H100 80GB", "H100-SXM")),
     # H800 (export H100): same SXM5 compute and HBM, NVLink cut to 400 GB/s (bidir); DeepSeek-V3
     # report (arXiv 2412.19437 §3.1) quotes ~160 GB/s achieved NVLink and 50 GB/s IB per GPU.
     GpuSpec("H800", 81559 * MIB, 989 * TERA, 1979 * TERA, 3350 * GIGA, 200 * GIGA, 50 * GIGA, 8,
-            aliases=("h800-80gb", "h800-sxm"), nvml_names=("H800",)),
+            host_bandwidth_bytes_per_s=50 * GIGA, aliases=("h800-80gb", "h800-sxm"), nvml_names=("H800",)),
     # H20 (export Hopper): BF16 148 TFLOP/s, FP8 296, HBM3 96 GB at 4.0 TB/s, NVLink 900 GB/s.
     GpuSpec("H20-96GB", 97871 * MIB, 148 * TERA, 296 * TERA, 4000 * GIGA, 450 * GIGA, 50 * GIGA, 8,
-            aliases=("h20", "h20-96g"), nvml_names=("H20",)),
+            host_bandwidth_bytes_per_s=50 * GIGA, aliases=("h20", "h20-96g"), nvml_names=("H20",)),
     # H200 SXM data sheet: H100 compute, HBM3e 141 GB at 4.8 TB/s, NVLink 900 GB/s (bidir).
     GpuSpec("H200", 143771 * MIB, 989 * TERA, 1979 * TERA, 4800 * GIGA, 450 * GIGA, 50 * GIGA, 8,
-            aliases=("h200-141gb", "h200-sxm"), nvml_names=("H200",)),
+            host_bandwidth_bytes_per_s=50 * GIGA, aliases=("h200-141gb", "h200-sxm"), nvml_names=("H200",)),
     # B200 (HGX/DGX B200): BF16 2.25 PFLOP/s dense, FP8 4.5, HBM3e 180 GB at 8 TB/s, NVLink5
     # 1.8 TB/s (bidir); ConnectX-7 400 Gb/s per GPU.
     GpuSpec("B200", 183359 * MIB, 2250 * TERA, 4500 * TERA, 8000 * GIGA, 900 * GIGA, 50 * GIGA, 8,
-            aliases=("b200-180gb",), nvml_names=("B200",)),
+            host_bandwidth_bytes_per_s=50 * GIGA, aliases=("b200-180gb",), nvml_names=("B200",)),
     # B300 (HGX B300, Blackwell Ultra): BF16/FP8 dense as B200, HBM3e 288 GB at 8 TB/s,
     # ConnectX-8 800 Gb/s per GPU.
     GpuSpec("B300", 275040 * MIB, 2250 * TERA, 4500 * TERA, 8000 * GIGA, 900 * GIGA, 100 * GIGA, 8,
-            aliases=("b300-288gb",), nvml_names=("B300",)),
+            host_bandwidth_bytes_per_s=50 * GIGA, aliases=("b300-288gb",), nvml_names=("B300",)),
     # GB200 NVL72 (per GPU): BF16 2.5 PFLOP/s dense, FP8 5, HBM3e 186 GB at 8 TB/s, NVLink5
     # 1.8 TB/s (bidir) across all 72 GPUs of the rack; ConnectX-7 400 Gb/s per GPU.
     GpuSpec("GB200", 189471 * MIB, 2500 * TERA, 5000 * TERA, 8000 * GIGA, 900 * GIGA, 50 * GIGA, 72,
-            aliases=("gb200-nvl72",), nvml_names=("GB200",)),
+            host_bandwidth_bytes_per_s=225 * GIGA, aliases=("gb200-nvl72",), nvml_names=("GB200",)),
     # GB300 NVL72 (per GPU): BF16 2.5 PFLOP/s dense, FP8 5, HBM3e 288 GB at 8 TB/s, NVLink5
     # 1.8 TB/s across the rack; ConnectX-8 800 Gb/s per GPU.
     GpuSpec("GB300", 284208 * MIB, 2500 * TERA, 5000 * TERA, 8000 * GIGA, 900 * GIGA, 100 * GIGA, 72,
-            aliases=("gb300-nvl72",), nvml_names=("GB300",)),
+            host_bandwidth_bytes_per_s=225 * GIGA, aliases=("gb300-nvl72",), nvml_names=("GB300",)),
     # L40S data sheet: BF16 362 TFLOP/s dense, FP8 733, GDDR6 48 GB at 864 GB/s, no NVLink
     # (PCIe Gen4 x16, 32 GB/s per direction); 100 GbE per GPU typical.  NVML total 46,068 MiB.
     GpuSpec("L40S", 46068 * MIB, 362 * TERA, 733 * TERA, 864 * GIGA, 32 * GIGA, 12.5 * GIGA, 8,
-            aliases=("l40s-48gb",), nvml_names=("L40S",)),
+            host_bandwidth_bytes_per_s=25 * GIGA, aliases=("l40s-48gb",), nvml_names=("L40S",)),
 )
 
 DEFAULT_GPU = "H100-80GB"

@@ -279,7 +279,8 @@ def actor_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
         actor_logits = np.where(is_last, train_tokens * vocab_split * LOGITS_ACTOR_FORWARD_BYTES, 0)
         ref_logits = np.where(is_last, train_tokens * vocab_split * LOGITS_REF_FORWARD_BYTES, 0)
         # The reference has the actor's parallel sizes: the same shard of the same weights.
-        s["ref_weights"] = np.where(ref_off, 0, weights)
+        # Without a KL loss verl builds no reference model.
+        s["ref_weights"] = np.where(ref_off | (not workload.use_kl_loss), 0, weights)
         kept_grads = np.where(param_off, 0, grads)
         kept_optimizer = np.where(optim_off, 0, optimizer)
         s["resident_in_rollout"] = (np.where(param_off, 0, weights) + kept_grads
@@ -365,11 +366,15 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
     phase_stages["weight_sync"] = [stage + out["rollout_weights_bytes"]
                                    for stage in phase_stages["weight_sync"]]
     phases = {phase: np.maximum(*phase_stages[phase]) for phase in PHASES}
-    peak_stack = np.stack([phases[p] for p in PHASES])
+    # The phases the workload runs set the peak (a pretraining step has only the update).
+    ran = np.array([phase in workload.phases for phase in PHASES])
+    peak_stack = np.stack([np.where(ran[i], phases[p], 0.0) for i, p in enumerate(PHASES)])
     out["peak_phase"] = peak_stack.argmax(axis=0)
     out["peak_bytes"] = peak_stack.max(axis=0)
     last_worse = np.stack([phase_stages[p][1] > phase_stages[p][0] for p in PHASES])
     out["peak_stage"] = np.take_along_axis(last_worse, out["peak_phase"][None], 0)[0].astype(int)
+    if "generate" not in workload.phases:
+        out["rollout_fits"] = np.ones_like(out["rollout_fits"])
     for phase in PHASES:
         out[f"mem_{phase}_bytes"] = phases[phase]
     first, last = actor["stages"]

@@ -11,8 +11,10 @@ Memory-headroom rule (used until a step-time column is present):
 5. larger micro-batches (better kernel efficiency, fewer pipeline flushes);
 6. lower peak memory (more headroom against fragmentation and long responses).
 
-When the frame has ``step_time_s`` (the time model), layouts that fit are ranked by it instead,
-with unwise flags already priced into the time and headroom breaking ties.
+When the frame has ``step_time_s`` (the time model), layouts that fit are ranked by predicted
+step time (equivalently tokens/s/GPU) instead: the other unwise choices are priced into the
+time (slow links, pipeline bubbles), a training phase within 8% of capacity comes after every
+layout with headroom, and lower peak memory breaks ties.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ def rank_candidates(frame: "pd.DataFrame") -> "pd.DataFrame":
     frame["expert_parallel"] = frame["ep"] * frame["etp"]
     frame["recompute_level"] = frame["recompute"].cat.codes
     if "step_time_s" in frame:
-        keys = ["fits", "step_time_s", "peak_bytes"]
-        ascending = [False, True, True]
+        keys = ["fits", "flag_memory_tight", "step_time_s", "peak_bytes"]
+        ascending = [False, True, True, True]
     else:
         keys = ["fits", "unwise_count", "recompute_level", "offload_count", "model_parallel",
                 "expert_parallel", "micro_batch", "peak_bytes"]

@@ -19,10 +19,10 @@ from planner.hardware import GIB
 from planner.layout import LAYOUT_FIELDS, RECOMPUTE
 from planner.memory import PHASES
 from planner.rules import UNWISE_FLAGS
+from planner.timing import TIME_PHASES
 
 BREAKDOWN_PARTS = ("weights", "grads", "optimizer", "train_activations", "train_logits",
                    "ref_weights", "rollout_weights", "kv_cache")
-TIME_PHASES = ("generate", "old_log_prob", "ref", "update_actor", "weight_sync")
 
 
 def _plain(value: Any) -> Any:
@@ -63,7 +63,14 @@ def candidate_dict(row: Mapping[str, Any]) -> dict:
         out = {"rank": int(row["rank"]), **out}
     if "step_time_s" in row:
         out["step_time_s"] = round(float(row["step_time_s"]), 3)
-        out["time_s"] = {phase: round(float(row[f"time_{phase}_s"]), 3) for phase in TIME_PHASES}
+        if "time_generate_s" in row:
+            out["time_s"] = {phase: round(float(row[f"time_{phase}_s"]), 3)
+                             for phase in TIME_PHASES}
+            dominant = row["dominant_phase"]
+            out["dominant_phase"] = (dominant if isinstance(dominant, str)
+                                     else TIME_PHASES[int(dominant)])
+        else:
+            out["tflops_per_gpu"] = round(float(row["tflops_per_gpu"]), 1)
         out["tokens_per_s_per_gpu"] = round(float(row["tokens_per_s_per_gpu"]), 1)
         out["mfu"] = round(float(row["mfu"]), 4)
     return out
@@ -115,6 +122,29 @@ def format_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def describe_workload(workload) -> str:
+    if workload.kind == "pretrain":
+        return (f"pretrain: {workload.global_batch} sequences x {workload.seq_len} tokens per "
+                f"step, {workload.precision}")
+    mean = workload.mean_response_length or workload.response_length // 2
+    return (f"GRPO: {workload.train_batch_size} prompts x n={workload.rollout_n}, prompt "
+            f"{workload.prompt_length} + response {workload.response_length} tokens "
+            f"(mean {mean}), mini-batch {workload.mini_batch_size}, {workload.precision}")
+
+
+def phase_lines(fitting, count: int) -> list[str]:
+    """Per-phase times of the best layouts and the phase that dominates each."""
+    lines = []
+    for record in fitting.head(count).to_dict("records"):
+        if "time_generate_s" not in record:
+            break
+        times = "  ".join(f"{phase} {record[f'time_{phase}_s']:.1f}" for phase in TIME_PHASES)
+        lines.append(f"#{record['rank']}: {times} s  (dominant: {record['dominant_phase']}, "
+                     f"update bubble {record['update_bubble_s']:.1f} s, exposed comm "
+                     f"{record['update_comm_s']:.1f} s, MFU {100 * record['mfu']:.0f}%)")
+    return lines
+
+
 def plan_table(plan, top: int) -> str:
     fitting = plan.fitting.head(top)
     model, cluster = plan.model, plan.cluster
@@ -125,9 +155,7 @@ def plan_table(plan, top: int) -> str:
         + (f", {model.num_experts} experts top-{model.moe_top_k}" if model.is_moe else ""),
         f"cluster  {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpu.memory_gib:.1f} GiB), "
         f"{cluster.gpus_per_node} per node",
-        f"workload GRPO: {plan.workload.train_batch_size} prompts x n={plan.workload.rollout_n}, "
-        f"prompt {plan.workload.prompt_length} + response {plan.workload.response_length} "
-        f"tokens, mini-batch {plan.workload.mini_batch_size}",
+        f"workload {describe_workload(plan.workload)}",
         f"searched {plan.enumerated:,} layouts: {plan.valid:,} valid "
         f"({len(plan.candidates):,} actor layouts, rollout chosen per layout), "
         f"{int(plan.candidates['fits'].sum()):,} fit in memory",
@@ -159,7 +187,10 @@ def plan_table(plan, top: int) -> str:
     body = format_table(rows, columns) if rows else "no layout fits in GPU memory"
     rejected = ", ".join(f"{name} {count:,}" for name, count in
                          sorted(plan.rejected.items(), key=lambda item: -item[1]))
-    tail = [f"rejected: {rejected}" if rejected else "rejected: none"]
+    tail = phase_lines(fitting, 3)
+    if tail:
+        tail = ["phase times of the best layouts:"] + tail + [""]
+    tail.append(f"rejected: {rejected}" if rejected else "rejected: none")
     if not rows:
         best = plan.candidates.head(1).to_dict("records")
         if best:
@@ -182,27 +213,40 @@ def estimate_text(estimate) -> str:
         f"TP{layout['tp']} PP{layout['pp']} VPP{layout['vpp']} CP{layout['cp']} "
         f"EP{layout['ep']} ETP{layout['etp']} DP{layout['dp']}, micro-batch "
         f"{layout['micro_batch']}, recompute {layout['recompute']}, offload "
-        f"{_offload(layout)}; rollout TP{layout['rollout_tp']} DP{layout['rollout_dp']} "
-        f"EP{layout['rollout_ep']} at gpu_memory_utilization "
-        f"{layout['gpu_memory_utilization']:.2f}",
+        f"{_offload(layout)}"
+        + (f"; rollout TP{layout['rollout_tp']} DP{layout['rollout_dp']} EP{layout['rollout_ep']}"
+           f" at gpu_memory_utilization {layout['gpu_memory_utilization']:.2f}"
+           if "generate" in estimate.workload.phases else ""),
         f"fits: {'yes' if data['fits'] else 'NO'} - peak {data['peak_memory_gib']:.2f} GiB "
         f"({100 * data['memory_utilization']:.0f}% of "
         f"{estimate.cluster.gpu.memory_gib:.1f} GiB) in {data['peak_phase']} "
         f"({data['peak_stage']} pipeline stage)",
         "",
-        "phase peaks (GiB):  " + "  ".join(f"{phase} {gib:.2f}"
-                                           for phase, gib in data["memory_gib"].items()),
-        "breakdown (GiB):    " + "  ".join(f"{part} {gib:.2f}"
-                                           for part, gib in data["breakdown_gib"].items()),
-        f"rollout:            {data['rollout']['kv_cache_tokens_per_gpu']:,} KV tokens per GPU, "
-        f"{data['rollout']['concurrent_seqs']} sequences at once, "
-        f"{data['rollout']['seqs_per_rank']} per rank",
     ]
-    if "step_time_s" in data:
+    phases = estimate.workload.phases
+    rollout_parts = ("ref_weights", "rollout_weights", "kv_cache")
+    lines += [
+        "phase peaks (GiB):  " + "  ".join(f"{phase} {gib:.2f}"
+                                           for phase, gib in data["memory_gib"].items()
+                                           if phase in phases),
+        "breakdown (GiB):    " + "  ".join(f"{part} {gib:.2f}"
+                                           for part, gib in data["breakdown_gib"].items()
+                                           if "generate" in phases or part not in rollout_parts),
+    ]
+    if "generate" in phases:
+        lines.append(f"rollout:            {data['rollout']['kv_cache_tokens_per_gpu']:,} KV "
+                     f"tokens per GPU, {data['rollout']['concurrent_seqs']} sequences at once, "
+                     f"{data['rollout']['seqs_per_rank']} per rank")
+    if "time_s" in data:
         lines.append("time (s):           " + "  ".join(
             f"{phase} {sec:.2f}" for phase, sec in data["time_s"].items())
             + f"  -> step {data['step_time_s']:.2f} s, "
-              f"{data['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, MFU {100 * data['mfu']:.1f}%")
+              f"{data['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, actor MFU "
+              f"{100 * data['mfu']:.1f}%")
+    elif "step_time_s" in data:
+        lines.append(f"time:               step {data['step_time_s']:.3f} s, "
+                     f"{data['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, "
+                     f"{data['tflops_per_gpu']:.0f} TFLOP/s/GPU, MFU {100 * data['mfu']:.1f}%")
     if data["flags"]:
         lines.append("unwise:             " + ", ".join(data["flags"]))
     return "\n".join(lines)

@@ -39,6 +39,11 @@ def pipeline_split(num_layers: int, pp: np.ndarray, first: np.ndarray | None = N
     middle stage and uneven first/last stages.
     """
     pp = np.asarray(pp, dtype=np.int64)
+    automatic_only = ((first is None or not np.any(first)) and (last is None or not np.any(last)))
+    if automatic_only and pp.size > 64:
+        # Search spaces repeat a handful of PP values: split each once, then broadcast.
+        unique, inverse = np.unique(pp, return_inverse=True)
+        return tuple(part[inverse] for part in pipeline_split(num_layers, unique))
     zeros = np.zeros_like(pp)
     first = zeros if first is None else np.asarray(first, dtype=np.int64)
     last = zeros if last is None else np.asarray(last, dtype=np.int64)
@@ -91,11 +96,20 @@ def _vpp_breaks(model: ModelSpec, cols: Columns) -> np.ndarray:
     """Each stage's layers divide into VPP chunks; and megatron-core 0.16.1 fails
     (ZeroDivisionError in get_transformer_layer_offset) for PP = 2 with VPP and uneven stages."""
     first, middle, last, _ = _split(model, cols)
-    vpp = cols["vpp"]
-    uneven = (first != middle) | (last != middle)
+    vpp, pp = cols["vpp"], cols["pp"]
+    given_first = np.asarray(cols.get("first_stage_layers", 0)) > 0
+    given_last = np.asarray(cols.get("last_stage_layers", 0)) > 0
+    automatic_uneven = ~given_first & ~given_last & (model.num_layers % pp != 0)
+    both_set = (given_first & given_last) | automatic_uneven
     return (vpp > 1) & ((first % vpp != 0) | (last % vpp != 0)
-                        | (np.where(cols["pp"] > 2, middle, 0) % vpp != 0)
-                        | (uneven & (cols["pp"] <= 2)))
+                        | (np.where(pp > 2, middle, 0) % vpp != 0)
+                        | (both_set & (pp == 2)))
+
+
+def _splittable_pp(num_layers: int) -> str:
+    pp = np.arange(1, num_layers + 1)
+    valid = pp[pipeline_split(num_layers, pp)[3]]
+    return ", ".join(map(str, valid[:16])) + (" ..." if len(valid) > 16 else "")
 
 
 def _valid_divisors(n: int, limit: int | None = None) -> str:
@@ -132,7 +146,7 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, w, v: f"{m.num_layers} layers cannot be split over pipeline_model_parallel"
                             f"_size {v['pp']} (first/last stage layers "
                             f"{v.get('first_stage_layers', 0)}/{v.get('last_stage_layers', 0)}); "
-                            f"valid PP: 1..{m.num_layers // 2}, with the middle stages even"),
+                            f"PP that split automatically: {_splittable_pp(m.num_layers)}"),
     Rule("vpp_needs_pp", "megatron-core: virtual pipeline stages need PP > 1",
          lambda m, c, w, x: (x["vpp"] > 1) & (x["pp"] < 2),
          lambda m, c, w, v: f"virtual_pipeline_model_parallel_size {v['vpp']} needs "
@@ -160,11 +174,12 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, w, v: f"ETP*EP*PP = {v['etp']}*{v['ep']}*{v['pp']} does not divide "
                             f"{c.num_gpus} GPUs"),
     Rule("batch_divides_dp", "verl: train_batch_size * n divisible by DP * micro-batch",
-         lambda m, c, w, x: (w.sequences_per_step % (x["dp"] * x["micro_batch"])) != 0,
+         lambda m, c, w, x: (w.sequences_per_step
+                             % np.maximum(x["dp"] * x["micro_batch"], 1)) != 0,
          lambda m, c, w, v: f"train_batch_size*n = {w.sequences_per_step} is not divisible by "
                             f"DP*micro_batch = {v['dp']}*{v['micro_batch']}"),
     Rule("mini_batch_divides_dp", "verl: ppo_mini_batch_size * n divisible by DP",
-         lambda m, c, w, x: (w.sequences_per_mini_batch % x["dp"]) != 0,
+         lambda m, c, w, x: (w.sequences_per_mini_batch % np.maximum(x["dp"], 1)) != 0,
          lambda m, c, w, v: f"ppo_mini_batch_size*n = {w.sequences_per_mini_batch} is not "
                             f"divisible by DP = {v['dp']}"),
     Rule("micro_batch_divides_mini_batch",
@@ -244,9 +259,9 @@ def explain(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
 UNWISE_FLAGS = ("tp_across_nodes", "rollout_tp_across_nodes", "expert_tp_across_nodes",
                 "cp_short_sequences", "pipeline_starved", "memory_tight")
 SHORT_SEQUENCE_PER_CP_TOKENS = 2048  # below this per CP rank, CP's ring exchange dominates
-# Above this fraction of GPU memory in a training phase (update, log-prob) a layout is flagged:
-# the model's fixed overheads are estimates, and verl's responses vary in length step to step.
-# (The rollout phase fills its budget on purpose and is not flagged.)
+# Above this fraction of GPU memory in a phase other than generation (update, log-prob, weight
+# sync) a layout is flagged: the model's fixed overheads are estimates, and verl's responses
+# vary in length step to step.  (The rollout phase fills its budget on purpose.)
 TIGHT_MEMORY_FRACTION = 0.92
 
 

@@ -26,6 +26,9 @@ class GrpoWorkload:
     precision: str = "bf16"
     use_kl_loss: bool = True  # GRPO's KL to the reference policy needs the reference model
     max_num_seqs: int = 1024  # vLLM concurrency cap per engine (rollout.max_num_seqs)
+    # Tokens actually generated per response on average; 0 means half the maximum
+    # (timing.DEFAULT_MEAN_RESPONSE_FRACTION).  Time follows it; memory is sized for the maximum.
+    mean_response_length: int = 0
 
     def __post_init__(self) -> None:
         for name in ("train_batch_size", "rollout_n", "prompt_length", "response_length",
@@ -41,6 +44,9 @@ class GrpoWorkload:
         if self.precision not in PRECISIONS:
             raise PlanInputError(f"--precision {self.precision!r} is not one of "
                                  f"{', '.join(PRECISIONS)}")
+        if not 0 <= self.mean_response_length <= self.response_length:
+            raise PlanInputError(f"--mean-response-length {self.mean_response_length} must be "
+                                 f"between 1 and --response-length {self.response_length}")
 
     @property
     def sequence_length(self) -> int:
@@ -55,5 +61,63 @@ class GrpoWorkload:
     def sequences_per_mini_batch(self) -> int:
         return self.mini_batch_size * self.rollout_n
 
+    kind = "grpo"
+    phases = ("generate", "old_log_prob", "ref", "update_actor", "weight_sync")
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"kind": self.kind, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class PretrainWorkload:
+    """A plain Megatron training step (``--workload pretrain``): what public measurements
+    report, and what the GRPO actor update is made of."""
+
+    seq_len: int = 4096
+    global_batch: int = 1024  # sequences per optimizer step
+    precision: str = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1 or self.global_batch < 1:
+            raise PlanInputError(f"--seq-len {self.seq_len} and --global-batch "
+                                 f"{self.global_batch} must be positive integers")
+        if self.precision not in PRECISIONS:
+            raise PlanInputError(f"--precision {self.precision!r} is not one of "
+                                 f"{', '.join(PRECISIONS)}")
+
+    kind = "pretrain"
+    phases = ("update_actor",)
+    # The same view of the batch the GRPO workload gives the rules and the memory model:
+    # one optimizer step over the global batch, no reference model, no rollout.
+    rollout_n = 1
+    ppo_epochs = 1
+    use_kl_loss = False
+    max_num_seqs = 1
+    mean_response_length = 0
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch
+
+    @property
+    def sequence_length(self) -> int:
+        return self.seq_len
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.global_batch
+
+    @property
+    def sequences_per_mini_batch(self) -> int:
+        return self.global_batch
+
+    @property
+    def train_batch_size(self) -> int:
+        return self.global_batch
+
+    @property
+    def mini_batch_size(self) -> int:
+        return self.global_batch
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, **asdict(self)}
