@@ -377,7 +377,7 @@ def _case_from_row(row: dict[str, str], include_fp4: bool) -> CalibrationCase:
     sequence_parallel = tp > 1
     if source == "narayanan2021" or (source == "korthikanti2022" and "baseline" in recompute_text):
         sequence_parallel = False  # 2021: before SP existed; 2022 baseline: full recompute, no SP
-    distributed_optimizer = not dist_opt.lower().startswith("no")
+    distributed_optimizer = re.match(r"no\b", dist_opt.lower()) is None  # not "not stated"
 
     layout = Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp, micro_batch=mbs,
                     recompute=recompute, sequence_parallel=sequence_parallel,
@@ -400,8 +400,10 @@ def _case_from_row(row: dict[str, str], include_fp4: bool) -> CalibrationCase:
         raise _Skip("no throughput (tokens/s, step time or exact TFLOP/s conversion)")
     if model.name == "Kimi-K2" and "Muon" in row["notes"]:
         notes.append("trained with the Muon optimizer (planner assumes Adam)")
-    if "token-drop" in row["notes"]:
+    if "MoE token-drop benchmark" in row["notes"]:
         notes.append("MoE token-drop benchmark")
+    if "force-balanced routing" in row["notes"]:
+        notes.append("force-balanced MoE routing (per source)")
 
     gpu = get_gpu(GPUS.get(row["gpu"].strip(), row["gpu"].strip()))
     per_node = 4 if gpu.name in NVL72_GPUS else 8

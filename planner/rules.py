@@ -43,7 +43,8 @@ def pipeline_split(num_layers: int, pp: np.ndarray, first: np.ndarray | None = N
     if automatic_only and pp.size > 64:
         # Search spaces repeat a handful of PP values: split each once, then broadcast.
         unique, inverse = np.unique(pp, return_inverse=True)
-        return tuple(part[inverse] for part in pipeline_split(num_layers, unique))
+        if unique.size < pp.size:
+            return tuple(part[inverse] for part in pipeline_split(num_layers, unique))
     zeros = np.zeros_like(pp)
     first = zeros if first is None else np.asarray(first, dtype=np.int64)
     last = zeros if last is None else np.asarray(last, dtype=np.int64)

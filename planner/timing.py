@@ -55,8 +55,9 @@ import numpy as np
 from planner.flops import attention_core_flops_per_layer, linear_params_per_token
 from planner.hardware import ClusterSpec, GpuSpec
 from planner.layout import Columns
-from planner.memory import (MAIN_GRAD_BYTES, WEIGHT_BYTES, actor_params_per_gpu,
-                            kv_bytes_per_token, rollout_weight_bytes, stage_layers)
+from planner.memory import (MAIN_GRAD_BYTES, WEIGHT_BYTES, activation_bytes_per_layer,
+                            actor_params_per_gpu, kv_bytes_per_token, rollout_weight_bytes,
+                            stage_layers)
 from planner.models import ModelSpec
 from planner.rules import micro_batches_per_mini_batch
 from planner.workload import GrpoWorkload, PretrainWorkload
@@ -86,6 +87,11 @@ class Efficiency:
     tp_overlap: float = 0.0  # share of TP collectives hidden (0 without TE comm overlap)
     ep_overlap: float = 0.0  # share of EP all-to-all hidden
     cp_overlap: float = 0.70  # share of CP ring exchange hidden behind attention
+    # Memory-bound work beside the GEMMs (norms, activation functions, MoE permutation,
+    # residual adds): passes over the layer's activation tensors at HBM bandwidth, forward.
+    elementwise_passes: float = 2.0
+    layer_overhead_s: float = 40e-6  # kernel launches and syncs per layer per micro-batch pass
+    expert_gemm: float = 0.7  # grouped expert GEMMs + routing, relative to dense GEMMs
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -180,7 +186,7 @@ def _stage_compute_s(model, cluster, cols, eff, peak_flops, shape: TrainShape):
     expert_rows = (tokens / tp * max(model.moe_top_k, 1) * _f(cols["etp"]) * _f(cols["ep"])
                    / max(model.num_experts, 1))
     dense_eff = gemm_efficiency(eff, dense_rows)
-    expert_eff = gemm_efficiency(eff, expert_rows)
+    expert_eff = gemm_efficiency(eff, expert_rows) * eff.expert_gemm
     attention_layer = 2 * tokens * linear["attention"] / tp / (peak_flops * dense_eff)
     mlp_layer = 2 * tokens * linear["dense_mlp"] / tp / (peak_flops * dense_eff)
     moe_layer = (2 * tokens * (linear["router"] + linear["shared_experts"]) / tp
@@ -190,9 +196,15 @@ def _stage_compute_s(model, cluster, cols, eff, peak_flops, shape: TrainShape):
     squares = sequences * shape.seq_len ** 2
     core = (attention_core_flops_per_layer(model, squares) / (tp * cp)
             / (cluster.gpu.bf16_flops * eff.attention))
+    hbm = cluster.gpu.hbm_bandwidth_bytes_per_s
+    elementwise_dense = (eff.elementwise_passes / hbm
+                         * activation_bytes_per_layer(model, cols, tokens, moe=False))
+    elementwise_moe = (eff.elementwise_passes / hbm
+                       * activation_bytes_per_layer(model, cols, tokens, moe=True)
+                       if model.is_moe else elementwise_dense)
     (dense_first, moe_first), (dense_last, moe_last) = stage_layers(model, cols)
-    per_dense = attention_layer + mlp_layer + core
-    per_moe = attention_layer + moe_layer + core
+    per_dense = attention_layer + mlp_layer + core + elementwise_dense + eff.layer_overhead_s
+    per_moe = attention_layer + moe_layer + core + elementwise_moe + eff.layer_overhead_s
     output = 2 * tokens * linear["output_layer"] / tp / (peak_flops * dense_eff)
     first = dense_first * per_dense + moe_first * per_moe
     last = dense_last * per_dense + moe_last * per_moe + output
@@ -218,9 +230,20 @@ def _stage_comm_s(model, cluster, cols, eff, shape: TrainShape, stage_layers_cou
                 else 2 * model.num_query_groups * model.head_dim)
     cp_bytes = (cp - 1) * tokens * kv_width * WEIGHT_BYTES / tp
     cp_layer = cp_bytes / link_bandwidth(cluster, eff, tp * cp) * (1 - eff.cp_overlap)
-    dispatched = tokens / tp * max(model.moe_top_k, 1) * h * WEIGHT_BYTES
-    ep_bw = link_bandwidth(cluster, eff, ep * etp)
-    ep_layer = np.where(ep > 1, 2 * (ep - 1) / ep * dispatched / ep_bw, 0.0)
+    k = max(model.moe_top_k, 1)
+    dispatched = tokens / tp * k * h * WEIGHT_BYTES
+    # Inside one NVLink domain every token copy crosses NVLink.  Across nodes, DeepEP-style
+    # dispatch (megatron-core's flex dispatcher) sends a token once per destination node and
+    # fans it out over NVLink there, so the network carries min(k, nodes) copies per token
+    # (DeepSeek-V3 report, arXiv 2412.19437 §3.2.2), overlapped with the NVLink leg.
+    span = ep * etp
+    nodes = np.ceil(span / cluster.fast_domain_gpus)
+    nvlink_bw = cluster.gpu.nvlink_bandwidth_bytes_per_s * eff.nvlink
+    network_bw = cluster.gpu.inter_node_bandwidth_bytes_per_s * eff.network
+    intra = (ep - 1) / ep * dispatched / nvlink_bw
+    inter = (tokens / tp * np.minimum(k, nodes) * h * WEIGHT_BYTES * (nodes - 1)
+             / np.maximum(nodes, 1) / network_bw)
+    ep_layer = np.where(ep > 1, 2 * np.maximum(intra, inter), 0.0)
     # ETP: the dispatched tokens are all-gathered over the expert-TP group and the expert
     # outputs reduce-scattered back (megatron-core token_dispatcher.py).
     etp_layer = 2 * ring_time(dispatched * etp, etp, link_bandwidth(cluster, eff, etp))

@@ -237,7 +237,6 @@ def test_pp2_vpp_with_first_and_last_is_rejected(num_layers, first, last, vpp):
     broken = violations(model, cluster(16), WORKLOAD,
                         columns(1, pp=2, vpp=vpp, first_stage_layers=first,
                                 last_stage_layers=last))
-    assert any(bool(b[0]) for b in broken.values())
     assert broken["pipeline_split"][0] or broken["vpp_divides_stage_layers"][0]
     with pytest.raises(ZeroDivisionError):
         config = TransformerConfig(

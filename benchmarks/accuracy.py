@@ -1,0 +1,172 @@
+"""How well the step-time model predicts published Megatron training throughput.
+
+    python benchmarks/accuracy.py [--calibration planner/data/calibration.json]
+
+For ``../shared/reference/calibration_layouts.csv`` (FP4 rows excluded) it prints, for the
+calibrated model and for a constant-MFU baseline (``6 * N_active * tokens`` at one fitted MFU):
+
+* MAPE of predicted tokens/s/GPU, in sample and per source held out (leave-one-source-out:
+  both models refitted without that source, then scored on it);
+* Spearman rank correlation of predicted vs measured throughput within groups of the same
+  model, GPU type, GPU count, precision and sequence length that hold at least two distinct
+  layouts (the baseline predicts one value per group, so it cannot rank: correlation 0);
+* top-3 hit rate: the measured-best layout of each group is among the model's 3 best-predicted
+  distinct layouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from calibrate import fit, predict  # noqa: E402
+from calibration_data import CalibrationCase, load_cases  # noqa: E402
+
+
+
+def model_predictions(cases: list[CalibrationCase], calibration: dict) -> np.ndarray:
+    return predict(cases, calibration)
+
+
+def ideal_tokens_per_s(case: CalibrationCase) -> float:
+    """Tokens/s/GPU at 100% of peak with 6 * N_active FLOPs per token (no attention)."""
+    flops_per_token = 6 * case.model.params.active
+    return case.cluster.gpu.peak_flops(case.workload.precision) / flops_per_token
+
+
+def fit_constant_mfu(cases: list[CalibrationCase]) -> float:
+    ratios = [case.tokens_per_s_per_gpu / ideal_tokens_per_s(case) for case in cases]
+    return float(np.exp(np.mean(np.log(ratios))))  # least squares in log space
+
+
+def baseline_predictions(cases: list[CalibrationCase], mfu: float) -> np.ndarray:
+    return np.array([mfu * ideal_tokens_per_s(case) for case in cases])
+
+
+def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted / measured - 1)))
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    order = values.argsort(kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(len(values))
+    for value in np.unique(values):  # average ranks over ties
+        tied = values == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = _ranks(a), _ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return 0.0
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def layout_key(case: CalibrationCase) -> tuple:
+    layout = case.layout
+    return (layout.tp, layout.pp, layout.vpp, layout.cp, layout.ep, layout.etp,
+            layout.micro_batch, layout.recompute, case.workload.global_batch)
+
+
+def ranking_scores(cases, predicted) -> tuple[float, float, int]:
+    """Mean within-group Spearman, top-3 hit rate, number of groups."""
+    groups = defaultdict(list)
+    for index, case in enumerate(cases):
+        groups[case.group].append(index)
+    correlations, hits = [], []
+    for indices in groups.values():
+        by_layout = defaultdict(list)
+        for i in indices:
+            by_layout[layout_key(cases[i])].append(i)
+        if len(by_layout) < 2:
+            continue
+        keys = list(by_layout)
+        measured = np.array([np.mean([cases[i].tokens_per_s_per_gpu for i in by_layout[k]])
+                             for k in keys])
+        guessed = np.array([np.mean(predicted[by_layout[k]]) for k in keys])
+        correlations.append(spearman(guessed, measured))
+        best = int(measured.argmax())
+        top3 = np.argsort(-guessed, kind="stable")[:3]
+        hits.append(best in top3 if guessed.std() > 0 else False)
+    return float(np.mean(correlations)), float(np.mean(hits)), len(correlations)
+
+
+def report(cases: list[CalibrationCase], calibration: dict) -> dict:
+    measured = np.array([case.tokens_per_s_per_gpu for case in cases])
+    ours = model_predictions(cases, calibration)
+    mfu = fit_constant_mfu(cases)
+    naive = baseline_predictions(cases, mfu)
+    rho, top3, groups = ranking_scores(cases, ours)
+    rho_naive, top3_naive, _ = ranking_scores(cases, naive)
+    result = {"cases": len(cases), "groups_ranked": groups, "baseline_mfu": mfu,
+              "in_sample": {"model_mape": mape(ours, measured),
+                            "baseline_mape": mape(naive, measured),
+                            "model_spearman": rho, "baseline_spearman": rho_naive,
+                            "model_top3": top3, "baseline_top3": top3_naive},
+              "dense_mape": mape(ours[[not c.model.is_moe for c in cases]],
+                                 measured[[not c.model.is_moe for c in cases]]),
+              "moe_mape": mape(ours[[c.model.is_moe for c in cases]],
+                               measured[[c.model.is_moe for c in cases]]),
+              "held_out": {}}
+    for source in sorted({case.source for case in cases}):
+        train = [case for case in cases if case.source != source]
+        test = [case for case in cases if case.source == source]
+        held_cal = fit(train)
+        held_measured = np.array([case.tokens_per_s_per_gpu for case in test])
+        held_ours = model_predictions(test, held_cal)
+        held_naive = baseline_predictions(test, fit_constant_mfu(train))
+        rho_held, top3_held, n_groups = ranking_scores(test, held_ours)
+        result["held_out"][source] = {
+            "cases": len(test), "model_mape": mape(held_ours, held_measured),
+            "baseline_mape": mape(held_naive, held_measured),
+            "model_spearman": rho_held, "model_top3": top3_held, "groups": n_groups}
+    return result
+
+
+def print_report(result: dict) -> None:
+    s = result["in_sample"]
+    print(f"{result['cases']} measured layouts, {result['groups_ranked']} groups with >= 2 "
+          f"layouts; constant-MFU baseline fitted at MFU {result['baseline_mfu']:.3f}")
+    print()
+    print(f"{'':28}{'model':>10}{'baseline':>10}")
+    print(f"{'MAPE tokens/s/GPU':28}{s['model_mape']:>10.1%}{s['baseline_mape']:>10.1%}")
+    print(f"{'  dense / MoE (model)':28}{result['dense_mape']:>10.1%}{result['moe_mape']:>10.1%}")
+    print(f"{'Spearman within groups':28}{s['model_spearman']:>10.2f}"
+          f"{s['baseline_spearman']:>10.2f}")
+    print(f"{'measured best in top 3':28}{s['model_top3']:>10.0%}{s['baseline_top3']:>10.0%}")
+    print()
+    print("leave-one-source-out (refitted without the source, scored on it):")
+    print(f"{'source':18}{'cases':>6}{'model MAPE':>12}{'baseline':>10}{'Spearman':>10}"
+          f"{'top 3':>7}")
+    for source, h in result["held_out"].items():
+        print(f"{source:18}{h['cases']:>6}{h['model_mape']:>12.1%}{h['baseline_mape']:>10.1%}"
+              f"{h['model_spearman']:>10.2f}{h['model_top3']:>7.0%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calibration", type=Path,
+                        default=Path(__file__).resolve().parents[1] / "planner" / "data"
+                        / "calibration.json")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    cases, _ = load_cases()
+    result = report(cases, json.loads(args.calibration.read_text()))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_report(result)
+
+
+if __name__ == "__main__":
+    main()
