@@ -359,6 +359,7 @@ def generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, c
     # decode: continuous batching at concurrency c
     kv_tokens = _f(memory["kv_cache_tokens_per_gpu"])
     concurrency = np.clip(np.floor(kv_tokens / (prompt + r_mean)), 1, workload.max_num_seqs)
+    concurrency = np.minimum(concurrency, seqs)  # a rank never runs more than it was given
     steps = np.maximum(r_max, seqs * r_mean / concurrency + (r_max - r_mean))
     batch = np.maximum(seqs * r_mean / steps, 1.0)
     weights = rollout_weight_bytes(model, cols)
