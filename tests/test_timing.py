@@ -147,7 +147,8 @@ def test_decode_steps_follow_the_longest_response_in_a_small_batch():
     """One wave: the batch waits for its longest response (R_max steps)."""
     workload = GrpoWorkload(train_batch_size=8, rollout_n=2, mini_batch_size=8,
                             response_length=2048, mean_response_length=600)
-    model, c, cols, memory = grpo("qwen2.5-7b", 8, workload, tp=1, dp=8, rollout_tp=1)
+    model, c, cols, memory = grpo("qwen2.5-7b", 8, workload, tp=4, dp=2, rollout_tp=1)
+    assert memory["rollout_fits"][0]
     out = generate_s(model, c, workload, cols, EFF, memory)
     assert float(out["decode_steps"][0]) == 2048
 
