@@ -17,7 +17,7 @@ from planner.hardware import GIB, ClusterSpec
 from planner.layout import LAYOUT_FIELDS, RECOMPUTE, Columns, Layout
 from planner.memory import PHASES, estimate_memory
 from planner.models import ModelSpec
-from planner.ranking import rank_candidates
+from planner.ranking import rank_order
 from planner.rules import UNWISE_FLAGS, explain, pipeline_split, unwise_flags
 from planner.space import SearchOptions, build_space
 from planner.timing import TIME_PHASES, grpo_step, load_efficiency, pretrain_step
@@ -48,11 +48,11 @@ class Plan:
 
 def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                   cols: Columns, pick_utilization: bool, calibration: dict | None = None) -> Columns:
-    """Cost-model columns (memory, time, flags) for layouts that obey every rule."""
-    first, _, last, _ = pipeline_split(model.num_layers, cols["pp"],
-                                       cols.get("first_stage_layers"),
-                                       cols.get("last_stage_layers"))
-    cols = {**cols, "first_stage_layers": first, "last_stage_layers": last}
+    """Cost-model columns (memory, time, flags) for layouts that obey every rule.
+
+    ``first_stage_layers``/``last_stage_layers`` stay as given (0: automatic split) while
+    scoring; :func:`resolve_stage_split` fills in the split for output.
+    """
     memory = estimate_memory(model, cluster, workload, cols, pick_utilization=pick_utilization)
     training_peak = np.max([memory[f"mem_{phase}_bytes"] for phase in
                             ("update_actor", "old_log_prob", "ref", "weight_sync")
@@ -71,10 +71,18 @@ def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     return out
 
 
+def resolve_stage_split(model: ModelSpec, cols: Columns) -> Columns:
+    """The layers of the first and last pipeline stage, as megatron-core will build them."""
+    first, _, last, _ = pipeline_split(model.num_layers, cols["pp"],
+                                       cols.get("first_stage_layers"),
+                                       cols.get("last_stage_layers"))
+    return {**cols, "first_stage_layers": first, "last_stage_layers": last}
+
+
 def _frame(cols: Columns) -> "pd.DataFrame":
     import pandas as pd
 
-    frame = pd.DataFrame(cols)
+    frame = pd.DataFrame(cols, copy=False)
     frame["recompute"] = pd.Categorical.from_codes(frame["recompute"].astype(int), RECOMPUTE)
     frame["peak_phase"] = pd.Categorical.from_codes(frame["peak_phase"].astype(int), PHASES)
     if "dominant_phase" in frame:
@@ -102,7 +110,10 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     scored = score_columns(model, cluster, workload, space.columns,
                            pick_utilization=options.gpu_memory_utilization is None,
                            calibration=calibration)
-    frame = rank_candidates(_frame(scored))
+    order = rank_order(scored)
+    ranked = {name: values[order] for name, values in scored.items()}
+    ranked["rank"] = np.arange(1, len(order) + 1)
+    frame = _frame(resolve_stage_split(model, ranked))
     return Plan(model=model, cluster=cluster, workload=workload, candidates=frame,
                 enumerated=space.enumerated, valid=space.valid, rejected=space.rejected)
 
@@ -123,8 +134,9 @@ def estimate_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     broken = explain(model, cluster, workload, layout.to_dict())
     if broken:
         raise InvalidLayoutError(broken)
-    scored = score_columns(model, cluster, workload, layout.to_columns(), pick_utilization,
-                           calibration)
+    scored = resolve_stage_split(model, score_columns(model, cluster, workload,
+                                                      layout.to_columns(), pick_utilization,
+                                                      calibration))
     row = {name: values[0].item() if hasattr(values[0], "item") else values[0]
            for name, values in scored.items()}
     values = {name: row[name] for name in LAYOUT_FIELDS}

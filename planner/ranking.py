@@ -1,45 +1,35 @@
 """Order candidate layouts, best first.
 
-Memory-headroom rule (used until a step-time column is present):
+With the time model (``step_time_s`` present, the normal case), layouts are ranked by:
 
 1. layouts that fit before those that do not;
-2. fewer *unwise* flags (TP across nodes, a starved pipeline, ...);
-3. less work traded for memory: no recompute before selective before full, then fewer
-   offloads (each costs host<->device traffic every step);
-4. less model parallelism (smaller TP*PP*CP, then EP*ETP): more data parallelism means less
-   communication on the critical path;
-5. larger micro-batches (better kernel efficiency, fewer pipeline flushes);
-6. lower peak memory (more headroom against fragmentation and long responses).
+2. no phase other than generation within 8% of capacity (``memory_tight``) before those that
+   are: the fixed overheads are estimates and responses vary in length from step to step;
+3. predicted step time (equivalently tokens/s/GPU) — the other unwise choices (TP across
+   nodes, starved pipelines, CP on short sequences) are priced into it;
+4. lower peak memory (more headroom) breaks ties.
 
-When the frame has ``step_time_s`` (the time model), layouts that fit are ranked by predicted
-step time (equivalently tokens/s/GPU) instead: the other unwise choices are priced into the
-time (slow links, pipeline bubbles), a training phase within 8% of capacity comes after every
-layout with headroom, and lower peak memory breaks ties.
+Without a step-time column (memory-only scoring) a memory-headroom rule stands in for 3:
+fewer unwise flags, less recompute and offload, less model parallelism, larger micro-batches.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import numpy as np
 
-if TYPE_CHECKING:
-    import pandas as pd
+from planner.layout import Columns
 
 
-def rank_candidates(frame: "pd.DataFrame") -> "pd.DataFrame":
-    frame = frame.copy()
-    frame["offload_count"] = (frame["param_offload"].astype(int)
-                              + frame["optimizer_offload"].astype(int)
-                              + frame["ref_param_offload"].astype(int))
-    frame["model_parallel"] = frame["tp"] * frame["pp"] * frame["cp"]
-    frame["expert_parallel"] = frame["ep"] * frame["etp"]
-    frame["recompute_level"] = frame["recompute"].cat.codes
-    if "step_time_s" in frame:
-        keys = ["fits", "flag_memory_tight", "step_time_s", "peak_bytes"]
-        ascending = [False, True, True, True]
+def rank_order(cols: Columns) -> np.ndarray:
+    """Indices that sort layouts best first (a stable lexicographic sort)."""
+    not_fit = ~cols["fits"].astype(bool)
+    if "step_time_s" in cols:
+        keys = [not_fit, cols["flag_memory_tight"].astype(bool), cols["step_time_s"],
+                cols["peak_bytes"]]
     else:
-        keys = ["fits", "unwise_count", "recompute_level", "offload_count", "model_parallel",
-                "expert_parallel", "micro_batch", "peak_bytes"]
-        ascending = [False, True, True, True, True, True, False, True]
-    frame = frame.sort_values(keys, ascending=ascending, kind="stable").reset_index(drop=True)
-    frame.insert(0, "rank", range(1, len(frame) + 1))
-    return frame
+        offloads = (cols["param_offload"].astype(int) + cols["optimizer_offload"].astype(int)
+                    + cols["ref_param_offload"].astype(int))
+        keys = [not_fit, cols["unwise_count"], cols["recompute"], offloads,
+                cols["tp"] * cols["pp"] * cols["cp"], cols["ep"] * cols["etp"],
+                -cols["micro_batch"], cols["peak_bytes"]]
+    return np.lexsort(keys[::-1])
