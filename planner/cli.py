@@ -30,7 +30,16 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-SUBCOMMANDS = ("plan", "estimate", "models", "gpus")
+SUBCOMMANDS = ("plan", "estimate", "validate", "tune", "calibrate", "models", "gpus")
+
+# Subcommands that live in their own modules: each module defines
+# ``add_arguments(parser)`` and ``run(args) -> int`` (imported only when the command runs,
+# except for the argument definitions, which must stay import-light).
+EXTERNAL_COMMANDS = {
+    "validate": ("planner.validate", "dry-run a verl launch script, Hydra YAML or overrides"),
+    "tune": ("trials.cli_tune", "run short real verl GRPO trials with Optuna"),
+    "calibrate": ("trials.cli_calibrate", "fit efficiency constants from measured trials"),
+}
 
 
 def _cluster_args(parser: argparse.ArgumentParser) -> None:
@@ -108,11 +117,33 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--top", type=int, default=10, help="layouts to show (default 10)")
     plan.add_argument("--no-offload", action="store_true",
                       help="leave parameter/optimizer offload out of the search")
+    export = plan.add_argument_group("export the chosen layout as a runnable verl job")
+    export.add_argument("--write", metavar="DIR", help="write launch script, Hydra config and "
+                                                       "plan.json for the chosen layout")
+    export.add_argument("--rank", type=int, default=1, help="which ranked layout (default 1)")
+    export.add_argument("--force", action="store_true", help="overwrite files in DIR")
+    export.add_argument("--model-path", help="HF model directory for the job (default: "
+                                              "$MODEL_PATH in the script)")
+    export.add_argument("--train-files", help="training parquet (default: $TRAIN_FILES)")
+    export.add_argument("--val-files", help="validation parquet (default: $VAL_FILES)")
+    export.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Hydra override for the job (repeatable)")
     estimate = sub.add_parser("estimate", help="memory of one layout, with its breakdown")
     _cluster_args(estimate)
     _workload_args(estimate)
     _layout_args(estimate, required=True)
     _output_args(estimate, ("table", "json"))
+    import importlib
+
+    for name, (module_name, text) in EXTERNAL_COMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name not in (module_name, module_name.rsplit(".", 1)[0]):
+                raise
+            continue  # the command's module is not part of this build
+        command = sub.add_parser(name, help=text)
+        module.add_arguments(command)
     models = sub.add_parser("models", help="list the built-in model catalog")
     _output_args(models, ("table", "json"))
     gpus = sub.add_parser("gpus", help="list the GPU catalog")
@@ -213,6 +244,20 @@ def cmd_plan(args) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         fixed=tuple(sorted(pins.items())))
     plan = make_plan(model, cluster, workload, options, _calibration(args))
+    if args.write:
+        if not 1 <= args.rank <= int(plan.candidates["fits"].sum()):
+            raise UsageError(f"--rank {args.rank} is outside the {int(plan.candidates['fits'].sum())}"
+                             f" layouts that fit")
+        from pathlib import Path
+
+        from planner.verl_export import write_plan_job
+
+        written = write_plan_job(plan, rank=args.rank, directory=Path(args.write),
+                                 force=args.force, model_path=args.model_path,
+                                 train_files=args.train_files, val_files=args.val_files,
+                                 extra_overrides=args.override)
+        for path in written:
+            print(f"wrote {path}", file=sys.stderr)
     if args.format == "json":
         print(to_json(plan_dict(plan, args.top)))
     elif args.format == "csv":
@@ -315,6 +360,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = ["--help"]
     try:
         args = build_parser().parse_args(argv)
+        if args.command in EXTERNAL_COMMANDS:
+            import importlib
+
+            return int(importlib.import_module(EXTERNAL_COMMANDS[args.command][0]).run(args))
         return int(HANDLERS[args.command](args))
     except UsageError as error:
         print(f"plan-parallel: error: {error}", file=sys.stderr)
