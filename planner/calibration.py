@@ -1,0 +1,168 @@
+"""Fit the step-time model's efficiency constants to measurements (data in, no trial code).
+
+Used by ``benchmarks/calibrate.py`` (published Megatron pretraining measurements, which ship as
+``planner/data/calibration.json``) and by ``plan-parallel calibrate`` (a cluster's own GRPO
+trials).  The fit is kept physical: one GEMM efficiency per GPU type and precision family, and
+a handful of constants shared by every GPU (GEMM size sensitivity, flash-attention efficiency,
+link efficiencies, DP and EP overlap, elementwise passes, per-layer launch overhead, grouped
+expert GEMMs).  It minimises the squared log error of predicted tokens/s/GPU plus weak priors
+(:data:`PRIORS`) that keep constants the data cannot tell apart at typical values.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from typing import Sequence, Union
+
+import numpy as np
+
+from planner.hardware import GPU_CATALOG, ClusterSpec
+from planner.layout import Layout
+from planner.models import ModelSpec
+from planner.timing import Efficiency, load_efficiency
+from planner.workload import GrpoWorkload, PretrainWorkload
+
+# (typical value, sigma of the log): NCCL bus bandwidth ~75% of NVLink and ~70% of the NIC;
+# cuBLAS GEMMs ~65% of dense peak; flash attention ~45%; tens of microseconds of kernel
+# launches per layer; grouped expert GEMMs below dense ones.
+PRIORS = {"gemm": (0.65, 0.3), "gemm_half_rows": (128.0, 1.0), "attention": (0.45, 0.3),
+          "nvlink": (0.75, 0.2), "network": (0.70, 0.3), "dp_overlap": (0.6, 0.5),
+          "ep_overlap": (0.3, 1.0), "elementwise_passes": (3.0, 0.5),
+          "layer_overhead_s": (30e-6, 0.7), "expert_gemm": (0.7, 0.5)}
+BOUNDS = {"gemm": (0.2, 0.95), "gemm_half_rows": (8.0, 4096.0), "attention": (0.2, 0.9),
+          "nvlink": (0.3, 0.95), "network": (0.2, 0.95), "dp_overlap": (0.01, 0.98),
+          "ep_overlap": (0.01, 0.9), "elementwise_passes": (0.1, 12.0),
+          "layer_overhead_s": (1e-6, 500e-6), "expert_gemm": (0.1, 1.0)}
+SHARED = ("gemm_half_rows", "attention", "nvlink", "network", "dp_overlap", "ep_overlap",
+          "elementwise_passes", "layer_overhead_s", "expert_gemm")
+# Parts with no measurements borrow a measured part of the same architecture.
+DONORS = {"H800": "H100-80GB", "H20-96GB": "H100-80GB", "H200": "H100-80GB",
+          "L40S": "A100-80GB", "B300": "B200"}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured layout: what ran, and the tokens/s/GPU it reached."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    workload: Union[GrpoWorkload, PretrainWorkload]
+    layout: Layout
+    tokens_per_s_per_gpu: float
+
+
+def gpu_key(measurement: Measurement) -> str:
+    family = "fp8" if measurement.workload.precision == "fp8" else "bf16"
+    return f"{measurement.cluster.gpu.name}/{family}"
+
+
+def _predict_group(model, cluster, workload, cols, efficiency) -> np.ndarray:
+    from planner.memory import estimate_memory
+    from planner.timing import grpo_step, pretrain_step
+
+    if workload.kind == "pretrain":
+        return pretrain_step(model, cluster, workload, cols, efficiency)["tokens_per_s_per_gpu"]
+    memory = estimate_memory(model, cluster, workload, cols)
+    return grpo_step(model, cluster, workload, cols, memory, efficiency)["tokens_per_s_per_gpu"]
+
+
+class Problem:
+    """Measurements grouped by (model, cluster, workload): one vectorised call per group."""
+
+    def __init__(self, measurements: Sequence[Measurement]):
+        self.measurements = list(measurements)
+        groups = defaultdict(list)
+        for index, item in enumerate(self.measurements):
+            groups[(item.model, item.cluster, item.workload)].append(index)
+        self.groups = []
+        for (model, cluster, workload), indices in groups.items():
+            layouts = [self.measurements[i].layout.to_columns() for i in indices]
+            cols = {name: np.concatenate([c[name] for c in layouts]) for name in layouts[0]}
+            self.groups.append((model, cluster, workload, cols, np.array(indices)))
+        self.keys = sorted({gpu_key(item) for item in self.measurements})
+        self.measured = np.array([item.tokens_per_s_per_gpu for item in self.measurements])
+
+    def efficiency(self, x: np.ndarray, key: str) -> Efficiency:
+        shared = dict(zip(SHARED, x[len(self.keys):]))
+        return replace(Efficiency(), gemm=x[self.keys.index(key)], **shared)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty(len(self.measurements))
+        for model, cluster, workload, cols, indices in self.groups:
+            key = gpu_key(self.measurements[indices[0]])
+            out[indices] = _predict_group(model, cluster, workload, cols,
+                                          self.efficiency(x, key))
+        return out
+
+    def names(self) -> list[str]:
+        return ["gemm"] * len(self.keys) + list(SHARED)
+
+    def residuals(self, x: np.ndarray) -> np.ndarray:
+        data = np.log(self.predict(x)) - np.log(self.measured)
+        centres = np.array([PRIORS[name][0] for name in self.names()])
+        sigmas = np.array([PRIORS[name][1] for name in self.names()])
+        prior = (np.log(np.maximum(x, 1e-12)) - np.log(centres)) / sigmas
+        return np.concatenate([data, prior])
+
+    def start(self, initial: dict | None = None):
+        names = self.names()
+        x0 = [PRIORS[name][0] for name in names]
+        if initial:  # start from an existing calibration (e.g. the shipped one)
+            for i, key in enumerate(self.keys):
+                gemm = initial.get("by_gpu", {}).get(key, {}).get("gemm")
+                x0[i] = gemm if gemm is not None else x0[i]
+            for j, name in enumerate(SHARED):
+                x0[len(self.keys) + j] = initial.get("shared", {}).get(name, x0[len(self.keys) + j])
+        lower = np.array([BOUNDS[name][0] for name in names])
+        upper = np.array([BOUNDS[name][1] for name in names])
+        return np.clip(np.array(x0, dtype=float), lower, upper), lower, upper
+
+
+def predict(measurements: Sequence[Measurement], calibration: dict | None) -> np.ndarray:
+    """Predicted tokens/s/GPU of each measurement with a calibration dict (None: shipped)."""
+    problem = Problem(measurements)
+    out = np.empty(len(problem.measurements))
+    for model, cluster, workload, cols, indices in problem.groups:
+        efficiency = load_efficiency(cluster.gpu, workload.precision, calibration)
+        out[indices] = _predict_group(model, cluster, workload, cols, efficiency)
+    return out
+
+
+def fit(measurements: Sequence[Measurement], initial: dict | None = None,
+        source: str = "") -> dict:
+    """Least squares in log space; returns a calibration dict :func:`load_efficiency` reads."""
+    from scipy.optimize import least_squares  # lazy: only calibration needs scipy
+
+    problem = Problem(measurements)
+    x0, lower, upper = problem.start(initial)
+    result = least_squares(problem.residuals, x0, bounds=(lower, upper), x_scale="jac",
+                           diff_step=1e-3, max_nfev=400)
+    x = result.x
+    shared = {name: float(f"{value:.4g}") for name, value in zip(SHARED, x[len(problem.keys):])}
+    by_gpu = {key: {"gemm": float(f"{x[i]:.4g}"),
+                    "measurements": int(sum(gpu_key(m) == key for m in problem.measurements))}
+              for i, key in enumerate(problem.keys)}
+    for gpu in GPU_CATALOG:
+        for family in ("bf16", "fp8"):
+            key, donor = f"{gpu.name}/{family}", DONORS.get(gpu.name)
+            if key not in by_gpu and donor and f"{donor}/{family}" in by_gpu:
+                by_gpu[key] = {"gemm": by_gpu[f"{donor}/{family}"]["gemm"],
+                               "donor": f"{donor}/{family}"}
+    for gpu in GPU_CATALOG:  # no FP8 measurements (A100 has no FP8): the BF16 figure
+        bf16, fp8 = f"{gpu.name}/bf16", f"{gpu.name}/fp8"
+        if fp8 not in by_gpu and bf16 in by_gpu:
+            by_gpu[fp8] = {"gemm": by_gpu[bf16]["gemm"], "donor": bf16}
+    for family in ("bf16", "fp8"):  # any other part: the median of that family
+        fitted = [v["gemm"] for k, v in by_gpu.items()
+                  if k.endswith(family) and "measurements" in v]
+        if fitted:
+            by_gpu[f"*/{family}"] = {"gemm": float(np.median(fitted)), "donor": "median"}
+    errors = np.abs(problem.predict(x) / problem.measured - 1)
+    return {"shared": shared, "by_gpu": dict(sorted(by_gpu.items())),
+            "fit": {"measurements": len(problem.measurements),
+                    "mape": round(float(errors.mean()), 4), "source": source}}
+
+
+def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean(np.abs(np.asarray(predicted) / np.asarray(measured) - 1)))
