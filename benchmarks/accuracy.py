@@ -77,12 +77,12 @@ def layout_key(case: CalibrationCase) -> tuple:
             layout.micro_batch, layout.recompute, case.workload.global_batch)
 
 
-def ranking_scores(cases, predicted) -> tuple[float, float, int]:
-    """Mean within-group Spearman, top-3 hit rate, number of groups."""
+def ranking_scores(cases, predicted) -> tuple[float, float, float, int]:
+    """Mean within-group Spearman, top-3 and top-1 hit rates, number of groups."""
     groups = defaultdict(list)
     for index, case in enumerate(cases):
         groups[case.group].append(index)
-    correlations, hits = [], []
+    correlations, hits, firsts = [], [], []
     for indices in groups.values():
         by_layout = defaultdict(list)
         for i in indices:
@@ -97,7 +97,11 @@ def ranking_scores(cases, predicted) -> tuple[float, float, int]:
         best = int(measured.argmax())
         top3 = np.argsort(-guessed, kind="stable")[:3]
         hits.append(best in top3 if guessed.std() > 0 else False)
-    return float(np.mean(correlations)), float(np.mean(hits)), len(correlations)
+        firsts.append(best == int(np.argmax(guessed)) if guessed.std() > 0 else False)
+    if not correlations:
+        return float("nan"), float("nan"), float("nan"), 0
+    return (float(np.mean(correlations)), float(np.mean(hits)), float(np.mean(firsts)),
+            len(correlations))
 
 
 def report(cases: list[CalibrationCase], calibration: dict) -> dict:
@@ -105,13 +109,14 @@ def report(cases: list[CalibrationCase], calibration: dict) -> dict:
     ours = model_predictions(cases, calibration)
     mfu = fit_constant_mfu(cases)
     naive = baseline_predictions(cases, mfu)
-    rho, top3, groups = ranking_scores(cases, ours)
-    rho_naive, top3_naive, _ = ranking_scores(cases, naive)
+    rho, top3, top1, groups = ranking_scores(cases, ours)
+    rho_naive, top3_naive, top1_naive, _ = ranking_scores(cases, naive)
     result = {"cases": len(cases), "groups_ranked": groups, "baseline_mfu": mfu,
               "in_sample": {"model_mape": mape(ours, measured),
                             "baseline_mape": mape(naive, measured),
                             "model_spearman": rho, "baseline_spearman": rho_naive,
-                            "model_top3": top3, "baseline_top3": top3_naive},
+                            "model_top3": top3, "baseline_top3": top3_naive,
+                            "model_top1": top1, "baseline_top1": top1_naive},
               "dense_mape": mape(ours[[not c.model.is_moe for c in cases]],
                                  measured[[not c.model.is_moe for c in cases]]),
               "moe_mape": mape(ours[[c.model.is_moe for c in cases]],
@@ -124,12 +129,17 @@ def report(cases: list[CalibrationCase], calibration: dict) -> dict:
         held_measured = np.array([case.tokens_per_s_per_gpu for case in test])
         held_ours = model_predictions(test, held_cal)
         held_naive = baseline_predictions(test, fit_constant_mfu(train))
-        rho_held, top3_held, n_groups = ranking_scores(test, held_ours)
+        rho_held, top3_held, top1_held, n_groups = ranking_scores(test, held_ours)
         result["held_out"][source] = {
             "cases": len(test), "model_mape": mape(held_ours, held_measured),
             "baseline_mape": mape(held_naive, held_measured),
-            "model_spearman": rho_held, "model_top3": top3_held, "groups": n_groups}
+            "model_spearman": rho_held, "model_top3": top3_held, "model_top1": top1_held,
+            "groups": n_groups}
     return result
+
+
+def _fmt(value: float, spec: str) -> str:
+    return "-" if value != value else format(value, spec)  # NaN: no group to rank
 
 
 def print_report(result: dict) -> None:
@@ -143,13 +153,15 @@ def print_report(result: dict) -> None:
     print(f"{'Spearman within groups':28}{s['model_spearman']:>10.2f}"
           f"{s['baseline_spearman']:>10.2f}")
     print(f"{'measured best in top 3':28}{s['model_top3']:>10.0%}{s['baseline_top3']:>10.0%}")
+    print(f"{'measured best ranked first':28}{s['model_top1']:>10.0%}{s['baseline_top1']:>10.0%}")
     print()
     print("leave-one-source-out (refitted without the source, scored on it):")
-    print(f"{'source':18}{'cases':>6}{'model MAPE':>12}{'baseline':>10}{'Spearman':>10}"
-          f"{'top 3':>7}")
+    print(f"{'source':18}{'cases':>6}{'model MAPE':>12}{'baseline':>10}{'groups':>8}"
+          f"{'Spearman':>10}{'top 1':>7}")
     for source, h in result["held_out"].items():
         print(f"{source:18}{h['cases']:>6}{h['model_mape']:>12.1%}{h['baseline_mape']:>10.1%}"
-              f"{h['model_spearman']:>10.2f}{h['model_top3']:>7.0%}")
+              f"{h['groups']:>8}{_fmt(h['model_spearman'], '.2f'):>10}"
+              f"{_fmt(h['model_top1'], '.0%'):>7}")
 
 
 def main() -> None:
