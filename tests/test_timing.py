@@ -226,3 +226,69 @@ def test_calibration_flag_changes_the_answer(tmp_path, capsys):
     assert slow > fast * 1.5
     path.write_text("[]")
     assert main(args + ["--calibration", str(path)]) == 2
+
+
+# --- communication terms, one at a time ------------------------------------------------------
+
+def _comm(model, world, layout, tokens=8192, eff=EFF):
+    from planner.timing import TrainShape, _stage_comm_s
+
+    cols = cols_of(**layout)
+    shape = TrainShape(tokens_per_micro_batch=np.array([float(tokens)]),
+                       seq_len=np.array([float(tokens)]), micro_batches=np.array([1.0]),
+                       optimizer_steps=1.0, forward_only=True)
+    return float(_stage_comm_s(model, cluster(world), cols, eff, shape, np.array([1.0]))[0])
+
+
+def test_tensor_parallel_comm_is_four_ring_collectives_per_layer():
+    model = resolve_model("llama3.1-8b")
+    nvlink = get_gpu("h100").nvlink_bandwidth_bytes_per_s * EFF.nvlink
+    expected = 4 * (3 / 4) * 8192 * 4096 * 2 / nvlink * (1 - EFF.tp_overlap)
+    assert _comm(model, 8, dict(tp=4, dp=2)) == pytest.approx(expected)
+
+
+def test_context_parallel_ring_exchanges_kv_chunks():
+    model = resolve_model("llama3.1-8b")
+    nvlink = get_gpu("h100").nvlink_bandwidth_bytes_per_s * EFF.nvlink
+    tokens_per_rank = 8192 / 4
+    kv_width = 2 * 8 * 128
+    expected = 3 * tokens_per_rank * kv_width * 2 / nvlink * (1 - EFF.cp_overlap)
+    assert _comm(model, 8, dict(cp=4, dp=2)) == pytest.approx(expected)
+
+
+def test_expert_all_to_all_inside_and_across_nodes():
+    model = resolve_model("qwen3-30b")  # 48 layers, all MoE, top-8
+    gpu = get_gpu("h100")
+    nvlink = gpu.nvlink_bandwidth_bytes_per_s * EFF.nvlink
+    network = gpu.inter_node_bandwidth_bytes_per_s * EFF.network
+    dispatched = 8192 * 8 * 2048 * 2
+    inside = 2 * (7 / 8) * dispatched / nvlink * (1 - EFF.ep_overlap)
+    assert _comm(model, 8, dict(ep=8, dp=8)) == pytest.approx(inside)
+    # EP 32 spans 4 nodes: a token crosses the network once per destination node (<= 4 of 8)
+    inter = 8192 * 4 * 2048 * 2 * (3 / 4) / network
+    intra = (31 / 32) * dispatched / nvlink
+    across = 2 * max(inter, intra) * (1 - EFF.ep_overlap)
+    assert _comm(model, 32, dict(ep=32, dp=32)) == pytest.approx(across)
+
+
+def test_data_parallel_reduce_scatter_and_all_gather():
+    model = resolve_model("llama3.1-8b")
+    workload = PretrainWorkload(seq_len=4096, global_batch=16)
+    out = _pretrain(model, 16, dict(tp=1, dp=16, micro_batch=1), workload)
+    network = get_gpu("h100").inter_node_bandwidth_bytes_per_s * EFF.network
+    params = model.params.total
+    expected = (15 / 16) * params * (4 + 2) / network * (1 - EFF.dp_overlap)
+    assert float(out["train_dp_comm_s"][0]) == pytest.approx(expected, rel=1e-6)
+
+
+def test_weight_sync_gathers_the_model_over_the_model_parallel_group():
+    from planner.timing import WAKE_SLEEP_OVERHEAD_S, weight_sync_s
+
+    model = resolve_model("qwen2.5-7b")
+    gpu = get_gpu("h100")
+    cols = cols_of(tp=4, dp=2, rollout_tp=4)
+    total = model.params.total * 2
+    gather = (3 / 4) * total / (gpu.nvlink_bandwidth_bytes_per_s * EFF.nvlink)
+    load = total / 4 / (gpu.hbm_bandwidth_bytes_per_s * EFF.hbm)
+    assert float(weight_sync_s(model, cluster(8), cols, EFF)[0]) == pytest.approx(
+        gather + load + WAKE_SLEEP_OVERHEAD_S)
