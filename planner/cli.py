@@ -30,7 +30,8 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-SUBCOMMANDS = ("plan", "estimate", "validate", "tune", "calibrate", "models", "gpus")
+SUBCOMMANDS = ("plan", "estimate", "validate", "tune", "calibrate", "profile", "explain", "fix",
+               "diff", "report", "models", "gpus")
 
 # Subcommands that live in their own modules: each module defines
 # ``add_arguments(parser)`` and ``run(args) -> int`` (imported only when the command runs,
@@ -39,6 +40,11 @@ EXTERNAL_COMMANDS = {
     "validate": ("planner.validate", "dry-run a verl launch script, Hydra YAML or overrides"),
     "tune": ("trials.cli_tune", "run short real verl GRPO trials with Optuna"),
     "calibrate": ("trials.cli_calibrate", "fit efficiency constants from measured trials"),
+    "profile": ("planner.profile", "communication analysis of a PyTorch profiler trace"),
+    "explain": ("planner.explain", "the chosen layout next to the rules of thumb, in words"),
+    "fix": ("planner.fix", "mitigations for a config that does not fit, cheapest first"),
+    "diff": ("planner.diff", "what changes between two configs, its risk and effect"),
+    "report": ("planner.sweep_report", "HTML report of a plan or a tuning sweep"),
 }
 
 
