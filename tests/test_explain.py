@@ -1,0 +1,30 @@
+"""`plan-parallel explain`: the plan beside the rules of thumb, scored like for like."""
+
+import json
+
+from planner.cli import main
+
+
+def test_explain_dense_7b(capsys):
+    assert main(["explain", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu-type", "h100",
+                 "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rules = {entry["rule"]: entry for entry in data["rules_of_thumb"]}
+    thumb = rules["7B: TP2 x PP2"]
+    assert thumb["layout"]["tp"] == 2 and thumb["layout"]["pp"] == 2
+    # the plan is the fastest layout overall, so never slower than the best TP2 x PP2 one
+    assert data["chosen"]["step_time_s"] <= thumb["step_time_s"]
+    assert "faster" in thumb["verdict"] or "as fast" in thumb["verdict"]
+    assert "breaks a rule" in rules["TP = GPUs per node"]["verdict"]  # 28 heads, TP 8
+    assert "FP32 would double weights" in rules["BF16, not FP32"]["verdict"]
+
+
+def test_explain_moe_uses_expert_parallel_rule(capsys):
+    assert main(["explain", "--model", "qwen3-30b", "--gpus", "16", "--gpu-type", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "100B+/MoE: TP4 x EP8" in out and "dominates the step" in out
+
+
+def test_explain_with_no_fitting_layout_is_an_input_error(capsys):
+    assert main(["explain", "--model", "llama3.1-405b", "--gpus", "8", "--gpu-type", "h100"]) == 2
+    assert "no layout of Llama-3.1-405B fits" in capsys.readouterr().err
