@@ -244,6 +244,11 @@ def cmd_plan(args) -> int:
     if args.no_offload and any(pins.get(name) for name in ("param_offload",
                                                             "optimizer_offload")):
         raise UsageError("--no-offload contradicts --param-offload/--optimizer-offload")
+    grpo_only = [name for name in ("rollout_tp", "rollout_dp", "rollout_ep", "param_offload",
+                                   "optimizer_offload", "ref_param_offload") if name in pins]
+    if workload.kind == "pretrain" and (grpo_only or args.gpu_memory_utilization):
+        raise UsageError(f"--workload pretrain has no rollout, reference or verl offload; drop "
+                         f"{', '.join('--' + n.replace('_', '-') for n in grpo_only) or '--gpu-memory-utilization'}")
     options = SearchOptions(
         offload=(False,) if args.no_offload else (False, True),
         recompute=(args.recompute,) if args.recompute else RECOMPUTE,

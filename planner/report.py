@@ -156,9 +156,10 @@ def plan_table(plan, top: int) -> str:
         f"cluster  {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpu.memory_gib:.1f} GiB), "
         f"{cluster.gpus_per_node} per node",
         f"workload {describe_workload(plan.workload)}",
-        f"searched {plan.enumerated:,} layouts: {plan.valid:,} valid "
-        f"({len(plan.candidates):,} actor layouts, rollout chosen per layout), "
-        f"{int(plan.candidates['fits'].sum()):,} fit in memory",
+        f"searched {plan.enumerated:,} layouts: {plan.valid:,} valid"
+        + (f" ({len(plan.candidates):,} actor layouts, rollout chosen per layout)"
+           if plan.workload.kind == "grpo" else "")
+        + f", {int(plan.candidates['fits'].sum()):,} fit in memory",
     ]
     rows = []
     has_time = "step_time_s" in fitting
@@ -178,8 +179,9 @@ def plan_table(plan, top: int) -> str:
     columns = [("#", "rank"), ("TP", "tp"), ("PP", "pp"), ("VPP", "vpp"), ("CP", "cp")]
     if model.is_moe:
         columns += [("EP", "ep"), ("ETP", "etp")]
-    columns += [("DP", "dp"), ("mbs", "micro_batch"), ("recompute", "recompute"),
-                ("offload", "offload"), ("rollout TP/DP/EP", "rollout"), ("util", "util")]
+    columns += [("DP", "dp"), ("mbs", "micro_batch"), ("recompute", "recompute")]
+    if plan.workload.kind == "grpo":
+        columns += [("offload", "offload"), ("rollout TP/DP/EP", "rollout"), ("util", "util")]
     if has_time:
         columns += [("step s", "step"), ("tok/s/GPU", "tps")]
     columns += [("peak GiB", "peak"), ("mem", "mem"), ("peak phase", "peak_phase"),

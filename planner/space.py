@@ -50,7 +50,7 @@ class SearchOptions:
     recompute: tuple[str, ...] = RECOMPUTE
     offload: tuple[bool, ...] = (False, True)  # actor param offload, optimizer offload, each
     ref_param_offload: tuple[bool, ...] = (False, True)
-    vpp: tuple[int, ...] = (1, 2, 3, 4)
+    vpp: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8)
     max_cp: int = 16
     gpu_memory_utilization: float | None = None  # None: picked per layout
     # Pin any layout field to one value, e.g. {"tp": 4}; used by `estimate`-style queries.

@@ -89,6 +89,10 @@ def test_estimate_invalid_layout_exits_1_with_the_rule(capsys):
       "--recompute", "some"], "invalid choice"),
     (["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--train-batch-size", "16",
       "--mini-batch-size", "32"], "exceeds --train-batch-size"),
+    (["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--workload", "pretrain",
+      "--rollout-tp", "2"], "drop --rollout-tp"),
+    (["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--mean-response-length",
+      "5000"], "--mean-response-length 5000"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
     code, out, err = run(capsys, *argv)
