@@ -19,13 +19,8 @@ from pathlib import Path
 from planner.errors import PlanInputError
 
 TOP = 10
-# trials.csv column -> the name the report uses (written by `plan-parallel tune`)
-TRIAL_COLUMNS = {
-    "number": "number", "state": "state", "category": "category",
-    "predicted_tokens_per_s_per_gpu": "predicted_tokens_per_s_per_gpu",
-    "measured_tokens_per_s_per_gpu": "measured_tokens_per_s_per_gpu",
-    "peak_memory_gib": "peak_memory_gib",
-}
+# trials.csv (written by `plan-parallel tune`, trials/report.py) column -> the report's name
+TRIAL_COLUMNS = {"trial": "number", "tokens_per_s_per_gpu": "measured_tokens_per_s_per_gpu"}
 
 
 def load_trials(path: Path):
@@ -36,6 +31,8 @@ def load_trials(path: Path):
         trials = pd.read_csv(path)
     except (OSError, ValueError) as error:
         raise PlanInputError(f"cannot read {str(path)!r}: {error}") from None
+    trials = trials.rename(columns={k: v for k, v in TRIAL_COLUMNS.items()
+                                    if k in trials.columns and v not in trials.columns})
     missing = [c for c in ("number", "category") if c not in trials.columns]
     if missing:
         raise PlanInputError(f"{str(path)!r} lacks columns {missing}; not a plan-parallel "

@@ -43,8 +43,8 @@ def test_plan_report_embeds_figures(tmp_path, capsys):
 def write_sweep(folder, plan):
     folder.mkdir()
     (folder / "plan.json").write_text(json.dumps(plan_dict(plan, top=1)))
-    rows = ["number,state,category,predicted_tokens_per_s_per_gpu,"
-            "measured_tokens_per_s_per_gpu,peak_memory_gib,tp,pp",
+    rows = ["trial,state,category,predicted_tokens_per_s_per_gpu,"
+            "tokens_per_s_per_gpu,peak_memory_gib,tp,pp",
             "0,COMPLETE,ok,5400,5100,70.2,1,2",
             "1,COMPLETE,ok,5300,5350,71.0,2,1",
             "2,FAIL,oom,5200,,,1,1",
