@@ -1,0 +1,272 @@
+"""Export: a planned layout as a verl 0.9.1 GRPO job (Megatron backend).
+
+Every exported config is composed with verl's real Hydra config on the CPU and put through
+verl's own ``validate_config`` and config dataclass checks; the YAML composes to the same
+config as the launch command; the script runs through verl's Hydra entry point.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner import verl_config
+from planner.cli import main
+from planner.errors import PlanInputError
+from planner.hardware import ClusterSpec, get_gpu
+from planner.launch_script import parse_launch_script
+from planner.layout import Layout
+from planner.models import builtin_model
+from planner.plan import make_plan
+from planner.verl_export import (CONFIG_FILE, PLAN_FILE, SCRIPT_FILE, VERL_VERSION, job_from_plan,
+                                 job_overrides, write_job, write_plan_job)
+from planner.verl_files import render_config, render_plan_json, render_script
+from planner.verl_job import layout_of, read_job
+from planner.workload import GrpoWorkload, PretrainWorkload
+
+MEGATRON = "actor_rollout_ref.actor.megatron"
+TRANSFORMER = f"{MEGATRON}.override_transformer_config"
+PATHS = dict(model_path="/models/m", train_files="/data/train.parquet",
+             val_files="/data/test.parquet")
+VALUES = {"MODEL_PATH": "/models/m", "TRAIN_FILES": "/data/train.parquet",
+          "VAL_FILES": "/data/test.parquet"}
+
+
+def cluster(gpus, gpu="H100-80GB"):
+    return ClusterSpec(get_gpu(gpu), gpus, min(8, gpus))
+
+
+# Layouts that exercise every export branch: even/uneven pipelines, VPP, CP, EP/ETP,
+# each recompute mode, offloads, rollout expert parallelism.
+CASES = {
+    "dense_tp_pp": ("Qwen2.5-7B", 8, Layout(tp=2, pp=2, dp=2, micro_batch=4, rollout_tp=2,
+                                            gpu_memory_utilization=0.6)),
+    "dense_vpp_cp_selective": ("Qwen3-8B", 16, Layout(tp=2, pp=2, vpp=3, cp=2, dp=2,
+                                                      micro_batch=2, recompute="selective",
+                                                      rollout_tp=4, param_offload=True)),
+    "moe_etp_selective": ("Qwen3-30B-A3B", 16, Layout(tp=2, pp=2, ep=4, etp=2, dp=4,
+                                                      micro_batch=2, recompute="selective",
+                                                      rollout_tp=2, rollout_dp=4, rollout_ep=8,
+                                                      optimizer_offload=True,
+                                                      gpu_memory_utilization=0.7)),
+    "moe_uneven_full": ("DeepSeek-V3", 256, Layout(tp=1, pp=16, ep=16, etp=1, dp=16,
+                                                   micro_batch=1, recompute="full",
+                                                   param_offload=True, optimizer_offload=True,
+                                                   ref_param_offload=True, rollout_tp=8,
+                                                   rollout_dp=4, rollout_ep=32,
+                                                   gpu_memory_utilization=0.6)),
+}
+
+
+def overrides_for(case, **extra):
+    name, gpus, layout = CASES[case]
+    return job_overrides(builtin_model(name), cluster(gpus), GrpoWorkload(), layout, **PATHS,
+                         **extra)
+
+
+def as_dict(overrides):
+    return {item.lstrip("+").split("=", 1)[0]: item.split("=", 1)[1] for item in overrides}
+
+
+def test_overrides_select_megatron_and_set_every_layout_value():
+    overrides = overrides_for("moe_etp_selective")
+    values = as_dict(overrides)
+    assert overrides[0] == "model_engine=megatron"
+    assert values["algorithm.adv_estimator"] == "grpo"
+    assert values[f"{MEGATRON}.tensor_model_parallel_size"] == "2"
+    assert values[f"{MEGATRON}.pipeline_model_parallel_size"] == "2"
+    assert values[f"{MEGATRON}.virtual_pipeline_model_parallel_size"] == "null"
+    assert values[f"{MEGATRON}.expert_model_parallel_size"] == "4"
+    assert values[f"{MEGATRON}.expert_tensor_parallel_size"] == "2"  # explicit, never the TP default
+    assert values[f"{MEGATRON}.optimizer_offload"] == "True"
+    assert values[f"{TRANSFORMER}.recompute_granularity"] == "selective"
+    assert values[f"{TRANSFORMER}.recompute_modules"] == "[core_attn,layernorm,moe_act]"
+    assert f"+{TRANSFORMER}.moe_grouped_gemm=True" in overrides  # moe_act needs grouped GEMM
+    assert f"+{TRANSFORMER}.add_bias_linear=False" in overrides  # MoE with ETP > 1
+    assert values["actor_rollout_ref.rollout.expert_parallel_size"] == "8"
+    assert values["actor_rollout_ref.rollout.data_parallel_size"] == "4"
+    assert values["actor_rollout_ref.rollout.gpu_memory_utilization"] == "0.7"
+    assert values["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] == "2"
+    assert values["actor_rollout_ref.model.path"] == "/models/m"
+    assert values["trainer.nnodes"] == "2" and values["trainer.n_gpus_per_node"] == "8"
+    assert not any("grad_offload" in item for item in overrides)
+    # the reference follows the actor's parallel sizes through verl's interpolation
+    assert not any(item.startswith("actor_rollout_ref.ref.megatron.tensor") for item in overrides)
+
+
+def test_uneven_pipeline_stages_only_when_uneven():
+    values = as_dict(overrides_for("moe_uneven_full"))
+    # DeepSeek-V3: 61 layers over 16 stages -> 14 middle stages of 4, first 3, last 2
+    assert values[f"{TRANSFORMER}.num_layers_in_first_pipeline_stage"] == "3"
+    assert values[f"{TRANSFORMER}.num_layers_in_last_pipeline_stage"] == "2"
+    assert values[f"{TRANSFORMER}.recompute_granularity"] == "full"
+    assert values[f"{TRANSFORMER}.recompute_method"] == "uniform"
+    assert values[f"{TRANSFORMER}.recompute_num_layers"] == "1"
+    even = as_dict(overrides_for("dense_tp_pp"))  # 28 layers over 2 stages
+    assert not any("pipeline_stage" in key for key in even)
+    assert not any("recompute" in key for key in even)
+
+
+def test_extra_overrides_replace_in_place_and_append():
+    base = overrides_for("dense_tp_pp")
+    overrides = overrides_for("dense_tp_pp", extra=["trainer.total_epochs=2",
+                                                    "+trainer.new_key=1"])
+    assert len(overrides) == len(base) + 1
+    assert overrides.index("trainer.total_epochs=2") == base.index("trainer.total_epochs=15")
+    assert overrides[-1] == "+trainer.new_key=1"
+    with pytest.raises(PlanInputError, match="not KEY=VALUE"):
+        overrides_for("dense_tp_pp", extra=["trainer.total_epochs"])
+
+
+def test_unexportable_workloads_are_input_errors():
+    name, gpus, layout = CASES["dense_tp_pp"]
+    with pytest.raises(PlanInputError, match="bf16 or fp16"):
+        job_overrides(builtin_model(name), cluster(gpus), GrpoWorkload(precision="fp8"), layout,
+                      **PATHS)
+    with pytest.raises(PlanInputError, match="GRPO workload"):
+        job_overrides(builtin_model(name), cluster(gpus), PretrainWorkload(), layout, **PATHS)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_exported_config_passes_verls_own_validation(case):
+    name, gpus, layout = CASES[case]
+    config, unknown = verl_config.compose(overrides_for(case))
+    assert unknown == []
+    assert verl_config.added_keys(config, verl_config.base_config()) == []
+    assert verl_config.verl_checks(config) == []  # validate_config + actor/rollout/ref dataclasses
+    plain = verl_config.to_plain(config)
+    assert plain["model_engine"] == "megatron"
+    assert plain["actor_rollout_ref"]["actor"]["strategy"] == "megatron"
+    job, problems = read_job(plain)
+    assert problems == []
+    read_back = layout_of(job, builtin_model(name).is_moe)
+    skip = {"first_stage_layers", "last_stage_layers", "sequence_parallel"}
+    assert {k: v for k, v in read_back.to_dict().items() if k not in skip} == \
+        {k: v for k, v in layout.to_dict().items() if k not in skip}
+    assert read_back.sequence_parallel == (layout.tp > 1)
+    ref = plain["actor_rollout_ref"]["ref"]["megatron"]
+    assert ref["tensor_model_parallel_size"] == layout.tp  # interpolated from the actor
+    assert ref["param_offload"] == layout.ref_param_offload
+
+
+@pytest.fixture(scope="module")
+def qwen3_30b_job():
+    plan = make_plan(builtin_model("Qwen3-30B-A3B"), cluster(16), GrpoWorkload())
+    return plan, job_from_plan(plan, 1)
+
+
+def test_yaml_composes_to_the_same_config_as_the_launch_command(qwen3_30b_job, tmp_path,
+                                                                monkeypatch):
+    _, job = qwen3_30b_job
+    write_job(job, tmp_path)
+    for name, value in VALUES.items():
+        monkeypatch.setenv(name, value)
+    from_yaml, unknown = verl_config.compose([], tmp_path, CONFIG_FILE[:-5])
+    assert unknown == []
+    from_overrides, _ = verl_config.compose(job.overrides(VALUES))
+    assert verl_config.to_plain(from_yaml) == verl_config.to_plain(from_overrides)
+    assert verl_config.verl_checks(from_yaml) == []
+
+
+def test_script_overrides_read_back_exactly(qwen3_30b_job):
+    _, job = qwen3_30b_job
+    command = parse_launch_script(render_script(job), {"HOME": "/home/u"}, source=SCRIPT_FILE)
+    defaults = {"MODEL_PATH": "/home/u/models/Qwen3-30B-A3B",
+                "TRAIN_FILES": "/home/u/data/gsm8k/train.parquet",
+                "VAL_FILES": "/home/u/data/gsm8k/test.parquet"}
+    assert list(command.overrides) == job.overrides(defaults)
+    moved = parse_launch_script(render_script(job), {"HOME": "/h", "MODEL_PATH": "/m",
+                                                     "NNODES": "4"}, source=SCRIPT_FILE)
+    values = as_dict(moved.overrides)
+    assert values["actor_rollout_ref.model.path"] == "/m" and values["trainer.nnodes"] == "4"
+
+
+def test_files_are_deterministic_and_plan_json_holds_layout_and_predictions(qwen3_30b_job):
+    plan, job = qwen3_30b_job
+    again = job_from_plan(plan, 1)
+    assert render_script(job) == render_script(again)
+    assert render_config(job) == render_config(again)
+    assert render_plan_json(job) == render_plan_json(again)
+    data = json.loads(render_plan_json(job))
+    best = plan.candidates.iloc[0]
+    assert data["verl_version"] == VERL_VERSION == "0.9.1"
+    assert data["planner_version"] == "0.1.0"
+    assert data["layout"]["tp"] == int(best["tp"]) and data["layout"]["ep"] == int(best["ep"])
+    assert data["layout"]["first_stage_layers"] == int(best["first_stage_layers"])
+    assert data["prediction"]["peak_memory_gib"] == round(float(best["peak_bytes"]) / 2**30, 2)
+    assert data["prediction"]["tokens_per_s_per_gpu"] > 0
+    assert data["overrides"][0] == "model_engine=megatron"
+    assert "actor_rollout_ref.model.path=${MODEL_PATH}" in data["overrides"]
+    script = render_script(job)
+    assert script.startswith("#!/usr/bin/env bash\n")
+    assert "python3 -m verl.trainer.main_ppo \\\n    model_engine=megatron \\" in script
+    assert 'MODEL_PATH="${MODEL_PATH:-$HOME/models/Qwen3-30B-A3B}"' in script
+    assert 'NNODES="${NNODES:-2}"' in script
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in script
+    assert script.rstrip().endswith('"$@"')
+
+
+def test_write_never_overwrites_without_force(qwen3_30b_job, tmp_path):
+    plan, _ = qwen3_30b_job
+    written = write_plan_job(plan, rank=2, directory=tmp_path / "job", model_path="/m/q")
+    assert [path.name for path in written] == [SCRIPT_FILE, CONFIG_FILE, PLAN_FILE]
+    assert os.access(written[0], os.X_OK)
+    assert json.loads(written[2].read_text())["rank"] == 2
+    written[1].write_text("# mine\n")
+    with pytest.raises(PlanInputError, match="--force"):
+        write_plan_job(plan, rank=1, directory=tmp_path / "job")
+    assert written[1].read_text() == "# mine\n"
+    write_plan_job(plan, rank=1, directory=tmp_path / "job", force=True)
+    assert written[1].read_text() != "# mine\n"
+    fitting = int(plan.candidates["fits"].sum())
+    with pytest.raises(PlanInputError, match="outside"):
+        write_plan_job(plan, rank=fitting + 1, directory=tmp_path / "other")
+
+
+def test_cli_write_and_refusal(tmp_path, capsys):
+    target = tmp_path / "out"
+    argv = ["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h20", "--top", "1", "--write",
+            str(target), "--model-path", "/models/Qwen3-8B", "--override",
+            "trainer.total_epochs=3"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    script = (target / SCRIPT_FILE).read_text()
+    assert 'MODEL_PATH="${MODEL_PATH:-/models/Qwen3-8B}"' in script
+    assert "trainer.total_epochs=3 \\" in script
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--force" in err[0] and "Traceback" not in err[0]
+
+
+def _venv_path():
+    return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def test_script_and_yaml_run_through_verls_hydra_entry_point(qwen3_30b_job, tmp_path):
+    """`bash run_grpo.sh --cfg job` and `main_ppo --config-path --config-name --cfg job` make
+    verl's real entry point compose and print the job's config (Hydra stops there)."""
+    _, job = qwen3_30b_job
+    write_job(job, tmp_path)
+    env = {**os.environ, "PATH": _venv_path(), "MODEL_PATH": "/x/model", "HOME": str(tmp_path)}
+    from_script = subprocess.run(["bash", str(tmp_path / SCRIPT_FILE), "--cfg", "job"],
+                                 capture_output=True, text=True, env=env, timeout=300)
+    assert from_script.returncode == 0, from_script.stderr[-2000:]
+    from_yaml = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo",
+                                f"--config-path={tmp_path}", "--config-name=grpo", "--cfg", "job"],
+                               capture_output=True, text=True, env=env, timeout=300)
+    assert from_yaml.returncode == 0, from_yaml.stderr[-2000:]
+    import yaml
+
+    for output in (from_script.stdout, from_yaml.stdout):
+        config = yaml.safe_load(output)
+        megatron = config["actor_rollout_ref"]["actor"]["megatron"]
+        assert config["model_engine"] == "megatron"
+        assert megatron["expert_model_parallel_size"] == job.layout.ep
+        assert megatron["pipeline_model_parallel_size"] == job.layout.pp
+        assert config["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"] == \
+            job.layout.gpu_memory_utilization
+        assert config["trainer"]["nnodes"] == 2
+    assert yaml.safe_load(from_script.stdout)["actor_rollout_ref"]["model"]["path"] == "/x/model"
