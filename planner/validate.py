@@ -241,8 +241,13 @@ def memory_findings(estimate) -> list:
 # --- the dry run ----------------------------------------------------------------------------
 
 
-def dry_run(args) -> dict:
-    """Everything validate reports, as a dict (the ``--format json`` output)."""
+def dry_run(args, context: dict | None = None) -> dict:
+    """Everything validate reports, as a dict (the ``--format json`` output).
+
+    ``context``, when given, receives the objects read from the config (``model``, ``cluster``,
+    ``workload``, ``layout``) for commands that go on from there (``fix``, ``diff``).
+    """
+    context = {} if context is None else context
     from planner.config_checks import (backend_findings, batch_findings, model_findings,
                                        recompute_findings, reference_findings, rollout_findings)
     from planner.errors import PlanInputError
@@ -311,6 +316,8 @@ def dry_run(args) -> dict:
         findings.append(Finding("bad_value", str(error)))
     else:
         report["workload"], report["layout"] = workload.to_dict(), layout.to_dict()
+        context.update(model=model, cluster=cluster, workload=workload, layout=layout,
+                       config=plain, overrides=overrides)
         shape = model_findings(plain, job, model, cluster, workload, layout)
         findings += shape
         if not any(f.level == "error" for f in shape):

@@ -1,0 +1,157 @@
+"""``plan-parallel diff A B``: what changes between two verl jobs, how risky it is, and what it
+does to memory and throughput.
+
+Both jobs are read as ``validate`` reads them (composed with verl's own config), so a setting
+that only moves between the script and the YAML is not a change.  Every changed key gets a risk
+from what it touches:
+
+* high — parallel sizes (TP, PP, VPP, CP, EP, ETP, the stage split): the global architecture of
+  the job; checkpoints saved under one layout need resharding to load under another;
+* medium — per-GPU load and batch shape (micro-batches, token budgets, mini/train batch, n,
+  lengths, rollout memory fraction and TP): memory and optimisation dynamics;
+* low — recomputation and offload (speed and memory only), KL/entropy/clip settings (algorithm
+  stability), logging and naming.
+
+A safe range is given where the planner knows one (divisors the rules allow, the 0.3-0.9
+rollout memory band); predicted peak memory and throughput come from the planner's models.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from argparse import Namespace
+
+RISKS = (
+    (re.compile(r"(tensor|pipeline|virtual_pipeline|context|expert)_model_parallel_size$|"
+                r"expert_(tensor_)?parallel_size$|num_layers_in_(first|last)_pipeline_stage$|"
+                r"rollout\.(data_parallel_size)$"),
+     "high", "global architecture: the layout and checkpoint sharding change"),
+    (re.compile(r"micro_batch_size|max_token_len|ppo_mini_batch_size|train_batch_size|"
+                r"rollout\.n$|max_(prompt|response)_length|gpu_memory_utilization|"
+                r"rollout\.tensor_model_parallel_size|use_dynamic_bsz|max_num_seqs|"
+                r"max_num_batched_tokens|ppo_epochs|optim\.lr$"),
+     "medium", "per-GPU load, memory and optimisation dynamics"),
+    (re.compile(r"recompute|offload|sequence_parallel|kl_|entropy|clip_ratio|loss_agg_mode|"
+                r"use_kl"),
+     "low", "speed/memory only, or algorithm stability within verl's tested range"),
+)
+
+
+def classify(key: str) -> tuple[str, str]:
+    for pattern, risk, why in RISKS:
+        if pattern.search(key):
+            return risk, why
+    return "low", "bookkeeping (names, logging, paths) or a setting the planner does not model"
+
+
+def flatten(config, prefix: str = "") -> dict:
+    out = {}
+    if isinstance(config, dict):
+        for key, value in config.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+    else:
+        out[prefix[:-1]] = config
+    return out
+
+
+def safe_range(key: str, context: dict) -> str:
+    """What the planner's rules allow for a parallel size or a memory knob, where it knows."""
+    model, cluster = context.get("model"), context.get("cluster")
+    if model is None:
+        return ""
+    if key.endswith("actor.megatron.tensor_model_parallel_size"):
+        values = [d for d in range(1, model.num_attention_heads + 1)
+                  if model.num_attention_heads % d == 0 and cluster.num_gpus % d == 0
+                  and d <= cluster.fast_domain_gpus]
+        return "TP within a node dividing the heads: " + ", ".join(map(str, values))
+    if key.endswith("expert_model_parallel_size") and model.is_moe:
+        values = [d for d in range(1, model.num_experts + 1)
+                  if model.num_experts % d == 0 and cluster.num_gpus % d == 0]
+        return "EP dividing the experts and the GPUs: " + ", ".join(map(str, values))
+    if key.endswith("gpu_memory_utilization"):
+        return "0.3-0.9, with what stays resident (actor, reference) fitting beside it"
+    if key.endswith("pipeline_model_parallel_size"):
+        return f"PP dividing {model.num_layers} layers (or an uneven first/last split)"
+    return ""
+
+
+def _side(path: str, args) -> tuple[dict, dict]:
+    from planner.validate import dry_run
+
+    context: dict = {}
+    side = Namespace(inputs=[path], set=args.set, model=args.model, gpu_type=args.gpu_type,
+                     format="json")
+    return dry_run(side, context), context
+
+
+def compare(args) -> dict:
+    from planner.errors import PlanInputError
+
+    (report_a, context_a), (report_b, context_b) = _side(args.a, args), _side(args.b, args)
+    for path, context in ((args.a, context_a), (args.b, context_b)):
+        if "config" not in context:
+            raise PlanInputError(f"cannot read a verl Megatron job from {path!r}; run "
+                                 f"`plan-parallel validate {path}`")
+    flat_a, flat_b = flatten(context_a["config"]), flatten(context_b["config"])
+    changes = []
+    for key in sorted(set(flat_a) | set(flat_b)):
+        before, after = flat_a.get(key, "<unset>"), flat_b.get(key, "<unset>")
+        if before == after:
+            continue
+        risk, why = classify(key)
+        changes.append({"key": key, "before": before, "after": after, "risk": risk,
+                        "why": why, "safe_range": safe_range(key, context_b)})
+    order = {"high": 0, "medium": 1, "low": 2}
+    changes.sort(key=lambda c: (order[c["risk"]], c["key"]))
+
+    def prediction(report):
+        memory = report.get("memory") or {}
+        return {key: memory.get(key) for key in ("fits", "peak_memory_gib", "peak_phase",
+                                                 "memory_utilization", "step_time_s",
+                                                 "tokens_per_s_per_gpu")}
+
+    return {"a": args.a, "b": args.b, "changes": changes,
+            "before": prediction(report_a), "after": prediction(report_b),
+            "would_launch": {"a": report_a["would_launch"], "b": report_b["would_launch"]}}
+
+
+def add_arguments(parser) -> None:
+    parser.description = "Compare two verl jobs: changed settings, risk, predicted effect."
+    parser.add_argument("a", help="the current job (launch script or Hydra YAML)")
+    parser.add_argument("b", help="the changed job")
+    parser.add_argument("--set", action="append", default=[], metavar="VAR=VALUE",
+                        help="environment variable for both jobs' $VAR (repeatable)")
+    parser.add_argument("--model", help="model when model.path has no readable config.json")
+    parser.add_argument("--gpu-type", help="GPU catalog name (default: detected, else H100)")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def _fmt_prediction(p: dict) -> str:
+    if p.get("peak_memory_gib") is None:
+        return "not estimated (the layout breaks a rule)"
+    text = (f"peak {p['peak_memory_gib']:.1f} GiB ({100 * p['memory_utilization']:.0f}%) in "
+            f"{p['peak_phase']}, {'fits' if p['fits'] else 'does NOT fit'}")
+    if p.get("tokens_per_s_per_gpu"):
+        text += f", {p['step_time_s']:.1f} s per step, {p['tokens_per_s_per_gpu']:.0f} tokens/s/GPU"
+    return text
+
+
+def run(args) -> int:
+    from planner.cli import ExitCode
+
+    result = compare(args)
+    if args.format == "json":
+        print(json.dumps(result, indent=2, default=str))
+        return ExitCode.OK
+    if not result["changes"]:
+        print("no setting differs once both configs are composed")
+    for change in result["changes"]:
+        print(f"[{change['risk']:>6}] {change['key']}: {change['before']} -> {change['after']}"
+              f"  ({change['why']})")
+        if change["safe_range"]:
+            print(f"         safe: {change['safe_range']}")
+    print()
+    print(f"before: {_fmt_prediction(result['before'])}")
+    print(f"after:  {_fmt_prediction(result['after'])}")
+    return ExitCode.OK

@@ -1,0 +1,276 @@
+"""``plan-parallel fix PATH``: what to change when a verl job will not fit, or wastes memory.
+
+Reads the job as ``validate`` does (launch script, Hydra YAML or overrides).  When its predicted
+peak is over the GPU or outside the 70-85% band, it tries the mitigations users reach for, one
+change at a time, each scored by the planner's memory and time models:
+
+* over the band: smaller micro-batch; selective, then full recomputation; optimizer, then
+  parameter (and reference) offload; a lower rollout ``gpu_memory_utilization``; larger TP, PP,
+  EP or CP (DP shrinks to keep the world size);
+* under the band: the reverse — larger micro-batch, less recomputation, less offload, a higher
+  ``gpu_memory_utilization``, less model parallelism.
+
+Mitigations that break a rule are dropped; the rest are listed cheapest first by predicted step
+time, with predicted peak memory, utilisation and the exact Hydra overrides to apply.
+``--write DIR`` writes the best one as a runnable job (the planner's export of the fixed layout,
+keeping the input's own overrides that the fix does not touch).
+
+``precision`` is not offered: the memory model keeps BF16 weights and FP32 optimizer state for
+every precision (FP8 training in Megatron keeps BF16/FP32 copies too), so it would promise
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from planner.errors import PlanInputError
+
+BAND = (0.70, 0.85)
+
+
+@dataclass(frozen=True)
+class Mitigation:
+    name: str
+    layout: object  # planner.layout.Layout
+    row: dict  # the cost model's columns for the layout
+    overrides: tuple[str, ...]
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.row["fits"])
+
+
+def _halvings(value: int) -> list[int]:
+    out = []
+    while value > 1:
+        value //= 2
+        out.append(value)
+    return out
+
+
+def candidate_changes(layout, model, cluster, over: bool) -> list[tuple[str, object]]:
+    """(description, changed layout) for every single change worth scoring."""
+    changes = []
+    if over:
+        for mbs in _halvings(layout.micro_batch):
+            changes.append((f"micro-batch {layout.micro_batch} -> {mbs}",
+                            replace(layout, micro_batch=mbs)))
+        for level in ("selective", "full"):
+            if ("none", "selective", "full").index(level) > ("none", "selective", "full").index(
+                    layout.recompute):
+                changes.append((f"recompute {layout.recompute} -> {level}",
+                                replace(layout, recompute=level)))
+        if not layout.optimizer_offload:
+            changes.append(("optimizer offload", replace(layout, optimizer_offload=True)))
+        if not layout.param_offload:
+            changes.append(("parameter offload (actor and reference)",
+                            replace(layout, param_offload=True, ref_param_offload=True)))
+        for step in (0.05, 0.10, 0.15, 0.20, 0.30):
+            util = round(layout.gpu_memory_utilization - step, 2)
+            if util >= 0.1:
+                changes.append((f"gpu_memory_utilization {layout.gpu_memory_utilization} -> "
+                                f"{util}", replace(layout, gpu_memory_utilization=util)))
+        for field in ("tp", "pp", "cp") + (("ep",) if model.is_moe else ()):
+            bigger = getattr(layout, field) * 2
+            changed = replace(layout, **{field: bigger})
+            if field in ("tp", "pp", "cp"):
+                changed = replace(changed, dp=layout.dp // 2 if layout.dp % 2 == 0 else 0)
+                if field == "tp":
+                    changed = replace(changed, sequence_parallel=True)
+            if changed.dp >= 1:
+                changes.append((f"{field.upper()} {getattr(layout, field)} -> {bigger}", changed))
+    else:
+        for mbs in (layout.micro_batch * 2, layout.micro_batch * 4):
+            changes.append((f"micro-batch {layout.micro_batch} -> {mbs}",
+                            replace(layout, micro_batch=mbs)))
+        if layout.recompute != "none":
+            changes.append((f"recompute {layout.recompute} -> none",
+                            replace(layout, recompute="none")))
+        if layout.param_offload or layout.ref_param_offload:
+            changes.append(("no parameter offload",
+                            replace(layout, param_offload=False, ref_param_offload=False)))
+        if layout.optimizer_offload:
+            changes.append(("no optimizer offload", replace(layout, optimizer_offload=False)))
+        for step in (0.05, 0.10, 0.20):
+            util = round(layout.gpu_memory_utilization + step, 2)
+            if util <= 0.95:
+                changes.append((f"gpu_memory_utilization {layout.gpu_memory_utilization} -> "
+                                f"{util}", replace(layout, gpu_memory_utilization=util)))
+        for field in ("tp", "pp", "cp"):
+            value = getattr(layout, field)
+            if value > 1 and value % 2 == 0:
+                changes.append((f"{field.upper()} {value} -> {value // 2}",
+                                replace(layout, **{field: value // 2, "dp": layout.dp * 2},
+                                        sequence_parallel=(layout.tp // 2 > 1
+                                                           if field == "tp"
+                                                           else layout.sequence_parallel))))
+    return changes
+
+
+def score(model, cluster, workload, layout) -> dict | None:
+    from planner.errors import InvalidLayoutError
+    from planner.plan import estimate_layout
+
+    try:
+        return estimate_layout(model, cluster, workload, layout).row
+    except (InvalidLayoutError, PlanInputError):
+        return None
+
+
+def layout_overrides(model, cluster, workload, layout, config: dict) -> list[str]:
+    from planner.verl_export import job_overrides
+    from planner.verl_job import get
+
+    return job_overrides(model, cluster, workload, layout,
+                         model_path=str(get(config, "actor_rollout_ref.model.path", "")),
+                         train_files=str(get(config, "data.train_files", "")),
+                         val_files=str(get(config, "data.val_files", "")))
+
+
+def _single_changes(context, layout, over):
+    model, cluster, workload = context["model"], context["cluster"], context["workload"]
+    for name, changed in candidate_changes(layout, model, cluster, over):
+        row = score(model, cluster, workload, changed)
+        if row is not None:
+            yield name, changed, row
+
+
+def greedy_chain(context, layout, row, max_steps: int = 6):
+    """Changes applied one after another, each time the one that buys the most memory per
+    second of step time, until the job fits below the band's top (or nothing helps)."""
+    names = []
+    for _ in range(max_steps):
+        if row["fits"] and row["memory_utilization"] <= BAND[1] \
+                and not row["flag_memory_tight"]:
+            break
+        best, best_value = None, 0.0
+        for name, changed, new in _single_changes(context, layout, over=True):
+            saved = row["peak_bytes"] - new["peak_bytes"]
+            cost = max(new["step_time_s"] - row["step_time_s"], 0.0) + 1e-3
+            if saved > 0 and saved / cost > best_value:
+                best, best_value = (name, changed, new), saved / cost
+        if best is None:
+            return None
+        names.append(best[0])
+        layout, row = best[1], best[2]
+    return (" + ".join(names), layout, row) if row["fits"] and names else None
+
+
+def mitigations(context: dict) -> tuple[dict, list[Mitigation]]:
+    """The job's own prediction and the scored changes, cheapest first.
+
+    Single changes that fit come first (by predicted step time); when none does, the greedy
+    chain of changes that makes it fit is offered instead, followed by the single changes that
+    help but are not enough alone (``fits`` False).
+    """
+    model, cluster = context["model"], context["cluster"]
+    workload, layout, config = context["workload"], context["layout"], context["config"]
+    current = score(model, cluster, workload, layout)
+    if current is None:
+        raise PlanInputError("the job breaks a layout rule; run `plan-parallel validate` and "
+                             "fix those first")
+    over = (not current["fits"]) or current["memory_utilization"] > BAND[1] \
+        or bool(current["flag_memory_tight"])
+    before = set(layout_overrides(model, cluster, workload, layout, config))
+
+    def mitigation(name, changed, row):
+        after = layout_overrides(model, cluster, workload, changed, config)
+        return Mitigation(name, changed, row, tuple(o for o in after if o not in before))
+
+    fitting, partial = [], []
+    for name, changed, row in _single_changes(context, layout, over):
+        if row["fits"] and (over or row["memory_utilization"] <= BAND[1]):
+            fitting.append(mitigation(name, changed, row))
+        elif over and row["peak_bytes"] < current["peak_bytes"]:
+            partial.append(mitigation(name, changed, row))
+    fitting.sort(key=lambda m: (bool(m.row["flag_memory_tight"]), m.row["step_time_s"]))
+    if fitting or not over:
+        return current, fitting
+    chain = greedy_chain(context, layout, current)
+    partial.sort(key=lambda m: m.row["peak_bytes"])
+    return current, ([mitigation(*chain)] if chain else []) + partial
+
+
+def add_arguments(parser) -> None:
+    from planner.validate import add_arguments as validate_arguments
+
+    validate_arguments(parser)
+    parser.description = ("List the mitigations for a verl job that does not fit or sits "
+                          "outside the 70-85% memory band, cheapest first.")
+    parser.add_argument("--write", metavar="DIR", help="write the best mitigation as a job")
+    parser.add_argument("--force", action="store_true", help="overwrite files in DIR")
+    parser.add_argument("--top", type=int, default=8, help="mitigations to list (default 8)")
+
+
+def _summary(row: dict) -> dict:
+    from planner.hardware import GIB
+    from planner.memory import PHASES
+
+    return {"fits": bool(row["fits"]), "peak_memory_gib": round(row["peak_bytes"] / GIB, 2),
+            "memory_utilization": round(float(row["memory_utilization"]), 4),
+            "peak_phase": PHASES[int(row["peak_phase"])],
+            "step_time_s": round(float(row["step_time_s"]), 2),
+            "tokens_per_s_per_gpu": round(float(row["tokens_per_s_per_gpu"]), 1)}
+
+
+def run(args) -> int:
+    from planner.cli import ExitCode
+    from planner.validate import dry_run
+
+    context: dict = {}
+    report = dry_run(args, context)
+    if "layout" not in context:
+        errors = [f["message"] for f in report["findings"] if f.get("level") == "error"]
+        raise PlanInputError("cannot read a layout from the job: "
+                             + ("; ".join(errors[:2]) or "see `plan-parallel validate`"))
+    current, found = mitigations(context)
+    in_band = current["fits"] and BAND[0] <= current["memory_utilization"] <= BAND[1] \
+        and not current["flag_memory_tight"]
+    result = {"current": _summary(current), "in_band": bool(in_band),
+              "mitigations": [{"change": m.name, **_summary(m.row), "overrides": list(m.overrides)}
+                              for m in found[:args.top]]}
+    if args.write and found and found[0].fits and not in_band:
+        from planner.report import candidate_dict
+        from planner.verl_export import ExportedJob, override_key, write_job
+        from planner.verl_job import get
+
+        best = found[0]
+        config = context["config"]
+        fixed_keys = {override_key(o) for o in layout_overrides(
+            context["model"], context["cluster"], context["workload"], best.layout, config)}
+        kept = tuple(o for o in context["overrides"] if override_key(o) not in fixed_keys)
+        job = ExportedJob(model=context["model"], cluster=context["cluster"],
+                          workload=context["workload"], layout=best.layout,
+                          prediction=candidate_dict(best.row),
+                          model_path=get(config, "actor_rollout_ref.model.path", None),
+                          train_files=get(config, "data.train_files", None),
+                          val_files=get(config, "data.val_files", None), extra=kept)
+        result["written"] = [str(p) for p in write_job(job, Path(args.write), args.force)]
+    if args.format == "json":
+        print(json.dumps(result, indent=2))
+        return ExitCode.OK
+    now = result["current"]
+    print(f"now: peak {now['peak_memory_gib']:.1f} GiB ({100 * now['memory_utilization']:.0f}%) "
+          f"in {now['peak_phase']}, {'fits' if now['fits'] else 'does NOT fit'}, "
+          f"{now['step_time_s']:.1f} s per step, {now['tokens_per_s_per_gpu']:.0f} tokens/s/GPU")
+    if in_band:
+        print(f"within the {100 * BAND[0]:.0f}-{100 * BAND[1]:.0f}% band: nothing to fix")
+        return ExitCode.OK
+    if not found or not found[0].fits:
+        print("no change or chain of changes makes it fit; try `plan-parallel --model ... "
+              "--gpus ...` for a new layout")
+        return ExitCode.FAILED
+    print("mitigations, cheapest first (predicted):")
+    for i, m in enumerate(result["mitigations"], 1):
+        alone = "" if m["fits"] else " [not enough alone]"
+        print(f"{i:>2}. {m['change']}{alone}: peak {m['peak_memory_gib']:.1f} GiB "
+              f"({100 * m['memory_utilization']:.0f}%, {m['peak_phase']}), "
+              f"{m['step_time_s']:.1f} s per step, {m['tokens_per_s_per_gpu']:.0f} tokens/s/GPU")
+        for override in m["overrides"]:
+            print(f"      {override}")
+    for path in result.get("written", []):
+        print(f"wrote {path}")
+    return ExitCode.OK

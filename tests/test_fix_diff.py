@@ -1,0 +1,87 @@
+"""`plan-parallel fix` and `plan-parallel diff` on verl launch scripts written here."""
+
+import json
+
+from planner.cli import main
+
+SCRIPT = """set -x
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+python3 -m verl.trainer.main_ppo model_engine=megatron \\
+    data.train_files=/data/gsm8k/train.parquet \\
+    data.val_files=/data/gsm8k/test.parquet \\
+    algorithm.adv_estimator=grpo \\
+    actor_rollout_ref.actor.use_kl_loss=True \\
+    actor_rollout_ref.actor.kl_loss_type={kl} \\
+    actor_rollout_ref.rollout.name=vllm \\
+    trainer.n_gpus_per_node=8 \\
+    trainer.nnodes=1 \\
+    data.train_batch_size=1024 \\
+    data.max_prompt_length=1024 \\
+    data.max_response_length=1024 \\
+    actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=256 \\
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} \\
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp} \\
+    actor_rollout_ref.ref.megatron.tensor_model_parallel_size={tp} \\
+    actor_rollout_ref.rollout.n=5 \\
+    actor_rollout_ref.rollout.gpu_memory_utilization={util} \\
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \\
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro} \\
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}
+"""
+
+
+def script(tmp_path, name="run.sh", kl="low_var_kl", micro=8, tp=1, util=0.6):
+    path = tmp_path / name
+    path.write_text(SCRIPT.format(kl=kl, micro=micro, tp=tp, util=util))
+    return str(path)
+
+
+def test_fix_lists_fitting_mitigations_and_writes_a_job_that_validates(tmp_path, capsys):
+    too_big = script(tmp_path, micro=8, tp=1)
+    out = tmp_path / "fixed"
+    assert main(["fix", too_big, "--gpu-type", "h100", "--format", "json",
+                 "--write", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert not result["current"]["fits"] and result["current"]["peak_memory_gib"] > 79.6
+    best = result["mitigations"][0]
+    assert best["fits"] and best["peak_memory_gib"] < 79.6
+    assert all(o.startswith("actor_rollout_ref.") for o in best["overrides"])
+    # the chain is cheaper than any single change that is not enough alone
+    assert not any(m["fits"] for m in result["mitigations"][1:])
+    assert main(["validate", str(out / "run_grpo.sh"), "--gpu-type", "h100"]) == 0
+
+
+def test_fix_orders_single_mitigations_by_step_time(tmp_path, capsys):
+    tight = script(tmp_path, micro=4, tp=2, util=0.6)
+    assert main(["fix", tight, "--gpu-type", "h100", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    if result["in_band"]:
+        assert result["mitigations"] == [] or result["current"]["fits"]
+        return
+    times = [m["step_time_s"] for m in result["mitigations"] if m["fits"]]
+    assert times == sorted(times) and times
+
+
+def test_diff_rates_risk_and_predicts_both_sides(tmp_path, capsys):
+    a = script(tmp_path, "a.sh", micro=4, tp=2, kl="low_var_kl")
+    b = script(tmp_path, "b.sh", micro=2, tp=4, kl="kl")
+    assert main(["diff", a, b, "--gpu-type", "h100", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    risks = {c["key"]: c["risk"] for c in result["changes"]}
+    assert risks["actor_rollout_ref.actor.megatron.tensor_model_parallel_size"] == "high"
+    assert risks["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "medium"
+    assert risks["actor_rollout_ref.actor.kl_loss_type"] == "low"
+    assert [c["risk"] for c in result["changes"]] == sorted(
+        (c["risk"] for c in result["changes"]), key=["high", "medium", "low"].index)
+    tp = next(c for c in result["changes"] if c["key"].endswith("actor.megatron."
+                                                                "tensor_model_parallel_size"))
+    assert "1, 2, 4, 7" not in tp["safe_range"] and "4" in tp["safe_range"]
+    assert result["before"]["peak_memory_gib"] != result["after"]["peak_memory_gib"]
+    assert result["before"]["tokens_per_s_per_gpu"] > 0
+
+
+def test_diff_of_identical_jobs(tmp_path, capsys):
+    a = script(tmp_path, "a.sh", micro=4, tp=2)
+    assert main(["diff", a, a, "--gpu-type", "h100"]) == 0
+    assert "no setting differs" in capsys.readouterr().out
