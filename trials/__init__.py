@@ -1,4 +1,15 @@
-"""Real verl GRPO trials driven by Optuna: launchers, metric parsing, failure categories.
+"""Real verl GRPO trials driven by Optuna (``plan-parallel tune`` and ``calibrate``).
 
-The home of Optuna and process launching (see the trials issue); the planner never imports it.
+The home of Optuna and process launching; the planner never imports it.  One direction of flow:
+
+* :mod:`trials.candidates` — the plan's layouts predicted to fit, as a study's search space;
+* :mod:`trials.job` — a layout's exported verl job cut to a short horizon;
+* :mod:`trials.launchers` — where it runs (a local process group, a Ray job), with limits;
+* :mod:`trials.metrics`, :mod:`trials.failures`, :mod:`trials.gpu_monitor` — what it measured
+  and how it failed; :mod:`trials.runner` puts one trial together;
+* :mod:`trials.sampler`, :mod:`trials.study_state`, :mod:`trials.storage`, :mod:`trials.study`
+  — the Optuna study shared by any number of tuner processes;
+* :mod:`trials.progress`, :mod:`trials.report` — what a study shows and leaves behind;
+* :mod:`trials.calibrate` — the time model fitted to measured trials;
+* :mod:`trials.cli_tune`, :mod:`trials.cli_calibrate` — the two subcommands.
 """

@@ -1,0 +1,102 @@
+"""Calibration from trials: a cluster whose efficiencies differ from the shipped ones."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from fixtures.tuning import (FAKE_ENV, JOB, TRAINER_COMMAND, load_study, sqlite_url,
+                             write_config)
+from planner.calibration import Measurement, mape, predict
+from planner.cli import main
+from planner.hardware import ClusterSpec, get_gpu
+from planner.models import resolve_model
+from planner.plan import make_plan
+from planner.space import SearchOptions
+from planner.workload import GrpoWorkload
+from trials.calibrate import shipped_calibration, study_measurements
+from trials.candidates import SEARCH_FIELDS, CandidateSet
+
+
+# A workload where compute matters (the tiny one of the other tests is all fixed overheads).
+SETTING = ["--model", "qwen2.5-7b", "--gpus", "8", "--gpu-type", "h100", "--train-batch-size",
+           "128", "--rollout-n", "4", "--prompt-length", "1024", "--response-length", "1024",
+           "--mini-batch-size", "32", "--no-offload"]
+
+
+def hidden_calibration() -> dict:
+    """The 'real' cluster: slower GEMMs and more memory-bound passes than shipped."""
+    calibration = copy.deepcopy(shipped_calibration())
+    calibration["by_gpu"]["H100-80GB/bf16"]["gemm"] *= 0.6
+    calibration["shared"]["elementwise_passes"] *= 1.5
+    return calibration
+
+
+@pytest.fixture(scope="module")
+def study_of_a_slower_cluster(tmp_path_factory):
+    """A 12-trial study on a cluster whose real throughput follows ``hidden_calibration``."""
+    tmp_path = tmp_path_factory.mktemp("calibration")
+    model = resolve_model("qwen2.5-7b")
+    cluster = ClusterSpec(get_gpu("h100"), 8, 8)
+    workload = GrpoWorkload(train_batch_size=128, rollout_n=4, prompt_length=1024,
+                            response_length=1024, mini_batch_size=32)
+    candidates = CandidateSet.from_plan(make_plan(model, cluster, workload,
+                                                  SearchOptions(offload=(False,))))
+    measurements = [Measurement(model, cluster, workload, c.layout, 1.0) for c in candidates]
+    truth = predict(measurements, hidden_calibration())
+    table = [{"match": dict(c.params), "value": float(value)}
+             for c, value in zip(candidates, truth)]
+    config = write_config(tmp_path / "fake.json", step_sleep_s=0.01, throughput={"table": table})
+    argv = ["tune", *SETTING, *JOB, "--trainer-command", TRAINER_COMMAND, "--trials", "12",
+            "--steps", "2", "--sweep-dir", str(tmp_path / "sweep"), "--study-name", "study",
+            "--seed", "3"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(FAKE_ENV, str(config))
+        assert main(argv) == 0
+    return tmp_path
+
+
+def test_calibrate_reduces_the_prediction_error(study_of_a_slower_cluster, capsys):
+    tmp_path = study_of_a_slower_cluster
+    sweep = tmp_path / "sweep"
+    capsys.readouterr()
+    assert main(["calibrate", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "12 successful trials" in out
+    before, after = (float(x) for x in
+                     __import__("re").findall(r"([\d.]+)%", out.splitlines()[-1])[:2])
+    assert after < 0.8 * before
+    fitted = json.loads((sweep / "calibration.json").read_text())
+    assert set(fitted) >= {"shared", "by_gpu", "fit"}
+    assert fitted["by_gpu"]["H100-80GB/bf16"]["measurements"] == 12
+
+    # the same error, computed here from the study itself
+    measurements = study_measurements(load_study(sqlite_url(tmp_path)))
+    measured = np.array([m.tokens_per_s_per_gpu for m in measurements])
+    assert mape(predict(measurements, fitted), measured) == pytest.approx(after / 100, abs=5e-4)
+    assert mape(predict(measurements, None), measured) == pytest.approx(before / 100, abs=5e-4)
+
+    # `plan-parallel --calibration FILE` now predicts what the cluster measures
+    best = max(measurements, key=lambda m: m.tokens_per_s_per_gpu)
+    argv = [*SETTING, "--format", "json", "--top", "1000"]
+    errors = []
+    for calibration in ([], ["--calibration", str(sweep / "calibration.json")]):
+        assert main([*argv, *calibration]) == 0
+        plan = json.loads(capsys.readouterr().out)
+        row = next(c for c in plan["candidates"] if all(
+            c["layout"][k] == getattr(best.layout, k) for k in SEARCH_FIELDS))
+        errors.append(abs(row["tokens_per_s_per_gpu"] / best.tokens_per_s_per_gpu - 1))
+    assert errors[1] < 0.8 * errors[0]
+
+
+def test_calibrate_from_a_storage_url(study_of_a_slower_cluster, tmp_path, capsys):
+    storage = sqlite_url(study_of_a_slower_cluster)
+    output = tmp_path / "cal.json"
+    assert main(["calibrate", "--storage", storage, "-o", str(output)]) == 0
+    assert json.loads(output.read_text())["fit"]["measurements"] == 12
+    capsys.readouterr()
+    assert main(["calibrate", str(tmp_path / "nowhere")]) == 2
+    assert "not a plan-parallel sweep directory" in capsys.readouterr().err
+    assert main(["calibrate", "--storage", storage, "--study-name", "other"]) == 2
+    assert "no study 'other'" in capsys.readouterr().err

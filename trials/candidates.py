@@ -1,0 +1,193 @@
+"""The layouts a study may run: the cost model's candidates that are predicted to fit.
+
+A study's search space is a fixed, ranked set of layouts taken from the plan (best predicted
+first), each identified by the values of :data:`SEARCH_FIELDS` — one Optuna categorical
+parameter per field, so samplers see the structure (TP 2 did well, try other TP 2 layouts)
+while only whole candidate layouts are ever run.  The set is deterministic for a given model,
+cluster, workload and planner version; its fingerprint is stored with the study so a resumed
+study is known to search the same space.
+
+Memory safety margins: a layout is allowed while, for every GRPO phase, its predicted memory
+times ``1 + margin[phase]`` stays within the GPU.  The margins start at ``--memory-margin`` and
+each measured OOM raises its phase's margin so that the layout that failed (and every layout
+predicted to need as much in that phase) is excluded for the rest of the study
+(:func:`memory_margins`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+import numpy as np
+
+from planner.hardware import GIB
+from planner.layout import Layout
+from planner.memory import PHASES
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from planner.plan import Plan
+
+# The fields that identify a layout (dp and the stage split follow from them and the plan).
+SEARCH_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch", "recompute",
+                 "param_offload", "optimizer_offload", "ref_param_offload", "rollout_tp",
+                 "rollout_dp", "rollout_ep", "gpu_memory_utilization")
+OOM_MARGIN_STEP = 0.02  # beyond the failed layout's own ratio, so it is excluded too
+
+
+def normalise(field: str, value: Any) -> Any:
+    """One field's value as Optuna stores it: int, bool, str, or a 2-decimal float."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if field == "recompute":
+        return str(value)
+    if field.endswith("offload"):
+        return bool(value)
+    if field == "gpu_memory_utilization":
+        return round(float(value), 2)
+    return int(value)
+
+
+def layout_key(values: Mapping[str, Any]) -> str:
+    """A layout's short, stable name, e.g. ``tp2-pp1-vpp1-cp1-ep1-etp1-mb4-none-off000-r2x1x1-u0.45``."""
+    v = {field: normalise(field, values[field]) for field in SEARCH_FIELDS}
+    offload = "".join(str(int(v[name])) for name in ("param_offload", "optimizer_offload",
+                                                      "ref_param_offload"))
+    return (f"tp{v['tp']}-pp{v['pp']}-vpp{v['vpp']}-cp{v['cp']}-ep{v['ep']}-etp{v['etp']}"
+            f"-mb{v['micro_batch']}-{v['recompute']}-off{offload}"
+            f"-r{v['rollout_tp']}x{v['rollout_dp']}x{v['rollout_ep']}"
+            f"-u{v['gpu_memory_utilization']:.2f}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    index: int  # position in the set (predicted best first)
+    key: str
+    rank: int  # the plan's rank (what `plan-parallel ... --write --rank` takes)
+    layout: Layout
+    params: Mapping[str, Any]  # SEARCH_FIELDS values
+    predicted: Mapping[str, Any]  # tokens/s/GPU, step time, peak and per-phase memory and time
+
+
+def _predicted(row: Mapping[str, Any]) -> dict:
+    out = {"tokens_per_s_per_gpu": float(row["tokens_per_s_per_gpu"]),
+           "step_time_s": float(row["step_time_s"]),
+           "peak_gib": float(row["peak_bytes"]) / GIB,
+           "peak_phase": str(row["peak_phase"]),
+           "mfu": float(row["mfu"]) if "mfu" in row else None,
+           "memory_gib": {phase: float(row[f"mem_{phase}_bytes"]) / GIB for phase in PHASES},
+           "time_s": {phase: float(row[f"time_{phase}_s"]) for phase in PHASES
+                      if f"time_{phase}_s" in row}}
+    return out
+
+
+class CandidateSet:
+    """Ranked candidate layouts with vectorised look-ups (membership, margins, nearest)."""
+
+    def __init__(self, frame: "pd.DataFrame", capacity_bytes: float):
+        from planner.verl_export import layout_from_row
+
+        frame = frame.drop_duplicates(subset=list(SEARCH_FIELDS)).reset_index(drop=True)
+        self.capacity_bytes = float(capacity_bytes)
+        self.rows = frame
+        records = frame.to_dict("records")
+        self.candidates: list[Candidate] = []
+        for index, row in enumerate(records):
+            params = {field: normalise(field, row[field]) for field in SEARCH_FIELDS}
+            self.candidates.append(Candidate(
+                index=index, key=layout_key(params), rank=int(row["rank"]),
+                layout=layout_from_row(row), params=params, predicted=_predicted(row)))
+        self.index = {candidate.key: candidate.index for candidate in self.candidates}
+        self.choices = {field: tuple(sorted({c.params[field] for c in self.candidates},
+                                            key=lambda value: (str(type(value)), value)))
+                        for field in SEARCH_FIELDS}
+        self.codes = np.array([[self.choices[field].index(c.params[field])
+                                for field in SEARCH_FIELDS] for c in self.candidates],
+                              dtype=np.int64).reshape(len(self.candidates), len(SEARCH_FIELDS))
+        self.memory = frame[[f"mem_{phase}_bytes" for phase in PHASES]].to_numpy(dtype=float)
+
+    @classmethod
+    def from_plan(cls, plan: "Plan", memory_margin: float = 0.0,
+                  limit: int | None = None) -> "CandidateSet":
+        """The plan's layouts predicted to fit with ``memory_margin`` to spare (0.1: 10%),
+        best predicted first, at most ``limit``."""
+        frame = plan.candidates
+        capacity = float(plan.cluster.gpu.memory_bytes)
+        keep = frame["fits"].astype(bool) & (frame["peak_bytes"] * (1 + memory_margin)
+                                             <= capacity)
+        frame = frame[keep]
+        if limit:
+            frame = frame.head(limit)
+        return cls(frame, capacity)
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    def __getitem__(self, index: int) -> Candidate:
+        return self.candidates[index]
+
+    def get(self, key: str) -> Candidate | None:
+        index = self.index.get(key)
+        return None if index is None else self.candidates[index]
+
+    def key_of(self, params: Mapping[str, Any]) -> str | None:
+        """The key of the candidate with these parameter values, None if there is none."""
+        try:
+            key = layout_key(params)
+        except (KeyError, TypeError, ValueError):
+            return None
+        return key if key in self.index else None
+
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256("\n".join(c.key for c in self.candidates).encode())
+        return digest.hexdigest()[:16]
+
+    def distributions(self) -> dict:
+        """One Optuna categorical distribution per search field."""
+        from optuna.distributions import CategoricalDistribution
+
+        return {field: CategoricalDistribution(self.choices[field]) for field in SEARCH_FIELDS}
+
+    def allowed(self, blocked: Iterable[str], margins: Mapping[str, float]) -> np.ndarray:
+        """Mask of candidates that are not ``blocked`` and fit with the phase ``margins``."""
+        mask = np.ones(len(self), dtype=bool)
+        for key in blocked:
+            index = self.index.get(key)
+            if index is not None:
+                mask[index] = False
+        factors = np.array([1.0 + margins.get(phase, 0.0) for phase in PHASES])
+        mask &= (self.memory * factors <= self.capacity_bytes).all(axis=1)
+        return mask
+
+    def fits_margins(self, key: str, margins: Mapping[str, float]) -> bool:
+        index = self.index[key]
+        return bool(all(self.memory[index, i] * (1.0 + margins.get(phase, 0.0))
+                        <= self.capacity_bytes for i, phase in enumerate(PHASES)))
+
+    def nearest(self, params: Mapping[str, Any], mask: np.ndarray) -> int | None:
+        """The allowed candidate differing from ``params`` in the fewest fields (the best
+        predicted among equals); None when nothing is allowed."""
+        if not mask.any():
+            return None
+        codes = np.array([self.choices[field].index(normalise(field, params[field]))
+                          if normalise(field, params[field]) in self.choices[field] else -1
+                          for field in SEARCH_FIELDS])
+        distance = (self.codes != codes).sum(axis=1).astype(float)
+        distance[~mask] = np.inf
+        return int(np.argmin(distance))  # ties: the lowest index, i.e. the best predicted
+
+
+def memory_margins(ooms: Iterable[tuple[str, float]], capacity_bytes: float,
+                   base: float = 0.0) -> dict[str, float]:
+    """Per-phase safety margins after the measured OOMs ``(phase, predicted bytes in that
+    phase)``: at least ``base``, and for a phase that ran out of memory at a predicted ``m``
+    bytes, enough that ``m * (1 + margin) > capacity`` (plus :data:`OOM_MARGIN_STEP`)."""
+    margins = {phase: base for phase in PHASES}
+    for phase, predicted in ooms:
+        if phase in margins and predicted > 0:
+            needed = capacity_bytes / predicted - 1.0 + OOM_MARGIN_STEP
+            margins[phase] = max(margins[phase], needed)
+    return margins

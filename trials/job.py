@@ -1,0 +1,145 @@
+"""A trial's job: the exported verl job of a layout, cut to a short horizon, in its own directory.
+
+The overrides are :func:`planner.verl_export.job_overrides` (what ``plan-parallel --write``
+exports, so a trial measures the job the user will run), then the user's ``--override``s, then
+the trial's horizon, which wins: ``trainer.total_training_steps``, no validation, no
+checkpoints, no resume, a unique experiment name, ``data.train_max_samples`` of exactly the
+steps' prompts, and the file logger writing to the trial's ``metrics.jsonl``
+(``VERL_FILE_LOGGER_PATH``, passed to verl's Ray runtime environment as well as to the process).
+
+The trainer command is configurable (default ``python3 -m verl.trainer.main_ppo``) so a site
+can wrap it (``srun ...``, ``apptainer exec ...``); it is split like a shell would, but never run
+through one.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from planner.errors import PlanInputError
+from planner.hardware import ClusterSpec
+from planner.models import ModelSpec
+from planner.workload import GrpoWorkload
+from trials.candidates import Candidate
+from trials.launchers.base import LaunchRequest
+
+DEFAULT_TRAINER_COMMAND = "python3 -m verl.trainer.main_ppo"
+PROJECT_NAME = "plan_parallel_trials"
+LOG_FILE = "trainer.log"
+METRICS_FILE = "metrics.jsonl"
+COMMAND_FILE = "command.sh"
+LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
+
+
+def split_command(text: str) -> tuple[str, ...]:
+    try:
+        argv = tuple(shlex.split(text))
+    except ValueError as error:
+        raise PlanInputError(f"--trainer-command {text!r}: {error}") from None
+    if not argv:
+        raise PlanInputError("--trainer-command is empty")
+    return argv
+
+
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not name.replace("_", "a").isalnum():
+            raise PlanInputError(f"--trial-env {item!r} is not NAME=VALUE")
+        env[name] = value
+    return env
+
+
+def horizon_overrides(*, steps: int, train_batch_size: int, experiment: str, workdir: Path,
+                      metrics_path: Path | None) -> list[str]:
+    from planner.verl_export import hydra_value
+
+    out = [f"trainer.total_training_steps={steps}",
+           "trainer.val_before_train=False",
+           "trainer.test_freq=-1",
+           "trainer.save_freq=-1",
+           "trainer.resume_mode=disable",
+           "trainer.log_val_generations=0",
+           f"trainer.project_name={PROJECT_NAME}",
+           f"trainer.experiment_name={hydra_value(experiment)}",
+           f"trainer.default_local_dir={hydra_value(str(workdir / 'checkpoints'))}",
+           f"data.train_max_samples={train_batch_size * steps}"]
+    if metrics_path is not None:
+        out += ["trainer.logger=[console,file]",
+                f"+ray_kwargs.ray_init.runtime_env.env_vars.{LOGGER_ENV}="
+                f"{hydra_value(str(metrics_path))}"]
+    else:
+        out.append("trainer.logger=[console]")
+    return out
+
+
+def job_environment(overrides: Mapping[str, str], inherited: Mapping[str, str]) -> dict[str, str]:
+    """The export's environment (``CUDA_DEVICE_MAX_CONNECTIONS=1``, ...), where the user may
+    keep their own value of the overridable ones; then the trial's own variables."""
+    from planner.verl_export import ENVIRONMENT
+
+    env = {}
+    for name, value, overridable, _ in ENVIRONMENT:
+        env[name] = inherited[name] if overridable and name in inherited else value
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(overrides)
+    return env
+
+
+@dataclass(frozen=True)
+class TrialJobs:
+    """Everything that is the same for every trial of a study."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    workload: GrpoWorkload
+    trainer_command: tuple[str, ...]
+    model_path: str
+    train_files: str
+    val_files: str
+    steps: int
+    wall_timeout_s: float
+    hang_timeout_s: float
+    study_name: str
+    overrides: tuple[str, ...] = ()  # the user's --override
+    env: Mapping[str, str] = field(default_factory=dict)  # the user's --trial-env
+
+    def workdir(self, sweep_dir: Path, number: int, candidate: Candidate) -> Path:
+        return Path(sweep_dir).resolve() / "trials" / f"{number:04d}-{candidate.key}"
+
+    def request(self, sweep_dir: Path, number: int, candidate: Candidate,
+                shares_filesystem: bool, inherited_env: Mapping[str, str]) -> LaunchRequest:
+        from planner.verl_export import job_overrides
+
+        workdir = self.workdir(sweep_dir, number, candidate)
+        metrics = workdir / METRICS_FILE if shares_filesystem else None
+        experiment = f"{self.study_name}-{number:04d}"
+        horizon = horizon_overrides(steps=self.steps,
+                                    train_batch_size=self.workload.train_batch_size,
+                                    experiment=experiment, workdir=workdir, metrics_path=metrics)
+        overrides = job_overrides(self.model, self.cluster, self.workload, candidate.layout,
+                                  model_path=self.model_path, train_files=self.train_files,
+                                  val_files=self.val_files,
+                                  extra=[*self.overrides, *horizon])
+        env = dict(self.env)
+        if metrics is not None:
+            env[LOGGER_ENV] = str(metrics)
+        return LaunchRequest(argv=(*self.trainer_command, *overrides), workdir=workdir,
+                             log_path=workdir / LOG_FILE, metrics_path=metrics,
+                             wall_timeout_s=self.wall_timeout_s,
+                             hang_timeout_s=self.hang_timeout_s,
+                             env=job_environment(env, inherited_env), name=experiment)
+
+
+def write_command(request: LaunchRequest) -> Path:
+    """The trial's command as a script, to rerun it by hand."""
+    path = request.workdir / COMMAND_FILE
+    parts = ["env", *(f"{name}={value}" for name, value in sorted(request.env.items()))]
+    command = " \\\n    ".join(shlex.quote(part) for part in [*parts, *request.argv])
+    path.write_text(f"#!/usr/bin/env bash\ncd {shlex.quote(str(request.workdir))}\n{command}\n")
+    path.chmod(0o755)
+    return path

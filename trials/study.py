@@ -1,0 +1,431 @@
+"""An Optuna study of real trials: the tuner behind ``plan-parallel tune``.
+
+One tuner process runs one trial at a time; any number of them (on any nodes) can share a
+study through its storage.  What they agree on lives in the storage (:mod:`trials.study_state`):
+
+* the study first runs the cost model's top candidates (enqueued one at a time, so a retried
+  trial goes first), then :class:`~trials.sampler.LayoutSampler` explores the remaining
+  allowed layouts;
+* a trial claims its layout (the ``layout_key`` attribute) before launching and runs only if no
+  other RUNNING trial claimed it and it was not measured before — two tuners never run one
+  layout at once, and a finished layout is never run again;
+* a measured OOM raises that phase's memory margin for the rest of the study;
+* a tuner that dies (even ``kill -9``) stops sending heartbeats; another tuner (or the same
+  command run again) marks its trial failed, stops what it left running, and enqueues the
+  layout again;
+* the study stops at ``--trials`` measured trials, at ``--timeout``, after ``--patience``
+  trials without improvement, or when no allowed layout is left.
+
+Objective: measured tokens/s/GPU (maximise), optionally with the measured peak memory
+(minimise).  Predictions, measurements, the failure category, its log lines and the layout
+are user attributes of each trial, for ``optuna-dashboard``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import Trial, TrialState
+
+from planner.errors import PlanInputError
+from trials import study_state as attrs
+from trials.candidates import CandidateSet, memory_margins
+from trials.job import TrialJobs
+from trials.launchers import Launcher, launcher_for_handle
+from trials.progress import Progress, Row, Status
+from trials.report import write_best, write_trials_csv
+from trials.runner import TrialResult, run_trial
+from trials.sampler import LayoutSampler
+from trials.storage import StorageSpec, open_storage
+
+MAX_CONSECUTIVE_SKIPS = 50
+
+
+class TrialFailed(Exception):
+    """A trial that ran and failed (OOM, hang, ...): recorded, not an error of the tuner."""
+
+
+class Skipped(optuna.TrialPruned):
+    """A trial that ran nothing (its layout was measured, is running elsewhere, ...)."""
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    trials: int = 20  # measured trials the study should have
+    timeout_s: float | None = None  # this tuner starts no trial after that long
+    warmup_steps: int = 1
+    top_k: int = 5  # predicted best layouts run first
+    patience: int = 0  # stop after this many trials without improvement (0: never)
+    min_improvement: float = 0.01
+    multi_objective: bool = False  # also minimise measured peak memory
+    memory_margin: float = 0.0
+    sampler: str = "tpe"  # or "random"
+    seed: int | None = None
+    heartbeat_interval: int = 60
+    grace_period: int = 180
+    max_retry: int = 3
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    study_name: str
+    measured: int
+    best_trial: int | None
+    best_key: str | None
+    best_value: float | None
+    stop_reason: str
+    written: tuple[Path, ...]
+
+
+class Tuner:
+    def __init__(self, *, plan, candidates: CandidateSet, jobs: TrialJobs, launcher: Launcher,
+                 storage: StorageSpec, study_name: str, sweep_dir: Path,
+                 write_dir: Path | None, settings: TuneSettings, progress: Progress,
+                 study_info: dict):
+        self.plan = plan
+        self.candidates = candidates
+        self.jobs = jobs
+        self.launcher = launcher
+        self.storage_spec = storage
+        self.study_name = study_name
+        self.sweep_dir = Path(sweep_dir)
+        self.write_dir = Path(write_dir) if write_dir else None
+        self.settings = settings
+        self.progress = progress
+        self.study_info = {**study_info, "fingerprint": candidates.fingerprint(),
+                           "candidates": len(candidates),
+                           "objectives": self.objective_names()}
+        self.capacity = float(plan.cluster.gpu.memory_bytes)
+        self.status = Status(target=settings.trials)
+        self._durations: list[float] = []
+        self._written_best: int | None = None
+        self._csv: list[Path] = []
+        self._job: list[Path] = []
+        self._stop_reason = ""
+        self._skips = 0
+
+    # --- the study -------------------------------------------------------------------------
+
+    def objective_names(self) -> list[str]:
+        names = ["tokens_per_s_per_gpu"]
+        return names + ["peak_memory_gib"] if self.settings.multi_objective else names
+
+    def open_study(self) -> optuna.Study:
+        storage = open_storage(self.storage_spec,
+                               heartbeat_interval=self.settings.heartbeat_interval,
+                               grace_period=self.settings.grace_period,
+                               stale_callback=self._stale_trial)
+        if self.settings.sampler == "random":
+            inner = optuna.samplers.RandomSampler(seed=self.settings.seed)
+        else:
+            inner = None  # LayoutSampler's multivariate TPE with the constant liar
+        sampler = LayoutSampler(self.candidates, self._allowed, inner=inner,
+                                seed=self.settings.seed,
+                                n_startup_trials=max(self.settings.top_k, 3))
+        directions = ["maximize", "minimize"] if self.settings.multi_objective else ["maximize"]
+        study = optuna.create_study(study_name=self.study_name, storage=storage,
+                                    sampler=sampler, directions=directions, load_if_exists=True)
+        if [d.name.lower() for d in study.directions] != directions:
+            raise PlanInputError(f"study {self.study_name!r} exists with objectives "
+                                 f"{[d.name.lower() for d in study.directions]}; use the same "
+                                 f"--multi-objective setting or another --study-name")
+        known = study.user_attrs.get(attrs.STUDY)
+        if known is None:
+            study.set_user_attr(attrs.STUDY, self.study_info)
+        elif known.get("fingerprint") != self.study_info["fingerprint"]:
+            raise PlanInputError(
+                f"study {self.study_name!r} in {self.storage_spec.display} searches other "
+                f"layouts (model {known.get('model', {}).get('name')}, cluster "
+                f"{known.get('cluster')}, workload or planner differ); resume it with the same "
+                f"flags or pass another --study-name")
+        return study
+
+    def _snapshot(self, study: optuna.Study) -> attrs.Snapshot:
+        return attrs.read_snapshot(study)
+
+    def margins(self, snap: attrs.Snapshot) -> dict[str, float]:
+        return memory_margins([(phase, predicted) for phase, predicted, _ in snap.ooms],
+                              self.capacity, self.settings.memory_margin)
+
+    def _allowed(self, study: optuna.Study) -> np.ndarray:
+        snap = self._snapshot(study)
+        return self.candidates.allowed([*snap.measured, *snap.running], self.margins(snap))
+
+    def enqueue_next(self, study: optuna.Study) -> str | None:
+        """Enqueue the best predicted of the top ``--top-k`` layouts that is not measured,
+        running or excluded yet — only when nothing waits in the queue, so a retry of a lost
+        or interrupted trial runs before the remaining top layouts.  The key, or None."""
+        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return None
+        snap = self._snapshot(study)
+        margins = self.margins(snap)
+        for candidate in self.candidates.candidates[:self.settings.top_k]:
+            key = candidate.key
+            if (key in snap.measured or key in snap.running
+                    or not self.candidates.fits_margins(key, margins)):
+                continue
+            study.enqueue_trial(dict(candidate.params),
+                                user_attrs={"enqueued": f"predicted rank {candidate.rank}"})
+            return key
+        return None
+
+    # --- one trial ---------------------------------------------------------------------------
+
+    def _check(self, study: optuna.Study, number: int, key: str) -> tuple[str, str] | None:
+        """Why trial ``number`` must not run ``key`` now: ``(kind, reason)``, or None."""
+        snap = self._snapshot(study)
+        if key in snap.measured:
+            return "done", f"{key} was measured in trial #{snap.measured[key]}"
+        others = snap.running_except(number)
+        if key in others:
+            return "busy", f"{key} is running in trial #{others[key][0]}"
+        if snap.measured_count + sum(len(v) for v in others.values()) >= self.settings.trials:
+            return "limit", (f"{snap.measured_count} trials measured and "
+                             f"{sum(len(v) for v in others.values())} running of "
+                             f"{self.settings.trials}")
+        margins = self.margins(snap)
+        if not self.candidates.fits_margins(key, margins):
+            phases = [f"{phase} +{margin:.0%}" for phase, margin in margins.items()
+                      if margin > self.settings.memory_margin]
+            return "memory", (f"{key} exceeds memory with the margins raised by measured "
+                              f"OOMs ({', '.join(phases)})")
+        return None
+
+    def objective(self, trial: Trial):
+        proposal = trial.relative_params
+        key = self.candidates.key_of(proposal) if proposal else None
+        if key is None:
+            if not proposal:
+                self._stop_reason = "no allowed layout left to try"
+            trial.set_user_attr(attrs.SKIPPED, "no allowed layout" if not proposal
+                                else "not a layout of this study's search space")
+            raise Skipped(trial.user_attrs[attrs.SKIPPED])
+        trial.set_user_attr(attrs.KEY, key)  # the claim other tuners see
+        trial.set_user_attr(attrs.TUNER, f"{socket.gethostname()}:{os.getpid()}")
+        verdict = self._check(trial.study, trial.number, key)
+        if verdict:
+            kind, reason = verdict
+            trial.set_user_attr(attrs.SKIPPED, reason)
+            trial.set_user_attr(attrs.SKIP_KIND, kind)
+            raise Skipped(reason)
+        candidate = self.candidates.get(key)
+        for name, choices in self.candidates.choices.items():
+            trial.suggest_categorical(name, choices)
+        retry = self._frozen(trial).system_attrs.get("failed_trial")
+        if retry is not None:
+            trial.set_user_attr(attrs.RETRY_OF, retry)
+        trial.set_user_attr(attrs.LAYOUT, {**candidate.layout.to_dict(), "rank": candidate.rank})
+        trial.set_user_attr(attrs.PREDICTED, dict(candidate.predicted))
+        snap = self._snapshot(trial.study)
+        self._update_status(snap)
+        self.status.running = f"#{trial.number} {key}"
+        self.progress.started(self.status, trial.number, key)
+        request = self.jobs.request(self.sweep_dir, trial.number, candidate,
+                                    self.launcher.shares_filesystem, os.environ)
+        trial.set_user_attr(attrs.LOG, str(request.log_path))
+        try:
+            result = run_trial(request, self.launcher, steps=self.jobs.steps,
+                               warmup_steps=self.settings.warmup_steps,
+                               n_gpus=self.plan.cluster.num_gpus,
+                               on_start=lambda handle: trial.set_user_attr(attrs.LAUNCH, handle))
+        except KeyboardInterrupt:
+            trial.set_user_attr(attrs.SKIPPED, "interrupted")
+            raise
+        finally:
+            self.status.running = ""
+        self._record(trial, result)
+        if not result.ok:
+            raise TrialFailed(result.classification.reason)
+        values = [result.summary.tokens_per_s_per_gpu]
+        if self.settings.multi_objective:
+            peak = result.peak_memory_gib
+            values.append(peak if peak is not None else candidate.predicted["peak_gib"])
+        return values if len(values) > 1 else values[0]
+
+    @staticmethod
+    def _frozen(trial: Trial):
+        return next(t for t in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                    if t.number == trial.number)
+
+    def _record(self, trial: Trial, result: TrialResult) -> None:
+        classification = result.classification
+        trial.set_user_attr(attrs.MEASURED, result.measured())
+        trial.set_user_attr(attrs.REASON, classification.reason)
+        trial.set_user_attr(attrs.EVIDENCE, list(classification.evidence))
+        trial.set_user_attr(attrs.DURATION, round(result.outcome.duration_s, 3))
+        if classification.oom_phase:
+            trial.set_user_attr(attrs.OOM_PHASE, classification.oom_phase)
+        # Last: a trial with a category counts as measured (study_state).
+        trial.set_user_attr(attrs.CATEGORY, classification.category.value)
+        self._durations.append(result.outcome.duration_s)
+
+    # --- between trials ----------------------------------------------------------------------
+
+    def _update_status(self, snap: attrs.Snapshot) -> None:
+        self.status.measured = snap.measured_count
+        if snap.best is not None:
+            self.status.best_value = attrs.measured_value(snap.best)
+            self.status.best_trial = snap.best.number
+            self.status.best_key = snap.best.user_attrs.get(attrs.KEY, "")
+        if self._durations:
+            self.status.mean_trial_s = float(np.mean(self._durations))
+
+    def after_trial(self, study: optuna.Study, trial) -> None:
+        """Optuna callback: report, write back a new best, decide whether to go on."""
+        snap = self._snapshot(study)
+        self._update_status(snap)
+        user = trial.user_attrs
+        if attrs.CATEGORY in user:
+            self._skips = 0
+            measured = user.get(attrs.MEASURED) or {}
+            self.progress.finished(self.status, Row(
+                number=trial.number, key=user.get(attrs.KEY, ""), category=user[attrs.CATEGORY],
+                measured=measured.get("tokens_per_s_per_gpu"),
+                predicted=(user.get(attrs.PREDICTED) or {}).get("tokens_per_s_per_gpu"),
+                duration_s=float(user.get(attrs.DURATION) or 0.0),
+                reason=user.get(attrs.REASON, "")))
+            self.write_outputs(study, snap)
+        elif attrs.SKIPPED in user:
+            self._skips += 1
+        if self._should_stop(study, snap, user.get(attrs.SKIP_KIND)):
+            study.stop()
+        else:
+            self.enqueue_next(study)
+
+    def _should_stop(self, study: optuna.Study, snap: attrs.Snapshot, skip_kind) -> bool:
+        target = self.settings.trials
+        if snap.measured_count >= target:
+            self._stop_reason = f"{snap.measured_count} trials measured"
+            return True
+        if skip_kind == "limit":
+            # Another tuner is running the last trials.  Two tuners may both have backed
+            # off; look again after a random pause before giving up.
+            time.sleep(random.uniform(0.2, 1.0))
+            snap = self._snapshot(study)
+            running = sum(len(v) for v in snap.running.values())
+            if snap.measured_count + running >= target:
+                self._stop_reason = (f"the last of {target} trials are running in other "
+                                     f"tuners")
+                return True
+        if self._stop_reason:
+            return True
+        patience = self.settings.patience
+        if patience and snap.best is not None and attrs.trials_since_improvement(
+                snap.finished, self.settings.min_improvement) >= patience:
+            self._stop_reason = f"no improvement in the last {patience} trials"
+            return True
+        if self._skips >= MAX_CONSECUTIVE_SKIPS:
+            self._stop_reason = f"{self._skips} proposals in a row could not run"
+            return True
+        return False
+
+    def write_outputs(self, study: optuna.Study, snap: attrs.Snapshot) -> None:
+        """trials.csv always; the best layout's job when the best changed."""
+        directories = [self.sweep_dir] + ([self.write_dir] if self.write_dir else [])
+        self._csv = list(write_trials_csv(study, directories))
+        best = snap.best
+        if self.write_dir is None or best is None:
+            return
+        candidate = self.candidates.get(best.user_attrs.get(attrs.KEY, ""))
+        if candidate is None or best.number == self._written_best:
+            return
+        paths = write_best(self.plan, candidate.rank, best, self.write_dir,
+                           study_name=self.study_name, model_path=self.jobs.model_path,
+                           train_files=self.jobs.train_files, val_files=self.jobs.val_files,
+                           overrides=self.jobs.overrides)
+        self._written_best = best.number
+        self.progress.note(f"new best: trial #{best.number} {candidate.key} "
+                           f"{attrs.measured_value(best):,.1f} tok/s/GPU -> "
+                           f"{self.write_dir}")
+        self._job = list(paths)
+
+    def _stale_trial(self, study: optuna.Study, trial) -> None:
+        """Heartbeat-stale trial (its tuner died): stop its leftovers, then retry it."""
+        handle = trial.user_attrs.get(attrs.LAUNCH)
+        what = "it had not launched"
+        if handle:
+            try:
+                what = launcher_for_handle(handle, self.launcher).abandon(handle)
+            except Exception as error:  # noqa: BLE001 - report, keep tuning
+                what = f"could not stop its trainer ({error})"
+        measured = attrs.CATEGORY in trial.user_attrs
+        retry = trial.params and not measured
+        self.progress.note(f"trial #{trial.number} lost its tuner (no heartbeat for "
+                           f"{self.settings.grace_period} s): {what}"
+                           + ("; running it again" if retry else ""))
+        if retry:
+            optuna.storages.RetryHeartbeatStaleTrialCallback(
+                max_retry=self.settings.max_retry)(study, trial)
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> TuneResult:
+        import warnings
+
+        from optuna.exceptions import ExperimentalWarning
+
+        warnings.filterwarnings("ignore", category=ExperimentalWarning)
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        study = self.open_study()
+        write_sweep_file(self.sweep_dir, self.study_name, self.storage_spec)
+        self.status.deadline = (time.monotonic() + self.settings.timeout_s
+                                if self.settings.timeout_s else None)
+        optuna.storages.fail_stale_trials(study)  # a killed tuner's trials, before enqueueing
+        snap = self._snapshot(study)
+        self._update_status(snap)
+        self.progress.note(
+            f"study {self.study_name} ({self.storage_spec.display}): {len(self.candidates)} "
+            f"candidate layouts, {snap.measured_count} of {self.settings.trials} trials measured"
+            f", launcher {self.launcher.describe()}")
+        try:
+            if not self._should_stop(study, snap, None):
+                self.enqueue_next(study)
+                study.optimize(self.objective, timeout=self.settings.timeout_s,
+                               catch=(TrialFailed,), callbacks=[self.after_trial])
+                if not self._stop_reason:
+                    self._stop_reason = "--timeout reached"
+        finally:
+            snap = self._snapshot(study)
+            self.write_outputs(study, snap)
+            self.progress.close()
+        best = snap.best
+        return TuneResult(study_name=self.study_name, measured=snap.measured_count,
+                          best_trial=best.number if best else None,
+                          best_key=best.user_attrs.get(attrs.KEY) if best else None,
+                          best_value=attrs.measured_value(best) if best else None,
+                          stop_reason=self._stop_reason, written=(*self._job, *self._csv))
+
+
+SWEEP_FILE = "sweep.json"
+
+
+def write_sweep_file(sweep_dir: Path, study_name: str, storage: StorageSpec) -> Path:
+    """Where the sweep's study is (the storage URL without its password), for
+    ``plan-parallel calibrate SWEEP_DIR``."""
+    import json
+
+    path = Path(sweep_dir) / SWEEP_FILE
+    path.write_text(json.dumps({"study_name": study_name, "storage": storage.display,
+                                "storage_kind": storage.kind}, indent=2) + "\n")
+    return path
+
+
+def study_info(model_ref: str, plan, settings: TuneSettings, launcher: Launcher,
+               steps: int) -> dict[str, Any]:
+    """What a study searches (stored with it; ``plan-parallel calibrate`` rebuilds from it)."""
+    from planner import __version__
+
+    return {"planner_version": __version__, "model_ref": model_ref,
+            "model": plan.model.to_dict(), "cluster": plan.cluster.to_dict(),
+            "workload": plan.workload.to_dict(), "steps": steps,
+            "launcher": launcher.name, "settings": {k: v for k, v in asdict(settings).items()
+                                                    if k not in ("seed",)}}
