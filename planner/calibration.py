@@ -98,8 +98,10 @@ class Problem:
     def names(self) -> list[str]:
         return ["gemm"] * len(self.keys) + list(SHARED)
 
+    measurement_sigma: float = 1.0
+
     def residuals(self, x: np.ndarray) -> np.ndarray:
-        data = np.log(self.predict(x)) - np.log(self.measured)
+        data = (np.log(self.predict(x)) - np.log(self.measured)) / self.measurement_sigma
         centres = np.array([PRIORS[name][0] for name in self.names()])
         sigmas = np.array([PRIORS[name][1] for name in self.names()])
         prior = (np.log(np.maximum(x, 1e-12)) - np.log(centres)) / sigmas
@@ -130,11 +132,19 @@ def predict(measurements: Sequence[Measurement], calibration: dict | None) -> np
 
 
 def fit(measurements: Sequence[Measurement], initial: dict | None = None,
-        source: str = "") -> dict:
-    """Least squares in log space; returns a calibration dict :func:`load_efficiency` reads."""
+        source: str = "", measurement_sigma: float = 1.0) -> dict:
+    """Least squares in log space; returns a calibration dict :func:`load_efficiency` reads.
+
+    ``measurement_sigma`` is the expected log error of one measurement against the priors'
+    sigmas: 1.0 for the published tables (software versions and unstated settings make rows
+    disagree by tens of percent, so the priors keep the constants physical); a cluster's own
+    trials are precise and few, so ``plan-parallel calibrate`` passes a small value and lets
+    them move the constants they constrain.
+    """
     from scipy.optimize import least_squares  # lazy: only calibration needs scipy
 
     problem = Problem(measurements)
+    problem.measurement_sigma = measurement_sigma
     x0, lower, upper = problem.start(initial)
     result = least_squares(problem.residuals, x0, bounds=(lower, upper), x_scale="jac",
                            diff_step=1e-3, max_nfev=400)

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
     from planner.calibration import Measurement
 
+# Trials measure throughput on the user's own cluster to a few percent (median of steps).
+TRIAL_MEASUREMENT_SIGMA = 0.05
+
+
 def study_setting(info: dict):
     """(model, cluster, workload) a study was created for."""
     from planner.hardware import ClusterSpec, get_gpu
@@ -79,7 +83,8 @@ def calibrate_study(study: "Study", initial: dict | None, source: str) -> Calibr
     measured = [m.tokens_per_s_per_gpu for m in measurements]
     start = initial if initial is not None else shipped_calibration()
     before = mape(predict(measurements, start), measured)
-    fitted = fit(measurements, initial=start, source=source)
+    fitted = fit(measurements, initial=start, source=source,
+                 measurement_sigma=TRIAL_MEASUREMENT_SIGMA)
     after = mape(predict(measurements, fitted), measured)
     return CalibrationResult(len(measurements), before, after, fitted)
 
