@@ -81,7 +81,8 @@ def pareto_figure(candidates: "pd.DataFrame", trials: "pd.DataFrame | None" = No
         axes.plot(memory[front], speed[front], "-o", color="#1d3557", markersize=3,
                   label="Pareto front (predicted)")
     if trials is not None and len(trials):
-        done = trials[trials["measured_tokens_per_s_per_gpu"].notna()]
+        done = trials[trials["measured_tokens_per_s_per_gpu"].notna()
+                      & (trials["category"] == "ok")]
         if len(done):
             axes.scatter(done["peak_memory_gib"], done["measured_tokens_per_s_per_gpu"],
                          marker="*", s=90, color="#e63946", label="measured trials")
@@ -151,7 +152,9 @@ def trial_history_figure(trials: "pd.DataFrame"):
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(7.5, 4.2))
     for category, group in trials.groupby("category"):
-        y = group["measured_tokens_per_s_per_gpu"].fillna(0)
+        # a failed trial may have logged steps before failing: plot it at 0, it produced nothing
+        y = group["measured_tokens_per_s_per_gpu"].fillna(0) if category == "ok" else \
+            group["measured_tokens_per_s_per_gpu"] * 0
         axes.scatter(group["number"], y, s=40, label=category,
                      color=CATEGORY_COLORS.get(category, "#999999"),
                      marker="o" if category == "ok" else "x")
@@ -182,7 +185,7 @@ def failure_figure(trials: "pd.DataFrame"):
 
 def predicted_vs_measured_figure(trials: "pd.DataFrame"):
     plt = _pyplot()
-    done = trials[trials["measured_tokens_per_s_per_gpu"].notna()]
+    done = trials[trials["measured_tokens_per_s_per_gpu"].notna() & (trials["category"] == "ok")]
     figure, axes = plt.subplots(figsize=(5.2, 5))
     axes.scatter(done["predicted_tokens_per_s_per_gpu"], done["measured_tokens_per_s_per_gpu"],
                  color="#e63946")

@@ -106,12 +106,22 @@ def render(plan, trials=None, png_dir: Path | None = None, title: str = "") -> s
 
 
 def plan_from_sweep(sweep: Path):
-    """Re-plan the sweep's model, cluster and workload from its plan.json."""
+    """Re-plan a sweep's model, cluster and workload: from ``plan.json`` (a ``--write``
+    folder) or from the study that ``sweep.json`` names (a ``--sweep-dir``)."""
     from planner.hardware import ClusterSpec, get_gpu
     from planner.models import resolve_model
     from planner.plan import make_plan
     from planner.workload import GrpoWorkload
 
+    if not (sweep / "plan.json").exists() and (sweep / "sweep.json").exists():
+        from argparse import Namespace
+
+        from trials import study_state
+        from trials.calibrate import study_setting
+        from trials.cli_calibrate import open_study
+
+        study, _ = open_study(Namespace(storage=None, sweep_dir=str(sweep), study_name=None))
+        return make_plan(*study_setting(study.user_attrs[study_state.STUDY]))
     path = sweep / "plan.json"
     try:
         data = json.loads(path.read_text())

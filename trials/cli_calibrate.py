@@ -54,15 +54,15 @@ def _locate(args):
     return resolve_storage(storage, sweep), args.study_name or name
 
 
-def run(args) -> int:
+def open_study(args):
+    """The plan-parallel study that ``args`` (sweep_dir / storage / study_name) point at, and
+    its storage spec."""
     from pathlib import Path
 
     import optuna
 
     from planner.errors import PlanInputError
-    from planner.timing import read_calibration
     from trials import study_state
-    from trials.calibrate import calibrate_study, write_calibration
     from trials.storage import open_storage
 
     spec, name = _locate(args)
@@ -78,9 +78,19 @@ def run(args) -> int:
                                  f"({', '.join(names) or 'none'}); pass --study-name")
         name = names[0]
     try:
-        study = optuna.load_study(study_name=name, storage=storage)
+        return optuna.load_study(study_name=name, storage=storage), spec
     except KeyError:
         raise PlanInputError(f"no study {name!r} in {spec.display}") from None
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from planner.timing import read_calibration
+    from trials.calibrate import calibrate_study, write_calibration
+
+    study, spec = open_study(args)
+    name = study.study_name
     initial = read_calibration(Path(args.calibration)) if args.calibration else None
     result = calibrate_study(study, initial, source=f"plan-parallel calibrate: study {name} "
                                                     f"({spec.display})")
