@@ -271,7 +271,8 @@ def train_phase_s(model: ModelSpec, cluster: ClusterSpec, cols: Columns, eff: Ef
     p2p_bytes = shape.tokens_per_micro_batch / _f(cols["cp"]) / _f(cols["tp"]) \
         * model.hidden_size * WEIGHT_BYTES
     p2p = np.where(pp > 1, p2p_bytes / link_bandwidth(cluster, eff, cluster.num_gpus), 0.0)
-    per_micro = per_micro + p2p * (1 if shape.forward_only else 2)
+    # with VPP model chunks a micro-batch crosses vpp times as many stage boundaries
+    per_micro = per_micro + p2p * vpp * (1 if shape.forward_only else 2)
     m = _f(shape.micro_batches)
     pipeline = (m + (pp - 1) / vpp) * per_micro
     bubble = (pp - 1) / vpp * per_micro

@@ -5,7 +5,7 @@
 # Actor:     TP2 PP16 VPP1 CP1 EP8 ETP1 DP4, micro-batch 4, recompute none, offload none, stages 3/../2 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP4 DP32 EP128 (1 replica(s) of 128 GPUs), gpu_memory_utilization 0.35
-# Predicted: peak 88.27 GiB of 95.6 GiB (92%) in generate; step 698.7 s, 88 tokens/s/GPU
+# Predicted: peak 88.27 GiB of 95.6 GiB (92%) in generate; step 694.2 s, 88 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -5,7 +5,7 @@
 # Actor:     TP4 PP4 VPP1 CP1 EP1 ETP1 DP2, micro-batch 2, recompute selective, offload param+optimizer, stages 20/../20 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP8 DP1 EP1 (4 replica(s) of 8 GPUs), gpu_memory_utilization 0.90
-# Predicted: peak 73.27 GiB of 79.6 GiB (92%) in generate; step 450.1 s, 546 tokens/s/GPU
+# Predicted: peak 73.27 GiB of 79.6 GiB (92%) in generate; step 448.1 s, 548 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -5,7 +5,7 @@
 # Actor:     TP1 PP2 VPP1 CP1 EP1 ETP1 DP4, micro-batch 4, recompute none, offload optimizer, stages 16/../16 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP4 DP1 EP1 (2 replica(s) of 4 GPUs), gpu_memory_utilization 0.60
-# Predicted: peak 72.64 GiB of 79.6 GiB (91%) in update_actor; step 205.9 s, 4775 tokens/s/GPU
+# Predicted: peak 72.64 GiB of 79.6 GiB (91%) in update_actor; step 205.0 s, 4795 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

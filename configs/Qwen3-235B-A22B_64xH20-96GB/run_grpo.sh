@@ -5,7 +5,7 @@
 # Actor:     TP4 PP4 VPP1 CP1 EP16 ETP1 DP4, micro-batch 2, recompute selective, offload none, stages 23/../23 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP4 DP16 EP64 (1 replica(s) of 64 GPUs), gpu_memory_utilization 0.25
-# Predicted: peak 88.54 GiB of 95.6 GiB (93%) in generate; step 771.3 s, 159 tokens/s/GPU
+# Predicted: peak 88.54 GiB of 95.6 GiB (93%) in generate; step 766.8 s, 160 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
