@@ -178,6 +178,12 @@ def _resolve_cluster(args):
     gpus = args.gpus if args.gpus is not None else (detected.count if detected else None)
     if gpus is None:
         raise UsageError("--gpus is required when no local GPU is detected")
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise UsageError(f"--gpus-per-node must be a positive integer, got {args.gpus_per_node}")
+    if getattr(args, "gpu_memory_utilization", None) is not None and \
+            not 0.05 <= args.gpu_memory_utilization <= 0.99:
+        raise UsageError(f"--gpu-memory-utilization {args.gpu_memory_utilization} is outside "
+                         f"0.05..0.99")
     per_node = args.gpus_per_node or (detected.count if detected else DEFAULT_GPUS_PER_NODE)
     if args.gpus is not None and args.gpus < per_node and not args.gpus_per_node:
         per_node = max(args.gpus, 1)
@@ -288,19 +294,27 @@ def cmd_estimate(args) -> int:
     model = resolve_model(args.model)
     cluster = _resolve_cluster(args)
     workload = _workload(args)
-    tp, pp, cp = args.tp or 1, args.pp or 1, args.cp or 1
-    values = dict(tp=tp, pp=pp, vpp=args.vpp or 1, cp=cp, ep=args.ep or 1, etp=args.etp or 1,
-                  dp=max(cluster.num_gpus // (tp * pp * cp), 1),
-                  micro_batch=args.micro_batch or 1, recompute=args.recompute or "none",
+    for name in ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch", "rollout_tp",
+                 "rollout_dp", "rollout_ep"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+
+    def given(value, default):
+        return default if value is None else value
+
+    tp, pp, cp = given(args.tp, 1), given(args.pp, 1), given(args.cp, 1)
+    values = dict(tp=tp, pp=pp, vpp=given(args.vpp, 1), cp=cp, ep=given(args.ep, 1),
+                  etp=given(args.etp, 1), dp=max(cluster.num_gpus // (tp * pp * cp), 1),
+                  micro_batch=given(args.micro_batch, 1), recompute=args.recompute or "none",
                   param_offload=bool(args.param_offload),
                   optimizer_offload=bool(args.optimizer_offload),
                   ref_param_offload=bool(args.ref_param_offload), sequence_parallel=tp > 1,
-                  first_stage_layers=args.first_stage_layers or 0,
-                  last_stage_layers=args.last_stage_layers or 0,
-                  rollout_tp=args.rollout_tp or (tp if args.workload == "grpo" else 1),
-                  rollout_dp=args.rollout_dp or 1,
-                  rollout_ep=args.rollout_ep or 1,
-                  gpu_memory_utilization=args.gpu_memory_utilization or 0.6)
+                  first_stage_layers=given(args.first_stage_layers, 0),
+                  last_stage_layers=given(args.last_stage_layers, 0),
+                  rollout_tp=given(args.rollout_tp, tp if args.workload == "grpo" else 1),
+                  rollout_dp=given(args.rollout_dp, 1), rollout_ep=given(args.rollout_ep, 1),
+                  gpu_memory_utilization=given(args.gpu_memory_utilization, 0.6))
     layout = Layout(**values)
     try:
         estimate = estimate_layout(model, cluster, workload, layout,

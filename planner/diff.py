@@ -8,7 +8,8 @@ from what it touches:
 * high — parallel sizes (TP, PP, VPP, CP, EP, ETP, the stage split): the global architecture of
   the job; checkpoints saved under one layout need resharding to load under another;
 * medium — per-GPU load and batch shape (micro-batches, token budgets, mini/train batch, n,
-  lengths, rollout memory fraction and TP): memory and optimisation dynamics;
+  lengths, rollout memory fraction): memory and optimisation dynamics (the rollout TP counts as
+  a parallel size: high);
 * low — recomputation and offload (speed and memory only), KL/entropy/clip settings (algorithm
   stability), logging and naming.
 
@@ -29,7 +30,7 @@ RISKS = (
      "high", "global architecture: the layout and checkpoint sharding change"),
     (re.compile(r"micro_batch_size|max_token_len|ppo_mini_batch_size|train_batch_size|"
                 r"rollout\.n$|max_(prompt|response)_length|gpu_memory_utilization|"
-                r"rollout\.tensor_model_parallel_size|use_dynamic_bsz|max_num_seqs|"
+                r"use_dynamic_bsz|max_num_seqs|"
                 r"max_num_batched_tokens|ppo_epochs|optim\.lr$"),
      "medium", "per-GPU load, memory and optimisation dynamics"),
     (re.compile(r"recompute|offload|sequence_parallel|kl_|entropy|clip_ratio|loss_agg_mode|"

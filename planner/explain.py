@@ -27,7 +27,7 @@ class RuleOfThumb:
     applies: str  # when people quote it
 
 
-def rules_of_thumb(model) -> list[RuleOfThumb]:
+def rules_of_thumb(model, gpus_per_node: int = 8) -> list[RuleOfThumb]:
     billions = model.params.total / 1e9
     rules = []
     if billions < 20 and not model.is_moe:
@@ -37,7 +37,8 @@ def rules_of_thumb(model) -> list[RuleOfThumb]:
     if billions >= 100 or model.is_moe:
         rules.append(RuleOfThumb("100B+/MoE: TP4 x EP8", (("tp", 4), ("ep", 8)),
                                  "100B+ and MoE models"))
-    rules.append(RuleOfThumb("TP = GPUs per node", (("tp", 8),), "'fill the node with TP'"))
+    rules.append(RuleOfThumb(f"TP = GPUs per node ({gpus_per_node})", (("tp", gpus_per_node),),
+                             "'fill the node with TP'"))
     return rules
 
 
@@ -62,6 +63,10 @@ def reason(best: dict, other: dict) -> str:
     savings = {p: other["time_s"][p] - best["time_s"][p] for p in TIME_PHASES}
     phase = max(savings, key=savings.get)
     speedup = other["step_time_s"] / max(best["step_time_s"], 1e-9)
+    if speedup < 0.99:  # the rule's layout is faster: the plan traded speed for headroom
+        return (f"{1 / speedup:.2f}x slower than this rule's layout, which runs a phase other "
+                f"than generation within 8% of GPU memory; {dominant} dominates the step "
+                f"({share:.0%})")
     if speedup < 1.01:
         return (f"about as fast (within 1%); {dominant} dominates the step "
                 f"({share:.0%})")
@@ -83,9 +88,15 @@ def explain(model, cluster, workload, calibration=None) -> dict:
     chosen = _summary(chosen_row)
     flags = [c[5:] for c in fitting.columns if c.startswith("flag_") and bool(chosen_row[c])]
     comparisons = []
-    for rule in rules_of_thumb(model):
-        pins = tuple((k, v) for k, v in rule.pins if v <= cluster.num_gpus)
+    for rule in rules_of_thumb(model, cluster.gpus_per_node):
+        pins = rule.pins
         entry = {"rule": rule.name, "applies_to": rule.applies}
+        too_big = [f"{k.upper()} {v}" for k, v in pins if v > cluster.num_gpus]
+        if too_big:
+            entry["verdict"] = (f"not applicable: {', '.join(too_big)} exceeds the "
+                                f"{cluster.num_gpus} GPUs")
+            comparisons.append(entry)
+            continue
         try:
             pinned = make_plan(model, cluster, workload, SearchOptions(fixed=pins), calibration)
         except PlanInputError as error:

@@ -4,10 +4,11 @@ Reads the job as ``validate`` does (launch script, Hydra YAML or overrides).  Wh
 peak is over the GPU or outside the 70-85% band, it tries the mitigations users reach for, one
 change at a time, each scored by the planner's memory and time models:
 
-* over the band: smaller micro-batch; selective, then full recomputation; optimizer, then
+* over the band (any phase but generation above 85%, which fills its vLLM budget on purpose,
+  or a training phase within 8% of capacity): smaller micro-batch; selective, then full recomputation; optimizer, then
   parameter (and reference) offload; a lower rollout ``gpu_memory_utilization``; larger TP, PP,
   EP or CP (DP shrinks to keep the world size);
-* under the band: the reverse — larger micro-batch, less recomputation, less offload, a higher
+* under the band (peak below 70%): the reverse — larger micro-batch, less recomputation, less offload, a higher
   ``gpu_memory_utilization``, less model parallelism.
 
 Mitigations that break a rule are dropped; the rest are listed cheapest first by predicted step
@@ -29,6 +30,23 @@ from pathlib import Path
 from planner.errors import PlanInputError
 
 BAND = (0.70, 0.85)
+# The rollout engine fills its gpu_memory_utilization budget on purpose, so the band applies to
+# the other phases (as validate's checks do); under-use looks at the overall peak.
+BAND_PHASES = ("update_actor", "old_log_prob", "ref", "weight_sync")
+
+
+def band_share(row: dict) -> float:
+    """Peak of the phases the band applies to, as a fraction of GPU memory."""
+    return max(row[f"mem_{phase}_bytes"] for phase in BAND_PHASES) / row["peak_bytes"] \
+        * row["memory_utilization"]
+
+
+def over_band(row: dict) -> bool:
+    return (not row["fits"]) or band_share(row) > BAND[1] or bool(row["flag_memory_tight"])
+
+
+def in_band(row: dict) -> bool:
+    return not over_band(row) and row["memory_utilization"] >= BAND[0]
 
 
 @dataclass(frozen=True)
@@ -143,8 +161,7 @@ def greedy_chain(context, layout, row, max_steps: int = 6):
     second of step time, until the job fits below the band's top (or nothing helps)."""
     names = []
     for _ in range(max_steps):
-        if row["fits"] and row["memory_utilization"] <= BAND[1] \
-                and not row["flag_memory_tight"]:
+        if not over_band(row):
             break
         best, best_value = None, 0.0
         for name, changed, new in _single_changes(context, layout, over=True):
@@ -172,8 +189,7 @@ def mitigations(context: dict) -> tuple[dict, list[Mitigation]]:
     if current is None:
         raise PlanInputError("the job breaks a layout rule; run `plan-parallel validate` and "
                              "fix those first")
-    over = (not current["fits"]) or current["memory_utilization"] > BAND[1] \
-        or bool(current["flag_memory_tight"])
+    over = over_band(current)
     before = set(layout_overrides(model, cluster, workload, layout, config))
 
     def mitigation(name, changed, row):
@@ -182,7 +198,7 @@ def mitigations(context: dict) -> tuple[dict, list[Mitigation]]:
 
     fitting, partial = [], []
     for name, changed, row in _single_changes(context, layout, over):
-        if row["fits"] and (over or row["memory_utilization"] <= BAND[1]):
+        if row["fits"] and not over_band(row):
             fitting.append(mitigation(name, changed, row))
         elif over and row["peak_bytes"] < current["peak_bytes"]:
             partial.append(mitigation(name, changed, row))
@@ -227,12 +243,10 @@ def run(args) -> int:
         raise PlanInputError("cannot read a layout from the job: "
                              + ("; ".join(errors[:2]) or "see `plan-parallel validate`"))
     current, found = mitigations(context)
-    in_band = current["fits"] and BAND[0] <= current["memory_utilization"] <= BAND[1] \
-        and not current["flag_memory_tight"]
-    result = {"current": _summary(current), "in_band": bool(in_band),
+    result = {"current": _summary(current), "in_band": in_band(current),
               "mitigations": [{"change": m.name, **_summary(m.row), "overrides": list(m.overrides)}
                               for m in found[:args.top]]}
-    if args.write and found and found[0].fits and not in_band:
+    if args.write and found and found[0].fits and not result["in_band"]:
         from planner.report import candidate_dict
         from planner.verl_export import ExportedJob, override_key, write_job
         from planner.verl_job import get
@@ -256,7 +270,7 @@ def run(args) -> int:
     print(f"now: peak {now['peak_memory_gib']:.1f} GiB ({100 * now['memory_utilization']:.0f}%) "
           f"in {now['peak_phase']}, {'fits' if now['fits'] else 'does NOT fit'}, "
           f"{now['step_time_s']:.1f} s per step, {now['tokens_per_s_per_gpu']:.0f} tokens/s/GPU")
-    if in_band:
+    if result["in_band"]:
         print(f"within the {100 * BAND[0]:.0f}-{100 * BAND[1]:.0f}% band: nothing to fix")
         return ExitCode.OK
     if not found or not found[0].fits:

@@ -35,6 +35,8 @@ Sources and scope
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from planner.hardware import GIB, MIB, ClusterSpec
@@ -80,51 +82,75 @@ def _f(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def stage_layers(model: ModelSpec, cols: Columns):
-    """Layers (dense, MoE) on the first and the last pipeline stage."""
-    first, _, last, _ = pipeline_split(model.num_layers, cols["pp"],
-                                       cols.get("first_stage_layers"),
-                                       cols.get("last_stage_layers"))
-    dense = model.num_layers - model.num_moe_layers
-    dense_first = np.minimum(first, dense)
-    dense_last = np.clip(dense - (model.num_layers - last), 0, last)
-    return (dense_first, first - dense_first), (dense_last, last - dense_last)
+# Pipeline ranks the model evaluates: the ends hold the embedding or the output layer and the
+# log-prob buffers; the ranks next to them hold the most in-flight activations of a middle
+# stage (rank 1) or the most MoE layers (rank pp-2, past any leading dense layers).  The worst
+# rank of a pipeline is always one of these four.
+STAGES = ("first", "last", "second", "second-to-last")
+
+
+@dataclass(frozen=True)
+class RankLayers:
+    """What one pipeline rank holds, per layout: layer counts and which ends it carries."""
+
+    dense: np.ndarray
+    moe: np.ndarray
+    rank: np.ndarray  # pipeline rank, for the in-flight micro-batch count
+    embedding: np.ndarray  # bool: holds the input embedding
+    head: np.ndarray  # bool: holds the output layer, final norm and the loss
+
+
+def rank_layers(model: ModelSpec, cols: Columns) -> list[RankLayers]:
+    """The four representative ranks of :data:`STAGES` (ranks 1 and pp-2 repeat the ends when
+    PP <= 2)."""
+    pp = cols["pp"]
+    first, middle, last, _ = pipeline_split(model.num_layers, pp, cols.get("first_stage_layers"),
+                                            cols.get("last_stage_layers"))
+    dense_total = model.num_layers - model.num_moe_layers
+    middle_exists = pp > 2
+
+    def build(start, count, rank, embedding, head):
+        dense = np.clip(dense_total - start, 0, count)
+        return RankLayers(dense, count - dense, rank, embedding, head)
+
+    single = pp == 1
+    ranks = [build(0, first, np.zeros_like(pp), np.ones_like(pp, dtype=bool), single),
+             build(model.num_layers - last, last, pp - 1, single, np.ones_like(pp, dtype=bool))]
+    second = build(first, middle, np.ones_like(pp), np.zeros_like(pp, dtype=bool),
+                   np.zeros_like(pp, dtype=bool))
+    before_last = build(model.num_layers - last - middle, middle, pp - 2,
+                        np.zeros_like(pp, dtype=bool), np.zeros_like(pp, dtype=bool))
+    for middle_rank, end in ((second, ranks[0]), (before_last, ranks[1])):
+        ranks.append(RankLayers(*(np.where(middle_exists, getattr(middle_rank, f), getattr(end, f))
+                                  for f in ("dense", "moe", "rank", "embedding", "head"))))
+    return ranks
 
 
 def actor_params_per_gpu(model: ModelSpec, cols: Columns):
-    """(non-expert, expert) parameters held by a first- and a last-stage rank.
+    """(non-expert, expert) parameters held by a rank of each of :data:`STAGES`.
 
     Non-expert parameters are split by TP except norms, the router and MLA's down-projections,
-    which every TP rank holds in full; routed experts are split by EP*ETP.
-    Returns ``((first_non_expert, first_expert), (last_non_expert, last_expert))``.
+    which every TP rank holds in full; routed experts are split by EP*ETP.  The last stage holds
+    the output layer, or with tied embeddings a copy of the embedding (Megatron keeps word
+    embeddings on both ends and all-reduces their gradients).
     """
     p = model.params
     tp, pp = _f(cols["tp"]), cols["pp"]
     expert_shards = _f(cols["ep"] * cols["etp"])
-    (dense_first, moe_first), (dense_last, moe_last) = stage_layers(model, cols)
-    single = pp == 1
-
-    def non_expert(dense_layers, moe_layers, split_extra, replicated_extra):
-        split = (dense_layers * (p.dense_layer - p.dense_layer_replicated)
-                 + moe_layers * (p.moe_layer_non_expert - p.moe_layer_replicated) + split_extra)
-        replicated = (dense_layers * p.dense_layer_replicated
-                      + moe_layers * p.moe_layer_replicated + replicated_extra)
-        return split / tp + replicated
-
-    first_ne = non_expert(dense_first, moe_first,
-                          p.embedding + np.where(single, p.output_layer, 0),
-                          np.where(single, p.final_norm, 0))
-    # The last stage holds the output layer, or with tied embeddings a copy of the embedding
-    # (Megatron keeps word embeddings on both ends and all-reduces their gradients).
-    last_head = p.output_layer if p.output_layer else p.embedding
-    last_ne = np.where(single, first_ne, non_expert(dense_last, moe_last, last_head, p.final_norm))
-    first_exp = moe_first * p.experts_per_layer / expert_shards
-    last_exp = np.where(single, first_exp, moe_last * p.experts_per_layer / expert_shards)
-    return (first_ne, first_exp), (last_ne, last_exp)
+    head_params = np.where(pp > 1, p.output_layer or p.embedding, p.output_layer)
+    out = []
+    for r in rank_layers(model, cols):
+        split = (r.dense * (p.dense_layer - p.dense_layer_replicated)
+                 + r.moe * (p.moe_layer_non_expert - p.moe_layer_replicated)
+                 + np.where(r.embedding, p.embedding, 0) + np.where(r.head, head_params, 0))
+        replicated = (r.dense * p.dense_layer_replicated + r.moe * p.moe_layer_replicated
+                      + np.where(r.head, p.final_norm, 0))
+        out.append((split / tp + replicated, r.moe * p.experts_per_layer / expert_shards))
+    return out
 
 
 def static_bytes(model: ModelSpec, cluster: ClusterSpec, cols: Columns, stage: int):
-    """Weights, main grads and optimizer state on one rank of ``stage`` (0 first, 1 last)."""
+    """Weights, main grads and optimizer state on a rank of ``STAGES[stage]``."""
     non_expert, expert = actor_params_per_gpu(model, cols)[stage]
     params = non_expert + expert
     dense_shards = np.where(cols["distributed_optimizer"], cols["dp"] * cols["cp"], 1)
@@ -245,14 +271,13 @@ def actor_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                  cols: Columns) -> dict:
     """Per-phase bytes of everything but the rollout engine's own budget, per pipeline stage.
 
-    Returns ``{"phases": {phase: (first_stage, last_stage)}, "stages": (first, last)}``, where
-    a stage dict holds its weights, grads, optimizer, activation and logits bytes.
+    Returns ``{"phases": {phase: [one array per STAGES entry]}, "stages": [...]}``, where a
+    stage dict holds its weights, grads, optimizer, activation and logits bytes.
     """
     seq = workload.sequence_length
     m = micro_batches_per_mini_batch(workload, cols)
     fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
     recompute = cols["recompute"]
-    (dense_first, moe_first), (dense_last, moe_last) = stage_layers(model, cols)
     train_tokens = _f(cols["micro_batch"] * seq) / cols["cp"]
     vocab_split = _f(model.vocab_size) / cols["tp"]
     param_off = cols["param_offload"].astype(bool)
@@ -260,15 +285,13 @@ def actor_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     ref_off = cols["ref_param_offload"].astype(bool)
     frag = 1 + FRAGMENTATION_FRACTION
     stages, phases = [], {phase: [] for phase in PHASES}
-    for stage, (dense_layers, moe_layers) in enumerate(((dense_first, moe_first),
-                                                         (dense_last, moe_last))):
+    for stage, ranks in enumerate(rank_layers(model, cols)):
+        dense_layers, moe_layers = ranks.dense, ranks.moe
         weights, grads, optimizer = static_bytes(model, cluster, cols, stage)
-        rank = np.where(stage == 0, 0, cols["pp"] - 1)
-        in_flight = in_flight_stage_equivalents(cols, m, rank)
+        in_flight = in_flight_stage_equivalents(cols, m, ranks.rank)
         kept = _layer_activations(model, cols, train_tokens, dense_layers, moe_layers, recompute)
         working = _working_set(model, cols, train_tokens, dense_layers, moe_layers)
-        is_first = (stage == 0) | (cols["pp"] == 1)
-        is_last = (stage == 1) | (cols["pp"] == 1)
+        is_first, is_last = ranks.embedding, ranks.head
         embedding_inputs = np.where(is_first, TOKEN_ID_BYTES * train_tokens * in_flight, 0)
         s = dict(weights=weights, grads=grads, optimizer=optimizer)
         s["train_activations"] = (kept * in_flight + np.where(recompute == 2, working, 0)
@@ -358,30 +381,29 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
     capacity = float(cluster.gpu.memory_bytes)
     actor = actor_memory(model, cluster, workload, cols)
     phase_stages = actor["phases"]
-    resident = np.maximum(*phase_stages["generate"])
+    resident = np.max(phase_stages["generate"], axis=0)
     out = rollout_memory(model, cluster, workload, cols, resident,
                          None if pick_utilization else cols["gpu_memory_utilization"])
     phase_stages["generate"] = [stage + out["mem_generate_bytes"] - resident
                                 for stage in phase_stages["generate"]]
     phase_stages["weight_sync"] = [stage + out["rollout_weights_bytes"]
                                    for stage in phase_stages["weight_sync"]]
-    phases = {phase: np.maximum(*phase_stages[phase]) for phase in PHASES}
+    phases = {phase: np.max(phase_stages[phase], axis=0) for phase in PHASES}
     # The phases the workload runs set the peak (a pretraining step has only the update).
     ran = np.array([phase in workload.phases for phase in PHASES])
     peak_stack = np.stack([np.where(ran[i], phases[p], 0.0) for i, p in enumerate(PHASES)])
     out["peak_phase"] = peak_stack.argmax(axis=0)
     out["peak_bytes"] = peak_stack.max(axis=0)
-    last_worse = np.stack([phase_stages[p][1] > phase_stages[p][0] for p in PHASES])
-    out["peak_stage"] = np.take_along_axis(last_worse, out["peak_phase"][None], 0)[0].astype(int)
+    worst_stage = np.stack([np.argmax(phase_stages[p], axis=0) for p in PHASES])
+    out["peak_stage"] = np.take_along_axis(worst_stage, out["peak_phase"][None], 0)[0]
     if "generate" not in workload.phases:
         out["rollout_fits"] = np.ones_like(out["rollout_fits"])
     for phase in PHASES:
         out[f"mem_{phase}_bytes"] = phases[phase]
-    first, last = actor["stages"]
-    worst = out["peak_stage"] == 1
+    stages = actor["stages"]
     for part in ("weights", "grads", "optimizer", "train_activations", "train_logits",
                  "ref_weights"):
-        out[f"{part}_bytes"] = np.where(worst, last[part], first[part])
+        out[f"{part}_bytes"] = np.choose(out["peak_stage"], [stage[part] for stage in stages])
     out["memory_utilization"] = out["peak_bytes"] / capacity
     out["fits"] = (out["peak_bytes"] <= capacity) & out["rollout_fits"]
     return out

@@ -403,7 +403,8 @@ def load_model_config_path(path: Path) -> ModelSpec:
 
     try:
         config = AutoConfig.for_model(**raw) if "model_type" in raw else None
-    except (ValueError, KeyError, TypeError) as error:
+    except Exception as error:  # noqa: BLE001 - transformers raises ValueError, TypeError,
+        # KeyError and huggingface_hub's StrictDataclassFieldValidationError for bad fields
         raise PlanInputError(f"{str(config_file)!r}: transformers cannot read it "
                              f"({str(error).splitlines()[0]})") from None
     if config is None:

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from planner.hardware import GIB
 from planner.layout import LAYOUT_FIELDS, RECOMPUTE
-from planner.memory import PHASES
+from planner.memory import PHASES, STAGES
 from planner.rules import UNWISE_FLAGS
 from planner.timing import TIME_PHASES
 
@@ -47,7 +47,7 @@ def candidate_dict(row: Mapping[str, Any]) -> dict:
         "fits": bool(row["fits"]),
         "peak_memory_gib": round(float(row["peak_bytes"]) / GIB, 2),
         "peak_phase": peak_phase if isinstance(peak_phase, str) else PHASES[int(peak_phase)],
-        "peak_stage": "last" if int(row["peak_stage"]) else "first",
+        "peak_stage": STAGES[int(row["peak_stage"])],
         "memory_utilization": round(float(row["memory_utilization"]), 4),
         "memory_gib": {phase: round(float(row[f"mem_{phase}_bytes"]) / GIB, 2)
                        for phase in PHASES},
@@ -194,7 +194,8 @@ def plan_table(plan, top: int) -> str:
         tail = ["phase times of the best layouts:"] + tail + [""]
     tail.append(f"rejected: {rejected}" if rejected else "rejected: none")
     if not rows:
-        best = plan.candidates.head(1).to_dict("records")
+        smallest = plan.candidates.nsmallest(1, "peak_bytes")
+        best = smallest.to_dict("records")
         if best:
             tail.append(f"closest: {best[0]['peak_bytes'] / GIB:.1f} GiB peak in "
                         f"{best[0]['peak_phase']} vs {cluster.gpu.memory_gib:.1f} GiB per GPU; "

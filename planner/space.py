@@ -214,7 +214,7 @@ def choose_rollout(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
     so it is made once per distinct resident size (micro-batch and recompute do not change it).
     """
     phases = actor_memory(model, cluster, workload, actor)["phases"]
-    resident, inverse = np.unique(np.maximum(*phases["generate"]), return_inverse=True)
+    resident, inverse = np.unique(np.max(phases["generate"], axis=0), return_inverse=True)
     n = len(resident)
     best_key = np.full(n, np.inf)
     chosen = {name: np.ones(n, dtype=np.int64) for name in ("rollout_tp", "rollout_dp",

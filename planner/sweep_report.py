@@ -105,7 +105,11 @@ def render(plan, trials=None, png_dir: Path | None = None, title: str = "") -> s
             f"</head><body>{''.join(sections)}</body></html>")
 
 
-def plan_from_sweep(sweep: Path):
+FIGURES = ("pareto", "memory_breakdown", "phase_times", "trial_history", "outcomes",
+           "predicted_vs_measured")
+
+
+def plan_from_sweep(sweep: Path, calibration: dict | None = None):
     """Re-plan a sweep's model, cluster and workload: from ``plan.json`` (a ``--write``
     folder) or from the study that ``sweep.json`` names (a ``--sweep-dir``)."""
     from planner.hardware import ClusterSpec, get_gpu
@@ -121,7 +125,8 @@ def plan_from_sweep(sweep: Path):
         from trials.cli_calibrate import open_study
 
         study, _ = open_study(Namespace(storage=None, sweep_dir=str(sweep), study_name=None))
-        return make_plan(*study_setting(study.user_attrs[study_state.STUDY]))
+        return make_plan(*study_setting(study.user_attrs[study_state.STUDY]),
+                         calibration=calibration)
     path = sweep / "plan.json"
     try:
         data = json.loads(path.read_text())
@@ -131,7 +136,7 @@ def plan_from_sweep(sweep: Path):
         return make_plan(resolve_model(model),
                          ClusterSpec(get_gpu(cluster["gpu_type"]), cluster["num_gpus"],
                                      cluster["gpus_per_node"]),
-                         GrpoWorkload(**workload))
+                         GrpoWorkload(**workload), calibration=calibration)
     except (OSError, KeyError, TypeError, ValueError) as error:
         raise PlanInputError(f"{str(path)!r} does not describe a plan ({error})") from None
 
@@ -153,26 +158,32 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from planner.cli import ExitCode, UsageError, _resolve_cluster, _workload
+    from planner.cli import ExitCode, UsageError, _calibration, _resolve_cluster, _workload
     from planner.models import resolve_model
     from planner.plan import make_plan
 
     trials = None
+    calibration = _calibration(args)
     if args.sweep:
         sweep = Path(args.sweep)
         if not sweep.is_dir():
             raise PlanInputError(f"sweep folder {args.sweep!r} does not exist")
-        plan = plan_from_sweep(sweep)
+        plan = plan_from_sweep(sweep, calibration)
         if (sweep / "trials.csv").exists():
             trials = load_trials(sweep / "trials.csv")
         output = Path(args.html) if args.html else sweep / "report.html"
     elif args.model:
-        plan = make_plan(resolve_model(args.model), _resolve_cluster(args), _workload(args))
+        plan = make_plan(resolve_model(args.model), _resolve_cluster(args), _workload(args),
+                         calibration=calibration)
         output = Path(args.html or "report.html")
     else:
         raise UsageError("give a sweep folder, or --model and --gpus for a plan report")
     if output.exists() and not args.force:
         raise UsageError(f"{output} exists; pass --force to overwrite it")
+    if args.png_dir and not args.force and Path(args.png_dir).is_dir() and any(
+            (Path(args.png_dir) / f"{name}.png").exists() for name in FIGURES):
+        raise UsageError(f"{args.png_dir} already holds report figures; pass --force to "
+                         f"overwrite them")
     page = render(plan, trials, Path(args.png_dir) if args.png_dir else None,
                   title=f"plan-parallel: {plan.model.name} on {plan.cluster.num_gpus} x "
                         f"{plan.cluster.gpu.name}")

@@ -56,8 +56,8 @@ from planner.flops import attention_core_flops_per_layer, linear_params_per_toke
 from planner.hardware import ClusterSpec, GpuSpec
 from planner.layout import Columns
 from planner.memory import (MAIN_GRAD_BYTES, WEIGHT_BYTES, activation_bytes_per_layer,
-                            actor_params_per_gpu, kv_bytes_per_token, rollout_weight_bytes,
-                            stage_layers)
+                            actor_params_per_gpu, kv_bytes_per_token, rank_layers,
+                            rollout_weight_bytes)
 from planner.models import ModelSpec
 from planner.rules import micro_batches_per_mini_batch
 from planner.workload import GrpoWorkload, PretrainWorkload
@@ -136,6 +136,18 @@ def read_calibration(path: Path) -> dict:
     if not isinstance(data, dict) or not ({"shared", "by_gpu"} & set(data)):
         raise PlanInputError(f"{str(path)!r} is not a plan-parallel calibration file "
                              f"(expects 'shared' and 'by_gpu')")
+    from planner.calibration import BOUNDS
+
+    entries = [("shared", k, v) for k, v in (data.get("shared") or {}).items()]
+    entries += [(f"by_gpu.{gpu}", k, v) for gpu, values in (data.get("by_gpu") or {}).items()
+                if isinstance(values, dict) for k, v in values.items()]
+    for where, key, value in entries:
+        if key in BOUNDS:
+            low, high = BOUNDS[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not low <= value <= high:
+                raise PlanInputError(f"{str(path)!r}: {where}.{key} = {value!r} is not a number "
+                                     f"in {low:g}..{high:g}")
     return data
 
 
@@ -202,20 +214,15 @@ def _stage_compute_s(model, cluster, cols, eff, peak_flops, shape: TrainShape):
     elementwise_moe = (eff.elementwise_passes / hbm
                        * activation_bytes_per_layer(model, cols, tokens, moe=True)
                        if model.is_moe else elementwise_dense)
-    (dense_first, moe_first), (dense_last, moe_last) = stage_layers(model, cols)
     per_dense = attention_layer + mlp_layer + core + elementwise_dense + eff.layer_overhead_s
     per_moe = attention_layer + moe_layer + core + elementwise_moe + eff.layer_overhead_s
     output = 2 * tokens * linear["output_layer"] / tp / (peak_flops * dense_eff)
-    first = dense_first * per_dense + moe_first * per_moe
-    last = dense_last * per_dense + moe_last * per_moe + output
-    # middle stages hold ceil(L/pp) layers when the split is uneven; all MoE past the dense head
-    middle_layers = np.ceil(model.num_layers / _f(cols["pp"]))
-    middle = middle_layers * np.where(model.num_moe_layers > 0, per_moe, per_dense)
-    stage = np.where(cols["pp"] == 1, last, np.maximum(np.maximum(first, last),
-                                                       np.where(cols["pp"] > 2, middle, 0)))
-    return stage, np.where(cols["pp"] == 1, model.num_layers,
-                           np.maximum(np.maximum(dense_first + moe_first, dense_last + moe_last),
-                                      np.where(cols["pp"] > 2, middle_layers, 0)))
+    # The slowest of the representative ranks (ends and the ranks next to them) sets the pace.
+    ranks = rank_layers(model, cols)
+    stage_times = [r.dense * per_dense + r.moe * per_moe + np.where(r.head, output, 0)
+                   for r in ranks]
+    layers = np.max([r.dense + r.moe for r in ranks], axis=0)
+    return np.max(stage_times, axis=0), layers
 
 
 def _stage_comm_s(model, cluster, cols, eff, shape: TrainShape, stage_layers_count):
@@ -281,9 +288,9 @@ def train_phase_s(model: ModelSpec, cluster: ClusterSpec, cols: Columns, eff: Ef
            "bubble_s": bubble * shape.optimizer_steps}
     total = pipeline * shape.optimizer_steps
     if not shape.forward_only:
-        (ne_first, exp_first), (ne_last, exp_last) = actor_params_per_gpu(model, cols)
-        non_expert = np.maximum(ne_first, ne_last)
-        expert = np.maximum(exp_first, exp_last)
+        shards = actor_params_per_gpu(model, cols)
+        non_expert = np.max([ne for ne, _ in shards], axis=0)
+        expert = np.max([exp for _, exp in shards], axis=0)
         dense_dp = _f(cols["dp"] * cols["cp"])
         expert_dp = np.where(cols["ep"] > 1,
                              _f(cluster.num_gpus // (cols["etp"] * cols["ep"] * cols["pp"])),

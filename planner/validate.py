@@ -185,13 +185,13 @@ PHASE_ADVICE = {
 def memory_findings(estimate) -> list:
     from planner.findings import Finding
     from planner.hardware import GIB
-    from planner.memory import PHASES
+    from planner.memory import PHASES, STAGES
 
     row, gpu = estimate.row, estimate.cluster.gpu
     capacity = gpu.memory_bytes / GIB
     peak = row["peak_bytes"] / GIB
     phase = PHASES[int(row["peak_phase"])]
-    stage = "last" if int(row["peak_stage"]) else "first"
+    stage = STAGES[int(row["peak_stage"])]
     share = row["memory_utilization"]
     out = []
     seq = estimate.workload.sequence_length

@@ -46,7 +46,8 @@ class GrpoWorkload:
                                  f"{', '.join(PRECISIONS)}")
         if not 0 <= self.mean_response_length <= self.response_length:
             raise PlanInputError(f"--mean-response-length {self.mean_response_length} must be "
-                                 f"between 1 and --response-length {self.response_length}")
+                                 f"between 1 and --response-length {self.response_length} "
+                                 f"(0: half of it)")
 
     @property
     def sequence_length(self) -> int:

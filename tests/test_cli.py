@@ -127,3 +127,44 @@ def test_models_and_gpus_listings(capsys):
     assert code == 0 and "DeepSeek-V3" in out and "671.03B" in out
     code, out, _ = run(capsys, "gpus", "--format", "json")
     assert code == 0 and any(g["name"] == "GB300" for g in json.loads(out))
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["estimate", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--tp", "0"],
+     "--tp must be a positive integer, got 0"),
+    (["estimate", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100",
+      "--gpu-memory-utilization", "0"], "--gpu-memory-utilization 0.0 is outside"),
+    (["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--gpu-memory-utilization",
+      "5"], "--gpu-memory-utilization 5.0 is outside"),
+    (["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--gpus-per-node", "0"],
+     "--gpus-per-node must be a positive integer"),
+])
+def test_zero_and_out_of_range_values_are_refused(capsys, argv, needle):
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_config_json_with_a_non_numeric_size(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": "abc"}))
+    assert main(["--model", str(path), "--gpus", "8", "--gpu-type", "h100"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("content", ['{"shared": {"nvlink": "x"}}', '{"shared": {"gemm": -1}}',
+                                     '{"by_gpu": {"H100-80GB/bf16": {"gemm": 7}}}'])
+def test_bad_calibration_values(tmp_path, capsys, content):
+    path = tmp_path / "cal.json"
+    path.write_text(content)
+    assert main(["estimate", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100",
+                 "--calibration", str(path)]) == 2
+    assert "is not a number in" in capsys.readouterr().err
+
+
+def test_closest_layout_is_the_smallest_when_nothing_fits(capsys):
+    assert main(["--model", "llama3.1-405b", "--gpus", "64", "--gpu-type", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "no layout fits" in out
+    closest = float(out.split("closest: ")[1].split(" GiB")[0])
+    assert closest < 120  # TP1 PP64 with full recompute and offload, not the fastest misfit

@@ -15,7 +15,7 @@ def test_explain_dense_7b(capsys):
     # the plan is the fastest layout overall, so never slower than the best TP2 x PP2 one
     assert data["chosen"]["step_time_s"] <= thumb["step_time_s"]
     assert "faster" in thumb["verdict"] or "as fast" in thumb["verdict"]
-    assert "breaks a rule" in rules["TP = GPUs per node"]["verdict"]  # 28 heads, TP 8
+    assert "breaks a rule" in rules["TP = GPUs per node (8)"]["verdict"]  # 28 heads, TP 8
     assert "FP32 would double weights" in rules["BF16, not FP32"]["verdict"]
 
 
@@ -28,3 +28,10 @@ def test_explain_moe_uses_expert_parallel_rule(capsys):
 def test_explain_with_no_fitting_layout_is_an_input_error(capsys):
     assert main(["explain", "--model", "llama3.1-405b", "--gpus", "8", "--gpu-type", "h100"]) == 2
     assert "no layout of Llama-3.1-405B fits" in capsys.readouterr().err
+
+
+def test_explain_rule_that_cannot_apply(capsys):
+    assert main(["explain", "--model", "qwen3-0.6b", "--gpus", "4", "--gpus-per-node", "8",
+                 "--gpu-type", "h100", "--format", "json"]) == 0
+    rules = {e["rule"]: e for e in json.loads(capsys.readouterr().out)["rules_of_thumb"]}
+    assert rules["TP = GPUs per node (8)"]["verdict"].startswith("not applicable")

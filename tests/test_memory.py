@@ -177,7 +177,7 @@ def test_kv_cache_per_token():
 def _static(model, world, **layout):
     cols = cols_of(**layout)
     return max(float(sum(static_bytes(model, cluster(world), cols, stage)[i][0]
-                         for i in range(3))) for stage in (0, 1))
+                         for i in range(3))) for stage in range(4))
 
 
 @pytest.mark.parametrize("name,world", [("qwen2.5-7b", 8), ("llama3.1-70b", 64),
@@ -247,3 +247,20 @@ def test_picked_utilization_leaves_headroom_and_fits():
     assert out["mem_generate_bytes"][0] <= 0.95 * capacity + 1
     assert out["rollout_fits"][0] and 0.3 <= out["gpu_memory_utilization"][0] <= 0.9
     assert np.isfinite(out["rollout_waves"][0])
+
+
+def test_middle_pipeline_ranks_are_checked():
+    """DeepSeek-V3, 61 layers over PP 16 (3 | 4 x 14 | 2): rank 1 holds 4 MoE layers with 15
+    micro-batches in flight, more than either end; the peak must come from it."""
+    model = resolve_model("deepseek-v3")
+    workload = GrpoWorkload()
+    cols = cols_of(tp=1, pp=16, ep=16, dp=16, micro_batch=1, rollout_tp=2, rollout_dp=64,
+                   rollout_ep=128, gpu_memory_utilization=0.3)
+    from planner.memory import STAGES, actor_memory
+
+    update = actor_memory(model, cluster(256), workload, cols)["phases"]["update_actor"]
+    per_stage = dict(zip(STAGES, (float(u[0]) for u in update)))
+    assert per_stage["second"] > max(per_stage["first"], per_stage["last"])
+    out = estimate_memory(model, cluster(256), workload, cols)
+    assert STAGES[int(out["peak_stage"][0])] == "second"
+    assert float(out["mem_update_actor_bytes"][0]) == pytest.approx(per_stage["second"])

@@ -38,6 +38,9 @@ def test_plan_report_embeds_figures(tmp_path, capsys):
     assert main(["report", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu-type", "h100",
                  "--html", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
+    assert main(["report", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu-type", "h100",
+                 "--html", str(tmp_path / "other.html"), "--png-dir", str(tmp_path / "png")]) == 2
+    assert "already holds report figures" in capsys.readouterr().err
 
 
 def write_sweep(folder, plan):

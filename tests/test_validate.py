@@ -180,7 +180,7 @@ python3 -m verl.trainer.main_ppo model_engine=megatron \\
     actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \\
     +actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=5 \\
     +actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage=5 \\
-    actor_rollout_ref.rollout.tensor_model_parallel_size=8 \\
+{recompute}    actor_rollout_ref.rollout.tensor_model_parallel_size=8 \\
     actor_rollout_ref.rollout.gpu_memory_utilization=0.8 \\
     actor_rollout_ref.rollout.n=4 \\
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \\
@@ -293,8 +293,23 @@ def test_verl_example_qwen3_moe_warns_about_implicit_expert_tp(tmp_path):
     assert report["modules"]["actor"]["etp"] == 4
 
 
+FULL_RECOMPUTE = """    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full \\
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform \\
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1 \\
+"""
+
+
+def test_verl_example_qwen3_235b_middle_stages_do_not_fit_without_recompute(tmp_path):
+    """5 | 14 x 6 | 5 layers: rank 1 holds 14 MoE layers with 7 micro-batches in flight."""
+    report = validate(write(tmp_path, QWEN3_235B_UNEVEN, recompute=""), gpu="h20")
+    assert not report["would_launch"]
+    [finding] = errors(report)
+    assert "will not fit" in finding["message"] and "update_actor" in finding["message"]
+    assert report["memory"]["peak_stage"] == "second"
+
+
 def test_verl_example_qwen3_235b_uneven_pipeline_on_h20(tmp_path):
-    report = validate(write(tmp_path, QWEN3_235B_UNEVEN), gpu="h20")
+    report = validate(write(tmp_path, QWEN3_235B_UNEVEN, recompute=FULL_RECOMPUTE), gpu="h20")
     assert report["would_launch"], report["findings"]
     assert report["model"] == "Qwen3-235B-A22B"
     assert (report["layout"]["first_stage_layers"], report["layout"]["last_stage_layers"]) == (5, 5)

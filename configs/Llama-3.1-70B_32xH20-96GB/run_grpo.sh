@@ -5,7 +5,7 @@
 # Actor:     TP8 PP2 VPP4 CP1 EP1 ETP1 DP2, micro-batch 4, recompute none, offload param+optimizer, stages 40/../40 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP8 DP1 EP1 (4 replica(s) of 8 GPUs), gpu_memory_utilization 0.80
-# Predicted: peak 86.26 GiB of 95.6 GiB (90%) in generate; step 2286.4 s, 108 tokens/s/GPU
+# Predicted: peak 86.26 GiB of 95.6 GiB (90%) in generate; step 2286.2 s, 108 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

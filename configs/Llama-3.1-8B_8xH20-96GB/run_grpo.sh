@@ -5,7 +5,7 @@
 # Actor:     TP2 PP1 VPP1 CP1 EP1 ETP1 DP4, micro-batch 8, recompute none, offload optimizer
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP4 DP1 EP1 (2 replica(s) of 4 GPUs), gpu_memory_utilization 0.65
-# Predicted: peak 86.15 GiB of 95.6 GiB (90%) in generate; step 955.8 s, 1029 tokens/s/GPU
+# Predicted: peak 86.15 GiB of 95.6 GiB (90%) in generate; step 955.7 s, 1029 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -5,7 +5,7 @@
 # Actor:     TP1 PP2 VPP1 CP1 EP1 ETP1 DP4, micro-batch 4, recompute none, offload optimizer, stages 14/../14 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP2 DP1 EP1 (4 replica(s) of 2 GPUs), gpu_memory_utilization 0.65
-# Predicted: peak 74.63 GiB of 79.6 GiB (94%) in generate; step 178.6 s, 5503 tokens/s/GPU
+# Predicted: peak 74.63 GiB of 79.6 GiB (94%) in generate; step 178.7 s, 5503 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

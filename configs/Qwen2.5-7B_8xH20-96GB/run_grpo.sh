@@ -5,7 +5,7 @@
 # Actor:     TP2 PP1 VPP1 CP1 EP1 ETP1 DP4, micro-batch 8, recompute selective, offload none
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP2 DP1 EP1 (4 replica(s) of 2 GPUs), gpu_memory_utilization 0.50
-# Predicted: peak 88.38 GiB of 95.6 GiB (92%) in generate; step 896.5 s, 1096 tokens/s/GPU
+# Predicted: peak 88.38 GiB of 95.6 GiB (92%) in generate; step 896.5 s, 1097 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

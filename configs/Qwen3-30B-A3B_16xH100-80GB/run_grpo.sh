@@ -5,7 +5,7 @@
 # Actor:     TP1 PP1 VPP1 CP1 EP8 ETP1 DP16, micro-batch 1, recompute none, offload optimizer
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP1 DP8 EP8 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.55
-# Predicted: peak 74.25 GiB of 79.6 GiB (93%) in generate; step 108.5 s, 4528 tokens/s/GPU
+# Predicted: peak 74.25 GiB of 79.6 GiB (93%) in generate; step 108.5 s, 4531 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -5,7 +5,7 @@
 # Actor:     TP1 PP1 VPP1 CP1 EP16 ETP1 DP16, micro-batch 2, recompute none, offload none
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP4 DP1 EP1 (4 replica(s) of 4 GPUs), gpu_memory_utilization 0.50
-# Predicted: peak 89.44 GiB of 95.6 GiB (94%) in generate; step 371.2 s, 1324 tokens/s/GPU
+# Predicted: peak 89.44 GiB of 95.6 GiB (94%) in generate; step 370.8 s, 1325 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

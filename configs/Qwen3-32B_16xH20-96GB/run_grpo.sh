@@ -5,7 +5,7 @@
 # Actor:     TP4 PP2 VPP1 CP1 EP1 ETP1 DP2, micro-batch 4, recompute none, offload optimizer, stages 32/../32 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP8 DP1 EP1 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.60
-# Predicted: peak 89.45 GiB of 95.6 GiB (94%) in generate; step 2101.3 s, 234 tokens/s/GPU
+# Predicted: peak 89.45 GiB of 95.6 GiB (94%) in generate; step 2101.2 s, 234 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -5,7 +5,7 @@
 # Actor:     TP1 PP2 VPP1 CP1 EP1 ETP1 DP4, micro-batch 4, recompute selective, offload param+optimizer, stages 18/../18 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP2 DP1 EP1 (4 replica(s) of 2 GPUs), gpu_memory_utilization 0.90
-# Predicted: peak 73.27 GiB of 79.6 GiB (92%) in generate; step 215.3 s, 4567 tokens/s/GPU
+# Predicted: peak 73.27 GiB of 79.6 GiB (92%) in generate; step 215.3 s, 4566 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -5,7 +5,7 @@
 # Actor:     TP2 PP1 VPP1 CP1 EP1 ETP1 DP4, micro-batch 8, recompute none, offload none
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP4 DP1 EP1 (2 replica(s) of 4 GPUs), gpu_memory_utilization 0.55
-# Predicted: peak 88.48 GiB of 95.6 GiB (93%) in generate; step 971.9 s, 1011 tokens/s/GPU
+# Predicted: peak 88.48 GiB of 95.6 GiB (93%) in generate; step 971.9 s, 1012 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
