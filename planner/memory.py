@@ -126,7 +126,7 @@ def rank_layers(model: ModelSpec, cols: Columns) -> list[RankLayers]:
     return ranks
 
 
-def actor_params_per_gpu(model: ModelSpec, cols: Columns):
+def actor_params_per_gpu(model: ModelSpec, cols: Columns, ranks: list[RankLayers] | None = None):
     """(non-expert, expert) parameters held by a rank of each of :data:`STAGES`.
 
     Non-expert parameters are split by TP except norms, the router and MLA's down-projections,
@@ -139,7 +139,7 @@ def actor_params_per_gpu(model: ModelSpec, cols: Columns):
     expert_shards = _f(cols["ep"] * cols["etp"])
     head_params = np.where(pp > 1, p.output_layer or p.embedding, p.output_layer)
     out = []
-    for r in rank_layers(model, cols):
+    for r in ranks or rank_layers(model, cols):
         split = (r.dense * (p.dense_layer - p.dense_layer_replicated)
                  + r.moe * (p.moe_layer_non_expert - p.moe_layer_replicated)
                  + np.where(r.embedding, p.embedding, 0) + np.where(r.head, head_params, 0))
@@ -149,10 +149,9 @@ def actor_params_per_gpu(model: ModelSpec, cols: Columns):
     return out
 
 
-def static_bytes(model: ModelSpec, cluster: ClusterSpec, cols: Columns, stage: int):
-    """Weights, main grads and optimizer state on a rank of ``STAGES[stage]``."""
-    non_expert, expert = actor_params_per_gpu(model, cols)[stage]
-    params = non_expert + expert
+def static_bytes_all(model: ModelSpec, cluster: ClusterSpec, cols: Columns,
+                     ranks: list[RankLayers] | None = None):
+    """Weights, main grads and optimizer state on a rank of each of :data:`STAGES`."""
     dense_shards = np.where(cols["distributed_optimizer"], cols["dp"] * cols["cp"], 1)
     # megatron-core treats expert weights as expert-parallel (sharded over the expert DP group
     # world/(ETP*EP*PP)) only when EP > 1; with EP = 1 they are dense and follow DP*CP.
@@ -160,8 +159,17 @@ def static_bytes(model: ModelSpec, cluster: ClusterSpec, cols: Columns, stage: i
                          cluster.num_gpus // (cols["etp"] * cols["ep"] * cols["pp"]),
                          cols["dp"] * cols["cp"])
     expert_shards = np.where(cols["distributed_optimizer"], np.maximum(expert_dp, 1), 1)
-    optimizer = OPTIMIZER_BYTES * (non_expert / dense_shards + expert / expert_shards)
-    return WEIGHT_BYTES * params, MAIN_GRAD_BYTES * params, optimizer
+    out = []
+    for non_expert, expert in actor_params_per_gpu(model, cols, ranks):
+        params = non_expert + expert
+        optimizer = OPTIMIZER_BYTES * (non_expert / dense_shards + expert / expert_shards)
+        out.append((WEIGHT_BYTES * params, MAIN_GRAD_BYTES * params, optimizer))
+    return out
+
+
+def static_bytes(model: ModelSpec, cluster: ClusterSpec, cols: Columns, stage: int):
+    """Weights, main grads and optimizer state on a rank of ``STAGES[stage]``."""
+    return static_bytes_all(model, cluster, cols)[stage]
 
 
 def activation_bytes_per_layer(model: ModelSpec, cols: Columns, tokens: np.ndarray,
@@ -285,9 +293,10 @@ def actor_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     ref_off = cols["ref_param_offload"].astype(bool)
     frag = 1 + FRAGMENTATION_FRACTION
     stages, phases = [], {phase: [] for phase in PHASES}
-    for stage, ranks in enumerate(rank_layers(model, cols)):
+    all_ranks = rank_layers(model, cols)
+    for ranks, (weights, grads, optimizer) in zip(all_ranks,
+                                                  static_bytes_all(model, cluster, cols, all_ranks)):
         dense_layers, moe_layers = ranks.dense, ranks.moe
-        weights, grads, optimizer = static_bytes(model, cluster, cols, stage)
         in_flight = in_flight_stage_equivalents(cols, m, ranks.rank)
         kept = _layer_activations(model, cols, train_tokens, dense_layers, moe_layers, recompute)
         working = _working_set(model, cols, train_tokens, dense_layers, moe_layers)
@@ -372,15 +381,18 @@ def rollout_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
 
 
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                    cols: Columns, pick_utilization: bool = False) -> Columns:
+                    cols: Columns, pick_utilization: bool = False,
+                    actor: dict | None = None) -> Columns:
     """Memory columns for every layout in ``cols`` (bytes unless named otherwise).
 
     ``pick_utilization``: choose ``gpu_memory_utilization`` per layout (see
     :func:`rollout_memory`) instead of reading it from ``cols``.
     """
     capacity = float(cluster.gpu.memory_bytes)
-    actor = actor_memory(model, cluster, workload, cols)
-    phase_stages = actor["phases"]
+    # ``actor``: a result of actor_memory for these rows (it ignores the rollout columns), as the
+    # search space computed it while choosing the rollout.
+    actor = actor or actor_memory(model, cluster, workload, cols)
+    phase_stages = {phase: list(values) for phase, values in actor["phases"].items()}
     resident = np.max(phase_stages["generate"], axis=0)
     out = rollout_memory(model, cluster, workload, cols, resident,
                          None if pick_utilization else cols["gpu_memory_utilization"])

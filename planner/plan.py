@@ -47,13 +47,15 @@ class Plan:
 
 
 def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                  cols: Columns, pick_utilization: bool, calibration: dict | None = None) -> Columns:
+                  cols: Columns, pick_utilization: bool, calibration: dict | None = None,
+                  actor_memory: dict | None = None) -> Columns:
     """Cost-model columns (memory, time, flags) for layouts that obey every rule.
 
     ``first_stage_layers``/``last_stage_layers`` stay as given (0: automatic split) while
     scoring; :func:`resolve_stage_split` fills in the split for output.
     """
-    memory = estimate_memory(model, cluster, workload, cols, pick_utilization=pick_utilization)
+    memory = estimate_memory(model, cluster, workload, cols, pick_utilization=pick_utilization,
+                             actor=actor_memory)
     training_peak = np.max([memory[f"mem_{phase}_bytes"] for phase in
                             ("update_actor", "old_log_prob", "ref", "weight_sync")
                             if phase in workload.phases], axis=0)
@@ -106,10 +108,11 @@ def search_options_for(workload: Workload, options: SearchOptions) -> SearchOpti
 def make_plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
               options: SearchOptions = SearchOptions(), calibration: dict | None = None) -> Plan:
     options = search_options_for(workload, options)
-    space = build_space(model, cluster, workload, options)
+    efficiency = load_efficiency(cluster.gpu, workload.precision, calibration)
+    space = build_space(model, cluster, workload, options, efficiency)
     scored = score_columns(model, cluster, workload, space.columns,
                            pick_utilization=options.gpu_memory_utilization is None,
-                           calibration=calibration)
+                           calibration=calibration, actor_memory=space.actor_memory)
     order = rank_order(scored)
     ranked = {name: values[order] for name, values in scored.items()}
     ranked["rank"] = np.arange(1, len(order) + 1)

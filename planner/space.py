@@ -8,10 +8,11 @@ for DeepSeek-V3 on 1024 GPUs:
 1. parallel sizes (TP, PP, VPP, CP, EP, ETP), checked against megatron-core's rules;
 2. crossed with the knobs, checked against verl's batch rules;
 3. each actor layout gets its rollout engine layout (TP, DP, EP, ``gpu_memory_utilization``):
-   the rollout options are checked against vLLM/verl's rules, then the one that best fits beside
-   the actor's resident memory is chosen per actor layout (fewest generation waves, then the
-   smallest replica).  The rollout touches the actor only through the memory left to it, so
-   choosing it per actor layout loses no candidate the cross product would rank higher.
+   the rollout options are checked against vLLM/verl's rules, then the one that fits beside the
+   actor's resident memory and generates fastest (the time model's prediction) is chosen per
+   actor layout.  The rollout touches the actor only through the memory left to it and the
+   generation time (weight sync varies a little with the rollout TP too, and is not part of
+   the choice), so the per-layout choice is what the cross product would rank first, up to that.
 
 Rejections are counted in units of the joint (actor x rollout) space: a parallel-size
 combination that breaks a rule rejects every knob and rollout combination with it.  So
@@ -79,6 +80,7 @@ class SearchSpace:
     enumerated: int  # joint actor x rollout combinations generated
     valid: int  # joint combinations that break no rule
     rejected: dict[str, int]  # rule name -> joint combinations it rejected first
+    actor_memory: dict | None = None  # memory.actor_memory of the rows, reused when scoring
 
     def __len__(self) -> int:
         return len(self.columns["tp"])
@@ -163,7 +165,7 @@ def _cross(left: Columns, right: Columns) -> Columns:
 
 
 def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                options: SearchOptions = SearchOptions()) -> SearchSpace:
+                options: SearchOptions = SearchOptions(), efficiency=None) -> SearchSpace:
     rejected: dict[str, int] = {}
     parallel = parallel_options(model, cluster, options)
     knobs = knob_options(options)
@@ -196,10 +198,11 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     for name, count in rollout_rejected.items():
         rejected[name] = rejected.get(name, 0) + count * len(actor["tp"])
 
-    actor = choose_rollout(model, cluster, workload, actor, rollouts, options)
+    actor, memory = choose_rollout(model, cluster, workload, actor, rollouts, options,
+                                   efficiency)
     valid_pairs = len(actor["tp"]) * len(rollouts["rollout_tp"])
     return SearchSpace(columns=actor, enumerated=enumerated, valid=valid_pairs,
-                       rejected=rejected)
+                       rejected=rejected, actor_memory=memory)
 
 
 def _rules(names: tuple[str, ...]):
@@ -207,14 +210,19 @@ def _rules(names: tuple[str, ...]):
 
 
 def choose_rollout(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                   actor: Columns, rollouts: Columns, options: SearchOptions) -> Columns:
-    """Give each actor layout the rollout option that fits beside it with the fewest waves.
+                   actor: Columns, rollouts: Columns, options: SearchOptions,
+                   efficiency=None) -> tuple[Columns, dict]:
+    """Give each actor layout the rollout option that fits beside it and generates fastest
+    (predicted by :func:`planner.timing.generate_s`; without an efficiency, the fewest waves).
 
     The choice depends on the actor only through the memory it keeps resident during rollout,
     so it is made once per distinct resident size (micro-batch and recompute do not change it).
     """
-    phases = actor_memory(model, cluster, workload, actor)["phases"]
-    resident, inverse = np.unique(np.max(phases["generate"], axis=0), return_inverse=True)
+    from planner.timing import generate_s
+
+    memory = actor_memory(model, cluster, workload, actor)
+    resident, inverse = np.unique(np.max(memory["phases"]["generate"], axis=0),
+                                  return_inverse=True)
     n = len(resident)
     best_key = np.full(n, np.inf)
     chosen = {name: np.ones(n, dtype=np.int64) for name in ("rollout_tp", "rollout_dp",
@@ -226,13 +234,23 @@ def choose_rollout(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
         fixed_util = None if util is None else np.full(n, util)
         result = rollout_memory(model, cluster, workload, option, resident, fixed_util)
         replica = option["rollout_tp"] * option["rollout_dp"]
-        # Lexicographic key: fits first, then fewest waves, then the smallest replica.
-        key = (np.where(result["rollout_fits"], 0, 1e12)
-               + np.minimum(result["rollout_waves"], 1e6) * 1e4 + replica)
+        if efficiency is not None:
+            # fits first, then the predicted generation time.  It depends on the resident
+            # memory only through the picked utilization (a few 0.05 steps): time each once.
+            utils, back = np.unique(result["gpu_memory_utilization"], return_inverse=True)
+            few = {name: values[:len(utils)] for name, values in option.items()}
+            at_utils = rollout_memory(model, cluster, workload, few, np.zeros(len(utils)), utils)
+            seconds = generate_s(model, cluster, workload, few, efficiency,
+                                 at_utils)["total_s"][back]
+            key = np.where(result["rollout_fits"], 0, 1e12) + np.minimum(seconds, 1e11)
+        else:
+            # fits first, then fewest waves, then the smallest replica
+            key = (np.where(result["rollout_fits"], 0, 1e12)
+                   + np.minimum(result["rollout_waves"], 1e6) * 1e4 + replica)
         better = key < best_key
         best_key = np.where(better, key, best_key)
         for name in ("rollout_tp", "rollout_dp", "rollout_ep"):
             chosen[name] = np.where(better, option[name], chosen[name])
         chosen["gpu_memory_utilization"] = np.where(better, result["gpu_memory_utilization"],
                                                     chosen["gpu_memory_utilization"])
-    return {**actor, **{name: values[inverse] for name, values in chosen.items()}}
+    return {**actor, **{name: values[inverse] for name, values in chosen.items()}}, memory

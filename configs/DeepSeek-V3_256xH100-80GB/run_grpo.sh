@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): DeepSeek-V3 on 256 x H100-80GB (32 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP4 PP16 VPP1 CP1 EP16 ETP1 DP4, micro-batch 1, recompute none, offload none, stages 3/../2 layers
+# Actor:     TP2 PP16 VPP1 CP2 EP16 ETP1 DP4, micro-batch 1, recompute none, offload optimizer, stages 3/../2 layers
 # Reference: the actor's parallel sizes, param offload yes
-# Rollout:   vLLM TP4 DP64 EP256 (1 replica(s) of 256 GPUs), gpu_memory_utilization 0.30
-# Predicted: peak 75.11 GiB of 79.6 GiB (94%) in generate; step 127.6 s, 241 tokens/s/GPU
+# Rollout:   vLLM TP4 DP64 EP256 (1 replica(s) of 256 GPUs), gpu_memory_utilization 0.35
+# Predicted: peak 70.29 GiB of 79.6 GiB (88%) in update_actor; step 126.9 s, 242 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -50,16 +50,16 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.kl_loss_coef=0.001 \
     actor_rollout_ref.actor.kl_loss_type=low_var_kl \
     actor_rollout_ref.actor.entropy_coeff=0 \
-    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
     actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=16 \
     actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=null \
-    actor_rollout_ref.actor.megatron.context_parallel_size=1 \
+    actor_rollout_ref.actor.megatron.context_parallel_size=2 \
     actor_rollout_ref.actor.megatron.expert_model_parallel_size=16 \
     actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
     actor_rollout_ref.actor.megatron.sequence_parallel=True \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
     actor_rollout_ref.actor.megatron.param_offload=False \
-    actor_rollout_ref.actor.megatron.optimizer_offload=False \
+    actor_rollout_ref.actor.megatron.optimizer_offload=True \
     +actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=3 \
     +actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage=2 \
     actor_rollout_ref.ref.megatron.param_offload=True \
@@ -68,7 +68,7 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
     actor_rollout_ref.rollout.data_parallel_size=64 \
     actor_rollout_ref.rollout.expert_parallel_size=256 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.3 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.35 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=1024 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 \

@@ -3,9 +3,9 @@
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
 # Actor:     TP8 PP2 VPP4 CP1 EP1 ETP1 DP2, micro-batch 4, recompute none, offload param+optimizer, stages 40/../40 layers
-# Reference: the actor's parallel sizes, param offload no
-# Rollout:   vLLM TP8 DP1 EP1 (4 replica(s) of 8 GPUs), gpu_memory_utilization 0.80
-# Predicted: peak 86.26 GiB of 95.6 GiB (90%) in generate; step 2286.2 s, 108 tokens/s/GPU
+# Reference: the actor's parallel sizes, param offload yes
+# Rollout:   vLLM TP8 DP1 EP1 (4 replica(s) of 8 GPUs), gpu_memory_utilization 0.90
+# Predicted: peak 87.61 GiB of 95.6 GiB (92%) in generate; step 2285.6 s, 108 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -60,13 +60,13 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
     actor_rollout_ref.actor.megatron.param_offload=True \
     actor_rollout_ref.actor.megatron.optimizer_offload=True \
-    actor_rollout_ref.ref.megatron.param_offload=False \
+    actor_rollout_ref.ref.megatron.param_offload=True \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
     actor_rollout_ref.rollout.name=vllm \
     actor_rollout_ref.rollout.tensor_model_parallel_size=8 \
     actor_rollout_ref.rollout.data_parallel_size=1 \
     actor_rollout_ref.rollout.expert_parallel_size=1 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.8 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.9 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=1024 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \

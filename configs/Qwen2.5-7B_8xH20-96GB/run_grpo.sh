@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen2.5-7B on 8 x H20-96GB (1 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP2 PP1 VPP1 CP1 EP1 ETP1 DP4, micro-batch 8, recompute selective, offload none
-# Reference: the actor's parallel sizes, param offload no
-# Rollout:   vLLM TP2 DP1 EP1 (4 replica(s) of 2 GPUs), gpu_memory_utilization 0.50
-# Predicted: peak 88.38 GiB of 95.6 GiB (92%) in generate; step 896.5 s, 1097 tokens/s/GPU
+# Actor:     TP2 PP1 VPP1 CP1 EP1 ETP1 DP4, micro-batch 8, recompute none, offload none
+# Reference: the actor's parallel sizes, param offload yes
+# Rollout:   vLLM TP2 DP1 EP1 (4 replica(s) of 2 GPUs), gpu_memory_utilization 0.55
+# Predicted: peak 86.07 GiB of 95.6 GiB (90%) in generate; step 891.4 s, 1103 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -60,15 +60,13 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
     actor_rollout_ref.actor.megatron.param_offload=False \
     actor_rollout_ref.actor.megatron.optimizer_offload=False \
-    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=selective \
-    'actor_rollout_ref.actor.megatron.override_transformer_config.recompute_modules=[core_attn,layernorm]' \
-    actor_rollout_ref.ref.megatron.param_offload=False \
+    actor_rollout_ref.ref.megatron.param_offload=True \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
     actor_rollout_ref.rollout.name=vllm \
     actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
     actor_rollout_ref.rollout.data_parallel_size=1 \
     actor_rollout_ref.rollout.expert_parallel_size=1 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.55 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=1024 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \

@@ -4,8 +4,8 @@
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
 # Actor:     TP1 PP8 VPP1 CP1 EP8 ETP1 DP8, micro-batch 1, recompute full, offload optimizer, stages 11/../11 layers
 # Reference: the actor's parallel sizes, param offload yes
-# Rollout:   vLLM TP4 DP16 EP64 (1 replica(s) of 64 GPUs), gpu_memory_utilization 0.55
-# Predicted: peak 71.85 GiB of 79.6 GiB (90%) in generate; step 198.7 s, 618 tokens/s/GPU
+# Rollout:   vLLM TP1 DP64 EP64 (1 replica(s) of 64 GPUs), gpu_memory_utilization 0.55
+# Predicted: peak 71.85 GiB of 79.6 GiB (90%) in generate; step 197.6 s, 622 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -68,8 +68,8 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.ref.megatron.param_offload=True \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1 \
     actor_rollout_ref.rollout.name=vllm \
-    actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
-    actor_rollout_ref.rollout.data_parallel_size=16 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+    actor_rollout_ref.rollout.data_parallel_size=64 \
     actor_rollout_ref.rollout.expert_parallel_size=64 \
     actor_rollout_ref.rollout.gpu_memory_utilization=0.55 \
     actor_rollout_ref.rollout.n=5 \

@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-30B-A3B on 16 x H20-96GB (2 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP1 PP1 VPP1 CP1 EP16 ETP1 DP16, micro-batch 2, recompute none, offload none
-# Reference: the actor's parallel sizes, param offload yes
-# Rollout:   vLLM TP4 DP1 EP1 (4 replica(s) of 4 GPUs), gpu_memory_utilization 0.50
-# Predicted: peak 89.44 GiB of 95.6 GiB (94%) in generate; step 370.8 s, 1325 tokens/s/GPU
+# Actor:     TP1 PP1 VPP1 CP1 EP16 ETP1 DP16, micro-batch 2, recompute none, offload optimizer
+# Reference: the actor's parallel sizes, param offload no
+# Rollout:   vLLM TP4 DP1 EP1 (4 replica(s) of 4 GPUs), gpu_memory_utilization 0.65
+# Predicted: peak 88.69 GiB of 95.6 GiB (93%) in generate; step 370.8 s, 1325 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -59,14 +59,14 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.megatron.sequence_parallel=False \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
     actor_rollout_ref.actor.megatron.param_offload=False \
-    actor_rollout_ref.actor.megatron.optimizer_offload=False \
-    actor_rollout_ref.ref.megatron.param_offload=True \
+    actor_rollout_ref.actor.megatron.optimizer_offload=True \
+    actor_rollout_ref.ref.megatron.param_offload=False \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2 \
     actor_rollout_ref.rollout.name=vllm \
     actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
     actor_rollout_ref.rollout.data_parallel_size=1 \
     actor_rollout_ref.rollout.expert_parallel_size=1 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.65 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=1024 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \

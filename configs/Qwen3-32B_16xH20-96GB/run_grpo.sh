@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-32B on 16 x H20-96GB (2 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP4 PP2 VPP1 CP1 EP1 ETP1 DP2, micro-batch 4, recompute none, offload optimizer, stages 32/../32 layers
-# Reference: the actor's parallel sizes, param offload no
-# Rollout:   vLLM TP8 DP1 EP1 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.60
-# Predicted: peak 89.45 GiB of 95.6 GiB (94%) in generate; step 2101.2 s, 234 tokens/s/GPU
+# Actor:     TP4 PP2 VPP2 CP1 EP1 ETP1 DP2, micro-batch 4, recompute none, offload optimizer, stages 32/../32 layers
+# Reference: the actor's parallel sizes, param offload yes
+# Rollout:   vLLM TP8 DP1 EP1 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.65
+# Predicted: peak 86.60 GiB of 95.6 GiB (91%) in generate; step 2098.3 s, 234 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -52,7 +52,7 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.entropy_coeff=0 \
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
     actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
-    actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=null \
+    actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2 \
     actor_rollout_ref.actor.megatron.context_parallel_size=1 \
     actor_rollout_ref.actor.megatron.expert_model_parallel_size=1 \
     actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
@@ -60,13 +60,13 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
     actor_rollout_ref.actor.megatron.param_offload=False \
     actor_rollout_ref.actor.megatron.optimizer_offload=True \
-    actor_rollout_ref.ref.megatron.param_offload=False \
+    actor_rollout_ref.ref.megatron.param_offload=True \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
     actor_rollout_ref.rollout.name=vllm \
     actor_rollout_ref.rollout.tensor_model_parallel_size=8 \
     actor_rollout_ref.rollout.data_parallel_size=1 \
     actor_rollout_ref.rollout.expert_parallel_size=1 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.65 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=1024 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \

@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-8B on 8 x H100-80GB (1 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP1 PP2 VPP1 CP1 EP1 ETP1 DP4, micro-batch 4, recompute selective, offload param+optimizer, stages 18/../18 layers
+# Actor:     TP1 PP2 VPP1 CP1 EP1 ETP1 DP4, micro-batch 4, recompute selective, offload optimizer, stages 18/../18 layers
 # Reference: the actor's parallel sizes, param offload yes
-# Rollout:   vLLM TP2 DP1 EP1 (4 replica(s) of 2 GPUs), gpu_memory_utilization 0.90
-# Predicted: peak 73.27 GiB of 79.6 GiB (92%) in generate; step 215.3 s, 4566 tokens/s/GPU
+# Rollout:   vLLM TP4 DP1 EP1 (2 replica(s) of 4 GPUs), gpu_memory_utilization 0.60
+# Predicted: peak 72.26 GiB of 79.6 GiB (91%) in generate; step 214.4 s, 4584 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -58,17 +58,17 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
     actor_rollout_ref.actor.megatron.sequence_parallel=False \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
-    actor_rollout_ref.actor.megatron.param_offload=True \
+    actor_rollout_ref.actor.megatron.param_offload=False \
     actor_rollout_ref.actor.megatron.optimizer_offload=True \
     actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=selective \
     'actor_rollout_ref.actor.megatron.override_transformer_config.recompute_modules=[core_attn,layernorm]' \
     actor_rollout_ref.ref.megatron.param_offload=True \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
     actor_rollout_ref.rollout.name=vllm \
-    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
     actor_rollout_ref.rollout.data_parallel_size=1 \
     actor_rollout_ref.rollout.expert_parallel_size=1 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.9 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=1024 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \
