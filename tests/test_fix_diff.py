@@ -56,11 +56,10 @@ def test_fix_orders_single_mitigations_by_step_time(tmp_path, capsys):
     tight = script(tmp_path, micro=4, tp=2, util=0.6)
     assert main(["fix", tight, "--gpu-type", "h100", "--format", "json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    if result["in_band"]:
-        assert result["mitigations"] == [] or result["current"]["fits"]
-        return
-    times = [m["step_time_s"] for m in result["mitigations"] if m["fits"]]
-    assert times == sorted(times) and times
+    assert not result["current"]["fits"] and not result["in_band"]
+    assert all(m["fits"] for m in result["mitigations"])  # single changes are enough here
+    times = [m["step_time_s"] for m in result["mitigations"]]
+    assert len(times) >= 3 and times == sorted(times)
 
 
 def test_diff_rates_risk_and_predicts_both_sides(tmp_path, capsys):
