@@ -31,7 +31,9 @@ Rollout (vLLM/SGLang, per replica of ``rollout_tp * rollout_dp`` GPUs):
 
 * prefill is compute-bound: forward FLOPs of the prompts;
 * decode is a roofline per step: max(weights + KV cache read at HBM bandwidth, FLOPs of the
-  running batch), plus per layer TP all-reduces (latency-bound) and a fixed scheduling cost;
+  running batch), plus per layer TP all-reduces (latency-bound), expert-parallel dispatch and
+  combine of the batch's token copies (network-bound once a replica spans nodes) and a fixed
+  scheduling cost;
   MoE decode reads only the experts the batch touches, ``E * (1 - (1 - k/E)^b)`` of them;
 * continuous batching: ``max(R_max, S * R_mean / c + (R_max - R_mean))`` decode steps for
   ``S`` sequences at concurrency ``c`` (KV capacity or ``max_num_seqs``): the steady state
@@ -390,7 +392,13 @@ def generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, c
     tp_allreduce = np.where(rtp > 1, 2 * model.num_layers
                             * (latency + 2 * batch * model.hidden_size * WEIGHT_BYTES
                                / link_bandwidth(cluster, eff, rtp)), 0.0)
-    ep_alltoall = np.where(cols["rollout_ep"] > 1, 2 * model.num_moe_layers * latency, 0.0)
+    # Expert parallel decode: dispatch and combine of the running batch's k token copies per
+    # MoE layer over the replica (TP*DP ranks), at network speed once it spans nodes.
+    rollout_ep = _f(cols["rollout_ep"])
+    dispatched = batch * max(model.moe_top_k, 1) * model.hidden_size * WEIGHT_BYTES
+    ep_alltoall = np.where(rollout_ep > 1, 2 * model.num_moe_layers
+                           * (latency + (rollout_ep - 1) / rollout_ep * dispatched
+                              / link_bandwidth(cluster, eff, rtp * rdp)), 0.0)
     per_step = (np.maximum(memory_time, compute_time) + tp_allreduce + ep_alltoall
                 + DECODE_STEP_OVERHEAD_S)
     decode = steps * per_step

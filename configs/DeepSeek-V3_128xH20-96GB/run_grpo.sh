@@ -3,9 +3,9 @@
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
 # Actor:     TP1 PP16 VPP1 CP1 EP1 ETP8 DP8, micro-batch 2, recompute full, offload optimizer, stages 3/../2 layers
-# Reference: the actor's parallel sizes, param offload yes
-# Rollout:   vLLM TP8 DP16 EP128 (1 replica(s) of 128 GPUs), gpu_memory_utilization 0.50
-# Predicted: peak 86.08 GiB of 95.6 GiB (90%) in generate; step 881.4 s, 70 tokens/s/GPU
+# Reference: the actor's parallel sizes, param offload no
+# Rollout:   vLLM TP4 DP32 EP128 (1 replica(s) of 128 GPUs), gpu_memory_utilization 0.40
+# Predicted: peak 88.76 GiB of 95.6 GiB (93%) in generate; step 924.2 s, 66 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -66,13 +66,13 @@ python3 -m verl.trainer.main_ppo \
     +actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=3 \
     +actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage=2 \
     +actor_rollout_ref.actor.megatron.override_transformer_config.add_bias_linear=False \
-    actor_rollout_ref.ref.megatron.param_offload=True \
+    actor_rollout_ref.ref.megatron.param_offload=False \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2 \
     actor_rollout_ref.rollout.name=vllm \
-    actor_rollout_ref.rollout.tensor_model_parallel_size=8 \
-    actor_rollout_ref.rollout.data_parallel_size=16 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
+    actor_rollout_ref.rollout.data_parallel_size=32 \
     actor_rollout_ref.rollout.expert_parallel_size=128 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=1024 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \

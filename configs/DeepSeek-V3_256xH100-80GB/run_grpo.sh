@@ -4,8 +4,8 @@
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
 # Actor:     TP2 PP16 VPP1 CP2 EP16 ETP1 DP4, micro-batch 1, recompute none, offload optimizer, stages 3/../2 layers
 # Reference: the actor's parallel sizes, param offload yes
-# Rollout:   vLLM TP4 DP64 EP256 (1 replica(s) of 256 GPUs), gpu_memory_utilization 0.35
-# Predicted: peak 70.29 GiB of 79.6 GiB (88%) in update_actor; step 126.9 s, 242 tokens/s/GPU
+# Rollout:   vLLM TP2 DP128 EP256 (1 replica(s) of 256 GPUs), gpu_memory_utilization 0.40
+# Predicted: peak 70.29 GiB of 79.6 GiB (88%) in update_actor; step 137.0 s, 224 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -65,10 +65,10 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.ref.megatron.param_offload=True \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1 \
     actor_rollout_ref.rollout.name=vllm \
-    actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
-    actor_rollout_ref.rollout.data_parallel_size=64 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+    actor_rollout_ref.rollout.data_parallel_size=128 \
     actor_rollout_ref.rollout.expert_parallel_size=256 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.35 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=1024 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 \

@@ -5,7 +5,7 @@
 # Actor:     TP1 PP8 VPP1 CP1 EP8 ETP1 DP8, micro-batch 1, recompute full, offload optimizer, stages 11/../11 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP1 DP64 EP64 (1 replica(s) of 64 GPUs), gpu_memory_utilization 0.55
-# Predicted: peak 71.85 GiB of 79.6 GiB (90%) in generate; step 197.6 s, 622 tokens/s/GPU
+# Predicted: peak 71.85 GiB of 79.6 GiB (90%) in generate; step 211.6 s, 581 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

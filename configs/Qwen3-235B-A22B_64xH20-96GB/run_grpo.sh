@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-235B-A22B on 64 x H20-96GB (8 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP4 PP4 VPP1 CP1 EP16 ETP1 DP4, micro-batch 2, recompute selective, offload optimizer, stages 23/../23 layers
+# Actor:     TP4 PP4 VPP1 CP1 EP16 ETP1 DP4, micro-batch 2, recompute selective, offload param+optimizer, stages 23/../23 layers
 # Reference: the actor's parallel sizes, param offload yes
-# Rollout:   vLLM TP8 DP8 EP64 (1 replica(s) of 64 GPUs), gpu_memory_utilization 0.65
-# Predicted: peak 87.03 GiB of 95.6 GiB (91%) in update_actor; step 743.8 s, 165 tokens/s/GPU
+# Rollout:   vLLM TP8 DP1 EP1 (8 replica(s) of 8 GPUs), gpu_memory_utilization 0.90
+# Predicted: peak 87.61 GiB of 95.6 GiB (92%) in generate; step 745.6 s, 165 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -58,7 +58,7 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
     actor_rollout_ref.actor.megatron.sequence_parallel=True \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
-    actor_rollout_ref.actor.megatron.param_offload=False \
+    actor_rollout_ref.actor.megatron.param_offload=True \
     actor_rollout_ref.actor.megatron.optimizer_offload=True \
     actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=selective \
     'actor_rollout_ref.actor.megatron.override_transformer_config.recompute_modules=[core_attn,layernorm,moe_act]' \
@@ -69,9 +69,9 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2 \
     actor_rollout_ref.rollout.name=vllm \
     actor_rollout_ref.rollout.tensor_model_parallel_size=8 \
-    actor_rollout_ref.rollout.data_parallel_size=8 \
-    actor_rollout_ref.rollout.expert_parallel_size=64 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.65 \
+    actor_rollout_ref.rollout.data_parallel_size=1 \
+    actor_rollout_ref.rollout.expert_parallel_size=1 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.9 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=1024 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \

@@ -5,7 +5,7 @@
 # Actor:     TP1 PP2 VPP1 CP1 EP8 ETP1 DP8, micro-batch 2, recompute none, offload optimizer, stages 24/../24 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP1 DP8 EP8 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.70
-# Predicted: peak 71.77 GiB of 79.6 GiB (90%) in generate; step 106.3 s, 4623 tokens/s/GPU
+# Predicted: peak 71.77 GiB of 79.6 GiB (90%) in generate; step 107.7 s, 4565 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
