@@ -239,11 +239,11 @@ def violations(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
             for rule in rules}
 
 
-def first_violation(broken: dict[str, np.ndarray]) -> np.ndarray:
-    """Index into :data:`RULES` of the first broken rule per layout, -1 where none is."""
-    stack = np.stack([broken[name] for name in RULE_NAMES])
-    any_broken = stack.any(axis=0)
-    return np.where(any_broken, stack.argmax(axis=0), -1)
+def first_violation(broken: dict[str, np.ndarray], order: list[str] | tuple[str, ...] = RULE_NAMES
+                    ) -> np.ndarray:
+    """Index into ``order`` of the first rule each layout breaks, -1 where it breaks none."""
+    stack = np.stack([broken[name] for name in order])
+    return np.where(stack.any(axis=0), stack.argmax(axis=0), -1)
 
 
 def explain(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,

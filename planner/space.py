@@ -29,7 +29,7 @@ from planner.hardware import ClusterSpec
 from planner.layout import RECOMPUTE, Columns
 from planner.memory import actor_memory, rollout_memory
 from planner.models import ModelSpec
-from planner.rules import RULES, violations
+from planner.rules import RULES, first_violation, violations
 from planner.workload import GrpoWorkload
 
 PARALLEL_RULES = ("world_size", "tp_divides_heads", "tp_divides_query_groups", "tp_divides_ffn",
@@ -92,17 +92,12 @@ def _count(rejected: dict[str, int], names: tuple[str, ...], broken: dict[str, n
     rules = tuple(rule for rule in RULES if rule.name in names)
     stack = {rule.name: broken[rule.name] for rule in rules}
     order = [rule.name for rule in rules]
-    first = first_violation_of(stack, order)
+    first = first_violation(stack, order)
     for index, name in enumerate(order):
         count = int((first == index).sum())
         if count:
             rejected[name] = rejected.get(name, 0) + count * weight
     return first < 0
-
-
-def first_violation_of(broken: dict[str, np.ndarray], order: list[str]) -> np.ndarray:
-    stack = np.stack([broken[name] for name in order])
-    return np.where(stack.any(axis=0), stack.argmax(axis=0), -1)
 
 
 def parallel_options(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions) -> Columns:

@@ -142,12 +142,18 @@ def test_plan_marks_unwise_layouts_and_ranks_them_lower():
     across = frame[frame["flag_tp_across_nodes"]]
     assert len(across) > 0 and (across["tp"] > 8).all()
     fitting = frame[frame["fits"]]
-    assert fitting["unwise_count"].is_monotonic_increasing or \
-        fitting.iloc[0]["unwise_count"] == fitting["unwise_count"].min()
+    # TP across nodes is priced by the network: the best such layout is slower than the best
+    # layout keeping TP inside a node, and ranks below it
+    inside = fitting[~fitting["flag_tp_across_nodes"]]
+    outside = fitting[fitting["flag_tp_across_nodes"]]
+    assert len(outside) > 0
+    assert outside["step_time_s"].min() > inside["step_time_s"].min()
+    assert outside["rank"].min() > inside["rank"].min()
 
 
 def test_deepseek_v3_on_1024_gpus_produces_a_plan():
     plan = make_plan(resolve_model("deepseek-v3"), cluster(1024), GrpoWorkload())
     assert plan.candidates["fits"].any()
     best = plan.candidates.iloc[0]
-    assert best["fits"] and best["ep"] > 1 or best["pp"] > 1
+    assert best["fits"]
+    assert best["ep"] > 1 or best["pp"] > 1  # 671B parameters never fit without them
