@@ -1,6 +1,6 @@
 """How well the step-time model predicts published Megatron training throughput.
 
-    python benchmarks/accuracy.py [--calibration planner/data/calibration.json]
+    python benchmarks/accuracy.py [--calibration planner/cost/calibration.json]
 
 For ``../shared/reference/calibration_layouts.csv`` (FP4 rows excluded) it prints, for the
 calibrated model and for a constant-MFU baseline (``6 * N_active * tokens`` at one fitted MFU):
@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from calibrate import fit, predict  # noqa: E402
 from calibration_data import CalibrationCase, load_cases  # noqa: E402
-
 
 
 def model_predictions(cases: list[CalibrationCase], calibration: dict) -> np.ndarray:
@@ -168,7 +167,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calibration", type=Path,
-                        default=Path(__file__).resolve().parents[1] / "planner" / "data"
+                        default=Path(__file__).resolve().parents[1] / "planner" / "cost"
                         / "calibration.json")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()

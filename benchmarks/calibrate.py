@@ -1,9 +1,9 @@
 """Fit the step-time model's efficiency constants to published Megatron measurements.
 
-    python benchmarks/calibrate.py [--write planner/data/calibration.json] [--exclude-source S]
+    python benchmarks/calibrate.py [--write planner/cost/calibration.json] [--exclude-source S]
 
 Reads ``../shared/reference/calibration_layouts.csv`` through ``calibration_data.py`` (FP4 rows
-excluded: the planner has no FP4) and fits with :func:`planner.calibration.fit`: one GEMM
+excluded: the planner has no FP4) and fits with :func:`planner.cost.calibration.fit`: one GEMM
 efficiency per GPU type and precision family plus a few shared constants, least squares in log
 space with weak physical priors.  GPU types without measurements take the constants of the
 closest measured part (same architecture), recorded as ``"donor"`` in the file.
@@ -25,7 +25,7 @@ from calibration_data import CalibrationCase, load_cases  # noqa: E402
 from planner import calibration  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-OUTPUT = REPO / "planner" / "data" / "calibration.json"
+OUTPUT = REPO / "planner" / "cost" / "calibration.json"
 SOURCE = "benchmarks/calibrate.py on shared/reference/calibration_layouts.csv"
 
 

@@ -20,7 +20,7 @@ Assumptions, all recorded per case in ``notes``:
   throughput (TFLOP/s per GPU, the paper's Eq. 3 count) is turned into tokens/s exactly by that
   same equation (see :func:`_narayanan_tokens_per_s`).
 * NVFP4 rows are left out unless ``include_fp4``; the planner has no FP4 precision, so they then
-  carry ``precision="fp4"`` if :data:`planner.workload.PRECISIONS` has it, else ``"fp8"``.
+  carry ``precision="fp4"`` if :data:`planner.catalog.workload.PRECISIONS` has it, else ``"fp8"``.
 """
 
 from __future__ import annotations
@@ -36,23 +36,26 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.hardware import ClusterSpec, get_gpu
-from planner.layout import Layout
-from planner.models import ModelSpec, resolve_model, spec_from_hf_config
-from planner.rules import pipeline_split
-from planner.workload import PRECISIONS, PretrainWorkload
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.models import ModelSpec, resolve_model, spec_from_hf_config
+from planner.catalog.workload import PRECISIONS, PretrainWorkload
+from planner.search.layout import Layout
+from planner.search.rules import pipeline_split
 
 REFERENCE_DIR_ENV = "PLAN_PARALLEL_REFERENCE_DIR"
 CSV_NAME = "calibration_layouts.csv"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def default_path() -> Path:
-    """``$PLAN_PARALLEL_REFERENCE_DIR/calibration_layouts.csv``, else
-    ``<repo>/../shared/reference/calibration_layouts.csv``."""
+DATA_DIR = REPO_ROOT / "benchmarks" / "data"  # the in-repo copy of the published reference data
+
+
+def default_path(name: str = CSV_NAME) -> Path:
+    """``$PLAN_PARALLEL_REFERENCE_DIR/<name>``, else the repository's copy
+    ``benchmarks/data/<name>`` (copied unchanged from the shared reference data; see
+    ``benchmarks/data/SOURCES.md``), so a clean clone runs everything."""
     env = os.environ.get(REFERENCE_DIR_ENV)
-    base = Path(env).expanduser() if env else REPO_ROOT.parent / "shared" / "reference"
-    return base / CSV_NAME
+    return (Path(env).expanduser() if env else DATA_DIR) / name
 
 
 DEFAULT_PATH = default_path()  # as resolved at import; load_cases() re-reads the env var

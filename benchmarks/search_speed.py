@@ -12,10 +12,10 @@ import argparse
 import statistics
 import time
 
-from planner.hardware import ClusterSpec, get_gpu
-from planner.models import resolve_model
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
 from planner.plan import make_plan
-from planner.workload import GrpoWorkload
 
 CASES = (("qwen3-30b", 16), ("qwen2.5-7b", 8), ("llama3.1-70b", 64), ("deepseek-v3", 256),
          ("deepseek-v3", 1024))

@@ -3,10 +3,17 @@
 The planning path (catalogs -> search space -> cost model -> ranking) imports numpy and, for
 tables, pandas; never torch, verl or optuna.  Public entry points::
 
-    from planner.models import resolve_model
-    from planner.hardware import ClusterSpec, get_gpu
-    from planner.workload import GrpoWorkload
+    from planner.catalog.models import resolve_model
+    from planner.catalog.hardware import ClusterSpec, get_gpu
+    from planner.catalog.workload import GrpoWorkload
     from planner.plan import make_plan, estimate_layout
+
+Layers (each imports only from those before it; ``tests/test_import_graph.py`` checks it):
+base modules (``errors``, ``units``, ``phases``, ``policy``, ``extras``, ``versions``) ->
+``catalog`` -> ``search`` -> ``cost`` -> ``plan`` -> ``verl`` -> ``trials`` (a sibling
+package) -> ``report`` -> ``diagnose`` -> ``cli``.
 """
 
-__version__ = "0.1.0"
+from planner.versions import planner_version
+
+__version__ = planner_version()

@@ -1,34 +1,59 @@
 """From a model, a cluster and a workload to a ranked table of layouts.
 
-This is the one place the pieces meet: search space -> cost model -> ranking.  It returns
-plain data (:class:`Plan`, a pandas DataFrame of candidates plus counts); formatting for people
-lives in :mod:`planner.report` and exit codes in :mod:`planner.cli`.
+This is the one place the pieces meet: search space -> cost model -> ranking.  The search space
+(:mod:`planner.search.space`) yields every valid actor layout and every valid rollout option;
+here each actor layout gets the rollout option that fits beside it and generates fastest, the
+cost model scores the result, and the layouts are ranked.  It returns plain data (:class:`Plan`,
+a pandas DataFrame of candidates plus counts); rendering lives in :mod:`planner.report` and exit
+codes in :mod:`planner.cli`.
+
+Ranking (:func:`rank_order`), with the time model (``step_time_s`` present, the normal case):
+
+1. layouts that fit before those that do not;
+2. layouts whose training phases stay below the memory policy's tight level (``memory_tight``)
+   before those that do not: the fixed overheads are estimates and responses vary in length;
+3. predicted step time (equivalently tokens/s/GPU) -- the other unwise choices (TP across
+   nodes, starved pipelines, CP on short sequences) are priced into it;
+4. lower peak memory (more headroom) breaks ties.
+
+Without a step-time column (memory-only scoring) a memory-headroom rule stands in for 3:
+fewer unwise flags, less recompute and offload, less model parallelism, larger micro-batches.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Mapping, Union
 
 import numpy as np
 
+from planner.catalog.hardware import ClusterSpec
+from planner.catalog.models import ModelSpec
+from planner.catalog.workload import GrpoWorkload, PretrainWorkload
+from planner.cost.columns import (
+    BREAKDOWN_PARTS,
+    flag_column,
+    memory_column,
+    part_column,
+    time_column,
+)
+from planner.cost.efficiency import Efficiency, load_efficiency
+from planner.cost.memory import STAGES, actor_memory, estimate_memory, rollout_memory
+from planner.cost.timing import generate_s, grpo_step, pretrain_step
 from planner.errors import InvalidLayoutError
-from planner.hardware import GIB, ClusterSpec
-from planner.layout import LAYOUT_FIELDS, RECOMPUTE, Columns, Layout
-from planner.memory import PHASES, estimate_memory
-from planner.models import ModelSpec
-from planner.ranking import rank_order
-from planner.rules import UNWISE_FLAGS, explain, pipeline_split, unwise_flags
-from planner.space import SearchOptions, build_space
-from planner.timing import TIME_PHASES, grpo_step, load_efficiency, pretrain_step
-from planner.workload import GrpoWorkload, PretrainWorkload
+from planner.phases import PHASES, TRAINING_PHASES
+from planner.policy import DEFAULT_POLICY, MemoryPolicy
+from planner.search.layout import RECOMPUTE, Columns, Layout
+from planner.search.rules import UNWISE_FLAGS, explain, pipeline_split, unwise_flags
+from planner.search.space import SearchOptions, build_space
+from planner.units import GIB
 
 Workload = Union[GrpoWorkload, PretrainWorkload]
 
 if TYPE_CHECKING:
     import pandas as pd
 
-PLANNER_VERSION = "0.1.0"
+ROLLOUT_FIELDS = ("rollout_tp", "rollout_dp", "rollout_ep")
 
 
 @dataclass
@@ -40,27 +65,73 @@ class Plan:
     enumerated: int
     valid: int
     rejected: dict[str, int] = field(default_factory=dict)
+    policy: MemoryPolicy = DEFAULT_POLICY
 
     @property
     def fitting(self) -> "pd.DataFrame":
         return self.candidates[self.candidates["fits"]]
 
 
+def choose_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                   actor: Columns, rollouts: Columns, utilization: float | None,
+                   efficiency: Efficiency | None = None) -> tuple[Columns, dict]:
+    """Give each actor layout the rollout option that fits beside it and generates fastest
+    (predicted by :func:`planner.cost.timing.generate_s`; without an efficiency, the fewest
+    waves).  Returns the actor columns with the chosen rollout, and the actor memory.
+
+    The choice depends on the actor only through the memory it keeps resident during rollout,
+    so it is made once per distinct resident size (micro-batch and recompute do not change it).
+    """
+    memory = actor_memory(model, cluster, workload, actor)
+    resident, inverse = np.unique(np.max(memory["phases"]["generate"], axis=0),
+                                  return_inverse=True)
+    n = len(resident)
+    best_key = np.full(n, np.inf)
+    chosen = {name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS}
+    chosen["gpu_memory_utilization"] = np.full(n, 0.5)
+    for i in range(len(rollouts["rollout_tp"])):
+        option = {name: np.full(n, values[i]) for name, values in rollouts.items()}
+        fixed_util = None if utilization is None else np.full(n, utilization)
+        result = rollout_memory(model, cluster, workload, option, resident, fixed_util)
+        replica = option["rollout_tp"] * option["rollout_dp"]
+        if efficiency is not None:
+            # fits first, then the predicted generation time.  It depends on the resident
+            # memory only through the picked utilization (a few 0.05 steps): time each once.
+            utils, back = np.unique(result["gpu_memory_utilization"], return_inverse=True)
+            few = {name: values[:len(utils)] for name, values in option.items()}
+            at_utils = rollout_memory(model, cluster, workload, few, np.zeros(len(utils)), utils)
+            seconds = generate_s(model, cluster, workload, few, efficiency,
+                                 at_utils)["total_s"][back]
+            key = np.where(result["rollout_fits"], 0, 1e12) + np.minimum(seconds, 1e11)
+        else:
+            # fits first, then fewest waves, then the smallest replica
+            key = (np.where(result["rollout_fits"], 0, 1e12)
+                   + np.minimum(result["rollout_waves"], 1e6) * 1e4 + replica)
+        better = key < best_key
+        best_key = np.where(better, key, best_key)
+        for name in ROLLOUT_FIELDS:
+            chosen[name] = np.where(better, option[name], chosen[name])
+        chosen["gpu_memory_utilization"] = np.where(better, result["gpu_memory_utilization"],
+                                                    chosen["gpu_memory_utilization"])
+    return {**actor, **{name: values[inverse] for name, values in chosen.items()}}, memory
+
+
 def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                   cols: Columns, pick_utilization: bool, calibration: dict | None = None,
-                  actor_memory: dict | None = None) -> Columns:
+                  actor: dict | None = None, policy: MemoryPolicy = DEFAULT_POLICY) -> Columns:
     """Cost-model columns (memory, time, flags) for layouts that obey every rule.
 
     ``first_stage_layers``/``last_stage_layers`` stay as given (0: automatic split) while
-    scoring; :func:`resolve_stage_split` fills in the split for output.
+    scoring; :func:`resolve_stage_split` fills in the split for output.  ``actor``: the
+    :func:`planner.cost.memory.actor_memory` of these rows, when already computed.
     """
     memory = estimate_memory(model, cluster, workload, cols, pick_utilization=pick_utilization,
-                             actor=actor_memory)
-    training_peak = np.max([memory[f"mem_{phase}_bytes"] for phase in
-                            ("update_actor", "old_log_prob", "ref", "weight_sync")
+                             actor=actor)
+    training_peak = np.max([memory[memory_column(phase)] for phase in TRAINING_PHASES
                             if phase in workload.phases], axis=0)
     flags = unwise_flags(model, cluster, workload,
-                         {**cols, "train_peak_fraction": training_peak / cluster.gpu.memory_bytes})
+                         {**cols, "train_peak_fraction": training_peak / cluster.gpu.memory_bytes},
+                         policy)
     out = {**cols, **memory}
     efficiency = load_efficiency(cluster.gpu, workload.precision, calibration)
     if workload.kind == "pretrain":
@@ -68,9 +139,25 @@ def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     else:
         out.update(grpo_step(model, cluster, workload, out, memory, efficiency))
     for name in UNWISE_FLAGS:
-        out[f"flag_{name}"] = flags[name]
+        out[flag_column(name)] = flags[name]
     out["unwise_count"] = np.sum([flags[name] for name in UNWISE_FLAGS], axis=0)
     return out
+
+
+def rank_order(cols: Columns) -> np.ndarray:
+    """Indices that sort layouts best first (a stable lexicographic sort; see the module
+    docstring)."""
+    not_fit = ~cols["fits"].astype(bool)
+    if "step_time_s" in cols:
+        keys = [not_fit, cols[flag_column("memory_tight")].astype(bool), cols["step_time_s"],
+                cols["peak_bytes"]]
+    else:
+        offloads = (cols["param_offload"].astype(int) + cols["optimizer_offload"].astype(int)
+                    + cols["ref_param_offload"].astype(int))
+        keys = [not_fit, cols["unwise_count"], cols["recompute"], offloads,
+                cols["tp"] * cols["pp"] * cols["cp"], cols["ep"] * cols["etp"],
+                -cols["micro_batch"], cols["peak_bytes"]]
+    return np.lexsort(keys[::-1])
 
 
 def resolve_stage_split(model: ModelSpec, cols: Columns) -> Columns:
@@ -89,10 +176,8 @@ def _frame(cols: Columns) -> "pd.DataFrame":
     frame["peak_phase"] = pd.Categorical.from_codes(frame["peak_phase"].astype(int), PHASES)
     if "dominant_phase" in frame:
         frame["dominant_phase"] = pd.Categorical.from_codes(
-            frame["dominant_phase"].astype(int), TIME_PHASES)
+            frame["dominant_phase"].astype(int), PHASES)
     frame["peak_memory_gib"] = frame["peak_bytes"] / GIB
-    for phase in PHASES:
-        frame[f"mem_{phase}_gib"] = frame[f"mem_{phase}_bytes"] / GIB
     return frame
 
 
@@ -101,24 +186,27 @@ def search_options_for(workload: Workload, options: SearchOptions) -> SearchOpti
     if workload.kind != "pretrain":
         return options
     return replace(options, offload=(False,), ref_param_offload=(False,),
-                   fixed=options.fixed + (("rollout_tp", 1), ("rollout_dp", 1),
-                                          ("rollout_ep", 1)))
+                   fixed=options.fixed + tuple((name, 1) for name in ROLLOUT_FIELDS))
 
 
 def make_plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-              options: SearchOptions = SearchOptions(), calibration: dict | None = None) -> Plan:
+              options: SearchOptions = SearchOptions(), calibration: dict | None = None,
+              policy: MemoryPolicy = DEFAULT_POLICY) -> Plan:
     options = search_options_for(workload, options)
     efficiency = load_efficiency(cluster.gpu, workload.precision, calibration)
-    space = build_space(model, cluster, workload, options, efficiency)
-    scored = score_columns(model, cluster, workload, space.columns,
+    space = build_space(model, cluster, workload, options)
+    actor, memory = choose_rollout(model, cluster, workload, space.columns, space.rollouts,
+                                   options.gpu_memory_utilization, efficiency)
+    scored = score_columns(model, cluster, workload, actor,
                            pick_utilization=options.gpu_memory_utilization is None,
-                           calibration=calibration, actor_memory=space.actor_memory)
+                           calibration=calibration, actor=memory, policy=policy)
     order = rank_order(scored)
     ranked = {name: values[order] for name, values in scored.items()}
     ranked["rank"] = np.arange(1, len(order) + 1)
     frame = _frame(resolve_stage_split(model, ranked))
     return Plan(model=model, cluster=cluster, workload=workload, candidates=frame,
-                enumerated=space.enumerated, valid=space.valid, rejected=space.rejected)
+                enumerated=space.enumerated, valid=space.valid, rejected=space.rejected,
+                policy=policy)
 
 
 @dataclass
@@ -132,17 +220,64 @@ class Estimate:
 
 def estimate_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                     layout: Layout, pick_utilization: bool = False,
-                    calibration: dict | None = None) -> Estimate:
+                    calibration: dict | None = None,
+                    policy: MemoryPolicy = DEFAULT_POLICY) -> Estimate:
     """Score one layout; raises :class:`InvalidLayoutError` listing every broken rule."""
     broken = explain(model, cluster, workload, layout.to_dict())
     if broken:
         raise InvalidLayoutError(broken)
     scored = resolve_stage_split(model, score_columns(model, cluster, workload,
                                                       layout.to_columns(), pick_utilization,
-                                                      calibration))
+                                                      calibration, policy=policy))
     row = {name: values[0].item() if hasattr(values[0], "item") else values[0]
            for name, values in scored.items()}
-    values = {name: row[name] for name in LAYOUT_FIELDS}
-    values["recompute"] = RECOMPUTE[int(values["recompute"])]
     return Estimate(model=model, cluster=cluster, workload=workload,
-                    layout=Layout(**values), row=row)
+                    layout=Layout.from_row(row), row=row)
+
+
+def _plain(value: Any) -> Any:
+    """numpy/pandas scalars to JSON-ready Python values."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float):
+        return round(value, 4)
+    return value
+
+
+def candidate_dict(row: Mapping[str, Any]) -> dict:
+    """One scored layout as the JSON contract of ``plan --format json`` (``candidates[i]``),
+    ``estimate`` and ``plan.json``."""
+    layout = Layout.from_row(row).to_dict()
+    peak_phase = row["peak_phase"]
+    out = {
+        "layout": layout,
+        "fits": bool(row["fits"]),
+        "peak_memory_gib": round(float(row["peak_bytes"]) / GIB, 2),
+        "peak_phase": peak_phase if isinstance(peak_phase, str) else PHASES[int(peak_phase)],
+        "peak_stage": STAGES[int(row["peak_stage"])],
+        "memory_utilization": round(float(row["memory_utilization"]), 4),
+        "memory_gib": {phase: round(float(row[memory_column(phase)]) / GIB, 2)
+                       for phase in PHASES},
+        "breakdown_gib": {part: round(float(row[part_column(part)]) / GIB, 2)
+                          for part in BREAKDOWN_PARTS},
+        "rollout": {"kv_cache_tokens_per_gpu": int(row["kv_cache_tokens_per_gpu"]),
+                    "concurrent_seqs": int(row["rollout_concurrent_seqs"]),
+                    "seqs_per_rank": int(row["rollout_seqs_per_rank"]),
+                    "fits": bool(row["rollout_fits"])},
+        "flags": [name for name in UNWISE_FLAGS if bool(row[flag_column(name)])],
+    }
+    if "rank" in row:
+        out = {"rank": int(row["rank"]), **out}
+    if "step_time_s" in row:
+        out["step_time_s"] = round(float(row["step_time_s"]), 3)
+        if "time_generate_s" in row:
+            out["time_s"] = {phase: round(float(row[time_column(phase)]), 3)
+                             for phase in PHASES}
+            dominant = row["dominant_phase"]
+            out["dominant_phase"] = (dominant if isinstance(dominant, str)
+                                     else PHASES[int(dominant)])
+        else:
+            out["tflops_per_gpu"] = round(float(row["tflops_per_gpu"]), 1)
+        out["tokens_per_s_per_gpu"] = round(float(row["tokens_per_s_per_gpu"]), 1)
+        out["mfu"] = round(float(row["mfu"]), 4)
+    return out

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 
 
 def run(capsys, *argv):
@@ -77,13 +77,13 @@ def test_estimate_invalid_layout_exits_1_with_the_rule(capsys):
 
 @pytest.mark.parametrize("argv,needle", [
     (["--model", "qwen9", "--gpus", "8"], "unknown model 'qwen9'"),
-    (["--model", "qwen3-8b", "--gpus", "0", "--gpu-type", "h100"], "--gpus must be"),
+    (["--model", "qwen3-8b", "--gpus", "0", "--gpu-type", "h100"], "--gpus: '0' is outside 1.."),
     (["--model", "qwen3-8b", "--gpus", "12", "--gpu-type", "h100"], "multiple of --gpus-per-node"),
     (["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h300"], "unknown GPU type 'h300'"),
     (["--model", "qwen3-8b", "--gpus", "8", "--top", "0", "--gpu-type", "h100"], "--top"),
     (["--model", "qwen3-8b", "--gpus", "8", "--no-offload", "--param-offload",
       "--gpu-type", "h100"], "contradicts"),
-    (["--model", "qwen3-8b", "--gpus", "eight"], "invalid int value"),
+    (["--model", "qwen3-8b", "--gpus", "eight"], "'eight' is not an integer"),
     (["--model", "qwen3-8b", "--gpus", "8", "--format", "xml"], "invalid choice"),
     (["estimate", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100",
       "--recompute", "some"], "invalid choice"),
@@ -131,13 +131,13 @@ def test_models_and_gpus_listings(capsys):
 
 @pytest.mark.parametrize("argv,needle", [
     (["estimate", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--tp", "0"],
-     "--tp must be a positive integer, got 0"),
+     "--tp: '0' is outside 1.."),
     (["estimate", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100",
-      "--gpu-memory-utilization", "0"], "--gpu-memory-utilization 0.0 is outside"),
+      "--gpu-memory-utilization", "0"], "--gpu-memory-utilization: '0' is outside 0.05..0.99"),
     (["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--gpu-memory-utilization",
-      "5"], "--gpu-memory-utilization 5.0 is outside"),
+      "5"], "--gpu-memory-utilization: '5' is outside 0.05..0.99"),
     (["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--gpus-per-node", "0"],
-     "--gpus-per-node must be a positive integer"),
+     "--gpus-per-node: '0' is outside 1.."),
 ])
 def test_zero_and_out_of_range_values_are_refused(capsys, argv, needle):
     assert main(argv) == 2
@@ -163,7 +163,8 @@ def test_bad_calibration_values(tmp_path, capsys, content):
 
 
 def test_closest_layout_is_the_smallest_when_nothing_fits(capsys):
-    assert main(["--model", "llama3.1-405b", "--gpus", "64", "--gpu-type", "h100"]) == 0
+    # "no layout fits" is a "no" answer: exit 1, as for every command
+    assert main(["--model", "llama3.1-405b", "--gpus", "64", "--gpu-type", "h100"]) == 1
     out = capsys.readouterr().out
     assert "no layout fits" in out
     closest = float(out.split("closest: ")[1].split(" GiB")[0])

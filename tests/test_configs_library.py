@@ -1,14 +1,13 @@
 """configs/: the committed recommended configs are what the current planner produces, the index
 lists them with their predictions, and every one passes `plan-parallel validate`."""
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from planner.library import ENTRIES, INDEX_FILE, differences, main, render_library
-from planner.validate import dry_run
+from planner.diagnose.validate import JobInput, dry_run
+from planner.verl.library import ENTRIES, INDEX_FILE, differences, main, render_library
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 REQUIRED_MODELS = {"Qwen2.5-7B", "Qwen3-8B", "Qwen3-32B", "Qwen3-30B-A3B", "Qwen3-235B-A22B",
@@ -22,7 +21,7 @@ def rendered():
 
 def test_committed_configs_are_what_the_planner_produces(rendered):
     problems = differences(CONFIGS, rendered)
-    assert problems == [], ("configs/ is stale; run `python -m planner.library`:\n"
+    assert problems == [], ("configs/ is stale; run `python -m planner.verl.library`:\n"
                             + "\n".join(problems))
 
 
@@ -50,7 +49,7 @@ def test_index_lists_every_config_with_its_predictions(rendered):
 
 
 def test_check_mode_reports_a_stale_library(rendered, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("planner.library.render_library", lambda: rendered)
+    monkeypatch.setattr("planner.verl.library.render_library", lambda: rendered)
     assert main(["--out", str(tmp_path), "--check"]) == 1
     assert "missing" in capsys.readouterr().err
     assert main(["--out", str(tmp_path)]) == 0
@@ -62,13 +61,13 @@ def test_check_mode_reports_a_stale_library(rendered, tmp_path, capsys, monkeypa
     assert "out of date" in err and "not in the library" in err
 
 
+@pytest.mark.needs("verl")
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda entry: entry.directory)
 def test_every_config_passes_validate(entry):
     plan = json.loads((CONFIGS / entry.directory / "plan.json").read_text())
     for name in ("run_grpo.sh", "grpo.yaml"):
-        report = dry_run(argparse.Namespace(inputs=[str(CONFIGS / entry.directory / name)],
-                                            set=[], model=None, gpu_type=entry.gpu,
-                                            format="json"))
+        report = dry_run(JobInput(inputs=(str(CONFIGS / entry.directory / name),),
+                                  gpu_type=entry.gpu))
         assert report["would_launch"], report["findings"]
         assert [f for f in report["findings"] if f["level"] == "error"] == []
         assert report["model"] == entry.model

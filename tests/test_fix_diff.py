@@ -2,7 +2,11 @@
 
 import json
 
-from planner.cli import main
+import pytest
+
+from planner.cli.main import main
+
+pytestmark = pytest.mark.needs("verl")
 
 SCRIPT = """set -x
 export CUDA_DEVICE_MAX_CONNECTIONS=1
@@ -73,6 +77,7 @@ def test_diff_rates_risk_and_predicts_both_sides(tmp_path, capsys):
     assert risks["actor_rollout_ref.actor.kl_loss_type"] == "low"
     assert [c["risk"] for c in result["changes"]] == sorted(
         (c["risk"] for c in result["changes"]), key=["high", "medium", "low"].index)
+
     tp = next(c for c in result["changes"] if c["key"].endswith("actor.megatron."
                                                                 "tensor_model_parallel_size"))
     assert "1, 2, 4, 7" not in tp["safe_range"] and "4" in tp["safe_range"]

@@ -5,9 +5,15 @@ import types
 
 import pytest
 
+from planner.catalog.hardware import (
+    GPU_CATALOG,
+    ClusterSpec,
+    detect_local_gpus,
+    get_gpu,
+    gpu_from_detected,
+)
 from planner.errors import PlanInputError
-from planner.hardware import (GIB, GPU_CATALOG, ClusterSpec, detect_local_gpus, get_gpu,
-                              gpu_from_detected)
+from planner.units import GIB
 
 REQUIRED = {"A100-80GB", "H100-80GB", "H800", "H20-96GB", "H200", "B200", "GB200", "GB300",
             "L40S"}

@@ -34,12 +34,12 @@ with warnings.catch_warnings():
     from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-from planner.hardware import ClusterSpec, get_gpu
-from planner.layout import LAYOUT_FIELDS, RECOMPUTE, Layout
-from planner.models import resolve_model
-from planner.rules import RULES, explain, pipeline_split, violations
-from planner.space import SearchOptions, build_space
-from planner.workload import GrpoWorkload
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.search.layout import LAYOUT_FIELDS, RECOMPUTE, Layout
+from planner.search.rules import RULES, explain, pipeline_split, violations
+from planner.search.space import SearchOptions, build_space
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed"),

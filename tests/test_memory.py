@@ -5,13 +5,19 @@ import itertools
 
 import numpy as np
 import pytest
-
 from conftest import cluster
-from planner.layout import Layout
-from planner.memory import (LOGITS_TRAIN_BYTES, PHASES, activation_bytes_per_layer,
-                            estimate_memory, kv_bytes_per_token, static_bytes)
-from planner.models import resolve_model
-from planner.workload import GrpoWorkload
+
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.cost.memory import (
+    LOGITS_TRAIN_BYTES,
+    activation_bytes_per_layer,
+    estimate_memory,
+    kv_bytes_per_token,
+    static_bytes_all,
+)
+from planner.phases import PHASES
+from planner.search.layout import Layout
 
 
 def cols_of(**values):
@@ -67,7 +73,7 @@ def test_static_memory_matches_megatron_formula(name, world):
             if model.is_moe and ep == 1 and etp != tp:
                 continue  # EP = 1: megatron-core treats experts as dense (DP*CP sharding)
             cols = cols_of(tp=tp, pp=pp, ep=ep, etp=etp, dp=world // (tp * pp))
-            weights, grads, optimizer = static_bytes(model, cluster(world), cols, stage=0)
+            weights, grads, optimizer = static_bytes_all(model, cluster(world), cols)[0]
             ours = float((weights + grads + optimizer)[0])
             theirs = megatron_weight_and_optimizer_bytes(model, tp, pp, ep, etp, world)
             assert ours == pytest.approx(theirs, rel=1e-4), (tp, pp, ep, etp)
@@ -78,15 +84,15 @@ def test_static_memory_matches_megatron_formula(name, world):
 def test_without_distributed_optimizer_is_18_bytes_per_param():
     model = resolve_model("qwen2.5-7b")
     cols = cols_of(tp=1, pp=1, dp=8, distributed_optimizer=False)
-    weights, grads, optimizer = static_bytes(model, cluster(8), cols, stage=0)
+    weights, grads, optimizer = static_bytes_all(model, cluster(8), cols)[0]
     assert float((weights + grads + optimizer)[0]) == 18 * model.params.total
 
 
 def test_context_parallel_shards_optimizer_over_dp_times_cp():
     """megatron-core shards dense optimizer state over DP*CP (Megatron-LM's formula uses DP)."""
     model = resolve_model("qwen2.5-7b")
-    _, _, opt_cp = static_bytes(model, cluster(8), cols_of(cp=2, dp=4), stage=0)
-    _, _, opt_dp = static_bytes(model, cluster(8), cols_of(cp=1, dp=8), stage=0)
+    _, _, opt_cp = static_bytes_all(model, cluster(8), cols_of(cp=2, dp=4))[0]
+    _, _, opt_dp = static_bytes_all(model, cluster(8), cols_of(cp=1, dp=8))[0]
     assert float(opt_cp[0]) == pytest.approx(float(opt_dp[0]))
 
 
@@ -144,7 +150,7 @@ def test_first_stage_in_flight_activations_match_megatron(pp, vpp):
     expected = per_layer * model.num_layers * penalty + input_ids
     first_stage = out["train_activations_bytes"][0] if out["peak_stage"][0] == 0 else None
     if first_stage is None:  # the peak sits on the last stage; recompute the first
-        from planner.memory import actor_memory
+        from planner.cost.memory import actor_memory
         first_stage = actor_memory(model, cluster(world), workload, cols)["stages"][0][
             "train_activations"][0]
     assert float(first_stage) == pytest.approx(expected)
@@ -154,7 +160,7 @@ def test_rl_logits_buffer_on_last_stage():
     model = resolve_model("qwen2.5-7b")
     workload = GrpoWorkload()
     cols = cols_of(tp=4, pp=2, dp=1, micro_batch=2)
-    from planner.memory import actor_memory
+    from planner.cost.memory import actor_memory
     stages = actor_memory(model, cluster(8), workload, cols)["stages"]
     tokens = 2 * workload.sequence_length
     assert float(stages[0]["train_logits"][0]) == 0
@@ -176,8 +182,8 @@ def test_kv_cache_per_token():
 
 def _static(model, world, **layout):
     cols = cols_of(**layout)
-    return max(float(sum(static_bytes(model, cluster(world), cols, stage)[i][0]
-                         for i in range(3))) for stage in range(4))
+    return max(float(sum(parts[i][0] for i in range(3)))
+               for parts in static_bytes_all(model, cluster(world), cols))
 
 
 @pytest.mark.parametrize("name,world", [("qwen2.5-7b", 8), ("llama3.1-70b", 64),
@@ -256,7 +262,7 @@ def test_middle_pipeline_ranks_are_checked():
     workload = GrpoWorkload()
     cols = cols_of(tp=1, pp=16, ep=16, dp=16, micro_batch=1, rollout_tp=2, rollout_dp=64,
                    rollout_ep=128, gpu_memory_utilization=0.3)
-    from planner.memory import STAGES, actor_memory
+    from planner.cost.memory import STAGES, actor_memory
 
     update = actor_memory(model, cluster(256), workload, cols)["phases"]["update_actor"]
     per_stage = dict(zip(STAGES, (float(u[0]) for u in update)))

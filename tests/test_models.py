@@ -4,9 +4,14 @@ import json
 
 import pytest
 
+from planner.catalog.models import (
+    builtin_config_dict,
+    builtin_model,
+    catalog_names,
+    param_counts,
+    resolve_model,
+)
 from planner.errors import PlanInputError
-from planner.models import (builtin_config_dict, builtin_model, catalog_names, param_counts,
-                            resolve_model)
 
 REQUIRED = {"Qwen2-7B", "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-3B", "Qwen2.5-7B",
             "Qwen2.5-14B", "Qwen2.5-32B", "Qwen2.5-72B", "Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B",
@@ -61,9 +66,16 @@ def test_local_config_json_is_read_with_transformers(tmp_path):
 
 @pytest.mark.parametrize("content,needle", [
     ("{not json", "cannot read"),
-    (json.dumps({"model_type": "no-such-arch", "hidden_size": 8}), "transformers cannot read"),
+    pytest.param(json.dumps({"model_type": "no-such-arch", "hidden_size": 8,
+                             "num_attention_heads": 2, "num_hidden_layers": 2,
+                             "vocab_size": 10}), "transformers cannot read",
+                 marks=pytest.mark.needs("verl")),
     (json.dumps([1, 2]), "not a JSON object"),
-    (json.dumps({"hidden_size": 8}), "no model_type"),
+    (json.dumps({"hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 2,
+                 "vocab_size": 10}), "no model_type"),
+    # a missing size is an error naming it, never transformers' class default
+    (json.dumps({"model_type": "llama", "num_attention_heads": 2, "num_hidden_layers": 2,
+                 "vocab_size": 10}), "lacks 'hidden_size'"),
 ])
 def test_malformed_config_json(tmp_path, content, needle):
     path = tmp_path / "config.json"

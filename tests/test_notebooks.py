@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.needs("notebooks")
+
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
@@ -26,7 +28,8 @@ def test_explore_plan_notebook(tmp_path):
 def test_analyse_sweep_notebook(tmp_path, monkeypatch):
     """Against a small sweep made here by the fake trainer (tests/fixtures)."""
     from fixtures.tuning import FAKE_ENV, tune_argv, write_config
-    from planner.cli import main
+
+    from planner.cli.main import main
 
     config = write_config(tmp_path / "fake.json", step_sleep_s=0.01,
                           throughput={"base": 900.0, "factors": {"tp": {"2": 1.2}}},

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
+from planner.diagnose.profile import kernel_family, profile_trace, read_trace
 from planner.errors import PlanInputError
-from planner.profile import kernel_family, profile_trace, read_trace
 
 
 def kernel(name, ts, dur, stream):

@@ -2,13 +2,13 @@
 
 import numpy as np
 import pytest
-
 from conftest import cluster
-from planner.models import resolve_model
-from planner.plan import make_plan
-from planner.rules import RULES, micro_batches_per_mini_batch, pipeline_split, violations
-from planner.space import SearchOptions, build_space
-from planner.workload import GrpoWorkload
+
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.plan import choose_rollout, make_plan
+from planner.search.rules import RULES, micro_batches_per_mini_batch, pipeline_split, violations
+from planner.search.space import SearchOptions, build_space
 
 CASES = [("qwen3-30b", 16), ("qwen2.5-7b", 8), ("llama3.1-70b", 32), ("deepseek-v3", 256),
          ("mixtral-8x7b", 8), ("qwen3-0.6b", 1)]
@@ -68,7 +68,9 @@ def test_every_enumerated_layout_obeys_every_constraint(name, world):
     model, workload = resolve_model(name), GrpoWorkload()
     space = build_space(model, cluster(world), workload)
     assert len(space) > 0
-    cols = space.columns  # first/last stage layers 0: megatron-core's automatic split
+    # first/last stage layers 0: megatron-core's automatic split; the plan's rollout choice
+    cols, _ = choose_rollout(model, cluster(world), workload, space.columns, space.rollouts,
+                             None)
     broken = violations(model, cluster(world), workload, cols)
     assert not any(mask.any() for mask in broken.values())
     first, _, last, _ = pipeline_split(model.num_layers, cols["pp"])
@@ -103,7 +105,7 @@ def test_pins_restrict_the_space():
 def test_dense_models_get_no_expert_parallelism():
     space = build_space(resolve_model("llama3.1-8b"), cluster(16), GrpoWorkload())
     assert set(space.columns["ep"]) == {1} and set(space.columns["etp"]) == {1}
-    assert set(space.columns["rollout_dp"]) == {1}
+    assert set(space.rollouts["rollout_dp"]) == {1} and set(space.rollouts["rollout_ep"]) == {1}
 
 
 def test_uneven_pipeline_for_prime_layer_count():

@@ -5,15 +5,15 @@ import json
 import re
 
 import pytest
-
-from planner.cli import main
-from planner.models import resolve_model
-from planner.plan import make_plan
-from planner.plots import pareto_front
-from planner.report import plan_dict
-from planner.sweep_report import load_trials
 from conftest import cluster
-from planner.workload import GrpoWorkload
+
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.cli.main import main
+from planner.plan import make_plan
+from planner.report.html import load_trials
+from planner.report.plots import pareto_front
+from planner.report.text import plan_dict
 
 PNG_MAGIC = b"\x89PNG"
 

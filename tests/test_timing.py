@@ -5,18 +5,19 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import cluster
-from planner.cli import main
-from planner.flops import forward_flops, verl_training_flops
-from planner.hardware import ClusterSpec, get_gpu
-from planner.layout import Layout
-from planner.memory import estimate_memory
-from planner.models import builtin_config_dict, resolve_model
+
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.models import builtin_config_dict, resolve_model
+from planner.catalog.workload import GrpoWorkload, PretrainWorkload
+from planner.cli.main import main
+from planner.cost.efficiency import Efficiency, load_efficiency
+from planner.cost.flops import forward_flops, verl_training_flops
+from planner.cost.memory import estimate_memory
+from planner.cost.timing import generate_s, grpo_step, pretrain_step, ring_time
+from planner.phases import PHASES
 from planner.plan import make_plan
-from planner.timing import (TIME_PHASES, Efficiency, generate_s, grpo_step, load_efficiency,
-                            pretrain_step, ring_time)
-from planner.workload import GrpoWorkload, PretrainWorkload
+from planner.search.layout import Layout
 
 EFF = Efficiency()
 
@@ -158,7 +159,7 @@ def test_grpo_step_reports_every_phase_and_verl_throughput():
     model, c, cols, memory = grpo("qwen3-8b", 8, workload, tp=2, dp=4, micro_batch=2,
                                   rollout_tp=2)
     out = grpo_step(model, c, workload, cols, memory, EFF)
-    phases = [float(out[f"time_{phase}_s"][0]) for phase in TIME_PHASES]
+    phases = [float(out[f"time_{phase}_s"][0]) for phase in PHASES]
     assert all(t > 0 for t in phases)
     assert float(out["step_time_s"][0]) == pytest.approx(sum(phases))
     tokens = workload.sequences_per_step * (workload.prompt_length + 512)
@@ -199,7 +200,7 @@ def test_plan_json_has_time_fields(capsys):
     assert main(["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--format", "json",
                  "--top", "2", "--mean-response-length", "300"]) == 0
     candidate = json.loads(capsys.readouterr().out)["candidates"][0]
-    assert set(candidate["time_s"]) == set(TIME_PHASES)
+    assert set(candidate["time_s"]) == set(PHASES)
     assert candidate["step_time_s"] == pytest.approx(sum(candidate["time_s"].values()), abs=0.01)
     assert candidate["tokens_per_s_per_gpu"] > 0 and 0 < candidate["mfu"] < 1
 
@@ -231,7 +232,7 @@ def test_calibration_flag_changes_the_answer(tmp_path, capsys):
 # --- communication terms, one at a time ------------------------------------------------------
 
 def _comm(model, world, layout, tokens=8192, eff=EFF):
-    from planner.timing import TrainShape, _stage_comm_s
+    from planner.cost.timing import TrainShape, _stage_comm_s
 
     cols = cols_of(**layout)
     shape = TrainShape(tokens_per_micro_batch=np.array([float(tokens)]),
@@ -282,7 +283,7 @@ def test_data_parallel_reduce_scatter_and_all_gather():
 
 
 def test_weight_sync_gathers_the_model_over_the_model_parallel_group():
-    from planner.timing import WAKE_SLEEP_OVERHEAD_S, weight_sync_s
+    from planner.cost.timing import WAKE_SLEEP_OVERHEAD_S, weight_sync_s
 
     model = resolve_model("qwen2.5-7b")
     gpu = get_gpu("h100")

@@ -5,19 +5,20 @@ import json
 
 import numpy as np
 import pytest
+from fixtures.tuning import FAKE_ENV, JOB, TRAINER_COMMAND, load_study, sqlite_url, write_config
 
-from fixtures.tuning import (FAKE_ENV, JOB, TRAINER_COMMAND, load_study, sqlite_url,
-                             write_config)
-from planner.calibration import Measurement, mape, predict
-from planner.cli import main
-from planner.hardware import ClusterSpec, get_gpu
-from planner.models import resolve_model
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.cli.main import main
+from planner.cost.calibration import Measurement, mape, predict
+from planner.cost.efficiency import shipped_calibration
 from planner.plan import make_plan
-from planner.space import SearchOptions
-from planner.workload import GrpoWorkload
-from trials.calibrate import shipped_calibration, study_measurements
+from planner.search.space import SearchOptions
+from trials.calibrate import study_measurements
 from trials.candidates import SEARCH_FIELDS, CandidateSet
 
+pytestmark = pytest.mark.needs("tune")
 
 # A workload where compute matters (the tiny one of the other tests is all fixed overheads).
 SETTING = ["--model", "qwen2.5-7b", "--gpus", "8", "--gpu-type", "h100", "--train-batch-size",
@@ -86,6 +87,7 @@ def test_calibrate_reduces_the_prediction_error(study_of_a_slower_cluster, capsy
         plan = json.loads(capsys.readouterr().out)
         row = next(c for c in plan["candidates"] if all(
             c["layout"][k] == getattr(best.layout, k) for k in SEARCH_FIELDS))
+
         errors.append(abs(row["tokens_per_s_per_gpu"] / best.tokens_per_s_per_gpu - 1))
     assert errors[1] < 0.8 * errors[0]
 

@@ -8,11 +8,13 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
+psutil = pytest.importorskip("psutil", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
+
 import trials.gpu_monitor as gpu_monitor
-from trials.gpu_monitor import GIB, GpuSampler, open_nvml, visible_devices
+from planner.units import GIB
+from trials.gpu_monitor import GpuSampler, open_nvml, visible_devices
 from trials.launchers.base import LaunchRequest, Watchdog
 from trials.launchers.local import LocalLauncher
 from trials.processes import ProcessTree, start_group

@@ -4,8 +4,15 @@ import json
 
 import pytest
 
-from trials.metrics import (parse_console, parse_console_line, parse_jsonl, parse_number,
-                            read_records, strip_log_prefix, summarise)
+from trials.metrics import (
+    parse_console,
+    parse_console_line,
+    parse_jsonl,
+    parse_number,
+    read_records,
+    strip_log_prefix,
+    summarise,
+)
 
 # verl's console logger through Ray, NumPy 2 reprs (verl/utils/logger/aggregate_logger.py)
 CONSOLE = """\

@@ -3,8 +3,9 @@
 import io
 import time
 
-from trials.progress import (LiveProgress, PlainProgress, Row, Status, format_duration,
-                             make_progress)
+import pytest
+
+from trials.progress import LiveProgress, PlainProgress, Row, Status, format_duration, make_progress
 
 
 def test_status_line_and_eta():
@@ -35,6 +36,7 @@ def test_plain_lines_for_logs():
     assert lines[2].endswith("trial #8 tp1-pp2 0:00:05 oom: oom in generate: x")
 
 
+@pytest.mark.needs("tune")
 def test_live_table_on_a_terminal():
     from rich.console import Console
 

@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fixtures.tuning import FAKE_ENV, load_study, sqlite_url, tune_argv, write_config
-from planner.cli import main
+
+from planner.cli.main import main
 from trials import study_state as attrs
 from trials.processes import ProcessTree
+
+pytestmark = pytest.mark.needs("tune", "ray")
 
 
 def free_port() -> int:
@@ -39,6 +41,7 @@ def ray_head():
          "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--temp-dir={temp}",
          "--disable-usage-stats"], stdout=log, stderr=subprocess.STDOUT, env=env,
         start_new_session=True)
+
     tree = ProcessTree(head.pid)
     address = f"http://127.0.0.1:{dashboard}"
     try:

@@ -4,15 +4,16 @@ import json
 import os
 import sys
 
-import psutil
 import pytest
 
+psutil = pytest.importorskip("psutil", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
 from fixtures.tuning import FAKE_ENV, FAKE_TRAINER, events, write_config
-from planner.hardware import ClusterSpec, get_gpu
-from planner.models import resolve_model
+
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
 from planner.plan import make_plan
-from planner.space import SearchOptions
-from planner.workload import GrpoWorkload
+from planner.search.space import SearchOptions
 from trials.candidates import CandidateSet, layout_key
 from trials.job import TrialJobs
 from trials.launchers.local import LocalLauncher

@@ -10,12 +10,21 @@ import uuid
 from collections import Counter
 
 import pandas as pd
-import psutil
 import pytest
 
-from fixtures.tuning import (FAKE_ENV, events, layout_key_of, load_study, sqlite_url,
-                             tune_argv, write_config)
-from planner.cli import main
+pytest.importorskip("optuna", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
+psutil = pytest.importorskip("psutil", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
+from fixtures.tuning import (
+    FAKE_ENV,
+    events,
+    layout_key_of,
+    load_study,
+    sqlite_url,
+    tune_argv,
+    write_config,
+)
+
+from planner.cli.main import main
 from trials import study_state as attrs
 
 POSTGRES_ENV = "PLAN_PARALLEL_TEST_POSTGRES_URL"

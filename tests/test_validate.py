@@ -1,22 +1,21 @@
 """`plan-parallel validate`: reading launch scripts, verl's checks plus the ones it leaves to
 run time, the memory verdict, and exit codes (0 would launch, 1 would not, 2 unreadable)."""
 
-import argparse
 import json
 import subprocess
 import sys
 
 import pytest
 
-from planner.cli import main
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.models import builtin_config_dict, builtin_model
+from planner.catalog.workload import GrpoWorkload
+from planner.cli.main import main
+from planner.diagnose.validate import JobInput, dry_run
 from planner.errors import PlanInputError
-from planner.hardware import ClusterSpec, get_gpu
-from planner.launch_script import expand_override, parse_launch_script
-from planner.layout import Layout
-from planner.models import builtin_config_dict, builtin_model
 from planner.plan import estimate_layout
-from planner.validate import dry_run
-from planner.workload import GrpoWorkload
+from planner.search.layout import Layout
+from planner.verl.script import expand_override, parse_launch_script
 
 A = "actor_rollout_ref"
 M = f"{A}.actor.megatron"
@@ -239,15 +238,15 @@ def write(tmp_path, template, name="run.sh", **values):
 
 
 def validate(*inputs, gpu="h100", model=None, sets=()):
-    args = argparse.Namespace(inputs=[str(item) for item in inputs if item != "--"], set=list(sets),
-                              model=model, gpu_type=gpu, format="json")
-    return dry_run(args)
+    return dry_run(JobInput(inputs=tuple(str(item) for item in inputs if item != "--"),
+                            sets=tuple(sets), model=model, gpu_type=gpu))
 
 
 def errors(report):
     return [f for f in report["findings"] if f["level"] == "error"]
 
 
+@pytest.mark.needs("verl")
 def test_verl_example_qwen2_7b_tp2_pp2_would_launch_with_the_planners_memory(tmp_path):
     report = validate(write(tmp_path, QWEN2_7B, rollout_tp=2, ref_tp=2))
     assert report["would_launch"] and report["findings"] == []
@@ -259,17 +258,20 @@ def test_verl_example_qwen2_7b_tp2_pp2_would_launch_with_the_planners_memory(tmp
         builtin_model("Qwen2-7B"), ClusterSpec(get_gpu("H100-80GB"), 8, 8),
         GrpoWorkload(train_batch_size=1024, mini_batch_size=256, rollout_n=5),
         Layout(tp=2, pp=2, dp=2, micro_batch=4, rollout_tp=2, gpu_memory_utilization=0.6))
+
     assert report["memory"]["peak_memory_gib"] == round(expected.row["peak_bytes"] / 2**30, 2)
     assert report["memory"]["peak_phase"] == "generate"
     assert report["modules"]["rollout"]["peak_memory_gib"] == report["memory"]["peak_memory_gib"]
 
 
+@pytest.mark.needs("verl")
 def test_verl_example_different_rollout_tp_is_fine(tmp_path):
     report = validate(write(tmp_path, QWEN2_7B, rollout_tp=4, ref_tp=2))
     assert report["would_launch"], report["findings"]
     assert report["modules"]["rollout"]["tp"] == 4 and report["modules"]["actor"]["tp"] == 2
 
 
+@pytest.mark.needs("verl")
 def test_mismatched_reference_tp_is_the_classic_error(tmp_path, capsys):
     path = write(tmp_path, QWEN2_7B, rollout_tp=2, ref_tp=4)
     report = validate(path)
@@ -284,6 +286,7 @@ def test_mismatched_reference_tp_is_the_classic_error(tmp_path, capsys):
     assert "would NOT launch: 1 error(s)" in out and "reference_parallel_mismatch" in out
 
 
+@pytest.mark.needs("verl")
 def test_verl_example_qwen3_moe_warns_about_implicit_expert_tp(tmp_path):
     report = validate(write(tmp_path, QWEN3_MOE_30B))
     assert report["would_launch"], errors(report)
@@ -299,6 +302,7 @@ FULL_RECOMPUTE = """    actor_rollout_ref.actor.megatron.override_transformer_co
 """
 
 
+@pytest.mark.needs("verl")
 def test_verl_example_qwen3_235b_middle_stages_do_not_fit_without_recompute(tmp_path):
     """5 | 14 x 6 | 5 layers: rank 1 holds 14 MoE layers with 7 micro-batches in flight."""
     report = validate(write(tmp_path, QWEN3_235B_UNEVEN, recompute=""), gpu="h20")
@@ -308,6 +312,7 @@ def test_verl_example_qwen3_235b_middle_stages_do_not_fit_without_recompute(tmp_
     assert report["memory"]["peak_stage"] == "second"
 
 
+@pytest.mark.needs("verl")
 def test_verl_example_qwen3_235b_uneven_pipeline_on_h20(tmp_path):
     report = validate(write(tmp_path, QWEN3_235B_UNEVEN, recompute=FULL_RECOMPUTE), gpu="h20")
     assert report["would_launch"], report["findings"]
@@ -317,6 +322,7 @@ def test_verl_example_qwen3_235b_uneven_pipeline_on_h20(tmp_path):
     assert report["memory"]["fits"] and 0.70 <= report["memory"]["memory_utilization"] <= 0.85
 
 
+@pytest.mark.needs("verl")
 def test_verl_example_deepseek_v3_dynamic_batch_and_full_recompute(tmp_path):
     report = validate(write(tmp_path, DEEPSEEK_V3_DYNAMIC))
     assert report["would_launch"], errors(report)
@@ -330,6 +336,7 @@ def test_verl_example_deepseek_v3_dynamic_batch_and_full_recompute(tmp_path):
     assert checks <= {"rollout_tp_across_nodes", "memory"}
 
 
+@pytest.mark.needs("verl")
 def test_would_not_fit_names_the_phase(tmp_path):
     path = write(tmp_path, QWEN2_7B, rollout_tp=2, ref_tp=2)
     report = validate(path, "--", f"{M}.tensor_model_parallel_size=1",
@@ -342,6 +349,7 @@ def test_would_not_fit_names_the_phase(tmp_path):
     assert report["memory"]["peak_memory_gib"] > 79.6
 
 
+@pytest.mark.needs("verl")
 def test_underused_gpus_warn_but_launch(tmp_path):
     path = write(tmp_path, QWEN2_7B, rollout_tp=2, ref_tp=2)
     report = validate(path, "--", f"{A}.rollout.gpu_memory_utilization=0.3")
@@ -350,6 +358,7 @@ def test_underused_gpus_warn_but_launch(tmp_path):
     assert finding["level"] == "warning" and "below the 70-85% band" in finding["message"]
 
 
+@pytest.mark.needs("verl")
 def test_keys_verl_does_not_know_are_all_reported(tmp_path):
     path = write(tmp_path, QWEN2_7B, rollout_tp=2, ref_tp=2)
     report = validate(path, "--", f"{M}.grad_offload=True", "trainer.nnodez=2",
@@ -362,6 +371,7 @@ def test_keys_verl_does_not_know_are_all_reported(tmp_path):
     assert not any("unexpected keyword argument 'foo'" in m for m in messages)  # deduplicated
 
 
+@pytest.mark.needs("verl")
 def test_rollout_expert_parallel_must_be_tp_times_dp(tmp_path):
     path = write(tmp_path, QWEN3_MOE_30B)
     report = validate(path, "--", f"{A}.rollout.expert_parallel_size=8",
@@ -372,6 +382,7 @@ def test_rollout_expert_parallel_must_be_tp_times_dp(tmp_path):
     assert "verl_rollout_config" in checks  # verl's own assertion, too
 
 
+@pytest.mark.needs("verl")
 def test_model_shape_and_batch_rules_name_keys(tmp_path):
     path = write(tmp_path, QWEN2_7B, rollout_tp=2, ref_tp=2)
     report = validate(path, "--", f"{M}.tensor_model_parallel_size=8",
@@ -387,6 +398,7 @@ def test_model_shape_and_batch_rules_name_keys(tmp_path):
     assert report["memory"] is None
 
 
+@pytest.mark.needs("verl")
 def test_pipeline_that_does_not_divide_the_layers_suggests_the_uneven_split(tmp_path):
     path = write(tmp_path, QWEN2_7B, rollout_tp=2, ref_tp=2)
     report = validate(path, "--", f"{M}.pipeline_model_parallel_size=8",
@@ -399,6 +411,7 @@ def test_pipeline_that_does_not_divide_the_layers_suggests_the_uneven_split(tmp_
     assert "num_layers_in_last_pipeline_stage=2" in finding["message"]
 
 
+@pytest.mark.needs("verl")
 def test_full_recompute_needs_a_method(tmp_path):
     path = write(tmp_path, QWEN2_7B, rollout_tp=2, ref_tp=2)
     report = validate(path, "--", f"{M}.override_transformer_config.recompute_granularity=full")
@@ -414,6 +427,7 @@ BASE = ["algorithm.adv_estimator=grpo", f"{A}.model.path=Qwen/Qwen3-8B",
         f"{A}.rollout.n=5", f"{A}.actor.ppo_mini_batch_size=256"]
 
 
+@pytest.mark.needs("verl")
 def test_overrides_alone_and_the_backend_choice():
     report = validate("model_engine=megatron", *BASE)
     assert report["input"] == "overrides" and report["model"] == "Qwen3-8B"
@@ -433,6 +447,7 @@ def test_overrides_alone_and_the_backend_choice():
                for f in fsdp["findings"])
 
 
+@pytest.mark.needs("verl")
 def test_model_from_the_model_paths_config_json(tmp_path):
     model_dir = tmp_path / "my-model"
     model_dir.mkdir()
@@ -444,6 +459,7 @@ def test_model_from_the_model_paths_config_json(tmp_path):
     assert report["would_launch"]
 
 
+@pytest.mark.needs("verl")
 def test_set_feeds_script_variables_and_yaml_environment(tmp_path):
     text = QWEN2_7B.replace("Qwen/Qwen2-7B-Instruct", "$MODEL_DIR")
     path = write(tmp_path, text, rollout_tp=2, ref_tp=2)
@@ -453,6 +469,7 @@ def test_set_feeds_script_variables_and_yaml_environment(tmp_path):
     assert report["model"] == "Qwen2.5-7B"
 
 
+@pytest.mark.needs("verl")
 @pytest.mark.parametrize("argv,needle", [
     (["validate", "/no/such/run.sh"], "is not a file"),
     (["validate"], "needs a launch script"),
@@ -469,6 +486,7 @@ def test_broken_inputs_exit_2_on_one_line(argv, needle, capsys):
     assert len(err) == 1 and needle in err[0] and "Traceback" not in err[0]
 
 
+@pytest.mark.needs("verl")
 def test_script_errors_exit_2(tmp_path, capsys):
     path = tmp_path / "run.sh"
     path.write_text("python3 -m verl.trainer.main_ppo --config-path=nowhere a.b=1\n")
@@ -482,6 +500,7 @@ def test_script_errors_exit_2(tmp_path, capsys):
     assert main(["validate", str(yaml_path)]) == 2
 
 
+@pytest.mark.needs("verl")
 def test_json_report_contract(tmp_path, capsys):
     path = write(tmp_path, QWEN2_7B, rollout_tp=2, ref_tp=2)
     assert main(["validate", str(path), "--gpu-type", "h100", "--format", "json"]) == 0
@@ -496,7 +515,7 @@ def test_json_report_contract(tmp_path, capsys):
 
 
 def test_validate_help_stays_light():
-    code = ("import sys; from planner.cli import main\n"
+    code = ("import sys; from planner.cli.main import main\n"
             "try:\n    main(['validate', '--help'])\nexcept SystemExit:\n    pass\n"
             "heavy = [m for m in ('torch', 'verl', 'hydra', 'omegaconf', 'transformers', "
             "'pandas', 'numpy', 'megatron') if m in sys.modules]\nprint('HEAVY', heavy)")
@@ -505,6 +524,7 @@ def test_validate_help_stays_light():
     assert "--set VAR=VALUE" in result.stdout
 
 
+@pytest.mark.needs("verl")
 def test_run_time_batch_and_rollout_rules(tmp_path):
     path = write(tmp_path, QWEN2_7B, rollout_tp=2, ref_tp=2)
     report = validate(path, "--", f"{A}.rollout.log_prob_micro_batch_size_per_gpu=3")
@@ -523,9 +543,10 @@ def test_run_time_batch_and_rollout_rules(tmp_path):
     assert "longest sequence 6144" in budget["message"]
 
 
+@pytest.mark.needs("verl")
 def test_yaml_input_with_environment_and_unknown_keys(tmp_path):
-    from planner.library import Entry, plan_entry
-    from planner.verl_export import write_job
+    from planner.verl.files import write_job
+    from planner.verl.library import Entry, plan_entry
 
     job = plan_entry(Entry("Qwen2.5-7B", "H100-80GB", 8))
     write_job(job, tmp_path)

@@ -13,19 +13,26 @@ from pathlib import Path
 
 import pytest
 
-from planner import verl_config
-from planner.cli import main
+import planner
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.models import builtin_model
+from planner.catalog.workload import GrpoWorkload, PretrainWorkload
+from planner.cli.main import main
 from planner.errors import PlanInputError
-from planner.hardware import ClusterSpec, get_gpu
-from planner.launch_script import parse_launch_script
-from planner.layout import Layout
-from planner.models import builtin_model
 from planner.plan import make_plan
-from planner.verl_export import (CONFIG_FILE, PLAN_FILE, SCRIPT_FILE, VERL_VERSION, job_from_plan,
-                                 job_overrides, write_job, write_plan_job)
-from planner.verl_files import render_config, render_plan_json, render_script
-from planner.verl_job import layout_of, read_job
-from planner.workload import GrpoWorkload, PretrainWorkload
+from planner.search.layout import Layout
+from planner.verl import config as verl_config
+from planner.verl.export import job_from_plan, job_overrides
+from planner.verl.files import (
+    render_config,
+    render_plan_json,
+    render_script,
+    write_job,
+    write_plan_job,
+)
+from planner.verl.job import layout_of, read_job
+from planner.verl.keys import CONFIG_FILE, PLAN_FILE, SCRIPT_FILE, VERL_VERSION
+from planner.verl.script import parse_launch_script
 
 MEGATRON = "actor_rollout_ref.actor.megatron"
 TRANSFORMER = f"{MEGATRON}.override_transformer_config"
@@ -130,6 +137,7 @@ def test_unexportable_workloads_are_input_errors():
         job_overrides(builtin_model(name), cluster(gpus), PretrainWorkload(), layout, **PATHS)
 
 
+@pytest.mark.needs("verl")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_exported_config_passes_verls_own_validation(case):
     name, gpus, layout = CASES[case]
@@ -158,6 +166,7 @@ def qwen3_30b_job():
     return plan, job_from_plan(plan, 1)
 
 
+@pytest.mark.needs("verl")
 def test_yaml_composes_to_the_same_config_as_the_launch_command(qwen3_30b_job, tmp_path,
                                                                 monkeypatch):
     _, job = qwen3_30b_job
@@ -193,7 +202,7 @@ def test_files_are_deterministic_and_plan_json_holds_layout_and_predictions(qwen
     data = json.loads(render_plan_json(job))
     best = plan.candidates.iloc[0]
     assert data["verl_version"] == VERL_VERSION == "0.9.1"
-    assert data["planner_version"] == "0.1.0"
+    assert data["planner_version"] == planner.__version__
     assert data["layout"]["tp"] == int(best["tp"]) and data["layout"]["ep"] == int(best["ep"])
     assert data["layout"]["first_stage_layers"] == int(best["first_stage_layers"])
     assert data["prediction"]["peak_memory_gib"] == round(float(best["peak_bytes"]) / 2**30, 2)
@@ -245,6 +254,7 @@ def _venv_path():
     return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
+@pytest.mark.needs("verl")
 def test_script_and_yaml_run_through_verls_hydra_entry_point(qwen3_30b_job, tmp_path):
     """`bash run_grpo.sh --cfg job` and `main_ppo --config-path --config-name --cfg job` make
     verl's real entry point compose and print the job's config (Hydra stops there)."""

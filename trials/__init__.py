@@ -11,5 +11,5 @@ The home of Optuna and process launching; the planner never imports it.  One dir
   — the Optuna study shared by any number of tuner processes;
 * :mod:`trials.progress`, :mod:`trials.report` — what a study shows and leaves behind;
 * :mod:`trials.calibrate` — the time model fitted to measured trials;
-* :mod:`trials.cli_tune`, :mod:`trials.cli_calibrate` — the two subcommands.
+* :mod:`planner.cli.tune`, :mod:`planner.cli.calibrate` — the two subcommands.
 """

@@ -1,54 +1,35 @@
 """Fit the time model's efficiency constants to a study's measured trials.
 
-Each successful trial is a :class:`planner.calibration.Measurement` (model, cluster and workload
-from the study's attributes, the layout from the trial's); :func:`planner.calibration.fit`
-does the fitting and writes the format of ``planner/data/calibration.json``, which
+Each successful trial is a :class:`planner.cost.calibration.Measurement` (model, cluster and
+workload
+from the study's attributes, the layout from the trial's); :func:`planner.cost.calibration.fit`
+does the fitting and writes the format of ``planner/cost/calibration.json``, which
 ``plan-parallel --calibration FILE`` reads.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
-from importlib import resources
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from planner.cost.calibration import Measurement, fit, mape, predict
+from planner.cost.efficiency import shipped_calibration
 from planner.errors import PlanInputError
+from planner.search.layout import Layout
 from trials import study_state as attrs
+from trials.sweep import study_setting
 
 if TYPE_CHECKING:
     from optuna import Study
-
-    from planner.calibration import Measurement
 
 # Trials measure throughput on the user's own cluster to a few percent (median of steps).
 TRIAL_MEASUREMENT_SIGMA = 0.05
 
 
-def study_setting(info: dict):
-    """(model, cluster, workload) a study was created for."""
-    from planner.hardware import ClusterSpec, get_gpu
-    from planner.models import ModelSpec
-    from planner.workload import GrpoWorkload
-
-    model = ModelSpec(**info["model"])
-    cluster_info = info["cluster"]
-    cluster = ClusterSpec(get_gpu(cluster_info["gpu_type"]), int(cluster_info["num_gpus"]),
-                          int(cluster_info["gpus_per_node"]))
-    names = {f.name for f in fields(GrpoWorkload)}
-    workload = GrpoWorkload(**{k: v for k, v in info["workload"].items() if k in names})
-    return model, cluster, workload
-
-
 def study_measurements(study: "Study") -> list["Measurement"]:
-    from planner.calibration import Measurement
-    from planner.layout import LAYOUT_FIELDS, Layout
-
-    info = study.user_attrs.get(attrs.STUDY)
-    if not info:
-        raise PlanInputError(f"study {study.study_name!r} was not made by plan-parallel tune")
-    model, cluster, workload = study_setting(info)
+    model, cluster, workload = study_setting(study)
     out = []
     for trial in study.get_trials(deepcopy=False):
         value = attrs.measured_value(trial)
@@ -56,14 +37,8 @@ def study_measurements(study: "Study") -> list["Measurement"]:
         if value is None or not layout:
             continue
         out.append(Measurement(model, cluster, workload,
-                               Layout(**{name: layout[name] for name in LAYOUT_FIELDS}), value))
+                               Layout.from_row(layout), value))
     return out
-
-
-def shipped_calibration() -> dict:
-    from planner.timing import CALIBRATION_FILE
-
-    return json.loads((resources.files("planner") / "data" / CALIBRATION_FILE).read_text())
 
 
 @dataclass(frozen=True)
@@ -75,8 +50,6 @@ class CalibrationResult:
 
 
 def calibrate_study(study: "Study", initial: dict | None, source: str) -> CalibrationResult:
-    from planner.calibration import fit, mape, predict
-
     measurements = study_measurements(study)
     if not measurements:
         raise PlanInputError(f"study {study.study_name!r} has no successful trial to fit")

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
-from planner.hardware import GIB
-from planner.layout import Layout
-from planner.memory import PHASES
+from planner.cost.columns import memory_column, time_column
+from planner.phases import PHASES
+from planner.plan import Plan
+from planner.search.layout import Layout
+from planner.units import GIB
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from planner.plan import Plan
 
 # The fields that identify a layout (dp and the stage split follow from them and the plan).
 SEARCH_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch", "recompute",
@@ -52,7 +52,8 @@ def normalise(field: str, value: Any) -> Any:
 
 
 def layout_key(values: Mapping[str, Any]) -> str:
-    """A layout's short, stable name, e.g. ``tp2-pp1-vpp1-cp1-ep1-etp1-mb4-none-off000-r2x1x1-u0.45``."""
+    """A layout's short, stable name, e.g.
+    ``tp2-pp1-vpp1-cp1-ep1-etp1-mb4-none-off000-r2x1x1-u0.45``."""
     v = {field: normalise(field, values[field]) for field in SEARCH_FIELDS}
     offload = "".join(str(int(v[name])) for name in ("param_offload", "optimizer_offload",
                                                       "ref_param_offload"))
@@ -78,9 +79,9 @@ def _predicted(row: Mapping[str, Any]) -> dict:
            "peak_gib": float(row["peak_bytes"]) / GIB,
            "peak_phase": str(row["peak_phase"]),
            "mfu": float(row["mfu"]) if "mfu" in row else None,
-           "memory_gib": {phase: float(row[f"mem_{phase}_bytes"]) / GIB for phase in PHASES},
-           "time_s": {phase: float(row[f"time_{phase}_s"]) for phase in PHASES
-                      if f"time_{phase}_s" in row}}
+           "memory_gib": {phase: float(row[memory_column(phase)]) / GIB for phase in PHASES},
+           "time_s": {phase: float(row[time_column(phase)]) for phase in PHASES
+                      if time_column(phase) in row}}
     return out
 
 
@@ -88,7 +89,6 @@ class CandidateSet:
     """Ranked candidate layouts with vectorised look-ups (membership, margins, nearest)."""
 
     def __init__(self, frame: "pd.DataFrame", capacity_bytes: float):
-        from planner.verl_export import layout_from_row
 
         frame = frame.drop_duplicates(subset=list(SEARCH_FIELDS)).reset_index(drop=True)
         self.capacity_bytes = float(capacity_bytes)
@@ -99,7 +99,7 @@ class CandidateSet:
             params = {field: normalise(field, row[field]) for field in SEARCH_FIELDS}
             self.candidates.append(Candidate(
                 index=index, key=layout_key(params), rank=int(row["rank"]),
-                layout=layout_from_row(row), params=params, predicted=_predicted(row)))
+                layout=Layout.from_row(row), params=params, predicted=_predicted(row)))
         self.index = {candidate.key: candidate.index for candidate in self.candidates}
         self.choices = {field: tuple(sorted({c.params[field] for c in self.candidates},
                                             key=lambda value: (str(type(value)), value)))
@@ -107,7 +107,7 @@ class CandidateSet:
         self.codes = np.array([[self.choices[field].index(c.params[field])
                                 for field in SEARCH_FIELDS] for c in self.candidates],
                               dtype=np.int64).reshape(len(self.candidates), len(SEARCH_FIELDS))
-        self.memory = frame[[f"mem_{phase}_bytes" for phase in PHASES]].to_numpy(dtype=float)
+        self.memory = frame[[memory_column(phase) for phase in PHASES]].to_numpy(dtype=float)
 
     @classmethod
     def from_plan(cls, plan: "Plan", memory_margin: float = 0.0,

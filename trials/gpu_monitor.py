@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-GIB = 1024 ** 3
+from planner.units import GIB
+
 _NOTED = False
 
 

@@ -1,6 +1,6 @@
 """A trial's job: the exported verl job of a layout, cut to a short horizon, in its own directory.
 
-The overrides are :func:`planner.verl_export.job_overrides` (what ``plan-parallel --write``
+The overrides are :func:`planner.verl.export.job_overrides` (what ``plan-parallel --write``
 exports, so a trial measures the job the user will run), then the user's ``--override``s, then
 the trial's horizon, which wins: ``trainer.total_training_steps``, no validation, no
 checkpoints, no resume, a unique experiment name, ``data.train_max_samples`` of exactly the
@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from planner.catalog.hardware import ClusterSpec
+from planner.catalog.models import ModelSpec
+from planner.catalog.workload import GrpoWorkload
 from planner.errors import PlanInputError
-from planner.hardware import ClusterSpec
-from planner.models import ModelSpec
-from planner.workload import GrpoWorkload
+from planner.verl.export import ENVIRONMENT, hydra_value, job_overrides
 from trials.candidates import Candidate
 from trials.launchers.base import LaunchRequest
 
@@ -56,8 +57,6 @@ def parse_env(items: Sequence[str]) -> dict[str, str]:
 
 def horizon_overrides(*, steps: int, train_batch_size: int, experiment: str, workdir: Path,
                       metrics_path: Path | None) -> list[str]:
-    from planner.verl_export import hydra_value
-
     out = [f"trainer.total_training_steps={steps}",
            "trainer.val_before_train=False",
            "trainer.test_freq=-1",
@@ -80,8 +79,6 @@ def horizon_overrides(*, steps: int, train_batch_size: int, experiment: str, wor
 def job_environment(overrides: Mapping[str, str], inherited: Mapping[str, str]) -> dict[str, str]:
     """The export's environment (``CUDA_DEVICE_MAX_CONNECTIONS=1``, ...), where the user may
     keep their own value of the overridable ones; then the trial's own variables."""
-    from planner.verl_export import ENVIRONMENT
-
     env = {}
     for name, value, overridable, _ in ENVIRONMENT:
         env[name] = inherited[name] if overridable and name in inherited else value
@@ -113,8 +110,6 @@ class TrialJobs:
 
     def request(self, sweep_dir: Path, number: int, candidate: Candidate,
                 shares_filesystem: bool, inherited_env: Mapping[str, str]) -> LaunchRequest:
-        from planner.verl_export import job_overrides
-
         workdir = self.workdir(sweep_dir, number, candidate)
         metrics = workdir / METRICS_FILE if shares_filesystem else None
         experiment = f"{self.study_name}-{number:04d}"

@@ -11,9 +11,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from planner.memory import PHASES
-from trials.candidates import SEARCH_FIELDS
+from planner.cost.columns import time_column
+from planner.phases import PHASES
+from planner.verl.files import write_plan_job
 from trials import study_state as attrs
+from trials.candidates import SEARCH_FIELDS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -56,7 +58,7 @@ def trial_row(trial: "FrozenTrial") -> dict:
     })
     phases = measured.get("phase_times_s") or {}
     for phase in sorted(phases):
-        row[f"time_{phase}_s"] = _round(phases[phase])
+        row[time_column(phase)] = _round(phases[phase])
     for phase in PHASES:
         row[f"predicted_mem_{phase}_gib"] = _round((predicted.get("memory_gib") or {}).get(phase))
     row.update({"oom_phase": user.get(attrs.OOM_PHASE), "reason": user.get(attrs.REASON)
@@ -99,8 +101,6 @@ def write_best(plan, rank: int, trial: "FrozenTrial", directory: Path, *, study_
                model_path: str | None, train_files: str | None, val_files: str | None,
                overrides: Sequence[str]) -> list[Path]:
     """The best measured layout (plan rank ``rank``) as a verl job in ``directory``."""
-    from planner.verl_export import write_plan_job
-
     paths = write_plan_job(plan, rank=rank, directory=Path(directory), force=True,
                            model_path=model_path, train_files=train_files,
                            val_files=val_files, extra_overrides=list(overrides))

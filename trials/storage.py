@@ -156,3 +156,30 @@ def open_storage(spec: StorageSpec, *, heartbeat_interval: int, grace_period: in
             message = text.splitlines()[0] if text else type(error).__name__
             raise PlanInputError(f"cannot open storage {spec.display}: "
                                  f"{mask_url(message)}") from None
+
+
+def open_storage_read_only(spec: StorageSpec) -> Any:
+    """The storage for reading only (``report``, ``calibrate``): SQLite opens with
+    ``mode=ro``, no table is created and no schema upgraded, and a file that does not exist is
+    an error, never created."""
+    from optuna.storages import RDBStorage
+
+    if spec.is_local_file:
+        path = Path(spec.url if spec.kind == "journal" else spec.url.split(":///", 1)[-1])
+        if not path.is_file():
+            raise PlanInputError(f"no study storage at {spec.display}")
+    if spec.kind == "journal":
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        return JournalStorage(JournalFileBackend(spec.url))
+    url = spec.url
+    if url.startswith("sqlite:///"):
+        url = f"sqlite:///file:{url.split(':///', 1)[1]}?mode=ro&uri=true"
+    try:
+        return RDBStorage(url, skip_table_creation=True)
+    except Exception as error:  # a file that is not a study database, a server down, ...
+        text = str(error).strip()
+        message = text.splitlines()[0] if text else type(error).__name__
+        raise PlanInputError(f"cannot read study storage {spec.display}: "
+                             f"{mask_url(message)}") from None

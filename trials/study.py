@@ -35,6 +35,7 @@ import numpy as np
 import optuna
 from optuna.trial import Trial, TrialState
 
+from planner import __version__
 from planner.errors import PlanInputError
 from trials import study_state as attrs
 from trials.candidates import CandidateSet, memory_margins
@@ -45,6 +46,7 @@ from trials.report import write_best, write_trials_csv
 from trials.runner import TrialResult, run_trial
 from trials.sampler import LayoutSampler
 from trials.storage import StorageSpec, open_storage
+from trials.sweep import SWEEP_FILE
 
 MAX_CONSECUTIVE_SKIPS = 50
 
@@ -405,7 +407,6 @@ class Tuner:
                           stop_reason=self._stop_reason, written=(*self._job, *self._csv))
 
 
-SWEEP_FILE = "sweep.json"
 
 
 def write_sweep_file(sweep_dir: Path, study_name: str, storage: StorageSpec) -> Path:
@@ -422,8 +423,6 @@ def write_sweep_file(sweep_dir: Path, study_name: str, storage: StorageSpec) -> 
 def study_info(model_ref: str, plan, settings: TuneSettings, launcher: Launcher,
                steps: int) -> dict[str, Any]:
     """What a study searches (stored with it; ``plan-parallel calibrate`` rebuilds from it)."""
-    from planner import __version__
-
     return {"planner_version": __version__, "model_ref": model_ref,
             "model": plan.model.to_dict(), "cluster": plan.cluster.to_dict(),
             "workload": plan.workload.to_dict(), "steps": steps,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from planner.units import GIB
+
 if TYPE_CHECKING:
     from optuna import Study
     from optuna.trial import FrozenTrial
@@ -63,9 +65,6 @@ def measured_value(trial: "FrozenTrial") -> float | None:
     return float(value) if value is not None else None
 
 
-def is_ok(trial: "FrozenTrial") -> bool:
-    return measured_value(trial) is not None
-
 
 def read_snapshot(study: "Study") -> Snapshot:
     from optuna.trial import TrialState
@@ -86,7 +85,7 @@ def read_snapshot(study: "Study") -> Snapshot:
                 phase = attrs.get(OOM_PHASE) or attrs.get(PREDICTED, {}).get("peak_phase")
                 predicted = attrs.get(PREDICTED, {}).get("memory_gib", {}).get(phase)
                 if phase and predicted:
-                    snap.ooms.append((phase, float(predicted) * 1024 ** 3, trial.number))
+                    snap.ooms.append((phase, float(predicted) * GIB, trial.number))
             value = measured_value(trial)
             if value is not None and (snap.best is None
                                       or value > measured_value(snap.best)):

@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): DeepSeek-V3 on 128 x H20-96GB (16 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP1 PP16 VPP1 CP1 EP1 ETP8 DP8, micro-batch 2, recompute full, offload optimizer, stages 3/../2 layers
+# Actor:     TP1 PP16 VPP1 CP1 EP1 ETP8 DP8, micro-batch 2, recompute full, offload optim, stages 3/../2 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP4 DP32 EP128 (1 replica(s) of 128 GPUs), gpu_memory_utilization 0.40
 # Predicted: peak 88.76 GiB of 95.6 GiB (93%) in generate; step 924.2 s, 66 tokens/s/GPU

@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): DeepSeek-V3 on 256 x H100-80GB (32 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP2 PP16 VPP1 CP2 EP16 ETP1 DP4, micro-batch 1, recompute none, offload optimizer, stages 3/../2 layers
+# Actor:     TP2 PP16 VPP1 CP2 EP16 ETP1 DP4, micro-batch 1, recompute none, offload optim+ref, stages 3/../2 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP2 DP128 EP256 (1 replica(s) of 256 GPUs), gpu_memory_utilization 0.40
 # Predicted: peak 70.29 GiB of 79.6 GiB (88%) in update_actor; step 137.0 s, 224 tokens/s/GPU

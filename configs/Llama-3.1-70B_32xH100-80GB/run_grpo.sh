@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): Llama-3.1-70B on 32 x H100-80GB (4 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP4 PP4 VPP1 CP1 EP1 ETP1 DP2, micro-batch 2, recompute selective, offload param+optimizer, stages 20/../20 layers
+# Actor:     TP4 PP4 VPP1 CP1 EP1 ETP1 DP2, micro-batch 2, recompute selective, offload param+optim+ref, stages 20/../20 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP8 DP1 EP1 (4 replica(s) of 8 GPUs), gpu_memory_utilization 0.90
 # Predicted: peak 73.27 GiB of 79.6 GiB (92%) in generate; step 448.1 s, 548 tokens/s/GPU

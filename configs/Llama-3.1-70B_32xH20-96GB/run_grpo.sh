@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): Llama-3.1-70B on 32 x H20-96GB (4 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP8 PP2 VPP4 CP1 EP1 ETP1 DP2, micro-batch 4, recompute none, offload param+optimizer, stages 40/../40 layers
+# Actor:     TP8 PP2 VPP4 CP1 EP1 ETP1 DP2, micro-batch 4, recompute none, offload param+optim+ref, stages 40/../40 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP8 DP1 EP1 (4 replica(s) of 8 GPUs), gpu_memory_utilization 0.90
 # Predicted: peak 87.61 GiB of 95.6 GiB (92%) in generate; step 2285.6 s, 108 tokens/s/GPU

@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): Llama-3.1-8B on 8 x H20-96GB (1 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP2 PP1 VPP1 CP1 EP1 ETP1 DP4, micro-batch 8, recompute none, offload optimizer
+# Actor:     TP2 PP1 VPP1 CP1 EP1 ETP1 DP4, micro-batch 8, recompute none, offload optim+ref
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP4 DP1 EP1 (2 replica(s) of 4 GPUs), gpu_memory_utilization 0.65
 # Predicted: peak 86.15 GiB of 95.6 GiB (90%) in generate; step 955.7 s, 1029 tokens/s/GPU

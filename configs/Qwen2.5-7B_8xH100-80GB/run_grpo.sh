@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen2.5-7B on 8 x H100-80GB (1 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP1 PP2 VPP1 CP1 EP1 ETP1 DP4, micro-batch 4, recompute none, offload optimizer, stages 14/../14 layers
+# Actor:     TP1 PP2 VPP1 CP1 EP1 ETP1 DP4, micro-batch 4, recompute none, offload optim+ref, stages 14/../14 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP2 DP1 EP1 (4 replica(s) of 2 GPUs), gpu_memory_utilization 0.65
 # Predicted: peak 74.63 GiB of 79.6 GiB (94%) in generate; step 178.7 s, 5503 tokens/s/GPU

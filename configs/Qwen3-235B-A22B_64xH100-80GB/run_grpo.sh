@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-235B-A22B on 64 x H100-80GB (8 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP1 PP8 VPP1 CP1 EP8 ETP1 DP8, micro-batch 1, recompute full, offload optimizer, stages 11/../11 layers
+# Actor:     TP1 PP8 VPP1 CP1 EP8 ETP1 DP8, micro-batch 1, recompute full, offload optim+ref, stages 11/../11 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP1 DP64 EP64 (1 replica(s) of 64 GPUs), gpu_memory_utilization 0.55
 # Predicted: peak 71.85 GiB of 79.6 GiB (90%) in generate; step 211.6 s, 581 tokens/s/GPU

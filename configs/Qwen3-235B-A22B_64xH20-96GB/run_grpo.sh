@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-235B-A22B on 64 x H20-96GB (8 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP4 PP4 VPP1 CP1 EP16 ETP1 DP4, micro-batch 2, recompute selective, offload param+optimizer, stages 23/../23 layers
+# Actor:     TP4 PP4 VPP1 CP1 EP16 ETP1 DP4, micro-batch 2, recompute selective, offload param+optim+ref, stages 23/../23 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP8 DP1 EP1 (8 replica(s) of 8 GPUs), gpu_memory_utilization 0.90
 # Predicted: peak 87.61 GiB of 95.6 GiB (92%) in generate; step 745.6 s, 165 tokens/s/GPU

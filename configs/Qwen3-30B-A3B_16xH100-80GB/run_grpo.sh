@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-30B-A3B on 16 x H100-80GB (2 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP1 PP2 VPP1 CP1 EP8 ETP1 DP8, micro-batch 2, recompute none, offload optimizer, stages 24/../24 layers
+# Actor:     TP1 PP2 VPP1 CP1 EP8 ETP1 DP8, micro-batch 2, recompute none, offload optim+ref, stages 24/../24 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP1 DP8 EP8 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.70
 # Predicted: peak 71.77 GiB of 79.6 GiB (90%) in generate; step 107.7 s, 4565 tokens/s/GPU

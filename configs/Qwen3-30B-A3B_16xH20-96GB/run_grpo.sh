@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-30B-A3B on 16 x H20-96GB (2 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP1 PP1 VPP1 CP1 EP16 ETP1 DP16, micro-batch 2, recompute none, offload optimizer
+# Actor:     TP1 PP1 VPP1 CP1 EP16 ETP1 DP16, micro-batch 2, recompute none, offload optim
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP4 DP1 EP1 (4 replica(s) of 4 GPUs), gpu_memory_utilization 0.65
 # Predicted: peak 88.69 GiB of 95.6 GiB (93%) in generate; step 370.8 s, 1325 tokens/s/GPU

@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-32B on 16 x H100-80GB (2 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP2 PP4 VPP1 CP1 EP1 ETP1 DP2, micro-batch 1, recompute none, offload optimizer, stages 16/../16 layers
+# Actor:     TP2 PP4 VPP1 CP1 EP1 ETP1 DP2, micro-batch 1, recompute none, offload optim+ref, stages 16/../16 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP8 DP1 EP1 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.60
 # Predicted: peak 73.35 GiB of 79.6 GiB (92%) in generate; step 429.4 s, 1145 tokens/s/GPU

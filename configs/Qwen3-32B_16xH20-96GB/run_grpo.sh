@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-32B on 16 x H20-96GB (2 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP4 PP2 VPP2 CP1 EP1 ETP1 DP2, micro-batch 4, recompute none, offload optimizer, stages 32/../32 layers
+# Actor:     TP4 PP2 VPP2 CP1 EP1 ETP1 DP2, micro-batch 4, recompute none, offload optim+ref, stages 32/../32 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP8 DP1 EP1 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.65
 # Predicted: peak 86.60 GiB of 95.6 GiB (91%) in generate; step 2098.3 s, 234 tokens/s/GPU

@@ -11,8 +11,15 @@ from typing import Callable, Mapping
 from trials import fate
 from trials.gpu_monitor import GpuSampler, visible_devices
 from trials.launchers.base import Launcher, LaunchOutcome, LaunchRequest, Watchdog
-from trials.processes import (ProcessTree, become_subreaper, exit_status, group_members,
-                              kill_processes, start_group, stop_group)
+from trials.processes import (
+    ProcessTree,
+    become_subreaper,
+    exit_status,
+    group_members,
+    kill_processes,
+    start_group,
+    stop_group,
+)
 
 
 class LocalLauncher(Launcher):

@@ -1,0 +1,180 @@
+"""The import graph of ``planner`` and ``trials``: prints it by layer and checks the layering.
+
+    python benchmarks/import_graph.py [--dot]
+
+Layers (each module may import its own layer and those below it, never above)::
+
+    0 base      planner (package), errors, units, phases, policy, extras, versions
+    1 catalog   models, GPUs, clusters, workloads
+    2 search    layouts, rules, the search space
+    3 cost      memory, time, FLOPs, efficiency, columns
+    4 plan      space -> cost -> ranking
+    5 verl      keys, config, jobs, scripts, export, library
+    6 trials    Optuna studies, launchers (a sibling package)
+    7 report    text/JSON/CSV, HTML, plots
+    8 diagnose  validate, fix, diff, explain, profile
+    9 cli       argument parsing, exit codes
+
+Checks: no import cycle between modules (imports inside functions count too), no import of a
+higher layer, and nothing but ``planner.cli`` (and ``planner.__main__``) imports ``planner.cli``.
+Exit 1 and one line per problem when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("planner", "trials")
+LAYERS = ("base", "catalog", "search", "cost", "plan", "verl", "trials", "report", "diagnose",
+          "cli")
+BASE = {"planner", "planner.errors", "planner.units", "planner.phases", "planner.policy",
+        "planner.extras", "planner.versions"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> int:
+    if module.startswith("trials"):
+        return LAYERS.index("trials")
+    if module in BASE:
+        return 0
+    if module == "planner.__main__":
+        return LAYERS.index("cli")
+    second = module.split(".")[1]
+    if second == "plan":
+        return LAYERS.index("plan")
+    return LAYERS.index(second)
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found[module_name(path)] = path
+    return found
+
+
+def _resolve(target: str, known: set[str]) -> str | None:
+    """The project module an import names (``from planner.cost import timing`` names
+    ``planner.cost.timing``; ``from planner.cost.timing import grpo_step`` the module)."""
+    while target and target not in known:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    out = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        for name in names:
+            if name.split(".")[0] in PACKAGES:
+                resolved = _resolve(name, known)
+                if resolved:
+                    out.add(resolved)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    known = set(found)
+    edges = {}
+    for name, path in found.items():
+        # a module's parent packages are imported with it implicitly: not edges
+        edges[name] = {target for target in imports(path, known)
+                       if target != name and not name.startswith(target + ".")}
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in edges.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                item = stack.pop()
+                on_stack.discard(item)
+                component.append(item)
+                if item == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return out
+
+
+def problems(edges: dict[str, set[str]]) -> list[str]:
+    found = [f"cycle: {' <-> '.join(component)}" for component in cycles(edges)]
+    for source, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            if target.startswith("planner.cli") and not (
+                    source.startswith("planner.cli") or source == "planner.__main__"):
+                found.append(f"{source} imports {target}: nothing below the CLI may")
+            elif layer_of(target) > layer_of(source):
+                found.append(f"{source} ({LAYERS[layer_of(source)]}) imports {target} "
+                             f"({LAYERS[layer_of(target)]}), a higher layer")
+    return found
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dot", action="store_true", help="print Graphviz dot instead")
+    args = parser.parse_args(argv)
+    edges = graph()
+    if args.dot:
+        print("digraph imports {")
+        for source, targets in sorted(edges.items()):
+            for target in sorted(targets):
+                print(f'  "{source}" -> "{target}";')
+        print("}")
+    else:
+        by_layer = defaultdict(list)
+        for name in sorted(edges):
+            by_layer[layer_of(name)].append(name)
+        for layer, names in sorted(by_layer.items()):
+            print(f"{layer} {LAYERS[layer]}")
+            for name in names:
+                targets = ", ".join(sorted(edges[name])) or "-"
+                print(f"    {name} -> {targets}")
+    found = problems(edges)
+    for problem in found:
+        print(f"problem: {problem}", file=sys.stderr)
+    print(f"{len(edges)} modules, {sum(map(len, edges.values()))} imports, "
+          f"{len(found)} problem(s)", file=sys.stderr)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,382 @@
+"""Every ``plan-parallel`` argument, in one place.
+
+Only argparse is imported here: ``plan-parallel --help`` builds every parser and must start at
+once.  Numbers are checked as they are parsed (:func:`integer`, :func:`fraction`), with the
+realistic bounds stated in ``--help``; a bad value is one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from planner.errors import PlanInputError
+
+# Realistic upper bounds of user-given counts (stated in --help): the largest GPU clusters
+# announced hold about 10^5 GPUs; no verl batch, length or stage count comes near these.
+MAX_GPUS = 131_072
+MAX_GPUS_PER_NODE = 1024
+MAX_PARALLEL = 4096  # TP, PP, CP, EP, ETP, rollout sizes
+MAX_VPP = 64
+MAX_BATCH = 1 << 24  # prompts, micro-batches, max_num_seqs
+MAX_TOKENS = 1 << 24  # prompt/response lengths, token budgets (16M tokens)
+MAX_LAYERS = 4096
+
+
+class UsageError(PlanInputError):
+    """A command-line error argparse or a handler found (exit code 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports bad input as one line and exit code 2 (no usage dump)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        raise UsageError(message)
+
+
+def integer(low: int, high: int):
+    """An argparse type: an integer in ``low..high``."""
+
+    def parse(text: str) -> int:
+        cleaned = str(text).strip().replace("_", "")
+        if len(cleaned) > 24 or not cleaned.lstrip("+-").isdigit():
+            raise argparse.ArgumentTypeError(f"{_shown(text)} is not an integer "
+                                             f"({low}..{high})")
+        value = int(cleaned)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{_shown(text)} is outside {low}..{high:,}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def fraction(low: float, high: float, inclusive_low: bool = True):
+    """An argparse type: a finite number in ``low..high``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{_shown(text)} is not a number") from None
+        if not math.isfinite(value) or not (low <= value if inclusive_low else low < value) \
+                or value > high:
+            raise argparse.ArgumentTypeError(f"{_shown(text)} is outside {low:g}..{high:g}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    text = str(text)
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def cluster_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    group = parser.add_argument_group("model and cluster")
+    group.add_argument("--model", required=required,
+                       help="catalog name or alias (qwen3-30b, llama3.1-70b, deepseek-v3, ...) "
+                            "or a local model directory / config.json")
+    group.add_argument("--gpus", type=integer(1, MAX_GPUS),
+                       help=f"number of GPUs, 1..{MAX_GPUS:,} (default: the local GPUs NVML "
+                            f"reports)")
+    group.add_argument("--gpu-type", help="GPU catalog name (h100, h200, h20, b200, ...); "
+                                          "default: detected through NVML, else H100-80GB")
+    group.add_argument("--gpus-per-node", type=integer(1, MAX_GPUS_PER_NODE),
+                       help="GPUs per node (default 8, or the detected count)")
+
+
+def memory_band_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--memory-band", metavar="LOW-HIGH",
+                        help="fraction of GPU memory a peak should sit in (default 0.70-0.85, "
+                             "the band users watch in nvidia-smi; 0.70-0.95 fills the GPU)")
+
+
+def workload_args(parser: argparse.ArgumentParser) -> None:
+    from_defaults = {  # verl GRPO example defaults, see planner/catalog/workload.py
+        "train_batch_size": (1024, MAX_BATCH), "rollout_n": (5, 4096),
+        "prompt_length": (1024, MAX_TOKENS), "response_length": (1024, MAX_TOKENS),
+        "mini_batch_size": (256, MAX_BATCH), "ppo_epochs": (1, 1000)}
+    group = parser.add_argument_group("GRPO workload (verl's data/actor settings)")
+    for name, (default, high) in from_defaults.items():
+        group.add_argument(f"--{name.replace('_', '-')}", type=integer(1, high), default=default,
+                           help=f"default {default}")
+    group.add_argument("--mean-response-length", type=integer(0, MAX_TOKENS), default=0,
+                       help="tokens generated per response on average (time follows it; "
+                            "default: half of --response-length)")
+    group.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
+    group.add_argument("--max-num-seqs", type=integer(1, MAX_BATCH), default=1024,
+                       help="rollout engine's max concurrent sequences (default 1024)")
+    group.add_argument("--workload", choices=("grpo", "pretrain"), default="grpo",
+                       help="grpo (verl) or a plain Megatron pretraining step")
+    group.add_argument("--seq-len", type=integer(1, MAX_TOKENS), default=4096,
+                       help="pretrain: sequence length")
+    group.add_argument("--global-batch", type=integer(1, MAX_BATCH), default=1024,
+                       help="pretrain: sequences per optimizer step")
+    group.add_argument("--calibration", help="efficiency constants fitted for your cluster "
+                                             "(JSON from `plan-parallel calibrate`)")
+
+
+LAYOUT_INTS = (("tp", "tensor parallel", MAX_PARALLEL), ("pp", "pipeline parallel", MAX_LAYERS),
+               ("vpp", "virtual pipeline stages per rank", MAX_VPP),
+               ("cp", "context parallel", MAX_PARALLEL), ("ep", "expert parallel", MAX_PARALLEL),
+               ("etp", "expert tensor parallel", MAX_PARALLEL),
+               ("micro-batch", "micro-batch size per GPU", MAX_BATCH),
+               ("rollout-tp", "rollout engine tensor parallel", MAX_PARALLEL),
+               ("rollout-dp", "rollout engine data parallel (MoE expert parallel)", MAX_PARALLEL),
+               ("rollout-ep", "rollout engine expert parallel (1 or TP*DP)", MAX_PARALLEL),
+               ("first-stage-layers", "layers on the first pipeline stage (uneven)", MAX_LAYERS),
+               ("last-stage-layers", "layers on the last pipeline stage (uneven)", MAX_LAYERS))
+
+
+def layout_args(parser: argparse.ArgumentParser, required: bool) -> None:
+    group = parser.add_argument_group(
+        "layout" if required else "pin layout values (the search keeps the rest free)")
+    for name, text, high in LAYOUT_INTS:
+        group.add_argument(f"--{name}", type=integer(1, high), help=f"{text} (1..{high})")
+    group.add_argument("--recompute", choices=("none", "selective", "full"))
+    for name in ("param-offload", "optimizer-offload", "ref-param-offload"):
+        group.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None)
+    group.add_argument("--gpu-memory-utilization", type=fraction(0.05, 0.99),
+                       help="rollout engine's memory fraction, 0.05..0.99 (default: picked per "
+                            "layout)")
+
+
+def output_args(parser: argparse.ArgumentParser, formats: tuple[str, ...]) -> None:
+    parser.add_argument("--format", choices=formats, default=formats[0])
+
+
+def job_input_args(parser: argparse.ArgumentParser) -> None:
+    """What validate, fix and diff read a job with."""
+    parser.add_argument("--set", action="append", default=[], metavar="VAR=VALUE",
+                        help="environment variable for the script's $VAR / ${VAR:-...} and "
+                             "YAML ${oc.env:VAR} (repeatable)")
+    parser.add_argument("--model", help="model for the checks and the memory estimate when "
+                                        "actor_rollout_ref.model.path has no readable "
+                                        "config.json (catalog name or config.json)")
+    parser.add_argument("--gpu-type", help="GPU catalog name (default: detected through NVML, "
+                                           "else H100-80GB)")
+    memory_band_args(parser)
+
+
+def _plan_parser(sub) -> None:
+    plan = sub.add_parser("plan", help="rank every valid layout (the default command)")
+    cluster_args(plan)
+    workload_args(plan)
+    layout_args(plan, required=False)
+    memory_band_args(plan)
+    output_args(plan, ("table", "json", "csv"))
+    plan.add_argument("--top", type=integer(1, 1 << 30), default=10,
+                      help="layouts to show (default 10)")
+    plan.add_argument("--no-offload", action="store_true",
+                      help="leave parameter/optimizer offload out of the search")
+    export = plan.add_argument_group("export the chosen layout as a runnable verl job")
+    export.add_argument("--write", metavar="DIR", help="write launch script, Hydra config and "
+                                                       "plan.json for the chosen layout")
+    export.add_argument("--rank", type=integer(1, 1 << 30), default=1,
+                        help="which ranked layout (default 1)")
+    export.add_argument("--force", action="store_true", help="overwrite files in DIR")
+    export.add_argument("--model-path", help="HF model directory for the job (default: "
+                                              "$MODEL_PATH in the script)")
+    export.add_argument("--train-files", help="training parquet (default: $TRAIN_FILES)")
+    export.add_argument("--val-files", help="validation parquet (default: $VAL_FILES)")
+    export.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Hydra override for the job (repeatable)")
+
+
+def _estimate_parser(sub) -> None:
+    estimate = sub.add_parser("estimate", help="memory and time of one layout, with breakdowns")
+    cluster_args(estimate)
+    workload_args(estimate)
+    layout_args(estimate, required=True)
+    memory_band_args(estimate)
+    output_args(estimate, ("table", "json"))
+
+
+def _validate_parser(sub) -> None:
+    parser = sub.add_parser("validate", help="dry-run a verl launch script, Hydra YAML or "
+                                             "overrides",
+                            description="Dry-run a verl GRPO job (Megatron backend): compose its "
+                                        "config as verl would, run verl's validation and the "
+                                        "checks it leaves to run time, and estimate memory.  "
+                                        "Exit 0: would launch; 1: would not; 2: unreadable "
+                                        "input.")
+    parser.add_argument("inputs", nargs="*", metavar="PATH | -- KEY=VALUE",
+                        help="a launch script (bash) or Hydra YAML, and/or Hydra overrides "
+                             "after `--`")
+    job_input_args(parser)
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def _fix_parser(sub) -> None:
+    parser = sub.add_parser("fix", help="mitigations for a config outside the memory band, "
+                                        "cheapest first",
+                            description="List the mitigations for a verl job that does not fit "
+                                        "or sits outside the memory band, cheapest first.")
+    parser.add_argument("inputs", nargs="*", metavar="PATH | -- KEY=VALUE",
+                        help="a launch script, Hydra YAML and/or overrides, as for validate")
+    job_input_args(parser)
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--write", metavar="DIR", help="write the best mitigation as a job")
+    parser.add_argument("--force", action="store_true", help="overwrite files in DIR")
+    parser.add_argument("--top", type=integer(1, 1000), default=8,
+                        help="mitigations to list (default 8)")
+
+
+def _diff_parser(sub) -> None:
+    parser = sub.add_parser("diff", help="what changes between two configs, its risk and effect",
+                            description="Compare two verl jobs: changed settings, risk, "
+                                        "predicted effect.")
+    parser.add_argument("a", help="the current job (launch script or Hydra YAML)")
+    parser.add_argument("b", help="the changed job")
+    job_input_args(parser)
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def _explain_parser(sub) -> None:
+    parser = sub.add_parser("explain", help="the chosen layout next to the rules of thumb, in "
+                                            "words")
+    cluster_args(parser)
+    workload_args(parser)
+    memory_band_args(parser)
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+
+
+def _profile_parser(sub) -> None:
+    parser = sub.add_parser("profile", help="communication analysis of PyTorch profiler traces")
+    parser.add_argument("traces", nargs="+", metavar="TRACE",
+                        help="PyTorch profiler Chrome trace(s), .json or .json.gz, or a folder")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+
+
+def _report_parser(sub) -> None:
+    parser = sub.add_parser("report", help="HTML report of a plan or a tuning sweep")
+    parser.add_argument("sweep", nargs="?", help="a sweep folder (plan-parallel tune --write "
+                                                 "or --sweep-dir)")
+    parser.add_argument("--html", default=None, help="output HTML (default: report.html in the "
+                                                     "sweep folder, or ./report.html)")
+    parser.add_argument("--png-dir", default=None, help="also write the figures as PNG files")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing report")
+    cluster_args(parser, required=False)
+    workload_args(parser)
+    memory_band_args(parser)
+
+
+def _tune_parser(sub) -> None:
+    parser = sub.add_parser("tune", help="run short real verl GRPO trials with Optuna")
+    cluster_args(parser)
+    workload_args(parser)
+    layout_args(parser, required=False)
+    study = parser.add_argument_group("study (Optuna)")
+    study.add_argument("--trials", type=integer(1, 100_000), default=20,
+                       help="measured trials the study should have (default 20; several tuners "
+                            "on one study share this count)")
+    study.add_argument("--timeout", help="start no trial after this long, e.g. 8h (default: "
+                                         "no limit)")
+    study.add_argument("--study-name", help="default: derived from model, GPUs and workload")
+    study.add_argument("--storage", help="SQLAlchemy URL (sqlite:///f.db, postgresql://user:pass"
+                                         "@host/db) or journal:PATH (default: SQLite in the "
+                                         "sweep directory)")
+    study.add_argument("--sweep-dir", help="trial directories, logs, study.db, trials.csv "
+                                           "(default: sweeps/<study name>)")
+    study.add_argument("--steps", type=integer(1, 100_000), default=5,
+                       help="training steps per trial (trainer.total_training_steps, default 5)")
+    study.add_argument("--warmup-steps", type=integer(0, 100_000), default=1,
+                       help="first steps left out of the medians (default 1)")
+    study.add_argument("--top-k", type=integer(1, 100_000), default=5,
+                       help="predicted best layouts run first (default 5)")
+    study.add_argument("--patience", type=integer(0, 100_000), default=0,
+                       help="stop after this many trials without improvement (default 0: "
+                            "never)")
+    study.add_argument("--min-improvement", type=fraction(0.0, 10.0), default=0.01,
+                       help="what counts as an improvement for --patience, 0..10 (default 0.01 "
+                            "= 1%%)")
+    study.add_argument("--multi-objective", action="store_true",
+                       help="also minimise measured peak GPU memory")
+    study.add_argument("--sampler", choices=("tpe", "random"), default="tpe")
+    study.add_argument("--seed", type=integer(0, 2**32 - 1))
+    study.add_argument("--memory-margin", type=fraction(0.0, 0.95), default=0.0,
+                       help="run only layouts predicted to fit with this fraction of GPU memory "
+                            "to spare (default 0); measured OOMs raise it per phase")
+    study.add_argument("--max-candidates", type=integer(1, 10_000_000), default=5000,
+                       help="predicted best layouts the study may choose from (default 5000)")
+    study.add_argument("--no-offload", action="store_true",
+                       help="leave parameter/optimizer offload out of the search")
+    trial = parser.add_argument_group("trials")
+    trial.add_argument("--launcher", choices=("local", "ray"), default="local",
+                       help="local: a process group on this node; ray: a job on a Ray cluster")
+    trial.add_argument("--ray-address", help="Ray dashboard address for --launcher ray "
+                                             "(default $RAY_ADDRESS or http://127.0.0.1:8265)")
+    trial.add_argument("--no-shared-fs", action="store_true",
+                       help="ray: the cluster cannot see the sweep directory (metrics come "
+                            "from the job's console log)")
+    trial.add_argument("--trainer-command", help="command before the overrides (default "
+                                                 "'python3 -m verl.trainer.main_ppo'; e.g. "
+                                                 "'srun --ntasks=1 python3 -m ...')")
+    trial.add_argument("--trial-timeout", default="30m",
+                       help="wall-clock limit of one trial (default 30m)")
+    trial.add_argument("--hang-timeout", default="10m",
+                       help="stop a trial whose log and metrics stop growing this long "
+                            "(default 10m)")
+    trial.add_argument("--stop-grace", default="15s",
+                       help="SIGTERM-to-SIGKILL delay when stopping a trial (default 15s, at "
+                            "most 10m)")
+    trial.add_argument("--trial-env", action="append", default=[], metavar="NAME=VALUE",
+                       help="environment variable for every trial (repeatable)")
+    trial.add_argument("--heartbeat-interval", type=integer(1, 86_400), default=30,
+                       help="seconds between a running trial's heartbeats (default 30)")
+    trial.add_argument("--grace-period", type=integer(1, 86_400), default=120,
+                       help="a trial without heartbeat this long lost its tuner and is retried "
+                            "(default 120)")
+    trial.add_argument("--max-retry", type=integer(0, 1000), default=3,
+                       help="retries of a trial whose tuner died (default 3)")
+    export = parser.add_argument_group("the verl job (trials and the written-back best layout)")
+    export.add_argument("--write", metavar="DIR",
+                        help="write the best measured layout as a verl job (and trials.csv)")
+    export.add_argument("--model-path", help="HF model directory (default $MODEL_PATH)")
+    export.add_argument("--train-files", help="training parquet (default $TRAIN_FILES)")
+    export.add_argument("--val-files", help="validation parquet (default $VAL_FILES)")
+    export.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Hydra override for the job (repeatable)")
+
+
+def _calibrate_parser(sub) -> None:
+    parser = sub.add_parser("calibrate", help="fit efficiency constants from measured trials")
+    parser.add_argument("sweep_dir", nargs="?", metavar="SWEEP_DIR",
+                        help="a `plan-parallel tune` sweep directory (its sweep.json names the "
+                             "study and storage)")
+    parser.add_argument("--storage", help="the study's storage URL instead (sqlite:///..., "
+                                          "postgresql://..., journal:PATH)")
+    parser.add_argument("--study-name", help="which study (default: the sweep's, or the only "
+                                             "plan-parallel study in the storage)")
+    parser.add_argument("--calibration", help="calibration to start from and compare with "
+                                              "(default: the shipped one)")
+    parser.add_argument("--output", "-o", help="file to write (default: SWEEP_DIR/"
+                                               "calibration.json, else ./calibration.json)")
+    parser.add_argument("--force", action="store_true", help="overwrite --output")
+
+
+def _catalog_parsers(sub) -> None:
+    models = sub.add_parser("models", help="list the built-in model catalog")
+    output_args(models, ("table", "json"))
+    gpus = sub.add_parser("gpus", help="list the GPU catalog")
+    output_args(gpus, ("table", "json"))
+
+
+SUBCOMMANDS = ("plan", "estimate", "validate", "tune", "calibrate", "profile", "explain", "fix",
+               "diff", "report", "models", "gpus")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="plan-parallel",
+        description="Find the best parallel layout for verl GRPO training with Megatron: "
+                    "memory and time of every phase for every valid layout, ranked.",
+        epilog="Without a subcommand, `plan` runs: plan-parallel --model qwen3-30b --gpus 16")
+    sub = parser.add_subparsers(dest="command", parser_class=Parser)
+    for add in (_plan_parser, _estimate_parser, _validate_parser, _tune_parser,
+                _calibrate_parser, _profile_parser, _explain_parser, _fix_parser, _diff_parser,
+                _report_parser, _catalog_parsers):
+        add(sub)
+    return parser

@@ -1,0 +1,80 @@
+"""Handlers of ``validate``, ``fix``, ``diff``, ``explain`` and ``profile``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from planner.catalog.models import resolve_model
+from planner.cli import inputs
+from planner.cli.codes import ExitCode
+from planner.diagnose.diff import compare, diff_text
+from planner.diagnose.explain import explain, explain_text
+from planner.diagnose.fix import fix_job, fix_text, write_fix
+from planner.diagnose.profile import profile_text, profile_traces
+from planner.diagnose.validate import JobInput, dry_run
+from planner.diagnose.validate_report import render_text
+
+
+def job_input(args, paths: list[str]) -> JobInput:
+    return JobInput(inputs=tuple(paths), sets=tuple(args.set), model=args.model,
+                    gpu_type=args.gpu_type, policy=inputs.policy(args))
+
+
+def _json(data) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def cmd_validate(args) -> int:
+    report = dry_run(job_input(args, args.inputs))
+    if args.format == "json":
+        _json(report)
+    else:
+        print(render_text(report))
+    return ExitCode.OK if report["would_launch"] else ExitCode.NO
+
+
+def cmd_fix(args) -> int:
+    policy = inputs.policy(args)
+    result = fix_job(job_input(args, args.inputs), args.top)
+    if args.write and result.has_fix and not result.data["in_band"]:
+        result.data["written"] = [str(path) for path in
+                                  write_fix(result, Path(args.write), args.force)]
+    if args.format == "json":
+        _json(result.data)
+    else:
+        print(fix_text(result, policy))
+        for path in result.data.get("written", []):
+            print(f"wrote {path}", file=sys.stderr)
+    if result.data["in_band"] or result.has_fix:
+        return ExitCode.OK
+    return ExitCode.NO
+
+
+def cmd_diff(args) -> int:
+    result = compare(args.a, args.b, job_input(args, []))
+    if args.format == "json":
+        _json(result)
+    else:
+        print(diff_text(result))
+    return ExitCode.OK
+
+
+def cmd_explain(args) -> int:
+    result = explain(resolve_model(args.model), inputs.resolve_cluster(args),
+                     inputs.workload(args), inputs.calibration(args), inputs.policy(args))
+    if args.format == "json":
+        _json(result)
+    else:
+        print(explain_text(result))
+    return ExitCode.OK
+
+
+def cmd_profile(args) -> int:
+    data = profile_traces(args.traces)
+    if args.format == "json":
+        _json(data)
+    else:
+        print(profile_text(data))
+    return ExitCode.OK

@@ -1,0 +1,93 @@
+"""``plan-parallel``: parse, dispatch, and map errors to exit codes -- the only place that does.
+
+Data goes to stdout (tables, JSON, CSV), messages to stderr.  Handler modules are imported when
+their command runs, so ``plan-parallel --help`` starts at once (only argparse loads).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Sequence
+
+from planner.cli.args import SUBCOMMANDS, build_parser
+from planner.cli.codes import ExitCode
+from planner.errors import InvalidLayoutError, NoFitError, PlanInputError
+from planner.extras import missing_extra
+
+# command -> (module, handler) under planner.cli
+HANDLERS = {
+    "plan": ("commands", "cmd_plan"),
+    "estimate": ("commands", "cmd_estimate"),
+    "models": ("commands", "cmd_models"),
+    "gpus": ("commands", "cmd_gpus"),
+    "validate": ("diagnose", "cmd_validate"),
+    "fix": ("diagnose", "cmd_fix"),
+    "diff": ("diagnose", "cmd_diff"),
+    "explain": ("diagnose", "cmd_explain"),
+    "profile": ("diagnose", "cmd_profile"),
+    "report": ("report", "cmd_report"),
+    "tune": ("tune", "cmd_tune"),
+    "calibrate": ("calibrate", "cmd_calibrate"),
+}
+assert set(HANDLERS) == set(SUBCOMMANDS)
+
+
+def _error(message: str) -> None:
+    text = " ".join(str(message).split()) or "error"
+    if len(text) > 2000:
+        text = text[:2000] + " ..."
+    print(f"plan-parallel: error: {text}", file=sys.stderr)
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: send what Python still flushes at exit to /dev/null."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
+        argv.insert(0, "plan")  # `plan-parallel --model ... --gpus ...`
+    if not argv:
+        argv = ["--help"]
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command is None:
+            build_parser().print_help()
+            return ExitCode.USAGE
+        module, name = HANDLERS[args.command]
+        try:
+            handler = getattr(importlib.import_module(f"planner.cli.{module}"), name)
+            code = int(handler(args))
+        except ModuleNotFoundError as error:
+            missing = missing_extra(error, f"`plan-parallel {args.command}`")
+            if missing is None:
+                raise
+            raise missing from None
+        sys.stdout.flush()
+        return code
+    except PlanInputError as error:
+        _error(error)
+        return ExitCode.USAGE
+    except (InvalidLayoutError, NoFitError) as error:
+        _error(error)
+        return ExitCode.NO
+    except KeyboardInterrupt:
+        print("plan-parallel: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        _quiet_stdout()
+        return ExitCode.BROKEN_PIPE
+    except RecursionError:
+        _error("input nested too deeply to read")
+        return ExitCode.USAGE
+
+
+def entry_point() -> None:
+    sys.exit(main())

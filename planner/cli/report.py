@@ -1,0 +1,37 @@
+"""Handler of ``report``: an HTML report of a sweep folder or of a plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.catalog.models import resolve_model
+from planner.cli import inputs
+from planner.cli.args import UsageError
+from planner.cli.codes import ExitCode
+from planner.errors import PlanInputError
+from planner.plan import make_plan
+from planner.report.html import load_trials, plan_from_sweep, write_report
+
+
+def cmd_report(args) -> int:
+    trials = None
+    calibration = inputs.calibration(args)
+    policy = inputs.policy(args)
+    if args.sweep:
+        sweep = Path(args.sweep)
+        if not sweep.is_dir():
+            raise PlanInputError(f"sweep folder {args.sweep!r} does not exist")
+        plan = plan_from_sweep(sweep, calibration, policy)
+        if (sweep / "trials.csv").exists():
+            trials = load_trials(sweep / "trials.csv")
+        output = Path(args.html) if args.html else sweep / "report.html"
+    elif args.model:
+        plan = make_plan(resolve_model(args.model), inputs.resolve_cluster(args),
+                         inputs.workload(args), calibration=calibration, policy=policy)
+        output = Path(args.html or "report.html")
+    else:
+        raise UsageError("give a sweep folder, or --model and --gpus for a plan report")
+    written = write_report(plan, output, trials, Path(args.png_dir) if args.png_dir else None,
+                           args.force)
+    print(f"wrote {written}")
+    return ExitCode.OK

@@ -1,0 +1,58 @@
+"""The cost model's result schema: every column a scored layout carries, in one place.
+
+Layout columns are the fields of :class:`planner.search.layout.Layout`.  The cost model adds the
+columns below (bytes, seconds, FLOP-based ratios; per GPU).  Names built from a phase, a
+breakdown part or a flag come from the functions here, never from f-strings elsewhere.
+"""
+
+from __future__ import annotations
+
+from planner.phases import PHASES
+
+# Parts of the peak-memory breakdown (bytes per GPU on the rank that sets the peak).
+BREAKDOWN_PARTS = ("weights", "grads", "optimizer", "train_activations", "train_logits",
+                   "ref_weights", "rollout_weights", "kv_cache")
+
+
+def memory_column(phase: str) -> str:
+    """Peak bytes per GPU of ``phase`` on its worst pipeline rank."""
+    return f"mem_{phase}_bytes"
+
+
+def time_column(phase: str) -> str:
+    """Seconds per step spent in ``phase``."""
+    return f"time_{phase}_s"
+
+
+def part_column(part: str) -> str:
+    """Bytes of one breakdown part (:data:`BREAKDOWN_PARTS`)."""
+    return f"{part}_bytes"
+
+
+def flag_column(flag: str) -> str:
+    """True where a layout is legal but unwise for the named reason."""
+    return f"flag_{flag}"
+
+
+# Scalar columns: name -> what it holds.
+SCHEMA = {
+    "fits": "bool: every phase fits in GPU memory and the KV cache holds a sequence",
+    "peak_bytes": "peak bytes per GPU over the phases the workload runs",
+    "peak_phase": "index into planner.phases.PHASES of the phase that sets the peak",
+    "peak_stage": "index into cost.memory.STAGES of the pipeline rank that sets the peak",
+    "memory_utilization": "peak_bytes / GPU memory",
+    "kv_cache_bytes": "rollout KV cache per GPU",
+    "kv_cache_tokens_per_gpu": "tokens the KV cache of one GPU holds",
+    "rollout_concurrent_seqs": "sequences a rollout rank runs at once",
+    "rollout_seqs_per_rank": "sequences each rollout attention rank generates per step",
+    "rollout_waves": "rounds of generation when a rank's sequences exceed its concurrency",
+    "rollout_fits": "bool: the rollout engine fits beside the resident actor state",
+    "step_time_s": "seconds per step (GRPO: the sum of the phases)",
+    "tokens_per_s_per_gpu": "prompt + response tokens per second per GPU (verl perf/throughput)",
+    "mfu": "actor-update model FLOPs utilisation (verl perf/mfu/actor)",
+    "dominant_phase": "index into PHASES of the longest phase",
+    "unwise_count": "number of unwise flags set",
+    **{memory_column(phase): f"peak bytes per GPU in {phase}" for phase in PHASES},
+    **{time_column(phase): f"seconds per step in {phase}" for phase in PHASES},
+    **{part_column(part): f"bytes of {part} on the peak rank" for part in BREAKDOWN_PARTS},
+}

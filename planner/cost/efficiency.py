@@ -1,0 +1,117 @@
+"""The cost model's fitted constants: achieved fractions of hardware peaks, the file they ship in
+(``planner/cost/calibration.json``, written by ``benchmarks/calibrate.py``), and the priors and
+bounds the fit (:mod:`planner.cost.calibration`) keeps them within.
+
+The fit is physical: one GEMM efficiency per GPU type and precision family, and a handful of
+constants shared by every GPU.  A user's own fit (``plan-parallel calibrate``) has the same
+shape and is read by :func:`read_calibration`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from planner.catalog.hardware import GpuSpec
+from planner.errors import PlanInputError
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of hardware peaks (fitted; see ``benchmarks/calibrate.py``)."""
+
+    gemm: float = 0.60  # large-GEMM fraction of dense tensor-core peak
+    gemm_half_rows: float = 192.0  # GEMM rows at which efficiency is half of ``gemm``
+    attention: float = 0.45  # flash-attention fraction of BF16 peak
+    nvlink: float = 0.70  # collective bus bandwidth / NVLink per-direction bandwidth
+    network: float = 0.55  # ... / NIC bandwidth across nodes
+    hbm: float = 0.70  # decode weight/KV streaming and optimizer step
+    dp_overlap: float = 0.60  # share of DP reduce-scatter/all-gather hidden behind compute
+    tp_overlap: float = 0.0  # share of TP collectives hidden (0 without TE comm overlap)
+    ep_overlap: float = 0.0  # share of EP all-to-all hidden
+    cp_overlap: float = 0.70  # share of CP ring exchange hidden behind attention
+    # Memory-bound work beside the GEMMs (norms, activation functions, MoE permutation,
+    # residual adds): passes over the layer's activation tensors at HBM bandwidth, forward.
+    elementwise_passes: float = 2.0
+    layer_overhead_s: float = 40e-6  # kernel launches and syncs per layer per micro-batch pass
+    expert_gemm: float = 0.7  # grouped expert GEMMs + routing, relative to dense GEMMs
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+CALIBRATION_FILE = "calibration.json"
+
+
+@cache
+def _shipped() -> dict:
+    path = resources.files("planner.cost") / CALIBRATION_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def shipped_calibration() -> dict:
+    """The calibration that ships with the planner (a copy: callers may change it)."""
+    return json.loads(json.dumps(_shipped()))
+
+
+def load_efficiency(gpu: GpuSpec, precision: str, calibration: dict | None = None) -> Efficiency:
+    """Efficiency for a GPU type and precision: shared constants, then per-GPU/precision ones.
+
+    ``calibration`` is a dict as written by ``benchmarks/calibrate.py`` (or a user's
+    ``plan-parallel calibrate``); by default the shipped ``planner/cost/calibration.json``.
+    """
+    data = _shipped() if calibration is None else calibration
+    known = {f.name for f in fields(Efficiency)}
+    values = {k: v for k, v in data.get("shared", {}).items() if k in known}
+    family = "fp8" if precision == "fp8" else "bf16"
+    for key in (f"{gpu.name}/{family}", f"*/{family}"):
+        if key in data.get("by_gpu", {}):
+            values.update({k: v for k, v in data["by_gpu"][key].items() if k in known})
+            break
+    return replace(Efficiency(), **values)
+
+
+def read_calibration(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise PlanInputError(f"cannot read calibration file {str(path)!r}: {error}") from None
+    if not isinstance(data, dict) or not ({"shared", "by_gpu"} & set(data)):
+        raise PlanInputError(f"{str(path)!r} is not a plan-parallel calibration file "
+                             f"(expects 'shared' and 'by_gpu')")
+    entries = [("shared", k, v) for k, v in (data.get("shared") or {}).items()]
+    entries += [(f"by_gpu.{gpu}", k, v) for gpu, values in (data.get("by_gpu") or {}).items()
+                if isinstance(values, dict) for k, v in values.items()]
+    for where, key, value in entries:
+        if key in BOUNDS:
+            low, high = BOUNDS[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not low <= value <= high:
+                raise PlanInputError(f"{str(path)!r}: {where}.{key} = {value!r} is not a number "
+                                     f"in {low:g}..{high:g}")
+    return data
+
+
+
+# (typical value, sigma of the log): NCCL bus bandwidth ~75% of NVLink and ~70% of the NIC;
+# cuBLAS GEMMs ~65% of dense peak; flash attention ~45%; tens of microseconds of kernel
+# launches per layer; grouped expert GEMMs below dense ones.
+PRIORS = {"gemm": (0.65, 0.3), "gemm_half_rows": (128.0, 1.0), "attention": (0.45, 0.3),
+          "nvlink": (0.75, 0.2), "network": (0.70, 0.3), "dp_overlap": (0.6, 0.5),
+          "ep_overlap": (0.3, 1.0), "elementwise_passes": (3.0, 0.5),
+          "layer_overhead_s": (30e-6, 0.7), "expert_gemm": (0.7, 0.5)}
+BOUNDS = {"gemm": (0.2, 0.95), "gemm_half_rows": (8.0, 4096.0), "attention": (0.2, 0.9),
+          "nvlink": (0.3, 0.95), "network": (0.2, 0.95), "dp_overlap": (0.01, 0.98),
+          "ep_overlap": (0.01, 0.9), "elementwise_passes": (0.1, 12.0),
+          "layer_overhead_s": (1e-6, 500e-6), "expert_gemm": (0.1, 1.0)}
+SHARED = ("gemm_half_rows", "attention", "nvlink", "network", "dp_overlap", "ep_overlap",
+          "elementwise_passes", "layer_overhead_s", "expert_gemm")
+# Parts with no measurements borrow a measured part of the same architecture.
+DONORS = {"H800": "H100-80GB", "H20-96GB": "H100-80GB", "H200": "H100-80GB",
+          "L40S": "A100-80GB", "B300": "B200"}

@@ -1,0 +1,405 @@
+"""Step time of every GRPO phase and of a plain Megatron training step, vectorised over layouts.
+
+Each term is a pure function of model, hardware, workload and layout, with its source named.
+Efficiencies are few and fitted (:class:`Efficiency`, ``planner/cost/calibration.json``,
+``benchmarks/calibrate.py``); nothing is tuned per model.
+
+Training step (actor update, reference and old-log-prob forwards, pretraining):
+
+* compute: FLOPs (:mod:`planner.cost.flops`) per GPU over
+  ``peak * gemm * rows / (rows + half_rows)``,
+  a saturating GEMM-efficiency curve in the rows (tokens) each GEMM sees — small micro-batches,
+  CP, and MoE experts that receive few tokens run below peak (roofline-style, cf. Calculon,
+  Isaev et al. 2023);
+* backward = 2 x forward; full recompute adds a forward; selective adds a few percent;
+* tensor parallelism with sequence parallelism: 2 all-gathers + 2 reduce-scatters of the
+  ``T x h`` activation per layer forward, the same backward (Korthikanti et al. 2022 §4.2.2);
+  ring time ``(t-1)/t * bytes / bandwidth``;
+* context parallelism: ring exchange of K and V, ``(cp-1)`` chunks per layer (Liu et al. 2023,
+  Ring Attention; megatron-core ``cp_comm_type=p2p``), mostly hidden behind attention;
+* expert parallelism: all-to-all dispatch and combine of ``T * k`` token copies per MoE layer,
+  forward and backward (megatron-core ``alltoall`` dispatcher);
+* pipeline: ``(m + (pp-1)/vpp) * t_stage`` per optimizer step for 1F1B / interleaved 1F1B
+  (Narayanan et al. 2021, §2.2: bubble fraction ``(pp-1)/(m*vpp)``), plus activation P2P;
+* data parallelism with the distributed optimizer: reduce-scatter of fp32 gradients and
+  all-gather of bf16 parameters per optimizer step over DP*CP (experts over expert-DP), partly
+  overlapped with backward; the optimizer step itself is memory-bound (Adam reads and writes
+  the fp32 master weight, m, v and the gradient of the local shard);
+* links: NVLink when a group fits in one NVLink domain (ranks ordered tp-cp-ep-dp-pp as
+  megatron-core does), else the network.
+
+Rollout (vLLM/SGLang, per replica of ``rollout_tp * rollout_dp`` GPUs):
+
+* prefill is compute-bound: forward FLOPs of the prompts;
+* decode is a roofline per step: max(weights + KV cache read at HBM bandwidth, FLOPs of the
+  running batch), plus per layer TP all-reduces (latency-bound), expert-parallel dispatch and
+  combine of the batch's token copies (network-bound once a replica spans nodes) and a fixed
+  scheduling cost;
+  MoE decode reads only the experts the batch touches, ``E * (1 - (1 - k/E)^b)`` of them;
+* continuous batching: ``max(R_max, S * R_mean / c + (R_max - R_mean))`` decode steps for
+  ``S`` sequences at concurrency ``c`` (KV capacity or ``max_num_seqs``): the steady state
+  plus the tail that waits for the longest response.
+
+Weight sync: every rank gathers the full bf16 weights across the actor's model-parallel group
+(verl's per-tensor all-gather into vLLM), then vLLM copies its shard in; plus wake/sleep.
+Offload: host<->device copies at the GPU's host bandwidth around each phase that needs them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.catalog.hardware import ClusterSpec
+from planner.catalog.models import ModelSpec
+from planner.catalog.workload import GrpoWorkload, PretrainWorkload
+from planner.cost.columns import time_column
+from planner.cost.efficiency import Efficiency, load_efficiency
+from planner.cost.flops import (
+    attention_core_flops_per_layer,
+    linear_params_per_token,
+    training_flops,
+    verl_training_flops,
+)
+from planner.cost.memory import (
+    MAIN_GRAD_BYTES,
+    WEIGHT_BYTES,
+    activation_bytes_per_layer,
+    actor_params_per_gpu,
+    kv_bytes_per_token,
+    rank_layers,
+    rollout_weight_bytes,
+)
+from planner.phases import PHASES
+from planner.search.layout import Columns
+from planner.search.rules import micro_batches_per_mini_batch
+
+SELECTIVE_RECOMPUTE_OVERHEAD = 0.03  # layernorm + activation recompute, of a forward pass
+ADAM_BYTES_PER_PARAM = 4 * 2 * 3 + MAIN_GRAD_BYTES + WEIGHT_BYTES  # r/w master, m, v; grad; param
+ALLREDUCE_LATENCY_NVLINK_S = 8e-6  # small-message NCCL all-reduce inside a node
+ALLREDUCE_LATENCY_NETWORK_S = 30e-6  # ... across nodes
+DECODE_STEP_OVERHEAD_S = 2.5e-3  # vLLM v1 scheduling, sampling, CUDA-graph launch per step
+WAKE_SLEEP_OVERHEAD_S = 1.5  # vLLM sleep-mode wake up/sleep and cache reset per step
+DEFAULT_MEAN_RESPONSE_FRACTION = 0.5  # mean / max response length when not given
+
+
+def _f(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def gemm_efficiency(eff: Efficiency, rows) -> np.ndarray:
+    rows = _f(rows)
+    return eff.gemm * rows / (rows + eff.gemm_half_rows)
+
+
+def link_bandwidth(cluster: ClusterSpec, eff: Efficiency, group_span) -> np.ndarray:
+    """Bus bandwidth (bytes/s) of a collective over ``group_span`` consecutive ranks."""
+    gpu = cluster.gpu
+    inside = _f(group_span) <= cluster.fast_domain_gpus
+    return np.where(inside, gpu.nvlink_bandwidth_bytes_per_s * eff.nvlink,
+                    gpu.inter_node_bandwidth_bytes_per_s * eff.network)
+
+
+def ring_time(bytes_per_gpu, group_size, bandwidth) -> np.ndarray:
+    """All-gather / reduce-scatter time of a ring over ``group_size`` ranks."""
+    group = _f(group_size)
+    return np.where(group > 1, (group - 1) / group * _f(bytes_per_gpu) / bandwidth, 0.0)
+
+
+# --- training (Megatron) -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainShape:
+    """What a training (or forward-only) pass sees per DP rank."""
+
+    tokens_per_micro_batch: np.ndarray  # tokens of one micro-batch (all sequences, before CP)
+    seq_len: np.ndarray  # mean sequence length (for attention's s^2)
+    micro_batches: np.ndarray  # per optimizer step per DP rank
+    optimizer_steps: float  # per training step
+    forward_only: bool = False
+
+
+def _stage_compute_s(model, cluster, cols, eff, peak_flops, shape: TrainShape):
+    """Forward compute seconds of one micro-batch on the slowest pipeline stage."""
+    linear = linear_params_per_token(model)
+    tp, cp = _f(cols["tp"]), _f(cols["cp"])
+    tokens = shape.tokens_per_micro_batch / cp  # per CP rank; SP gathers them for the GEMMs
+    dense_rows = tokens
+    # Routed tokens per local expert: local tokens x k, gathered over ETP, spread over E/EP.
+    expert_rows = (tokens / tp * max(model.moe_top_k, 1) * _f(cols["etp"]) * _f(cols["ep"])
+                   / max(model.num_experts, 1))
+    dense_eff = gemm_efficiency(eff, dense_rows)
+    expert_eff = gemm_efficiency(eff, expert_rows) * eff.expert_gemm
+    attention_layer = 2 * tokens * linear["attention"] / tp / (peak_flops * dense_eff)
+    mlp_layer = 2 * tokens * linear["dense_mlp"] / tp / (peak_flops * dense_eff)
+    moe_layer = (2 * tokens * (linear["router"] + linear["shared_experts"]) / tp
+                 / (peak_flops * dense_eff)
+                 + 2 * tokens / tp * linear["routed_experts"] / (peak_flops * expert_eff))
+    sequences = shape.tokens_per_micro_batch / shape.seq_len
+    squares = sequences * shape.seq_len ** 2
+    core = (attention_core_flops_per_layer(model, squares) / (tp * cp)
+            / (cluster.gpu.bf16_flops * eff.attention))
+    hbm = cluster.gpu.hbm_bandwidth_bytes_per_s
+    elementwise_dense = (eff.elementwise_passes / hbm
+                         * activation_bytes_per_layer(model, cols, tokens, moe=False))
+    elementwise_moe = (eff.elementwise_passes / hbm
+                       * activation_bytes_per_layer(model, cols, tokens, moe=True)
+                       if model.is_moe else elementwise_dense)
+    per_dense = attention_layer + mlp_layer + core + elementwise_dense + eff.layer_overhead_s
+    per_moe = attention_layer + moe_layer + core + elementwise_moe + eff.layer_overhead_s
+    output = 2 * tokens * linear["output_layer"] / tp / (peak_flops * dense_eff)
+    # The slowest of the representative ranks (ends and the ranks next to them) sets the pace.
+    ranks = rank_layers(model, cols)
+    stage_times = [r.dense * per_dense + r.moe * per_moe + np.where(r.head, output, 0)
+                   for r in ranks]
+    layers = np.max([r.dense + r.moe for r in ranks], axis=0)
+    return np.max(stage_times, axis=0), layers
+
+
+def _stage_comm_s(model, cluster, cols, eff, shape: TrainShape, stage_layers_count):
+    """Exposed TP, CP and EP communication of one micro-batch forward on a stage."""
+    h = model.hidden_size
+    tp, cp, ep, etp = (_f(cols[k]) for k in ("tp", "cp", "ep", "etp"))
+    tokens = shape.tokens_per_micro_batch / cp
+    activation_bytes = tokens * h * WEIGHT_BYTES
+    tp_bw = link_bandwidth(cluster, eff, tp)
+    tp_layer = 4 * ring_time(activation_bytes, tp, tp_bw) * (1 - eff.tp_overlap)
+    kv_width = (model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla
+                else 2 * model.num_query_groups * model.head_dim)
+    cp_bytes = (cp - 1) * tokens * kv_width * WEIGHT_BYTES / tp
+    cp_layer = cp_bytes / link_bandwidth(cluster, eff, tp * cp) * (1 - eff.cp_overlap)
+    k = max(model.moe_top_k, 1)
+    dispatched = tokens / tp * k * h * WEIGHT_BYTES
+    # Inside one NVLink domain every token copy crosses NVLink.  Across nodes, DeepEP-style
+    # dispatch (megatron-core's flex dispatcher) sends a token once per destination node and
+    # fans it out over NVLink there, so the network carries min(k, nodes) copies per token
+    # (DeepSeek-V3 report, arXiv 2412.19437 §3.2.2), overlapped with the NVLink leg.
+    span = ep * etp
+    nodes = np.ceil(span / cluster.fast_domain_gpus)
+    nvlink_bw = cluster.gpu.nvlink_bandwidth_bytes_per_s * eff.nvlink
+    network_bw = cluster.gpu.inter_node_bandwidth_bytes_per_s * eff.network
+    intra = (ep - 1) / ep * dispatched / nvlink_bw
+    inter = (tokens / tp * np.minimum(k, nodes) * h * WEIGHT_BYTES * (nodes - 1)
+             / np.maximum(nodes, 1) / network_bw)
+    ep_layer = np.where(ep > 1, 2 * np.maximum(intra, inter), 0.0)
+    # ETP: the dispatched tokens are all-gathered over the expert-TP group and the expert
+    # outputs reduce-scattered back (megatron-core token_dispatcher.py).
+    etp_layer = 2 * ring_time(dispatched * etp, etp, link_bandwidth(cluster, eff, etp))
+    ep_layer = (ep_layer + etp_layer) * (1 - eff.ep_overlap)
+    moe_fraction = model.num_moe_layers / model.num_layers
+    return stage_layers_count * (tp_layer + cp_layer + moe_fraction * ep_layer)
+
+
+def train_phase_s(model: ModelSpec, cluster: ClusterSpec, cols: Columns, eff: Efficiency,
+                  precision: str, shape: TrainShape) -> dict[str, np.ndarray]:
+    """Seconds of one training (or forward-only) pass over a step's data, with a breakdown."""
+    peak = cluster.gpu.peak_flops(precision)
+    pp, vpp = _f(cols["pp"]), _f(cols["vpp"])
+    forward, layers_on_stage = _stage_compute_s(model, cluster, cols, eff, peak, shape)
+    comm = _stage_comm_s(model, cluster, cols, eff, shape, layers_on_stage)
+    if shape.forward_only:
+        compute, exposed_comm = forward, comm
+    else:
+        recompute = np.select([cols["recompute"] == 2, cols["recompute"] == 1],
+                              [1.0, SELECTIVE_RECOMPUTE_OVERHEAD], 0.0)
+        compute = forward * (3 + recompute)
+        exposed_comm = comm * (2 + (cols["recompute"] == 2))
+    per_micro = compute + exposed_comm
+    # pipeline P2P of the SP-sharded activation at each stage boundary, forward and backward
+    p2p_bytes = shape.tokens_per_micro_batch / _f(cols["cp"]) / _f(cols["tp"]) \
+        * model.hidden_size * WEIGHT_BYTES
+    p2p = np.where(pp > 1, p2p_bytes / link_bandwidth(cluster, eff, cluster.num_gpus), 0.0)
+    # with VPP model chunks a micro-batch crosses vpp times as many stage boundaries
+    per_micro = per_micro + p2p * vpp * (1 if shape.forward_only else 2)
+    m = _f(shape.micro_batches)
+    pipeline = (m + (pp - 1) / vpp) * per_micro
+    bubble = (pp - 1) / vpp * per_micro
+    out = {"compute_s": m * compute * shape.optimizer_steps,
+           "comm_s": m * exposed_comm * shape.optimizer_steps,
+           "bubble_s": bubble * shape.optimizer_steps}
+    total = pipeline * shape.optimizer_steps
+    if not shape.forward_only:
+        shards = actor_params_per_gpu(model, cols)
+        non_expert = np.max([ne for ne, _ in shards], axis=0)
+        expert = np.max([exp for _, exp in shards], axis=0)
+        dense_dp = _f(cols["dp"] * cols["cp"])
+        expert_dp = np.where(cols["ep"] > 1,
+                             _f(cluster.num_gpus // (cols["etp"] * cols["ep"] * cols["pp"])),
+                             dense_dp)
+        grad_and_param = MAIN_GRAD_BYTES + WEIGHT_BYTES  # RS fp32 grads + AG bf16 params
+        dp_span = _f(cols["tp"] * cols["cp"]) * dense_dp / _f(cols["cp"])
+        dp = (ring_time(non_expert * grad_and_param, dense_dp,
+                        link_bandwidth(cluster, eff, dp_span))
+              + ring_time(expert * grad_and_param, expert_dp,
+                          link_bandwidth(cluster, eff, _f(cols["ep"] * cols["etp"]) * expert_dp)))
+        dp_exposed = dp * (1 - eff.dp_overlap)
+        shards = np.where(cols["distributed_optimizer"].astype(bool), 1, 0)
+        local = (non_expert / np.where(shards, dense_dp, 1)
+                 + expert / np.where(shards, expert_dp, 1))
+        optimizer = local * ADAM_BYTES_PER_PARAM / (cluster.gpu.hbm_bandwidth_bytes_per_s
+                                                    * eff.hbm)
+        out["dp_comm_s"] = dp_exposed * shape.optimizer_steps
+        out["optimizer_s"] = optimizer * shape.optimizer_steps
+        total = total + out["dp_comm_s"] + out["optimizer_s"]
+    out["total_s"] = total
+    return out
+
+
+def pretrain_step(model: ModelSpec, cluster: ClusterSpec, workload: PretrainWorkload,
+                  cols: Columns, eff: Efficiency | None = None) -> Columns:
+    """A plain Megatron training step: time, tokens/s/GPU, model TFLOP/s per GPU, MFU."""
+    eff = eff or load_efficiency(cluster.gpu, workload.precision)
+    micro = _f(cols["micro_batch"])
+    m = np.maximum(workload.global_batch // np.maximum(cols["dp"] * cols["micro_batch"], 1), 1)
+    shape = TrainShape(tokens_per_micro_batch=micro * workload.seq_len,
+                       seq_len=np.full(len(micro), float(workload.seq_len)),
+                       micro_batches=m, optimizer_steps=1.0)
+    phase = train_phase_s(model, cluster, cols, eff, workload.precision, shape)
+    step = phase["total_s"]
+    tokens = float(workload.tokens_per_step)
+    flops = float(training_flops(model, tokens, workload.global_batch * workload.seq_len ** 2))
+    tflops = flops / (step * cluster.num_gpus) / 1e12
+    return {"step_time_s": step, "tokens_per_s_per_gpu": tokens / (step * cluster.num_gpus),
+            "tflops_per_gpu": tflops,
+            "mfu": tflops * 1e12 / cluster.gpu.peak_flops(workload.precision),
+            **{f"train_{k}": v for k, v in phase.items()}}
+
+
+# --- GRPO ------------------------------------------------------------------------------------
+
+
+def mean_response_length(workload: GrpoWorkload) -> float:
+    return float(workload.mean_response_length
+                 or DEFAULT_MEAN_RESPONSE_FRACTION * workload.response_length)
+
+
+def generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, cols: Columns,
+               eff: Efficiency, memory: Columns) -> dict[str, np.ndarray]:
+    """Rollout generation time of the slowest replica (all replicas get equal shares)."""
+    gpu = cluster.gpu
+    rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
+    prompt, r_max = float(workload.prompt_length), float(workload.response_length)
+    r_mean = mean_response_length(workload)
+    replicas = np.maximum(np.floor(cluster.num_gpus / (rtp * rdp)), 1)
+    seqs = np.ceil(workload.sequences_per_step / replicas / rdp)  # per attention rank
+    linear = linear_params_per_token(model)
+    active_linear = (model.num_layers * linear["attention"]
+                     + (model.num_layers - model.num_moe_layers) * linear["dense_mlp"]
+                     + model.num_moe_layers * (linear["router"] + linear["routed_experts"]
+                                               + linear["shared_experts"])
+                     + linear["output_layer"])
+    peak = gpu.peak_flops(workload.precision if workload.precision == "fp8" else "bf16")
+    # prefill: compute-bound forward over the prompts, split over the rollout TP group
+    prefill_flops = seqs * (2 * prompt * active_linear
+                            + model.num_layers * attention_core_flops_per_layer(model, prompt**2))
+    prefill = prefill_flops / (rtp * peak * gemm_efficiency(eff, seqs * prompt))
+    # decode: continuous batching at concurrency c
+    kv_tokens = _f(memory["kv_cache_tokens_per_gpu"])
+    concurrency = np.clip(np.floor(kv_tokens / (prompt + r_mean)), 1, workload.max_num_seqs)
+    concurrency = np.minimum(concurrency, seqs)  # a rank never runs more than it was given
+    steps = np.maximum(r_max, seqs * r_mean / concurrency + (r_max - r_mean))
+    batch = np.maximum(seqs * r_mean / steps, 1.0)
+    weights = rollout_weight_bytes(model, cols)
+    if model.is_moe:
+        p = model.params
+        per_expert = p.experts_per_layer / model.num_experts * model.num_moe_layers * WEIGHT_BYTES
+        expert_shards = np.where(cols["rollout_ep"] > 1, _f(cols["rollout_ep"]), rtp)
+        touched = model.num_experts * (1 - (1 - model.moe_top_k / model.num_experts) ** batch)
+        weights = weights - p.experts * WEIGHT_BYTES / expert_shards \
+            + touched * per_expert / expert_shards
+    context = prompt + r_mean / 2
+    kv_read = batch * context * kv_bytes_per_token(model, cols)
+    memory_time = (weights + kv_read) / (gpu.hbm_bandwidth_bytes_per_s * eff.hbm)
+    compute_time = (2 * batch * active_linear / rtp
+                    + batch * model.num_layers
+                    * attention_core_flops_per_layer(model, 2 * context) / rtp) \
+        / (peak * gemm_efficiency(eff, batch))
+    inside = rtp * rdp <= cluster.fast_domain_gpus
+    latency = np.where(inside, ALLREDUCE_LATENCY_NVLINK_S, ALLREDUCE_LATENCY_NETWORK_S)
+    tp_allreduce = np.where(rtp > 1, 2 * model.num_layers
+                            * (latency + 2 * batch * model.hidden_size * WEIGHT_BYTES
+                               / link_bandwidth(cluster, eff, rtp)), 0.0)
+    # Expert parallel decode: dispatch and combine of the running batch's k token copies per
+    # MoE layer over the replica (TP*DP ranks), at network speed once it spans nodes.
+    rollout_ep = _f(cols["rollout_ep"])
+    dispatched = batch * max(model.moe_top_k, 1) * model.hidden_size * WEIGHT_BYTES
+    ep_alltoall = np.where(rollout_ep > 1, 2 * model.num_moe_layers
+                           * (latency + (rollout_ep - 1) / rollout_ep * dispatched
+                              / link_bandwidth(cluster, eff, rtp * rdp)), 0.0)
+    per_step = (np.maximum(memory_time, compute_time) + tp_allreduce + ep_alltoall
+                + DECODE_STEP_OVERHEAD_S)
+    decode = steps * per_step
+    return {"total_s": prefill + decode, "prefill_s": prefill, "decode_s": decode,
+            "decode_steps": steps, "decode_batch": batch}
+
+
+def weight_sync_s(model: ModelSpec, cluster: ClusterSpec, cols: Columns,
+                  eff: Efficiency) -> np.ndarray:
+    """Actor -> rollout weight transfer: gather full tensors over the actor's model-parallel
+    group, then vLLM copies its shard in; plus wake/sleep of the rollout engine."""
+    total = model.params.total * WEIGHT_BYTES
+    group = _f(cols["tp"] * cols["pp"] * cols["ep"])
+    gather = np.where(group > 1, (group - 1) / group * total
+                      / link_bandwidth(cluster, eff, np.minimum(group * cols["cp"],
+                                                                cluster.num_gpus)), 0.0)
+    load = rollout_weight_bytes(model, cols) / (cluster.gpu.hbm_bandwidth_bytes_per_s * eff.hbm)
+    return gather + load + WAKE_SLEEP_OVERHEAD_S
+
+
+def offload_s(cluster: ClusterSpec, nbytes) -> np.ndarray:
+    """One host<->device copy of ``nbytes`` per GPU."""
+    return _f(nbytes) / cluster.gpu.host_bandwidth_bytes_per_s
+
+
+def grpo_step(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, cols: Columns,
+              memory: Columns, eff: Efficiency | None = None) -> Columns:
+    """Seconds per GRPO phase and per step, tokens/s/GPU (verl's definition) and actor MFU."""
+    eff = eff or load_efficiency(cluster.gpu, workload.precision)
+    r_mean = mean_response_length(workload)
+    seq = workload.prompt_length + r_mean
+    micro = _f(cols["micro_batch"])
+    n = len(micro)
+    sequences = workload.sequences_per_step
+    per_rank = sequences / _f(cols["dp"])
+    forward_shape = TrainShape(tokens_per_micro_batch=micro * seq, seq_len=np.full(n, seq),
+                               micro_batches=np.maximum(per_rank / micro, 1), optimizer_steps=1.0,
+                               forward_only=True)
+    update_shape = TrainShape(tokens_per_micro_batch=micro * seq, seq_len=np.full(n, seq),
+                              micro_batches=_f(micro_batches_per_mini_batch(workload, cols)),
+                              optimizer_steps=workload.ppo_epochs
+                              * np.ceil(workload.train_batch_size / workload.mini_batch_size))
+    log_prob = train_phase_s(model, cluster, cols, eff, workload.precision, forward_shape)
+    update = train_phase_s(model, cluster, cols, eff, workload.precision, update_shape)
+    gen = generate_s(model, cluster, workload, cols, eff, memory)
+    param_off = cols["param_offload"].astype(bool)
+    optim_off = cols["optimizer_offload"].astype(bool)
+    weights, grads = _f(memory["weights_bytes"]), _f(memory["grads_bytes"])
+    # verl: params (and grad buffers) load before and offload after old-log-prob, the update
+    # and the weight sync; optimizer state once around the update.
+    param_trip = np.where(param_off, 2 * offload_s(cluster, weights + grads), 0.0)
+    optim_trip = np.where(optim_off, 2 * offload_s(cluster, memory["optimizer_bytes"]), 0.0)
+    ref_trip = np.where(cols["ref_param_offload"].astype(bool), 2 * offload_s(cluster, weights),
+                        0.0)
+    times = {
+        "generate": gen["total_s"],
+        "old_log_prob": log_prob["total_s"] + param_trip,
+        "ref": (log_prob["total_s"] + ref_trip) if workload.use_kl_loss else np.zeros(n),
+        "update_actor": update["total_s"] + param_trip + optim_trip,
+        "weight_sync": weight_sync_s(model, cluster, cols, eff) + param_trip,
+    }
+    step = sum(times.values())
+    tokens = sequences * seq
+    out = {time_column(phase): times[phase] for phase in PHASES}
+    out["step_time_s"] = step
+    out["tokens_per_s_per_gpu"] = tokens / (step * cluster.num_gpus)
+    flops = workload.ppo_epochs * verl_training_flops(model, tokens, sequences * seq ** 2)
+    out["mfu"] = flops / (times["update_actor"] * cluster.num_gpus
+                          * cluster.gpu.peak_flops(workload.precision))
+    out["decode_steps"] = gen["decode_steps"]
+    out["update_bubble_s"] = update["bubble_s"]
+    out["update_comm_s"] = update["comm_s"] + update.get("dp_comm_s", 0.0)
+    stack = np.stack([times[p] for p in PHASES])
+    out["dominant_phase"] = stack.argmax(axis=0)
+    return out

@@ -1,0 +1,343 @@
+"""``plan-parallel validate``: a dry run of a verl GRPO job on the Megatron backend.
+
+Input: a verl launch script, a Hydra YAML file, or ``-- key=value ...`` overrides (or a script
+or YAML plus overrides, appended the way ``"$@"`` appends them).  The job's config is composed
+as verl would compose it, verl's own validation runs, then the checks verl does not make
+(:mod:`planner.verl.checks`) and the planner's memory estimate for the layout it reads.
+The text report is laid out by :mod:`planner.diagnose.validate_report`.
+
+The report says whether the job would launch (``would_launch``); the CLI maps that to exit
+code 0 or 1, and unreadable input (:class:`planner.errors.PlanInputError`) to 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.catalog.hardware import (
+    DEFAULT_GPU,
+    ClusterSpec,
+    detect_local_gpus,
+    get_gpu,
+    gpu_from_detected,
+)
+from planner.catalog.models import (
+    builtin_model,
+    catalog_name,
+    load_model_config_path,
+    resolve_model,
+)
+from planner.cost.columns import flag_column
+from planner.cost.memory import STAGES
+from planner.diagnose.validate_report import module_rows
+from planner.errors import PlanInputError
+from planner.phases import PHASES
+from planner.plan import candidate_dict, estimate_layout
+from planner.policy import DEFAULT_POLICY, MemoryPolicy
+from planner.units import GIB
+from planner.verl.checks import (
+    backend_findings,
+    batch_findings,
+    model_findings,
+    recompute_findings,
+    reference_findings,
+    rollout_findings,
+)
+from planner.verl.config import (
+    ComposeError,
+    added_keys,
+    base_config,
+    compose,
+    installed_verl_version,
+    to_plain,
+    verl_checks,
+    verl_config_dir,
+    verl_trainer_dir,
+)
+from planner.verl.findings import Finding
+from planner.verl.job import layout_of, read_job, workload_of
+from planner.verl.keys import ROOT_CONFIG, VERL_VERSION, get
+from planner.verl.script import expand_override, read_launch_script
+
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+# --- input ----------------------------------------------------------------------------------
+
+
+def _settings(items) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, equals, value = item.partition("=")
+        if not equals or not name.isidentifier():
+            raise PlanInputError(f"--set {item!r} is not VAR=VALUE")
+        out[name] = value
+    return out
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """``--set`` values visible to OmegaConf's ${oc.env:...} while the config resolves."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _is_path(item: str) -> bool:
+    return "=" not in item or Path(item).is_file()
+
+
+def read_input(inputs: list[str], environ: dict[str, str]):
+    """``(kind, source, config_dir, config_name, overrides, notes)`` for the inputs."""
+    if not inputs:
+        raise PlanInputError("validate needs a launch script, a Hydra YAML or `-- key=value` "
+                             "overrides")
+    path = Path(inputs[0]) if _is_path(inputs[0]) else None
+    extra = [expand_override(item, environ) for item in inputs[1 if path else 0:]]
+    if path is None:
+        return "overrides", "overrides", verl_config_dir(), ROOT_CONFIG, extra, []
+    if not path.is_file():
+        raise PlanInputError(f"{str(path)!r} is not a file (a launch script or Hydra YAML), nor "
+                             f"a key=value override")
+    if path.suffix in YAML_SUFFIXES:
+        return "yaml", str(path), path.resolve().parent, path.stem, extra, []
+    command = read_launch_script(path, environ)
+    notes = list(command.notes)
+    config_dir = verl_config_dir()
+    if command.config_path:
+        given = Path(command.config_path)
+        config_dir = given if given.is_absolute() else verl_trainer_dir() / given
+        if not config_dir.is_dir():
+            raise PlanInputError(
+                f"{path.name} line {command.line}: --config-path {command.config_path} is not a "
+                f"directory (Hydra resolves a relative path against {verl_trainer_dir()}; use "
+                f"an absolute path)")
+    name = command.config_name or ROOT_CONFIG
+    for suffix in YAML_SUFFIXES:
+        name = name[:-len(suffix)] if name.endswith(suffix) else name
+    return "script", str(path), config_dir, name, [*command.overrides, *extra], notes
+
+
+# --- model and cluster ----------------------------------------------------------------------
+
+
+def resolve_job_model(model_path, model_flag: str | None):
+    """The model: model.path's config.json, else --model, else a catalog name matching the path.
+    Returns ``(spec, note)``."""
+    problem = ""
+    if isinstance(model_path, str) and model_path:
+        path = Path(model_path).expanduser()
+        config = path / "config.json" if path.is_dir() else path
+        if config.is_file():
+            try:
+                return load_model_config_path(path), f"model from {config}"
+            except PlanInputError as error:
+                problem = f" ({error})"
+    if model_flag:
+        return resolve_model(model_flag), f"model {model_flag} (--model)"
+    found = None
+    name = Path(str(model_path or "")).name
+    while name and not found:  # "DeepSeek-V3-0324", "Qwen2.5-7B-Instruct-AWQ"
+        found = catalog_name(name)
+        shorter = re.sub(r"[-_.](\d{4}|instruct|base|chat|hf|fp8|bf16|awq|gptq|int4|int8)$", "",
+                         name, flags=re.IGNORECASE)
+        name = "" if shorter == name else shorter
+    if found:
+        return builtin_model(found), (f"model {found} from the catalog (matched the name of "
+                                      f"actor_rollout_ref.model.path {model_path}, which has no "
+                                      f"readable config.json{problem})")
+    raise PlanInputError(f"cannot tell the model: actor_rollout_ref.model.path {model_path!r} has"
+                         f" no readable config.json{problem}; pass --model (a catalog name or a "
+                         f"config.json)")
+
+
+def resolve_gpu(gpu_type: str | None):
+    if gpu_type:
+        return get_gpu(gpu_type), None
+    detected = detect_local_gpus()
+    if detected is None:
+        return get_gpu(DEFAULT_GPU), (f"no GPU visible through NVML; memory checked for "
+                                      f"{DEFAULT_GPU} (pass --gpu-type to choose)")
+    return gpu_from_detected(detected), None
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+PHASE_ADVICE = {
+    "update_actor": "recompute (override_transformer_config.recompute_granularity), a smaller "
+                    "ppo_micro_batch_size_per_gpu, more TP/PP, or optimizer_offload",
+    "old_log_prob": "a smaller rollout.log_prob_micro_batch_size_per_gpu or more TP/PP",
+    "ref": "a smaller ref.log_prob_micro_batch_size_per_gpu or more TP/PP",
+    "generate": "a lower rollout.gpu_memory_utilization, or offloading the actor "
+                "(megatron.param_offload/optimizer_offload) and the reference "
+                "(ref.megatron.param_offload) during generation",
+    "weight_sync": "actor param_offload or a lower rollout.gpu_memory_utilization",
+}
+
+
+def memory_findings(estimate, policy: MemoryPolicy = DEFAULT_POLICY) -> list:
+    row, gpu = estimate.row, estimate.cluster.gpu
+    capacity = gpu.memory_bytes / GIB
+    peak = row["peak_bytes"] / GIB
+    phase = PHASES[int(row["peak_phase"])]
+    stage = STAGES[int(row["peak_stage"])]
+    share = row["memory_utilization"]
+    out = []
+    seq = estimate.workload.sequence_length
+    if row["kv_cache_tokens_per_gpu"] < seq:
+        out.append(Finding("memory", f"rollout KV cache holds {int(row['kv_cache_tokens_per_gpu'])}"
+                           f" tokens per GPU, less than one {seq}-token sequence: raise "
+                           f"actor_rollout_ref.rollout.gpu_memory_utilization "
+                           f"({estimate.layout.gpu_memory_utilization}) or the rollout TP",
+                           ("actor_rollout_ref.rollout.gpu_memory_utilization",)))
+    if peak > capacity:
+        out.append(Finding("memory", f"will not fit: predicted peak {peak:.1f} GiB in {phase} "
+                           f"({stage} pipeline stage) exceeds the {capacity:.1f} GiB of a "
+                           f"{gpu.name}; try {PHASE_ADVICE[phase]}, or a layout from "
+                           f"`plan-parallel --model {estimate.model.name} --gpus "
+                           f"{estimate.cluster.num_gpus} --gpu-type {gpu.name}`"))
+    elif policy.position(share) == "below":
+        out.append(Finding("memory", f"GPUs underused: predicted peak {peak:.1f} GiB in {phase} "
+                           f"is {100 * share:.0f}% of {capacity:.1f} GiB, below the "
+                           f"{policy.band_text} band; less model "
+                           f"parallelism or offload, larger micro-batches or a higher "
+                           f"gpu_memory_utilization would use them", (), "warning"))
+    if row.get("flag_memory_tight") and peak <= capacity:
+        out.append(Finding("memory", f"a training phase peaks above {100 * policy.tight:.0f}% of "
+                           f"{capacity:.1f} GiB; "
+                           f"longer responses or fragmentation may run it out of memory",
+                           (), "warning"))
+    domain = estimate.cluster.fast_domain_gpus
+    lay = estimate.layout
+    for flag, key, size in (("tp_across_nodes", "actor.megatron.tensor_model_parallel_size",
+                             lay.tp),
+                            ("expert_tp_across_nodes", "actor.megatron.expert_tensor_parallel_size",
+                             lay.etp),
+                            ("rollout_tp_across_nodes", "rollout.tensor_model_parallel_size",
+                             lay.rollout_tp)):
+        if row.get(flag_column(flag)):
+            out.append(Finding(flag, f"actor_rollout_ref.{key}={size} spans more GPUs than one "
+                               f"NVLink domain ({domain}): its all-reduces cross the network",
+                               (f"actor_rollout_ref.{key}",), "warning"))
+    if row.get("flag_pipeline_starved"):
+        out.append(Finding("pipeline_starved", f"fewer micro-batches per mini-batch than "
+                           f"pipeline stages ({lay.pp}): the pipeline idles most of the update",
+                           ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"),
+                           "warning"))
+    return out
+
+
+# --- the dry run ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobInput:
+    """What validate, fix and diff read a job from: a launch script, a Hydra YAML and/or
+    overrides (``inputs``), ``VAR=VALUE`` settings for the script's variables, and the model
+    and GPU when the job does not say."""
+
+    inputs: tuple[str, ...]
+    sets: tuple[str, ...] = ()
+    model: str | None = None
+    gpu_type: str | None = None
+    policy: MemoryPolicy = DEFAULT_POLICY
+
+
+def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
+    """Everything validate reports, as a dict (the ``--format json`` output).
+
+    ``context``, when given, receives the objects read from the config (``model``, ``cluster``,
+    ``workload``, ``layout``) for commands that go on from there (``fix``, ``diff``).
+    """
+    context = {} if context is None else context
+    sets = _settings(job_input.sets)
+    environ = {**os.environ, **sets}
+    kind, source, config_dir, config_name, overrides, notes = read_input(
+        list(job_input.inputs), environ)
+    report = {"source": source, "input": kind, "config": f"{config_dir}/{config_name}",
+              "verl": {"installed": installed_verl_version(), "targeted": VERL_VERSION},
+              "overrides": overrides, "notes": notes, "findings": [], "modules": None,
+              "model": None, "cluster": None, "workload": None, "layout": None, "memory": None}
+    findings: list[Finding] = []
+    if report["verl"]["installed"] != VERL_VERSION:
+        notes.append(f"installed verl is {report['verl']['installed']}; the checks target "
+                     f"{VERL_VERSION}")
+
+    def finish():
+        report["findings"] = [finding.to_dict() for finding in findings]
+        report["would_launch"] = not any(f.level == "error" for f in findings)
+        return report
+
+    with _environment(sets):
+        try:
+            config, unknown = compose(overrides, config_dir, config_name)
+        except ComposeError as error:
+            findings.append(Finding("compose", f"verl's Hydra config does not compose: {error}"))
+            return finish()
+        findings += unknown
+        plain = to_plain(config)
+        engine = get(plain, "model_engine", "megatron")
+        reported = {key for finding in unknown for key in finding.keys}
+        findings += [f for f in added_keys(config, base_config(engine))
+                     if not set(f.keys) & reported]
+        unknown_names = {key.rsplit(".", 1)[-1] for f in findings if f.check == "unknown_key"
+                         for key in f.keys}
+        findings += [f for f in verl_checks(config)
+                     if not any(f"argument '{name}'" in f.message for name in unknown_names)]
+    findings += backend_findings(plain)
+    if engine != "megatron":
+        return finish()
+    job, problems = read_job(plain)
+    findings += problems
+    if job is None:
+        return finish()
+    findings += reference_findings(job) + rollout_findings(job) + batch_findings(plain, job)
+    model, note = resolve_job_model(get(plain, "actor_rollout_ref.model.path", None),
+                                    job_input.model)
+    notes.append(note)
+    findings += recompute_findings(job, model)
+    gpu, gpu_note = resolve_gpu(job_input.gpu_type)
+    if gpu_note:
+        notes.append(gpu_note)
+    cluster = ClusterSpec(gpu, job.world, job.gpus_per_node)
+    report["model"], report["cluster"] = model.name, cluster.to_dict()
+    estimate, layout = None, None
+    try:
+        workload = workload_of(job)
+        layout = layout_of(job, model.is_moe)
+    except PlanInputError as error:
+        findings.append(Finding("bad_value", str(error)))
+    else:
+        report["workload"], report["layout"] = workload.to_dict(), layout.to_dict()
+        context.update(model=model, cluster=cluster, workload=workload, layout=layout,
+                       config=plain, overrides=overrides)
+        shape = model_findings(plain, job, model, cluster, workload, layout)
+        findings += shape
+        if not any(f.level == "error" for f in shape):
+            estimate = estimate_layout(model, cluster, workload, layout,
+                                       policy=job_input.policy)
+            report["layout"] = estimate.layout.to_dict()  # with the pipeline split resolved
+            findings += memory_findings(estimate, job_input.policy)
+            memory = candidate_dict(estimate.row)
+            report["memory"] = {key: memory[key] for key in (
+                "fits", "peak_memory_gib", "peak_phase", "peak_stage", "memory_utilization",
+                "memory_gib", "breakdown_gib", "rollout")}
+            for key in ("step_time_s", "tokens_per_s_per_gpu"):
+                if key in memory:
+                    report["memory"][key] = memory[key]
+        else:
+            notes.append("memory not estimated: the layout breaks the rules above")
+    report["modules"] = module_rows(job, layout, estimate)
+    return finish()

@@ -1,0 +1,150 @@
+"""``plan-parallel report``: a self-contained HTML report (and PNGs) of a plan or a sweep.
+
+    plan-parallel report SWEEP_DIR [--html OUT]       # a `plan-parallel tune --write` folder
+    plan-parallel report --model M --gpus N [...]      # a plan alone
+
+Contents: the candidate table, a memory-vs-throughput Pareto plot of candidates (and measured
+trials), the per-phase memory breakdown and phase times of the top layouts, and for a sweep the
+trial history, trials by outcome and predicted vs measured throughput.  Images are embedded as
+base64 PNGs so the file can be mailed around; ``--png-dir`` also writes them as files.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.errors import PlanInputError
+from planner.plan import make_plan
+from planner.policy import DEFAULT_POLICY, MemoryPolicy
+from planner.report import plots
+from planner.units import GIB
+from planner.verl.keys import PLAN_FILE
+from trials.sweep import SWEEP_FILE, open_study, read_json, study_setting
+
+TOP = 10
+# trials.csv (written by `plan-parallel tune`, trials/report.py) column -> the report's name
+TRIAL_COLUMNS = {"trial": "number", "tokens_per_s_per_gpu": "measured_tokens_per_s_per_gpu"}
+
+
+def load_trials(path: Path):
+    """trials.csv of a sweep as a DataFrame with the report's column names."""
+    import pandas as pd
+
+    try:
+        trials = pd.read_csv(path)
+    except (OSError, ValueError) as error:
+        raise PlanInputError(f"cannot read {str(path)!r}: {error}") from None
+    trials = trials.rename(columns={k: v for k, v in TRIAL_COLUMNS.items()
+                                    if k in trials.columns and v not in trials.columns})
+    missing = [c for c in ("number", "category") if c not in trials.columns]
+    if missing:
+        raise PlanInputError(f"{str(path)!r} lacks columns {missing}; not a plan-parallel "
+                             f"trials.csv")
+    for column in ("measured_tokens_per_s_per_gpu", "predicted_tokens_per_s_per_gpu",
+                   "peak_memory_gib"):
+        if column not in trials.columns:
+            trials[column] = float("nan")
+    return trials
+
+
+def _img(name: str, png: bytes, png_dir: Path | None) -> str:
+    if png_dir is not None:
+        png_dir.mkdir(parents=True, exist_ok=True)
+        (png_dir / f"{name}.png").write_bytes(png)
+    data = base64.b64encode(png).decode()
+    return f'<figure><img alt="{name}" src="data:image/png;base64,{data}"/></figure>'
+
+
+def candidate_table(candidates, top: int = TOP) -> str:
+    columns = ["rank", "tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch", "recompute",
+               "param_offload", "optimizer_offload", "rollout_tp", "rollout_dp", "rollout_ep",
+               "gpu_memory_utilization", "step_time_s", "tokens_per_s_per_gpu", "peak_phase",
+               "dominant_phase"]
+    shown = candidates[candidates["fits"]].head(top).copy()
+    shown["peak GiB"] = (shown["peak_bytes"] / GIB).round(1)
+    shown["step_time_s"] = shown["step_time_s"].round(1)
+    shown["tokens_per_s_per_gpu"] = shown["tokens_per_s_per_gpu"].round(0)
+    return shown[[c for c in columns if c in shown] + ["peak GiB"]].to_html(index=False,
+                                                                            border=0)
+
+
+def render(plan, trials=None, png_dir: Path | None = None, title: str = "") -> str:
+    candidates = plan.candidates
+    top = candidates[candidates["fits"]].head(TOP)
+    sections = [f"<h1>{html.escape(title or 'plan-parallel report')}</h1>",
+                f"<p>{html.escape(plan.model.name)} on {plan.cluster.num_gpus} x "
+                f"{html.escape(plan.cluster.gpu.name)}; {html.escape(plan.workload.describe())}."
+                f" {plan.enumerated:,} layouts searched, {plan.valid:,} valid, "
+                f"{int(candidates['fits'].sum()):,} actor layouts fit.</p>",
+                "<h2>Best layouts (predicted)</h2>", candidate_table(candidates),
+                "<h2>Memory vs throughput</h2>",
+                _img("pareto", plots.to_png(plots.pareto_figure(
+                    candidates, trials, plan.cluster.gpu.memory_gib)), png_dir)]
+    if len(top):
+        sections += ["<h2>Memory of the top layouts</h2>",
+                     _img("memory_breakdown", plots.to_png(plots.memory_breakdown_figure(
+                         top.head(6))), png_dir),
+                     "<h2>Phase times of the top layouts</h2>",
+                     _img("phase_times", plots.to_png(plots.phase_time_figure(top.head(6))),
+                          png_dir)]
+    if trials is not None and len(trials):
+        sections += ["<h2>Trials</h2>",
+                     _img("trial_history", plots.to_png(plots.trial_history_figure(trials)),
+                          png_dir),
+                     _img("outcomes", plots.to_png(plots.failure_figure(trials)), png_dir),
+                     _img("predicted_vs_measured",
+                          plots.to_png(plots.predicted_vs_measured_figure(trials)), png_dir),
+                     trials.to_html(index=False, border=0, na_rep="-")]
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;font-size:12px}td,th{padding:3px 6px;"
+             "border-bottom:1px solid #ddd;text-align:right}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>"
+            f"{html.escape(title or 'plan-parallel report')}</title><style>{style}</style>"
+            f"</head><body>{''.join(sections)}</body></html>")
+
+
+FIGURES = ("pareto", "memory_breakdown", "phase_times", "trial_history", "outcomes",
+           "predicted_vs_measured")
+
+
+def plan_from_sweep(sweep: Path, calibration: dict | None = None,
+                    policy: MemoryPolicy = DEFAULT_POLICY):
+    """Re-plan a sweep's model, cluster and workload: from ``plan.json`` (a ``--write``
+    folder) or from the study that ``sweep.json`` names (a ``--sweep-dir``), read only."""
+    if not (sweep / PLAN_FILE).exists() and (sweep / SWEEP_FILE).exists():
+        study, _ = open_study(sweep_dir=sweep)
+        return make_plan(*study_setting(study), calibration=calibration, policy=policy)
+    path = sweep / PLAN_FILE
+    data = read_json(path)
+    try:
+        cluster = data["cluster"]
+        workload = {k: v for k, v in data["workload"].items() if k != "kind"}
+        model = data["model"]["name"] if isinstance(data["model"], dict) else data["model"]
+        return make_plan(resolve_model(str(model)),
+                         ClusterSpec(get_gpu(str(cluster["gpu_type"])), int(cluster["num_gpus"]),
+                                     int(cluster["gpus_per_node"])),
+                         GrpoWorkload(**workload), calibration=calibration, policy=policy)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise PlanInputError(f"{str(path)!r} does not describe a plan "
+                             f"({str(error)[:200]})") from None
+
+
+def write_report(plan, output: Path, trials=None, png_dir: Path | None = None,
+                 force: bool = False) -> Path:
+    """Render and write the report; never overwrite without ``force``."""
+    if output.exists() and not force:
+        raise PlanInputError(f"{output} exists; pass --force to overwrite it")
+    if png_dir is not None and not force and png_dir.is_dir() and any(
+            (png_dir / f"{name}.png").exists() for name in FIGURES):
+        raise PlanInputError(f"{png_dir} already holds report figures; pass --force to "
+                             f"overwrite them")
+    page = render(plan, trials, png_dir,
+                  title=f"plan-parallel: {plan.model.name} on {plan.cluster.num_gpus} x "
+                        f"{plan.cluster.gpu.name}")
+    output.write_text(page)
+    return output

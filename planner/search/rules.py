@@ -1,0 +1,299 @@
+"""The rules a GRPO layout must obey, each vectorised over layout columns.
+
+Every rule names the library that enforces it.  ``check`` returns a boolean array, True where
+the layout *breaks* the rule; ``message`` formats the broken rule for one layout with its values
+and what would be valid.  Rules are listed in the order the search space reports rejections:
+a layout is counted under the first rule it breaks, so the counts add up to the rejected total.
+
+Also here: the pipeline split (:func:`pipeline_split`) and the *unwise* flags, legal layouts that
+the ranking penalises (tensor parallelism across nodes and the like).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from planner.catalog.hardware import ClusterSpec
+from planner.catalog.models import ModelSpec
+from planner.catalog.workload import GrpoWorkload
+from planner.policy import DEFAULT_POLICY, MemoryPolicy
+from planner.search.layout import Columns
+
+
+def pipeline_split(num_layers: int, pp: np.ndarray, first: np.ndarray | None = None,
+                   last: np.ndarray | None = None):
+    """Layers on the first, each middle, and the last pipeline stage.
+
+    Even when ``pp`` divides the layers.  Otherwise verl's examples set megatron-core's
+    ``num_layers_in_first_pipeline_stage``/``..._last_...``: middle stages take
+    ``ceil(L / pp)`` layers, the remainder is split between first and last (the last stage, which
+    also holds the output layer and the loss, takes the smaller half).  Explicit ``first``/
+    ``last`` (non-zero entries) override the automatic split.  megatron-core's rule
+    (``transformer_config.py`` uneven-PP checks, ``transformer_block.get_num_layers_to_build``):
+    with ``f``/``l`` set, the ``M = L - f - l`` remaining layers divide evenly over the
+    ``P' = pp - #set`` other stages, and ``M == 0`` exactly when ``P' == 0``.
+
+    Returns ``(first, middle, last, valid)`` arrays; ``middle`` is 0 when a pipeline has no
+    middle stage and uneven first/last stages.
+    """
+    pp = np.asarray(pp, dtype=np.int64)
+    automatic_only = ((first is None or not np.any(first)) and (last is None or not np.any(last)))
+    if automatic_only and pp.size > 64:
+        # Search spaces repeat a handful of PP values: split each once, then broadcast.
+        unique, inverse = np.unique(pp, return_inverse=True)
+        if unique.size < pp.size:
+            return tuple(part[inverse] for part in pipeline_split(num_layers, unique))
+    zeros = np.zeros_like(pp)
+    first = zeros if first is None else np.asarray(first, dtype=np.int64)
+    last = zeros if last is None else np.asarray(last, dtype=np.int64)
+    automatic = (first <= 0) & (last <= 0)
+    even = automatic & (num_layers % pp == 0)
+    ceil_layers = -(-num_layers // pp)
+    remainder = num_layers - ceil_layers * np.maximum(pp - 2, 0)
+    auto_last = remainder // 2
+    first_set = np.where(automatic, ~even, first > 0)
+    last_set = np.where(automatic, ~even, last > 0)
+    first_layers = np.where(automatic, remainder - auto_last, first)
+    last_layers = np.where(automatic, auto_last, last)
+    others = pp - first_set - last_set
+    rest = num_layers - np.where(first_set, first_layers, 0) - np.where(last_set, last_layers, 0)
+    middle = np.where(others > 0, rest // np.maximum(others, 1), 0)
+    valid = np.where(others > 0, (rest % np.maximum(others, 1) == 0) & (middle >= 1), rest == 0)
+    # the automatic uneven scheme never gives an end stage more layers than a middle one
+    valid &= ~(automatic & ~even & (pp > 2)) | ((first_layers <= middle) & (last_layers >= 1))
+    first_layers = np.where(first_set, first_layers, middle)
+    last_layers = np.where(last_set, last_layers, middle)
+    valid &= (first_layers >= 1) & (last_layers >= 1)
+    single = pp == 1  # one stage holds everything; first/last settings do not apply
+    first_layers = np.where(single, num_layers, first_layers)
+    last_layers = np.where(single, num_layers, last_layers)
+    middle = np.where(single, num_layers, middle)
+    return first_layers, middle, last_layers, valid | single
+
+
+def micro_batches_per_mini_batch(workload: GrpoWorkload, cols: Columns) -> np.ndarray:
+    """Micro-batches each DP rank runs per optimizer step (verl normalises the mini-batch:
+    ``ppo_mini_batch_size * n // dp``, then ``// ppo_micro_batch_size_per_gpu``)."""
+    per_rank = workload.sequences_per_mini_batch // np.maximum(cols["dp"], 1)
+    return np.maximum(per_rank // np.maximum(cols["micro_batch"], 1), 1)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    source: str
+    check: Callable[[ModelSpec, ClusterSpec, GrpoWorkload, Columns], np.ndarray]
+    message: Callable[[ModelSpec, ClusterSpec, GrpoWorkload, dict], str]
+
+
+def _split(model: ModelSpec, cols: Columns):
+    return pipeline_split(model.num_layers, cols["pp"], cols.get("first_stage_layers"),
+                          cols.get("last_stage_layers"))
+
+
+def _vpp_breaks(model: ModelSpec, cols: Columns) -> np.ndarray:
+    """Each stage's layers divide into VPP chunks; and megatron-core 0.16.1 fails
+    (ZeroDivisionError in get_transformer_layer_offset) for PP = 2 with VPP and uneven stages."""
+    first, middle, last, _ = _split(model, cols)
+    vpp, pp = cols["vpp"], cols["pp"]
+    given_first = np.asarray(cols.get("first_stage_layers", 0)) > 0
+    given_last = np.asarray(cols.get("last_stage_layers", 0)) > 0
+    automatic_uneven = ~given_first & ~given_last & (model.num_layers % pp != 0)
+    both_set = (given_first & given_last) | automatic_uneven
+    return (vpp > 1) & ((first % vpp != 0) | (last % vpp != 0)
+                        | (np.where(pp > 2, middle, 0) % vpp != 0)
+                        | (both_set & (pp == 2)))
+
+
+def _stage_layers_text(model: ModelSpec, values: dict) -> str:
+    """``first/middle/last`` layers of one layout's pipeline stages."""
+    split = pipeline_split(model.num_layers, np.array([values["pp"]]),
+                           np.array([values.get("first_stage_layers", 0)]),
+                           np.array([values.get("last_stage_layers", 0)]))
+    return "/".join(str(int(part[0])) for part in split[:3])
+
+
+def _one_micro_batch_count(workload, values: dict) -> int:
+    return int(micro_batches_per_mini_batch(workload, {k: np.array([x])
+                                                       for k, x in values.items()})[0])
+
+
+def _splittable_pp(num_layers: int) -> str:
+    pp = np.arange(1, num_layers + 1)
+    valid = pp[pipeline_split(num_layers, pp)[3]]
+    return ", ".join(map(str, valid[:16])) + (" ..." if len(valid) > 16 else "")
+
+
+def _valid_divisors(n: int, limit: int | None = None) -> str:
+    values = [d for d in range(1, n + 1) if n % d == 0 and (limit is None or d <= limit)]
+    return ", ".join(map(str, values[:12])) + (" ..." if len(values) > 12 else "")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("world_size", "verl: actor DP = world / (TP*PP*CP), an integer",
+         lambda m, c, w, x: (x["tp"] * x["pp"] * x["cp"] * x["dp"] != c.num_gpus),
+         lambda m, c, w, v: f"TP*PP*CP*DP = {v['tp']}*{v['pp']}*{v['cp']}*{v['dp']} != "
+                            f"{c.num_gpus} GPUs; TP*PP*CP must divide the world size"),
+    Rule("tp_divides_heads", "megatron-core TransformerConfig: num_attention_heads % TP == 0",
+         lambda m, c, w, x: m.num_attention_heads % x["tp"] != 0,
+         lambda m, c, w, v: f"tensor_model_parallel_size {v['tp']} does not divide "
+                            f"num_attention_heads {m.num_attention_heads}; valid TP: "
+                            f"{_valid_divisors(m.num_attention_heads)}"),
+    Rule("tp_divides_query_groups",
+         "megatron-core TransformerConfig: num_query_groups a multiple or divisor of TP",
+         lambda m, c, w, x: (m.num_query_groups % x["tp"] != 0)
+         & (x["tp"] % m.num_query_groups != 0),
+         lambda m, c, w, v: f"num_query_groups (KV heads) {m.num_query_groups} is neither a "
+                            f"multiple nor a divisor of tensor_model_parallel_size {v['tp']}"),
+    Rule("tp_divides_ffn", "megatron-core ColumnParallelLinear: MLP width % TP == 0",
+         lambda m, c, w, x: ((m.ffn_hidden_size % x["tp"] != 0)
+                             & np.bool_(m.num_layers > m.num_moe_layers))
+         | (m.shared_expert_ffn_hidden_size % x["tp"] != 0),
+         lambda m, c, w, v: f"tensor_model_parallel_size {v['tp']} does not divide the MLP width "
+                            f"{m.ffn_hidden_size}"
+                            + (f" / shared-expert width {m.shared_expert_ffn_hidden_size}"
+                               if m.shared_expert_ffn_hidden_size else "")),
+    Rule("pipeline_split", "megatron-core: layers split over PP stages (uneven first/last allowed)",
+         lambda m, c, w, x: ~_split(m, x)[3],
+         lambda m, c, w, v: f"{m.num_layers} layers cannot be split over pipeline_model_parallel"
+                            f"_size {v['pp']} (first/last stage layers "
+                            f"{v.get('first_stage_layers', 0)}/{v.get('last_stage_layers', 0)}); "
+                            f"PP that split automatically: {_splittable_pp(m.num_layers)}"),
+    Rule("vpp_needs_pp", "megatron-core: virtual pipeline stages need PP > 1",
+         lambda m, c, w, x: (x["vpp"] > 1) & (x["pp"] < 2),
+         lambda m, c, w, v: f"virtual_pipeline_model_parallel_size {v['vpp']} needs "
+                            f"pipeline_model_parallel_size > 1 (got {v['pp']})"),
+    Rule("vpp_divides_stage_layers",
+         "megatron-core: every stage's layers divide evenly into VPP model chunks",
+         lambda m, c, w, x: _vpp_breaks(m, x),
+         lambda m, c, w, v: f"virtual_pipeline_model_parallel_size {v['vpp']} does not divide "
+                            f"the layers of every pipeline stage (first/middle/last: "
+                            f"{_stage_layers_text(m, v)})"),
+    Rule("dense_model_has_no_experts", "megatron-core: EP/ETP apply to MoE layers only",
+         lambda m, c, w, x: (~np.bool_(m.is_moe)) & ((x["ep"] > 1) | (x["etp"] > 1)),
+         lambda m, c, w, v: f"{m.name} is a dense model: expert_model_parallel_size "
+                            f"{v['ep']} and expert_tensor_parallel_size {v['etp']} must be 1"),
+    Rule("ep_divides_experts", "megatron-core TransformerConfig: num_moe_experts % EP == 0",
+         lambda m, c, w, x: np.bool_(m.is_moe) & (max(m.num_experts, 1) % x["ep"] != 0),
+         lambda m, c, w, v: f"expert_model_parallel_size {v['ep']} does not divide "
+                            f"{m.num_experts} experts; valid EP: {_valid_divisors(m.num_experts)}"),
+    Rule("etp_divides_moe_ffn", "megatron-core: expert FFN width split by ETP",
+         lambda m, c, w, x: np.bool_(m.is_moe) & (max(m.moe_ffn_hidden_size, 1) % x["etp"] != 0),
+         lambda m, c, w, v: f"expert_tensor_parallel_size {v['etp']} does not divide "
+                            f"moe_ffn_hidden_size {m.moe_ffn_hidden_size}"),
+    Rule("expert_grid", "megatron-core parallel_state: world % (ETP*EP*PP) == 0",
+         lambda m, c, w, x: c.num_gpus % (x["etp"] * x["ep"] * x["pp"]) != 0,
+         lambda m, c, w, v: f"ETP*EP*PP = {v['etp']}*{v['ep']}*{v['pp']} does not divide "
+                            f"{c.num_gpus} GPUs"),
+    Rule("batch_divides_dp", "verl: train_batch_size * n divisible by DP * micro-batch",
+         lambda m, c, w, x: (w.sequences_per_step
+                             % np.maximum(x["dp"] * x["micro_batch"], 1)) != 0,
+         lambda m, c, w, v: f"train_batch_size*n = {w.sequences_per_step} is not divisible by "
+                            f"DP*micro_batch = {v['dp']}*{v['micro_batch']}"),
+    Rule("mini_batch_divides_dp", "verl: ppo_mini_batch_size * n divisible by DP",
+         lambda m, c, w, x: (w.sequences_per_mini_batch % np.maximum(x["dp"], 1)) != 0,
+         lambda m, c, w, v: f"ppo_mini_batch_size*n = {w.sequences_per_mini_batch} is not "
+                            f"divisible by DP = {v['dp']}"),
+    Rule("micro_batch_divides_mini_batch",
+         "verl: per-GPU mini-batch divisible by ppo_micro_batch_size_per_gpu",
+         lambda m, c, w, x: ((w.sequences_per_mini_batch // np.maximum(x["dp"], 1))
+                             % x["micro_batch"]) != 0,
+         lambda m, c, w, v: f"per-GPU mini-batch {w.sequences_per_mini_batch // max(v['dp'], 1)}"
+                            f" (ppo_mini_batch_size*n/DP) is not divisible by micro-batch "
+                            f"{v['micro_batch']}"),
+    Rule("interleaved_microbatches",
+         "megatron-core interleaved schedule: micro-batches >= PP and a multiple of PP",
+         lambda m, c, w, x: (x["vpp"] > 1)
+         & ((micro_batches_per_mini_batch(w, x) < x["pp"])
+            | (micro_batches_per_mini_batch(w, x) % x["pp"] != 0)),
+         lambda m, c, w, v: f"with virtual_pipeline_model_parallel_size {v['vpp']} the "
+                            f"{_one_micro_batch_count(w, v)}"
+                            f" micro-batches per mini-batch must be >= PP {v['pp']} and a "
+                            f"multiple of it"),
+    Rule("rollout_tp_divides_heads", "vLLM: num_attention_heads % tensor_parallel_size == 0",
+         lambda m, c, w, x: m.num_attention_heads % x["rollout_tp"] != 0,
+         lambda m, c, w, v: f"rollout tensor_model_parallel_size {v['rollout_tp']} does not "
+                            f"divide num_attention_heads {m.num_attention_heads}"),
+    Rule("rollout_tp_kv_heads", "vLLM: KV heads divisible by TP, or TP by KV heads (replicated)",
+         lambda m, c, w, x: (m.num_query_groups % x["rollout_tp"] != 0)
+         & (x["rollout_tp"] % m.num_query_groups != 0),
+         lambda m, c, w, v: f"rollout TP {v['rollout_tp']} and {m.num_query_groups} KV heads: "
+                            f"one must divide the other"),
+    Rule("rollout_world", "verl: rollout replicas of TP*DP GPUs tile the world",
+         lambda m, c, w, x: c.num_gpus % (x["rollout_tp"] * x["rollout_dp"]) != 0,
+         lambda m, c, w, v: f"rollout TP*DP = {v['rollout_tp']}*{v['rollout_dp']} does not "
+                            f"divide {c.num_gpus} GPUs"),
+    Rule("rollout_ep", "verl/vLLM: rollout EP is 1 or TP*DP (expert parallel), MoE only",
+         lambda m, c, w, x: np.where(np.bool_(m.is_moe),
+                                     (x["rollout_ep"] != 1)
+                                     & (x["rollout_ep"] != x["rollout_tp"] * x["rollout_dp"]),
+                                     x["rollout_ep"] != 1)
+         | (np.bool_(m.is_moe) & (max(m.num_experts, 1) % x["rollout_ep"] != 0)),
+         lambda m, c, w, v: f"rollout expert_parallel_size {v['rollout_ep']} must be 1 or rollout"
+                            f" TP*DP = {v['rollout_tp'] * v['rollout_dp']}"
+                            + (f" and divide {m.num_experts} experts" if m.is_moe
+                               else f" ({m.name} is dense: 1)")),
+    Rule("rollout_dp_moe_only", "verl: rollout data_parallel_size > 1 serves MoE expert parallel",
+         lambda m, c, w, x: (~np.bool_(m.is_moe)) & (x["rollout_dp"] > 1),
+         lambda m, c, w, v: f"rollout data_parallel_size {v['rollout_dp']} > 1 is for MoE expert "
+                            f"parallel; {m.name} is dense (use 1)"),
+)
+
+RULE_NAMES = tuple(rule.name for rule in RULES)
+
+
+def violations(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
+               cols: Columns, rules: tuple[Rule, ...] = RULES) -> dict[str, np.ndarray]:
+    """For each rule, a boolean array: True where the layout breaks it."""
+    n = len(cols["tp"])
+    return {rule.name: np.broadcast_to(rule.check(model, cluster, workload, cols), (n,))
+            for rule in rules}
+
+
+def first_violation(broken: dict[str, np.ndarray], order: list[str] | tuple[str, ...] = RULE_NAMES
+                    ) -> np.ndarray:
+    """Index into ``order`` of the first rule each layout breaks, -1 where it breaks none."""
+    stack = np.stack([broken[name] for name in order])
+    return np.where(stack.any(axis=0), stack.argmax(axis=0), -1)
+
+
+def explain(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
+            values: dict) -> list[tuple[str, str]]:
+    """Every rule one layout (a dict of field values) breaks, as (name, message)."""
+    cols = {key: np.array([value]) for key, value in values.items()}
+    broken = violations(model, cluster, workload, cols)
+    return [(rule.name, rule.message(model, cluster, workload, values))
+            for rule in RULES if bool(broken[rule.name][0])]
+
+
+# --- legal but unwise ------------------------------------------------------------------------
+
+UNWISE_FLAGS = ("tp_across_nodes", "rollout_tp_across_nodes", "expert_tp_across_nodes",
+                "cp_short_sequences", "pipeline_starved", "memory_tight")
+SHORT_SEQUENCE_PER_CP_TOKENS = 2048  # below this per CP rank, CP's ring exchange dominates
+
+
+def unwise_flags(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
+                 cols: Columns, policy: MemoryPolicy = DEFAULT_POLICY) -> dict[str, np.ndarray]:
+    """Legal layouts that are slow for a known reason; the ranking penalises each flag.
+
+    ``memory_tight``: a phase other than generation (update, log-prob, weight sync) above the
+    policy's tight level -- the model's fixed overheads are estimates, and verl's responses vary
+    in length step to step (the rollout fills its budget on purpose)."""
+    domain = cluster.fast_domain_gpus
+    m = micro_batches_per_mini_batch(workload, cols)
+    return {
+        "tp_across_nodes": cols["tp"] > domain,
+        "rollout_tp_across_nodes": cols["rollout_tp"] > domain,
+        "expert_tp_across_nodes": cols["etp"] > domain,
+        "cp_short_sequences": (cols["cp"] > 1)
+        & (workload.sequence_length // cols["cp"] < SHORT_SEQUENCE_PER_CP_TOKENS),
+        # fewer micro-batches than stages leaves the 1F1B pipeline mostly idle
+        "pipeline_starved": (cols["pp"] > 1) & (m < cols["pp"]),
+        # a training-phase peak this close to capacity OOMs on a long response or fragmentation
+        "memory_tight": np.zeros(len(cols["tp"]), dtype=bool) if "train_peak_fraction" not in cols
+        else cols["train_peak_fraction"] > policy.tight,
+    }

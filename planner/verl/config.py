@@ -1,0 +1,302 @@
+"""verl's own view of a job: compose its Hydra config and run its own validation, on the CPU.
+
+Composition follows ``verl.trainer.main_ppo`` (``@hydra.main(config_name="ppo_trainer")``; the
+Megatron backend is the ``model_engine=megatron`` choice).  The checks are the ones verl makes
+before and while it starts its workers: ``verl.utils.config.validate_config`` (what ``main_ppo``
+runs before ``ray.init``) and the dataclass conversions of the actor, rollout and reference
+configs (``omega_conf_to_dataclass``, which runs their ``__post_init__`` checks).  Neither needs a
+GPU, Ray or the model's files.
+
+Keys the installed verl does not know are reported together rather than one per run: an
+override of a missing key is dropped and composition retried; keys a config *file* adds (Hydra
+accepts those silently) are found by comparing the result with verl's own defaults.
+
+verl, Hydra, OmegaConf and megatron-core are imported inside the functions: they are heavy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import io
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+from planner.errors import MissingExtraError, PlanInputError
+from planner.verl.export import override_key
+from planner.verl.findings import Finding
+from planner.verl.keys import RETIRED_KEYS, ROOT_CONFIG, TRANSFORMER_CONFIG_KEY, VERL_VERSION
+
+
+class ComposeError(Exception):
+    """verl's config cannot be composed from the input (beyond unknown keys)."""
+
+
+def installed_verl_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def verl_config_dir() -> Path:
+    """``verl/trainer/config`` of the installed verl, without importing verl."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingExtraError(f"composing and checking verl's config needs verl "
+                                f"{VERL_VERSION}, which is not installed; pip install "
+                                f"'plan-parallel[verl]'", extra="verl")
+    return Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
+
+
+def verl_trainer_dir() -> Path:
+    """Where Hydra resolves a relative ``--config-path`` given to ``-m verl.trainer.main_ppo``."""
+    return verl_config_dir().parent
+
+
+def root_cause(error: BaseException) -> str:
+    """The innermost exception's message, one line; a bare assert names its place."""
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if text:
+        return text
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return f"{type(error).__name__}{where}"
+
+
+def _quiet():
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")
+    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+    return stack
+
+
+def _compose_once(overrides: Sequence[str], config_dir: Path, config_name: str):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with _quiet(), initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def _bad_syntax(overrides: Sequence[str]) -> str:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for item in overrides:
+        try:
+            parser.parse_overrides([item])
+        except Exception as error:  # noqa: BLE001 - Hydra's parse errors vary
+            return f"override {item!r} is not valid Hydra syntax ({root_cause(error)})"
+    return "an override is not valid Hydra syntax"
+
+
+_KEY_ERRORS = (
+    (re.compile(r"Could not override '([^']+)'"), "verl {version} has no key {key}{hint}"),
+    (re.compile(r"Could not append to config\. An item is already at '([^']+)'"),
+     "{key} already exists in verl's config: set it without the '+'"),
+    (re.compile(r"Could not delete from config\. '([^']+)' does not exist"),
+     "~{key} deletes a key verl {version} does not have"),
+)
+
+
+def _unknown_key(text: str, version: str) -> Finding | None:
+    """The finding for Hydra's "no such key" errors, None for other composition errors."""
+    for pattern, template in _KEY_ERRORS:
+        found = pattern.search(text)
+        if found:
+            key = found.group(1)
+            return Finding("unknown_key", template.format(version=version, key=key,
+                                                          hint=_retired_hint(key)), (key,))
+    return None
+
+
+def _retired_hint(key: str) -> str:
+    for suffix, hint in RETIRED_KEYS.items():
+        if key.endswith(suffix):
+            return f" ({hint})"
+    return ""
+
+
+def compose(overrides: Sequence[str], config_dir: Path | None = None,
+            config_name: str = ROOT_CONFIG):
+    """Compose as ``main_ppo`` would; returns ``(config, problems)``.
+
+    Overrides of keys verl does not have are dropped (each one a problem) and composition is
+    retried, so every unknown key is reported at once.  Raises :class:`PlanInputError` for
+    input Hydra cannot read and :class:`ComposeError` when no config results.
+    """
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+    )
+
+    config_dir = Path(config_dir) if config_dir else verl_config_dir()
+    remaining = list(overrides)
+    problems: list[Finding] = []
+    version = installed_verl_version() or VERL_VERSION
+    for _ in range(len(remaining) + 1):
+        try:
+            return _compose_once(remaining, config_dir, config_name), problems
+        except OverrideParseException:
+            raise PlanInputError(_bad_syntax(remaining)) from None
+        except MissingConfigException as error:
+            text = str(error)
+            if "primary config" in text.lower():
+                raise PlanInputError(f"no Hydra config {config_name!r} in {config_dir}: "
+                                     f"{text.splitlines()[0]}") from None
+            raise ComposeError(text.splitlines()[0]) from None
+        except ConfigCompositionException as error:
+            finding = _unknown_key(str(error), version)
+            dropped = [item for item in remaining
+                       if finding and override_key(item) == finding.keys[0]]
+            if not dropped:
+                raise ComposeError(root_cause(error)) from None
+            remaining = [item for item in remaining if item not in dropped]
+            problems.append(finding)
+        except Exception as error:  # noqa: BLE001 - a file Hydra cannot parse (YAML, encoding)
+            raise PlanInputError(f"cannot read Hydra config {config_name!r} in {config_dir}: "
+                                 f"{root_cause(error)}") from None
+    raise ComposeError("composition did not converge")
+
+
+@functools.cache
+def base_config(model_engine: str = "megatron"):
+    """verl's defaults for the backend, the reference for keys a config file adds."""
+    return _compose_once([f"model_engine={model_engine}"], verl_config_dir(), ROOT_CONFIG)
+
+
+def _target_fields(target: str) -> set[str] | None:
+    import dataclasses
+    import importlib
+
+    module_name, _, name = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError):
+        return None
+    return {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else None
+
+
+def transformer_config_fields() -> set[str]:
+    import dataclasses
+
+    with _quiet():
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+    return {f.name for f in dataclasses.fields(MLATransformerConfig)}
+
+
+def added_keys(config, base) -> list[Finding]:
+    """Keys in ``config`` that verl's defaults (``base``) lack, judged by where they sit:
+    under a verl dataclass node they must be a field of it; under ``override_transformer_config``
+    a megatron-core TransformerConfig field (else a warning); under an empty mapping anything
+    goes (``env_vars``, ``engine_kwargs``...); elsewhere verl would ignore them."""
+    from omegaconf import OmegaConf
+
+    mine = OmegaConf.to_container(config, resolve=False)
+    theirs = OmegaConf.to_container(base, resolve=False)
+    version = installed_verl_version() or VERL_VERSION
+    problems: list[Finding] = []
+
+    def walk(node: dict, reference: dict, path: str) -> None:
+        for key, value in node.items():
+            full = f"{path}.{key}" if path else str(key)
+            if key in reference:
+                if isinstance(value, dict) and isinstance(reference[key], dict):
+                    walk(value, reference[key], full)
+                continue
+            if not reference:
+                continue  # a free-form mapping
+            if path.endswith(TRANSFORMER_CONFIG_KEY):
+                if key not in transformer_config_fields():
+                    problems.append(Finding(
+                        "unknown_key", f"{full}: megatron-core's TransformerConfig has no field "
+                        f"{key!r}; verl passes it on and it has no effect or fails at model "
+                        f"build", (full,), "warning"))
+                continue
+            target = reference.get("_target_")
+            fields = _target_fields(target) if isinstance(target, str) else None
+            if fields is not None and key in fields:
+                continue
+            where = f" ({target.rsplit('.', 1)[-1]} has no field {key!r})" if target else ""
+            problems.append(Finding("unknown_key", f"verl {version} has no key {full}{where}"
+                                    f"{_retired_hint(full)}", (full,)))
+
+    walk(mine, theirs, "")
+    return problems
+
+
+def _reference_view(config):
+    """The reference config as ``ActorRolloutRefWorker.init_model`` hands it to its engine."""
+    from omegaconf import OmegaConf, open_dict
+
+    ref = OmegaConf.create(OmegaConf.to_container(config.actor_rollout_ref, resolve=True)).ref
+    with open_dict(ref):
+        ref.ppo_mini_batch_size = config.actor_rollout_ref.actor.ppo_mini_batch_size
+        ref.ppo_micro_batch_size = ref.pop("log_prob_micro_batch_size", None)
+        ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
+        ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
+        ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
+    return ref
+
+
+def verl_checks(config) -> list[Finding]:
+    """verl's own checks, each run on its own so every failure is reported."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    problems: list[Finding] = []
+    seen: set[str] = set()
+
+    def attempt(check: str, what: str, action) -> None:
+        try:
+            with _quiet():
+                action()
+        except Exception as error:  # noqa: BLE001 - verl raises many kinds
+            message = root_cause(error)
+            if message not in seen:
+                seen.add(message)
+                problems.append(Finding(check, f"verl {what}: {message}"))
+
+    with _quiet():
+        use_ref = bool(need_reference_policy(config))
+        use_critic = bool(need_critic(config))
+    attempt("verl_validate_config", "validate_config",
+            lambda: validate_config(config, use_reference_policy=use_ref, use_critic=use_critic))
+    attempt("verl_actor_config", "actor config",
+            lambda: omega_conf_to_dataclass(config.actor_rollout_ref.actor))
+    attempt("verl_rollout_config", "rollout config",
+            lambda: omega_conf_to_dataclass(config.actor_rollout_ref.rollout))
+    if use_ref:
+        attempt("verl_ref_config", "reference config",
+                lambda: omega_conf_to_dataclass(_reference_view(config)))
+    return problems
+
+
+def to_plain(config) -> dict[str, Any]:
+    """The composed config with every interpolation resolved, as plain Python data."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(config, resolve=True)
+    except Exception as error:  # noqa: BLE001 - OmegaConf's resolution errors
+        message = root_cause(error)
+        found = re.search(r"Environment variable '([^']+)' not found", message)
+        if found:
+            name = found.group(1)
+            raise PlanInputError(f"${{oc.env:{name}}} is unresolved: environment variable "
+                                 f"{name} is not set; export it or pass --set {name}=VALUE") \
+                from None
+        raise PlanInputError(f"the config does not resolve: {message}") from None

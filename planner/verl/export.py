@@ -1,0 +1,320 @@
+"""A planned layout as a runnable verl GRPO job for the Megatron backend.
+
+Targets **verl 0.9.1** (the release CI installs, ``requirements-ci.txt``): the backend is chosen
+with ``model_engine=megatron`` on verl's ``ppo_trainer`` config, and only keys that release has
+are written (no ``grad_offload``; ``num_layers_in_first/last_pipeline_stage`` are new keys of
+``override_transformer_config`` and take Hydra's ``+``).
+
+One function, :func:`job_overrides`, turns (model, cluster, workload, layout) into the Hydra
+overrides of ``python3 -m verl.trainer.main_ppo``.  The launch script, the Hydra config file,
+``plan-parallel validate``'s round trip and the trials package all use that list.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from planner.catalog.hardware import ClusterSpec
+from planner.catalog.models import ModelSpec
+from planner.catalog.workload import GrpoWorkload
+from planner.errors import PlanInputError
+from planner.extras import available
+from planner.plan import candidate_dict
+from planner.search.layout import Layout
+from planner.search.rules import pipeline_split  # numpy; the rest of this module stays light
+from planner.verl.keys import MEGATRON, TRANSFORMER, VERL_VERSION
+
+# megatron-core recompute_modules for the planner's "selective" recompute (see planner/layout.py)
+SELECTIVE_MODULES = ("core_attn", "layernorm")
+SELECTIVE_MOE_MODULES = ("moe_act",)  # needs moe_grouped_gemm
+
+
+# Environment for the job: why each helps (written into the script as comments).
+ENVIRONMENT = (
+    ("CUDA_DEVICE_MAX_CONNECTIONS", "1", False,
+     "Megatron overlaps TP/SP communication with compute only with one CUDA connection "
+     "(verl sets it too on Hopper/Ampere)"),
+    ("NCCL_NVLS_ENABLE", "0", True,
+     "NVLink SHARP buffers take GPU memory that the actor and vLLM share"),
+    ("TORCH_NCCL_AVOID_RECORD_STREAMS", "1", False,
+     "free NCCL tensors when the collective ends, not when the stream next syncs"),
+    ("HYDRA_FULL_ERROR", "1", False, "full stack traces from Hydra"),
+)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One verl config value; ``new`` when verl's config lacks the key (Hydra needs ``+``)."""
+
+    key: str
+    value: Any
+    new: bool = False
+
+    def override(self) -> str:
+        return f"{'+' if self.new else ''}{self.key}={hydra_value(self.value)}"
+
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_./:@~\-][A-Za-z0-9_./:@~\-+]*$")
+
+
+def hydra_value(value: Any) -> str:
+    """A Python value in Hydra's override grammar."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(item) for item in value) + "]"
+    text = str(value)
+    if _PLAIN.match(text) and text.lower() not in ("null", "true", "false"):
+        return text
+    if "${" in text and "'" not in text:
+        return text  # an interpolation Hydra resolves itself
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+_INT = re.compile(r"^[+-]?\d+$")
+_FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$|^[+-]?(inf|nan)$", re.IGNORECASE)
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Comma-separated items of a Hydra list body, commas inside quotes or brackets kept."""
+    items, depth, quote, start = [], 0, "", 0
+    for i, char in enumerate(text):
+        if quote:
+            if char == quote and text[i - 1] != "\\":
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def override_value(text: str) -> Any:
+    """A Hydra override's value as Python data: Hydra's own parser when it is installed, else
+    the same reading of the grammar's common forms (null, booleans, numbers, quoted strings,
+    lists) -- the inverse of :func:`hydra_value`, so exports need no Hydra."""
+    if available("hydra"):
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        return OverridesParser.create().parse_override(f"key={text}").value()
+    text = text.strip()
+    if text.lower() == "null":
+        return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if _INT.match(text):
+        return int(text)
+    if _FLOAT.match(text):
+        return float(text)
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1].replace("\\" + text[0], text[0]).replace("\\\\", "\\")
+    if text.startswith("[") and text.endswith("]"):
+        return [override_value(item) for item in _split_top_level(text[1:-1])]
+    return text
+
+
+def recompute_settings(model: ModelSpec, layout: Layout) -> list[Setting]:
+    if layout.recompute == "full":
+        return [Setting(f"{TRANSFORMER}.recompute_granularity", "full"),
+                Setting(f"{TRANSFORMER}.recompute_method", "uniform"),
+                Setting(f"{TRANSFORMER}.recompute_num_layers", 1)]
+    if layout.recompute == "selective":
+        modules = SELECTIVE_MODULES + (SELECTIVE_MOE_MODULES if model.is_moe else ())
+        out = [Setting(f"{TRANSFORMER}.recompute_granularity", "selective"),
+               Setting(f"{TRANSFORMER}.recompute_modules", list(modules))]
+        if model.is_moe:  # megatron-core: moe_act recompute needs grouped GEMM experts
+            out.append(Setting(f"{TRANSFORMER}.moe_grouped_gemm", True, new=True))
+        return out
+    return []
+
+
+def stage_settings(model: ModelSpec, layout: Layout) -> list[Setting]:
+    """``num_layers_in_first/last_pipeline_stage`` only when the split is uneven."""
+    if layout.pp == 1:
+        return []
+    first, _, last, _ = (int(part[0]) for part in pipeline_split(
+        model.num_layers, [layout.pp], [layout.first_stage_layers], [layout.last_stage_layers]))
+    even = model.num_layers % layout.pp == 0 and first == last == model.num_layers // layout.pp
+    if even:
+        return []
+    return [Setting(f"{TRANSFORMER}.num_layers_in_first_pipeline_stage", first, new=True),
+            Setting(f"{TRANSFORMER}.num_layers_in_last_pipeline_stage", last, new=True)]
+
+
+def job_settings(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
+                 layout: Layout, *, model_path: str, train_files: str,
+                 val_files: str) -> list[Setting]:
+    """Every verl setting of the GRPO job, in the order the launch script lists them."""
+    if getattr(workload, "kind", "grpo") != "grpo":
+        raise PlanInputError("a verl job needs a GRPO workload, not --workload "
+                             f"{workload.kind}")
+    if workload.precision not in ("bf16", "fp16"):
+        raise PlanInputError(f"--precision {workload.precision} cannot be exported: verl "
+                             f"{VERL_VERSION}'s Megatron engine trains in bf16 or fp16 "
+                             f"(megatron.dtype)")
+    dtype = "bfloat16" if workload.precision == "bf16" else "float16"
+    micro = layout.micro_batch
+    moe = model.is_moe
+    s = [
+        Setting("algorithm.adv_estimator", "grpo"),
+        Setting("algorithm.use_kl_in_reward", False),
+        Setting("data.train_files", train_files),
+        Setting("data.val_files", val_files),
+        Setting("data.train_batch_size", workload.train_batch_size),
+        Setting("data.max_prompt_length", workload.prompt_length),
+        Setting("data.max_response_length", workload.response_length),
+        Setting("data.filter_overlong_prompts", True),
+        Setting("data.truncation", "error"),
+        Setting("actor_rollout_ref.model.path", model_path),
+        Setting("actor_rollout_ref.actor.optim.lr", 1e-6),
+        Setting("actor_rollout_ref.actor.ppo_mini_batch_size", workload.mini_batch_size),
+        Setting("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", micro),
+        Setting("actor_rollout_ref.actor.use_dynamic_bsz", False),
+        Setting("actor_rollout_ref.actor.ppo_epochs", workload.ppo_epochs),
+        Setting("actor_rollout_ref.actor.use_kl_loss", workload.use_kl_loss),
+        Setting("actor_rollout_ref.actor.kl_loss_coef", 0.001),
+        Setting("actor_rollout_ref.actor.kl_loss_type", "low_var_kl"),
+        Setting("actor_rollout_ref.actor.entropy_coeff", 0),
+        Setting(f"{MEGATRON}.tensor_model_parallel_size", layout.tp),
+        Setting(f"{MEGATRON}.pipeline_model_parallel_size", layout.pp),
+        Setting(f"{MEGATRON}.virtual_pipeline_model_parallel_size",
+                layout.vpp if layout.vpp > 1 else None),
+        Setting(f"{MEGATRON}.context_parallel_size", layout.cp),
+        Setting(f"{MEGATRON}.expert_model_parallel_size", layout.ep),
+        # megatron-core defaults ETP to TP, not 1: always say it
+        Setting(f"{MEGATRON}.expert_tensor_parallel_size", layout.etp),
+        Setting(f"{MEGATRON}.sequence_parallel", bool(layout.sequence_parallel and layout.tp > 1)),
+        Setting(f"{MEGATRON}.use_distributed_optimizer", layout.distributed_optimizer),
+        Setting(f"{MEGATRON}.param_offload", layout.param_offload),
+        Setting(f"{MEGATRON}.optimizer_offload", layout.optimizer_offload),
+    ]
+    if dtype != "bfloat16":
+        s.append(Setting(f"{MEGATRON}.dtype", dtype))
+    s += recompute_settings(model, layout)
+    s += stage_settings(model, layout)
+    if moe and layout.etp > 1:  # megatron-core: "Bias in Moe is only supported when ETP==1"
+        s.append(Setting(f"{TRANSFORMER}.add_bias_linear", False, new=True))
+    # The reference model follows the actor's parallel sizes (verl interpolates them); only its
+    # offload is its own.
+    s += [Setting("actor_rollout_ref.ref.megatron.param_offload", layout.ref_param_offload),
+          Setting("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", micro)]
+    if dtype != "bfloat16":
+        s.append(Setting("actor_rollout_ref.ref.megatron.dtype", dtype))
+    s += [
+        Setting("actor_rollout_ref.rollout.name", "vllm"),
+        Setting("actor_rollout_ref.rollout.tensor_model_parallel_size", layout.rollout_tp),
+        Setting("actor_rollout_ref.rollout.data_parallel_size", layout.rollout_dp),
+        Setting("actor_rollout_ref.rollout.expert_parallel_size", layout.rollout_ep),
+        Setting("actor_rollout_ref.rollout.gpu_memory_utilization",
+                round(float(layout.gpu_memory_utilization), 2)),
+        Setting("actor_rollout_ref.rollout.n", workload.rollout_n),
+        Setting("actor_rollout_ref.rollout.max_num_seqs", workload.max_num_seqs),
+        Setting("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", micro),
+        Setting("trainer.critic_warmup", 0),
+        Setting("trainer.logger", ["console"]),
+        Setting("trainer.project_name", "verl_grpo"),
+        Setting("trainer.experiment_name", experiment_name(model, cluster)),
+        Setting("trainer.n_gpus_per_node", min(cluster.gpus_per_node, cluster.num_gpus)),
+        Setting("trainer.nnodes", cluster.num_nodes),
+        Setting("trainer.save_freq", 20),
+        Setting("trainer.test_freq", 5),
+        Setting("trainer.total_epochs", 15),
+    ]
+    return s
+
+
+def experiment_name(model: ModelSpec, cluster: ClusterSpec) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-]", "-", f"{model.name}_{cluster.num_gpus}x{cluster.gpu.name}")
+
+
+def override_key(override: str) -> str:
+    """The config key an override sets (``+a.b=1`` -> ``a.b``)."""
+    text = override.lstrip("+~")
+    return text.split("=", 1)[0].strip()
+
+
+def check_overrides(overrides: Sequence[str]) -> list[str]:
+    bad = [item for item in overrides
+           if not re.match(r"^(\+{0,2}|~)[A-Za-z_][\w.@/\-]*(=|$)", item)
+           or (not item.startswith("~") and "=" not in item)]
+    if bad:
+        raise PlanInputError(f"--override {bad[0]!r} is not KEY=VALUE (Hydra override syntax, "
+                             f"e.g. trainer.total_epochs=5 or +key.new=1)")
+    return list(overrides)
+
+
+def merge_overrides(base: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """``base`` with ``extra`` applied: an extra override of a key already set replaces it in
+    place (Hydra would take the last one anyway); new keys are appended."""
+    out = list(base)
+    index = {override_key(item): i for i, item in enumerate(out)}
+    for item in check_overrides(extra):
+        key = override_key(item)
+        if key in index:
+            out[index[key]] = item
+        else:
+            index[key] = len(out)
+            out.append(item)
+    return out
+
+
+def job_overrides(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
+                  layout: Layout, *, model_path: str, train_files: str, val_files: str,
+                  extra: Sequence[str] = ()) -> list[str]:
+    """The Hydra overrides of ``python3 -m verl.trainer.main_ppo`` for this layout (verl 0.9.1,
+    Megatron backend), ``extra`` applied last."""
+    settings = job_settings(model, cluster, workload, layout, model_path=model_path,
+                            train_files=train_files, val_files=val_files)
+    return merge_overrides(["model_engine=megatron", *(s.override() for s in settings)], extra)
+
+
+# --- the exported job ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExportedJob:
+    """Everything the three exported files say, from one planned layout."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    workload: GrpoWorkload
+    layout: Layout
+    prediction: dict  # report.candidate_dict of the layout's row
+    rank: int = 1
+    model_path: str | None = None  # None: $MODEL_PATH, default $HOME/models/<model>
+    train_files: str | None = None
+    val_files: str | None = None
+    extra: tuple[str, ...] = field(default_factory=tuple)
+
+    def overrides(self, values: dict[str, str]) -> list[str]:
+        """The job's overrides with ``values`` for MODEL_PATH, TRAIN_FILES and VAL_FILES."""
+        return job_overrides(self.model, self.cluster, self.workload, self.layout,
+                             model_path=values["MODEL_PATH"], train_files=values["TRAIN_FILES"],
+                             val_files=values["VAL_FILES"], extra=self.extra)
+
+
+def job_from_plan(plan, rank: int = 1, *, model_path: str | None = None,
+                  train_files: str | None = None, val_files: str | None = None,
+                  extra_overrides: Sequence[str] = ()) -> ExportedJob:
+    fitting = int(plan.candidates["fits"].sum())
+    if not 1 <= rank <= fitting:
+        raise PlanInputError(f"--rank {rank} is outside the {fitting} layouts that fit "
+                             f"(valid: 1..{fitting})" if fitting else
+                             "no layout fits in GPU memory; nothing to export")
+    row = plan.candidates.iloc[rank - 1].to_dict()
+    return ExportedJob(model=plan.model, cluster=plan.cluster, workload=plan.workload,
+                       layout=Layout.from_row(row), prediction=candidate_dict(row), rank=rank,
+                       model_path=model_path, train_files=train_files, val_files=val_files,
+                       extra=tuple(check_overrides(extra_overrides)))

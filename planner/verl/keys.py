@@ -1,0 +1,65 @@
+"""verl's names, in one place: the release the planner targets, its entry point and root config,
+the config keys the planner reads and writes, keys older releases had, and the files an export
+writes.  No verl import: the names are data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.versions import target_verl_version
+
+VERL_VERSION = target_verl_version()  # the ``verl==`` pin of plan-parallel's ``verl`` extra
+ENTRY_MODULE = "verl.trainer.main_ppo"
+ENTRY_FILE = "verl/trainer/main_ppo.py"
+ROOT_CONFIG = "ppo_trainer"
+
+ACTOR = "actor_rollout_ref.actor"
+MEGATRON = f"{ACTOR}.megatron"
+TRANSFORMER_CONFIG_KEY = "override_transformer_config"
+TRANSFORMER = f"{MEGATRON}.{TRANSFORMER_CONFIG_KEY}"
+REF = "actor_rollout_ref.ref"
+ROLLOUT = "actor_rollout_ref.rollout"
+MODEL = "actor_rollout_ref.model"
+# planner layout field -> key under ``actor_rollout_ref.actor.megatron``
+PARALLEL_KEYS = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
+                 "vpp": "virtual_pipeline_model_parallel_size", "cp": "context_parallel_size",
+                 "ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size"}
+
+# Keys older verl releases had, with what the targeted release says instead (matched on the
+# key's end).
+RETIRED_KEYS = {
+    "megatron.grad_offload": "removed in verl 0.9: param_offload also releases the gradient "
+                             "buffers",
+    "rollout.update_weights_bucket_megabytes": "moved to actor_rollout_ref.rollout."
+                                               "checkpoint_engine.update_weights_bucket_megabytes",
+    "use_legacy_worker_impl": "removed in verl 0.9: the engine workers are the only ones",
+}
+
+# What an export writes.
+SCRIPT_FILE = "run_grpo.sh"
+CONFIG_FILE = "grpo.yaml"
+PLAN_FILE = "plan.json"
+EXPORTED_FILES = (SCRIPT_FILE, CONFIG_FILE, PLAN_FILE)
+
+# What a user supplies at launch: (environment variable, override key).  The script reads each
+# from the environment with the planned value as default; the YAML through ${oc.env:...}.
+LAUNCH_VARIABLES = (
+    ("MODEL_PATH", f"{MODEL}.path"),
+    ("TRAIN_FILES", "data.train_files"),
+    ("VAL_FILES", "data.val_files"),
+    ("NNODES", "trainer.nnodes"),
+    ("GPUS_PER_NODE", "trainer.n_gpus_per_node"),
+)
+PATH_VARIABLES = ("MODEL_PATH", "TRAIN_FILES", "VAL_FILES")
+
+_MISSING = object()
+
+
+def get(config: dict, key: str, default: Any = _MISSING) -> Any:
+    """The value at a dotted ``key`` of a plain config dict, ``default`` when absent."""
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node

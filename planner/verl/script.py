@@ -1,0 +1,150 @@
+"""The verl command of a launch script: its Hydra overrides, as bash would hand them over.
+
+verl's example scripts (``examples/grpo_trainer/run_*_megatron.sh``) set shell variables and
+then run ``python3 -m verl.trainer.main_ppo`` with one ``key=value`` per continued line.  The
+script is read with :mod:`planner.verl.shell` (nothing runs); this module finds the one verl
+command, splits Hydra's own flags (``--config-path``/``--config-name``) from the overrides, and
+decides what unknown values matter: a variable that is not set is an error only when the verl
+command uses it (directly or through another variable), and the error names it; command
+substitutions (``$(date +%s)``) are kept as text and reported.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from planner.errors import PlanInputError
+from planner.verl.keys import ENTRY_FILE, ENTRY_MODULE
+from planner.verl.shell import NAME, Shell
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    """The verl command of a script: its Hydra arguments, with where they came from."""
+
+    overrides: tuple[str, ...]
+    config_path: str | None = None
+    config_name: str | None = None
+    line: int = 0
+    notes: tuple[str, ...] = ()  # what was not run or not understood, for the report
+
+
+def _entry_index(words: list[str]) -> int | None:
+    for index, word in enumerate(words):
+        if word == ENTRY_MODULE and index > 0 and words[index - 1] == "-m":
+            return index
+        if word.endswith(ENTRY_FILE):
+            return index
+    return None
+
+
+_VALUE_FLAGS = {"--config-path": "config_path", "-cp": "config_path",
+                "--config-name": "config_name", "-cn": "config_name",
+                "--config-dir": "config_dir", "-cd": "config_dir",
+                "--cfg": "cfg", "-c": "cfg", "--package": "package", "-p": "package"}
+
+
+def command_arguments(arguments: list[str]) -> tuple[list[str], dict[str, str], list[str]]:
+    """Split ``main_ppo``'s arguments into overrides, Hydra's flags and ignored arguments."""
+    overrides, flags, ignored = [], {}, []
+    index = 0
+    while index < len(arguments):
+        argument = arguments[index]
+        name, equals, inline = argument.partition("=")
+        if name in _VALUE_FLAGS:
+            if equals:
+                flags[_VALUE_FLAGS[name]] = inline
+            elif index + 1 < len(arguments):
+                index += 1
+                flags[_VALUE_FLAGS[name]] = arguments[index]
+        elif argument.startswith("-"):
+            ignored.append(argument)
+        else:
+            overrides.append(argument)
+        index += 1
+    return overrides, flags, ignored
+
+
+def parse_launch_script(text: str, environ: Mapping[str, str],
+                        source: str = "script") -> LaunchCommand:
+    """The verl command of a launch script's text (see the module docstring)."""
+    env = dict(environ)
+    taint: dict[str, set[str]] = {}
+    shell = Shell(text, env, taint, source)
+    found = []
+    for line, words in shell.commands():
+        values = [value for word in words for value in word.values()]
+        index = _entry_index(values)
+        if index is None:
+            continue
+        arguments, taints = [], []
+        for word in words:
+            for value in word.values():
+                arguments.append(value)
+                taints.append(word.taint)
+        found.append((line, arguments[index + 1:], taints[index + 1:]))
+    if not found:
+        raise PlanInputError(f"{source} has no `python3 -m {ENTRY_MODULE}` command; "
+                             f"validate reads verl launch scripts, Hydra YAML files or "
+                             f"`-- key=value ...` overrides")
+    if len(found) > 1:
+        lines = ", ".join(str(line) for line, _, _ in found)
+        raise PlanInputError(f"{source} runs {ENTRY_MODULE} {len(found)} times (lines "
+                             f"{lines}); validate one command at a time")
+    line, arguments, taints = found[0]
+    notes: list[str] = []
+    for argument, names in zip(arguments, taints):
+        unset = sorted(name for name in names if NAME.fullmatch(name))
+        if unset:
+            raise PlanInputError(
+                f"{source} line {line}: ${unset[0]} is not set (used by {argument.split('=')[0]});"
+                f" export it or pass --set {unset[0]}=VALUE")
+        unevaluated = sorted(name for name in names if name.startswith("${"))
+        if unevaluated:
+            raise PlanInputError(f"{source} line {line}: {unevaluated[0]} (used by "
+                                 f"{argument.split('=')[0]}) is bash syntax validate does not "
+                                 f"evaluate; write the value or pass it with --set")
+        notes += [f"{argument.split('=')[0]} uses {name}, which validate does not run (the "
+                  f"text is kept)" for name in sorted(names) if name.startswith(("$(", "`"))]
+    overrides, flags, ignored = command_arguments(arguments)
+    notes += [f"argument {item} of {ENTRY_MODULE} ignored" for item in ignored]
+    notes += [f"{ENTRY_MODULE} argument --{name.replace('_', '-')} {value} ignored"
+              for name, value in flags.items() if name in ("config_dir", "cfg", "package")]
+    return LaunchCommand(overrides=tuple(overrides), config_path=flags.get("config_path"),
+                         config_name=flags.get("config_name"), line=line, notes=tuple(notes))
+
+
+def read_launch_script(path: Path, environ: Mapping[str, str]) -> LaunchCommand:
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise PlanInputError(f"cannot read {str(path)!r}: {error}") from None
+    return parse_launch_script(text, environ, source=Path(path).name)
+
+
+def expand_override(text: str, environ: Mapping[str, str]) -> str:
+    """``$VAR``/``${VAR...}`` in an override given on validate's command line (the shell did
+    not expand it, e.g. it was quoted).  Braces holding a lower-case name or a dotted path are
+    Hydra interpolations (``${data.train_files}``, ``${oc.env:X}``) and stay as they are."""
+    out, position = [], 0
+    for match in re.finditer(r"\$(\{[^}]*\}|[A-Za-z_][A-Za-z0-9_]*)", text):
+        body = match.group(1)
+        if body.startswith("{"):
+            name = NAME.match(body[1:])
+            if not name or body[1:].startswith(("oc.", "hydra:")) or "." in body \
+                    or (body[1:-1] == name.group() and name.group().islower()):
+                continue
+        out.append(text[position:match.start()])
+        shell = Shell(match.group(), dict(environ), {}, "override")
+        value, taint = shell.dollar()
+        unset = sorted(name for name in taint if NAME.fullmatch(name))
+        if unset:
+            raise PlanInputError(f"override {text!r}: ${unset[0]} is not set; export it or "
+                                 f"pass --set {unset[0]}=VALUE")
+        out.append(value)
+        position = match.end()
+    out.append(text[position:])
+    return "".join(out)
