@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from calibration_data import CalibrationCase, load_cases  # noqa: E402
 
-from planner import calibration  # noqa: E402
+from planner.cost import calibration  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "planner" / "cost" / "calibration.json"

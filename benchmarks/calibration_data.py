@@ -40,7 +40,12 @@ from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import ModelSpec, resolve_model, spec_from_hf_config
 from planner.catalog.workload import PRECISIONS, PretrainWorkload
 from planner.search.layout import Layout
-from planner.search.rules import pipeline_split
+from planner.search.pipeline import (
+    balanced_layout,
+    default_split,
+    layout_ranks,
+    pipeline_split,
+)
 
 REFERENCE_DIR_ENV = "PLAN_PARALLEL_REFERENCE_DIR"
 CSV_NAME = "calibration_layouts.csv"
@@ -280,7 +285,8 @@ def _narayanan_tokens_per_s(tflops_per_gpu: float, model: ModelSpec, seq_len: in
 
 
 def _check_layout(model: ModelSpec, num_gpus: int, layout: Layout, global_batch: int) -> list[str]:
-    """Raises _Skip for a layout megatron-core would reject; returns soft warnings."""
+    """Raises _Skip for a layout megatron-core would reject; returns soft warnings.  The layout
+    carries its pipeline split (see :func:`_with_split`)."""
     tp, pp, cp, dp = layout.tp, layout.pp, layout.cp, layout.dp
     if tp * pp * cp * dp != num_gpus:
         raise _Skip("invalid layout: tp*pp*cp*dp != num_gpus")
@@ -288,7 +294,12 @@ def _check_layout(model: ModelSpec, num_gpus: int, layout: Layout, global_batch:
         raise _Skip("invalid layout: tp does not divide attention heads")
     if model.num_query_groups % tp and tp % model.num_query_groups:
         raise _Skip("invalid layout: tp vs KV heads")
-    first, middle, last, valid = pipeline_split(model.num_layers, np.array([pp]))
+    first, middle, last, valid = pipeline_split(
+        model.num_layers, np.array([pp]), [layout.first_stage_layers], [layout.last_stage_layers],
+        [layout.account_embedding], [layout.account_loss])
+    if layout.pipeline_layout:
+        layout_ranks(layout.pipeline_layout, pp, model.num_layers)  # raises when it is wrong
+        return []
     if not bool(valid[0]):
         raise _Skip("invalid layout: pipeline split")
     if layout.vpp > 1 and pp < 2:
@@ -301,8 +312,10 @@ def _check_layout(model: ModelSpec, num_gpus: int, layout: Layout, global_batch:
     if global_batch % (layout.micro_batch * dp):
         raise _Skip("invalid layout: gbs not a multiple of mbs*dp")
     warnings = []
-    stages = {int(first[0]), int(middle[0]), int(last[0])} if pp > 2 else {int(first[0]),
-                                                                           int(last[0])}
+    stages = {int(first[0]) + layout.account_embedding, int(middle[0]),
+              int(last[0]) + layout.account_loss}
+    if pp <= 2:
+        stages.discard(int(middle[0]))
     if layout.vpp > 1 and any(n % layout.vpp for n in stages):
         warnings.append(f"vpp {layout.vpp} does not divide stage layers {sorted(stages)} of the "
                         f"automatic split (source presumably used a custom pipeline layout)")
@@ -382,9 +395,18 @@ def _case_from_row(row: dict[str, str], include_fp4: bool) -> CalibrationCase:
         sequence_parallel = False  # 2021: before SP existed; 2022 baseline: full recompute, no SP
     distributed_optimizer = re.match(r"no\b", dist_opt.lower()) is None  # not "not stated"
 
+    # The sources do not state the split: the first one megatron-core accepts (NVIDIA's recipes
+    # count the embedding and loss as layers where that makes PP and VPP divide).
+    first, last, embedding, loss = default_split(model.num_layers, pp, vpp)
+    layout_string = ""
+    if pp > 1 and not (first or last or embedding or loss) and model.num_layers % (pp * vpp):
+        layout_string = balanced_layout(model.num_layers, pp, vpp)  # custom layout recipes
+        notes.append(f"pipeline layout {layout_string!r} (the source's split is not published)")
     layout = Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp, micro_batch=mbs,
                     recompute=recompute, sequence_parallel=sequence_parallel,
-                    distributed_optimizer=distributed_optimizer)
+                    distributed_optimizer=distributed_optimizer, first_stage_layers=first,
+                    last_stage_layers=last, account_embedding=embedding, account_loss=loss,
+                    pipeline_layout=layout_string)
     notes.extend(_check_layout(model, num_gpus, layout, gbs))
 
     tokens = _float(row["tokens_per_s_per_gpu"])

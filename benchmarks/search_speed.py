@@ -26,8 +26,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     workload = GrpoWorkload()
-    print(f"{'model':>14} {'GPUs':>5} {'enumerated':>14} {'actor layouts':>14} "
-          f"{'fit':>8} {'median s':>9} {'min s':>7}")
+    print(f"{'model':>14} {'GPUs':>5} {'enumerated':>15} {'scored':>10} "
+          f"{'fit':>10} {'median s':>9} {'min s':>7}")
     for name, gpus in CASES:
         model, cluster = resolve_model(name), ClusterSpec(get_gpu("h100"), gpus, 8)
         times = []
@@ -35,8 +35,8 @@ def main() -> None:
             start = time.perf_counter()
             plan = make_plan(model, cluster, workload)
             times.append(time.perf_counter() - start)
-        print(f"{name:>14} {gpus:>5} {plan.enumerated:>14,} {len(plan.candidates):>14,} "
-              f"{int(plan.candidates['fits'].sum()):>8,} {statistics.median(times):>9.3f} "
+        print(f"{name:>14} {gpus:>5} {plan.enumerated:>15,} {plan.scored:>10,} "
+              f"{int(plan.candidates['fits'].sum()):>10,} {statistics.median(times):>9.3f} "
               f"{min(times):>7.3f}")
 
 

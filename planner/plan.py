@@ -43,8 +43,8 @@ from planner.cost.timing import generate_s, grpo_step, pretrain_step
 from planner.errors import InvalidLayoutError
 from planner.phases import PHASES, TRAINING_PHASES
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
-from planner.search.layout import RECOMPUTE, Columns, Layout
-from planner.search.rules import UNWISE_FLAGS, explain, pipeline_split, unwise_flags
+from planner.search.layout import RECOMPUTE, Columns, Layout, distinct
+from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
 from planner.search.space import SearchOptions, build_space
 from planner.units import GIB
 
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 ROLLOUT_FIELDS = ("rollout_tp", "rollout_dp", "rollout_ep")
+KEEP_NOT_FITTING = 2000  # layouts that do not fit a plan keeps (smallest peak first)
 
 
 @dataclass
@@ -61,11 +62,13 @@ class Plan:
     model: ModelSpec
     cluster: ClusterSpec
     workload: Workload
-    candidates: "pd.DataFrame"  # ranked, best first; every valid layout, fitting or not
+    # ranked, best first: every valid layout that fits, then the closest that do not
+    candidates: "pd.DataFrame"
     enumerated: int
     valid: int
     rejected: dict[str, int] = field(default_factory=dict)
     policy: MemoryPolicy = DEFAULT_POLICY
+    scored: int = 0  # actor layouts the cost model scored (each with its chosen rollout)
 
     @property
     def fitting(self) -> "pd.DataFrame":
@@ -83,8 +86,9 @@ def choose_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     so it is made once per distinct resident size (micro-batch and recompute do not change it).
     """
     memory = actor_memory(model, cluster, workload, actor)
-    resident, inverse = np.unique(np.max(memory["phases"]["generate"], axis=0),
-                                  return_inverse=True)
+    resident_all = np.max(memory["phases"]["generate"], axis=0)
+    first, inverse = distinct(resident_all)
+    resident = resident_all[first]
     n = len(resident)
     best_key = np.full(n, np.inf)
     chosen = {name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS}
@@ -118,12 +122,13 @@ def choose_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
 
 def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                   cols: Columns, pick_utilization: bool, calibration: dict | None = None,
-                  actor: dict | None = None, policy: MemoryPolicy = DEFAULT_POLICY) -> Columns:
+                  actor: dict | None = None, policy: MemoryPolicy = DEFAULT_POLICY,
+                  time_all: bool = True) -> Columns:
     """Cost-model columns (memory, time, flags) for layouts that obey every rule.
 
-    ``first_stage_layers``/``last_stage_layers`` stay as given (0: automatic split) while
-    scoring; :func:`resolve_stage_split` fills in the split for output.  ``actor``: the
-    :func:`planner.cost.memory.actor_memory` of these rows, when already computed.
+    ``actor``: the :func:`planner.cost.memory.actor_memory` of these rows, when already
+    computed.  ``time_all=False`` times only the layouts that fit in memory (a plan ranks the
+    others by memory alone); their time columns are NaN.
     """
     memory = estimate_memory(model, cluster, workload, cols, pick_utilization=pick_utilization,
                              actor=actor)
@@ -134,10 +139,20 @@ def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                          policy)
     out = {**cols, **memory}
     efficiency = load_efficiency(cluster.gpu, workload.precision, calibration)
+    timed = np.ones(len(cols["tp"]), dtype=bool) if time_all else memory["fits"].astype(bool)
+    subset = out if timed.all() else {name: values[timed] for name, values in out.items()}
     if workload.kind == "pretrain":
-        out.update(pretrain_step(model, cluster, workload, out, efficiency))
+        times = pretrain_step(model, cluster, workload, subset, efficiency)
     else:
-        out.update(grpo_step(model, cluster, workload, out, memory, efficiency))
+        times = grpo_step(model, cluster, workload, subset, subset, efficiency)
+    for name, values in times.items():
+        if timed.all():
+            out[name] = values
+        else:
+            floating = np.issubdtype(np.asarray(values).dtype, np.floating)
+            full = np.full(len(timed), np.nan if floating else -1)
+            full[timed] = values
+            out[name] = full
     for name in UNWISE_FLAGS:
         out[flag_column(name)] = flags[name]
     out["unwise_count"] = np.sum([flags[name] for name in UNWISE_FLAGS], axis=0)
@@ -147,10 +162,12 @@ def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
 def rank_order(cols: Columns) -> np.ndarray:
     """Indices that sort layouts best first (a stable lexicographic sort; see the module
     docstring)."""
-    not_fit = ~cols["fits"].astype(bool)
+    fits = cols["fits"].astype(bool)
+    not_fit = ~fits
     if "step_time_s" in cols:
-        keys = [not_fit, cols[flag_column("memory_tight")].astype(bool), cols["step_time_s"],
-                cols["peak_bytes"]]
+        # layouts that do not fit are ordered by their peak alone (the closest miss first)
+        keys = [not_fit, fits & cols[flag_column("memory_tight")].astype(bool),
+                np.where(fits, cols["step_time_s"], 0.0), cols["peak_bytes"]]
     else:
         offloads = (cols["param_offload"].astype(int) + cols["optimizer_offload"].astype(int)
                     + cols["ref_param_offload"].astype(int))
@@ -158,14 +175,6 @@ def rank_order(cols: Columns) -> np.ndarray:
                 cols["tp"] * cols["pp"] * cols["cp"], cols["ep"] * cols["etp"],
                 -cols["micro_batch"], cols["peak_bytes"]]
     return np.lexsort(keys[::-1])
-
-
-def resolve_stage_split(model: ModelSpec, cols: Columns) -> Columns:
-    """The layers of the first and last pipeline stage, as megatron-core will build them."""
-    first, _, last, _ = pipeline_split(model.num_layers, cols["pp"],
-                                       cols.get("first_stage_layers"),
-                                       cols.get("last_stage_layers"))
-    return {**cols, "first_stage_layers": first, "last_stage_layers": last}
 
 
 def _frame(cols: Columns) -> "pd.DataFrame":
@@ -186,6 +195,7 @@ def search_options_for(workload: Workload, options: SearchOptions) -> SearchOpti
     if workload.kind != "pretrain":
         return options
     return replace(options, offload=(False,), ref_param_offload=(False,),
+                   optimizer_cpu_fraction=(0.0,), dynamic_batch=False,
                    fixed=options.fixed + tuple((name, 1) for name in ROLLOUT_FIELDS))
 
 
@@ -199,14 +209,19 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                                    options.gpu_memory_utilization, efficiency)
     scored = score_columns(model, cluster, workload, actor,
                            pick_utilization=options.gpu_memory_utilization is None,
-                           calibration=calibration, actor=memory, policy=policy)
+                           calibration=calibration, actor=memory, policy=policy,
+                           time_all=False)
     order = rank_order(scored)
+    # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
+    # 1,024 GPUs would otherwise hold millions of rows that no command shows).
+    fitting = int(np.count_nonzero(scored["fits"]))
+    order = order[:fitting + KEEP_NOT_FITTING]
     ranked = {name: values[order] for name, values in scored.items()}
     ranked["rank"] = np.arange(1, len(order) + 1)
-    frame = _frame(resolve_stage_split(model, ranked))
+    frame = _frame(ranked)
     return Plan(model=model, cluster=cluster, workload=workload, candidates=frame,
                 enumerated=space.enumerated, valid=space.valid, rejected=space.rejected,
-                policy=policy)
+                policy=policy, scored=len(scored["tp"]))
 
 
 @dataclass
@@ -226,9 +241,8 @@ def estimate_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     broken = explain(model, cluster, workload, layout.to_dict())
     if broken:
         raise InvalidLayoutError(broken)
-    scored = resolve_stage_split(model, score_columns(model, cluster, workload,
-                                                      layout.to_columns(), pick_utilization,
-                                                      calibration, policy=policy))
+    scored = score_columns(model, cluster, workload, layout.to_columns(), pick_utilization,
+                           calibration, policy=policy)
     row = {name: values[0].item() if hasattr(values[0], "item") else values[0]
            for name, values in scored.items()}
     return Estimate(model=model, cluster=cluster, workload=workload,
@@ -268,7 +282,7 @@ def candidate_dict(row: Mapping[str, Any]) -> dict:
     }
     if "rank" in row:
         out = {"rank": int(row["rank"]), **out}
-    if "step_time_s" in row:
+    if "step_time_s" in row and np.isfinite(float(row["step_time_s"])):
         out["step_time_s"] = round(float(row["step_time_s"]), 3)
         if "time_generate_s" in row:
             out["time_s"] = {phase: round(float(row[time_column(phase)]), 3)

@@ -5,8 +5,12 @@ import subprocess
 import sys
 
 import pytest
+from conftest import cluster
 
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
+from planner.plan import make_plan
 
 
 def run(capsys, *argv):
@@ -164,8 +168,12 @@ def test_bad_calibration_values(tmp_path, capsys, content):
 
 def test_closest_layout_is_the_smallest_when_nothing_fits(capsys):
     # "no layout fits" is a "no" answer: exit 1, as for every command
-    assert main(["--model", "llama3.1-405b", "--gpus", "64", "--gpu-type", "h100"]) == 1
+    assert main(["--model", "llama3.1-405b", "--gpus", "16", "--gpu-type", "h100"]) == 1
     out = capsys.readouterr().out
     assert "no layout fits" in out
     closest = float(out.split("closest: ")[1].split(" GiB")[0])
-    assert closest < 120  # TP1 PP64 with full recompute and offload, not the fastest misfit
+    # the smallest peak of any layout (full recompute, every offload, the CPU optimizer), not
+    # the fastest misfit
+    plan = make_plan(resolve_model("llama3.1-405b"), cluster(16), GrpoWorkload())
+    assert closest == pytest.approx(plan.candidates["peak_memory_gib"].min(), abs=0.05)
+    assert plan.candidates.iloc[0]["recompute"] == "full"

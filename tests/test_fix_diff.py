@@ -50,7 +50,7 @@ def test_fix_lists_fitting_mitigations_and_writes_a_job_that_validates(tmp_path,
     assert not result["current"]["fits"] and result["current"]["peak_memory_gib"] > 79.6
     best = result["mitigations"][0]
     assert best["fits"] and best["peak_memory_gib"] < 79.6
-    assert all(o.startswith("actor_rollout_ref.") for o in best["overrides"])
+    assert all(o.lstrip("+").startswith("actor_rollout_ref.") for o in best["overrides"])
     # the chain is cheaper than any single change that is not enough alone
     assert not any(m["fits"] for m in result["mitigations"][1:])
     assert main(["validate", str(out / "run_grpo.sh"), "--gpu-type", "h100"]) == 0

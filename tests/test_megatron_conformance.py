@@ -38,6 +38,7 @@ from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.search.layout import LAYOUT_FIELDS, RECOMPUTE, Layout
+from planner.search.pipeline import split_candidates
 from planner.search.rules import RULES, explain, pipeline_split, violations
 from planner.search.space import SearchOptions, build_space
 
@@ -89,14 +90,17 @@ def planner_stages(first: int, middle: int, last: int, pp: int) -> list[int]:
 
 
 def mcore_pipeline(num_layers: int, pp: int, vpp: int, first: int | None = None,
-                   last: int | None = None):
+                   last: int | None = None, embedding: bool = False, loss: bool = False):
     """Build the split in megatron-core: ``(chunks, None)`` or ``(None, error)``.
 
     ``chunks`` maps (pp_rank, vp_stage) to (layers, offset); the layers must tile 0..L-1 exactly
     once, otherwise megatron-core would build a broken model and that counts as a refusal.
+    ``embedding``/``loss``: ``account_for_{embedding,loss}_in_pipeline_split``.
     """
     kwargs = dict(num_layers=num_layers, hidden_size=64, num_attention_heads=8,
-                  pipeline_model_parallel_size=pp)
+                  pipeline_model_parallel_size=pp,
+                  account_for_embedding_in_pipeline_split=bool(embedding),
+                  account_for_loss_in_pipeline_split=bool(loss))
     if pp > 1:
         kwargs["pipeline_dtype"] = torch.bfloat16
     if vpp > 1:
@@ -127,25 +131,27 @@ def per_rank(chunks: dict, pp: int) -> list[int]:
 
 
 def auto_split(num_layers: int, pp: int):
+    """The split with no split setting: megatron-core's even split (valid when PP divides L)."""
     first, middle, last, valid = pipeline_split(num_layers, np.array([pp]))
     return int(first[0]), int(middle[0]), int(last[0]), bool(valid[0])
 
 
-def mcore_first_last(num_layers: int, pp: int, first: int, last: int):
-    """The planner's split as megatron-core arguments: set only when the split is uneven."""
-    if pp > 1 and num_layers % pp:
-        return first, last
-    return None, None
-
-
-def check_chunks(chunks: dict, expected: list[int], pp: int, vpp: int) -> str | None:
-    """None when megatron-core's per-rank layers equal the planner's, each chunk an equal share."""
+def check_chunks(chunks: dict, expected: list[int], pp: int, vpp: int, embedding: bool = False,
+                 loss: bool = False) -> str | None:
+    """None when megatron-core's per-rank layers equal the planner's, each chunk an equal share
+    of the rank's layers -- counting the embedding (loss) as a layer of the first (last) chunk
+    when it is accounted for in the split."""
     got = per_rank(chunks, pp)
     if got != expected:
         return f"layers per PP rank: megatron-core {got}, planner {expected}"
     for (rank, vp), (n, _) in chunks.items():
-        if n * vpp != expected[rank]:
-            return f"chunk (pp_rank {rank}, vp_stage {vp}) has {n} layers, not {expected[rank]}/{vpp}"
+        extra_first = bool(embedding) and rank == 0 and pp > 1
+        extra_last = bool(loss) and rank == pp - 1 and pp > 1
+        rank_total = expected[rank] + extra_first + extra_last
+        counted = n + (extra_first and vp == 0) + (extra_last and vp == vpp - 1)
+        if counted * vpp != rank_total:
+            return (f"chunk (pp_rank {rank}, vp_stage {vp}) has {n} layers, not "
+                    f"{rank_total}/{vpp} less the accounted embedding/loss")
     return None
 
 
@@ -159,36 +165,71 @@ def fail_if(disagreements: list[str], what: str) -> None:
 # --- 1. pipeline split and virtual pipeline stages -----------------------------------------
 
 
-def test_automatic_pipeline_split_matches_get_num_layers_to_build():
+def candidate_split(num_layers: int, pp: int, candidate) -> tuple[int, int, int, bool]:
+    f, l, embedding, loss = candidate
+    first, middle, last, valid = pipeline_split(num_layers, np.array([pp]), [f], [l],
+                                                [embedding], [loss])
+    return int(first[0]), int(middle[0]), int(last[0]), bool(valid[0])
+
+
+def test_every_split_candidate_matches_get_num_layers_to_build():
+    """Every split the search tries (even; embedding and/or loss counted as layers; uneven
+    first/last) gets the same verdict and the same layers per stage as megatron-core."""
     disagreements = []
     checked = {"valid": 0, "invalid": 0}
     for num_layers in LAYER_COUNTS:
         for pp in PIPELINE_SIZES:
-            first, middle, last, valid = auto_split(num_layers, pp)
-            if valid:
-                checked["valid"] += 1
-                chunks, error = mcore_pipeline(num_layers, pp, 1,
-                                               *mcore_first_last(num_layers, pp, first, last))
-                if error:
-                    disagreements.append(f"L={num_layers} pp={pp} first/middle/last="
-                                         f"{first}/{middle}/{last}: planner valid, megatron-core "
-                                         f"refuses: {error}")
-                    continue
-                problem = check_chunks(chunks, planner_stages(first, middle, last, pp), pp, 1)
-                if problem:
-                    disagreements.append(f"L={num_layers} pp={pp}: {problem}")
-            else:
-                checked["invalid"] += 1
-                # The planner's candidate uneven split, and the even split, must both be refused.
-                for args in ((first, last), (None, None)):
-                    chunks, _ = mcore_pipeline(num_layers, pp, 1, *args)
-                    if chunks is not None:
-                        disagreements.append(
-                            f"L={num_layers} pp={pp}: planner invalid (candidate first/last "
-                            f"{first}/{last}), megatron-core accepts first/last={args}: "
-                            f"{per_rank(chunks, pp)}")
+            for candidate in split_candidates(num_layers, pp):
+                f, l, embedding, loss = candidate
+                first, middle, last, valid = candidate_split(num_layers, pp, candidate)
+                checked["valid" if valid else "invalid"] += 1
+                chunks, error = mcore_pipeline(num_layers, pp, 1, f or None, l or None,
+                                               embedding, loss)
+                label = f"L={num_layers} pp={pp} split {candidate}"
+                if valid and error:
+                    disagreements.append(f"{label}: planner valid, megatron-core refuses: "
+                                         f"{error}")
+                elif not valid and chunks is not None:
+                    disagreements.append(f"{label}: planner invalid, megatron-core builds "
+                                         f"{per_rank(chunks, pp)}")
+                elif valid:
+                    problem = check_chunks(chunks, planner_stages(first, middle, last, pp), pp,
+                                           1, embedding, loss)
+                    if problem:
+                        disagreements.append(f"{label}: {problem}")
     fail_if(disagreements, "pipeline-split disagreements")
-    assert checked["valid"] > 50 and checked["invalid"] > 5  # the grid exercises both verdicts
+    assert checked["valid"] > 100 and checked["invalid"] > 50  # both verdicts exercised
+
+
+def test_accounted_split_with_vpp_matches_megatron_core():
+    """The embedding/loss counted as layers, interleaved: the rank's count (embedding
+    included) must divide by VPP, and the first/last chunk builds one layer fewer."""
+    disagreements = []
+    for num_layers in LAYER_COUNTS:
+        model = with_layers(num_layers)
+        grid = [(pp, vpp, e, lo) for pp in range(2, 13) for vpp in (2, 3, 4)
+                for e in (False, True) for lo in (False, True) if e or lo]
+        cols = columns(len(grid), pp=np.array([g[0] for g in grid]),
+                       vpp=np.array([g[1] for g in grid]),
+                       account_embedding=np.array([g[2] for g in grid]),
+                       account_loss=np.array([g[3] for g in grid]))
+        broken = violations(model, cluster(16), WORKLOAD, cols)
+        for i, (pp, vpp, e, lo) in enumerate(grid):
+            planner_ok = not (broken["pipeline_split"][i] or broken["vpp_divides_stage_layers"][i])
+            chunks, error = mcore_pipeline(num_layers, pp, vpp, None, None, e, lo)
+            label = f"L={num_layers} pp={pp} vpp={vpp} embedding={e} loss={lo}"
+            if planner_ok and error:
+                disagreements.append(f"{label}: planner valid, megatron-core refuses: {error}")
+            elif not planner_ok and chunks is not None:
+                disagreements.append(f"{label}: planner refuses, megatron-core builds "
+                                     f"{per_rank(chunks, pp)}")
+            elif planner_ok:
+                first, middle, last, _ = candidate_split(num_layers, pp, (0, 0, e, lo))
+                problem = check_chunks(chunks, planner_stages(first, middle, last, pp), pp, vpp,
+                                       e, lo)
+                if problem:
+                    disagreements.append(f"{label}: {problem}")
+    fail_if(disagreements, "accounted VPP disagreements")
 
 
 def test_vpp_rule_matches_megatron_core():
@@ -211,8 +252,7 @@ def test_vpp_rule_matches_megatron_core():
                 assert planner_ok == (vpp == 1), (num_layers, pp, vpp)
                 continue
             first, middle, last, _ = auto_split(num_layers, pp)
-            chunks, error = mcore_pipeline(num_layers, pp, vpp,
-                                           *mcore_first_last(num_layers, pp, first, last))
+            chunks, error = mcore_pipeline(num_layers, pp, vpp)
             verdicts[chunks is not None] += 1
             label = (f"L={num_layers} pp={pp} vpp={vpp} first/middle/last="
                      f"{first}/{middle}/{last}")
@@ -248,18 +288,19 @@ def test_pp2_vpp_with_first_and_last_is_rejected(num_layers, first, last, vpp):
             get_transformer_layer_offset(config, vp_stage=vp, pp_rank=1)
 
 
-def test_pp2_uneven_automatic_split_with_vpp_is_rejected():
-    """Odd L over PP=2 is uneven; with VPP the planner must refuse it for every L and VPP."""
+def test_odd_layers_over_pp2_split_only_with_one_accounted_end():
+    """Odd L over PP=2: no even split; counting both the embedding and the loss keeps L + 2 odd;
+    counting one of them makes it even -- the planner and megatron-core agree each time."""
     for num_layers in (13, 25, 61, 95):
         model = with_layers(num_layers)
-        vpp = np.array([2, 3, 4])
-        broken = violations(model, cluster(16), WORKLOAD, columns(3, pp=2, vpp=vpp))
-        assert not broken["pipeline_split"].any()
-        assert broken["vpp_divides_stage_layers"].all(), num_layers
-        first, _, last, _ = auto_split(num_layers, 2)
-        for v in vpp:
-            chunks, _ = mcore_pipeline(num_layers, 2, int(v), first, last)
-            assert chunks is None, (num_layers, int(v))
+        cases = [(False, False), (True, True), (True, False), (False, True)]
+        cols = columns(4, pp=2, account_embedding=np.array([c[0] for c in cases]),
+                       account_loss=np.array([c[1] for c in cases]))
+        refused = violations(model, cluster(16), WORKLOAD, cols)["pipeline_split"]
+        assert refused.tolist() == [True, True, False, False], num_layers
+        for (embedding, loss), planner_refuses in zip(cases, refused):
+            chunks, _ = mcore_pipeline(num_layers, 2, 1, None, None, embedding, loss)
+            assert (chunks is None) == bool(planner_refuses), (num_layers, embedding, loss)
 
 
 def test_explicit_first_last_stages_match_megatron_core():
@@ -316,8 +357,7 @@ def test_pipeline_split_message_names_the_valid_pp_sizes():
         accepted = []
         for pp in range(1, num_layers + 2):
             first, middle, last, valid = auto_split(num_layers, pp)
-            if valid and mcore_pipeline(num_layers, pp, 1,
-                                        *mcore_first_last(num_layers, pp, first, last))[0]:
+            if valid and mcore_pipeline(num_layers, pp, 1)[0]:
                 accepted.append(pp)
         for rejected_pp in [pp for pp in range(1, num_layers + 2) if pp not in accepted][:3]:
             messages = dict(explain(model, cluster(16), WORKLOAD,
@@ -505,13 +545,10 @@ def test_world_size_rules_match_initialize_model_parallel(world, fake_pg):
 
 
 def mcore_config_for(model, row: dict) -> TransformerConfig:
-    """megatron-core's config for a search-space row, with the planner's pipeline split."""
+    """megatron-core's config for a search-space row, with the row's pipeline split settings."""
     pp, vpp = row["pp"], row["vpp"]
-    first, _, last, valid = pipeline_split(model.num_layers, np.array([pp]),
-                                           np.array([row["first_stage_layers"]]),
-                                           np.array([row["last_stage_layers"]]))
-    assert valid[0]
-    first_arg, last_arg = mcore_first_last(model.num_layers, pp, int(first[0]), int(last[0]))
+    first_arg = int(row["first_stage_layers"]) or None
+    last_arg = int(row["last_stage_layers"]) or None
     kwargs = dict(
         num_layers=model.num_layers, hidden_size=model.hidden_size,
         ffn_hidden_size=model.ffn_hidden_size, num_attention_heads=model.num_attention_heads,
@@ -522,7 +559,9 @@ def mcore_config_for(model, row: dict) -> TransformerConfig:
         context_parallel_size=row["cp"], sequence_parallel=bool(row["sequence_parallel"]),
         expert_model_parallel_size=row["ep"], expert_tensor_parallel_size=row["etp"],
         num_layers_in_first_pipeline_stage=first_arg,
-        num_layers_in_last_pipeline_stage=last_arg)
+        num_layers_in_last_pipeline_stage=last_arg,
+        account_for_embedding_in_pipeline_split=bool(row["account_embedding"]),
+        account_for_loss_in_pipeline_split=bool(row["account_loss"]))
     if pp > 1:
         kwargs["pipeline_dtype"] = torch.bfloat16
     if vpp > 1:
@@ -539,7 +578,8 @@ def mcore_config_for(model, row: dict) -> TransformerConfig:
 def test_every_enumerated_layout_builds_in_megatron_core(name, world, spaces, fake_pg):
     model = resolve_model(name)
     cols = spaces[name, world].columns
-    keys = PARALLEL_KEYS + ("dp", "first_stage_layers", "last_stage_layers", "sequence_parallel")
+    keys = PARALLEL_KEYS + ("dp", "first_stage_layers", "last_stage_layers", "account_embedding",
+                            "account_loss", "sequence_parallel")
     rows = sorted(set(zip(*[cols[k].tolist() for k in keys])))
     assert len(rows) >= 20  # the space is not trivially small
     disagreements = []
@@ -567,11 +607,11 @@ def test_every_enumerated_layout_builds_in_megatron_core(name, world, spaces, fa
         covered = sorted(i for n, o in chunks.values() for i in range(o, o + n))
         if covered != list(range(model.num_layers)):
             disagreements.append(f"{label}: layers do not tile: {chunks}")
-        first, middle, last, _ = pipeline_split(
-            model.num_layers, np.array([pp]), np.array([row["first_stage_layers"]]),
-            np.array([row["last_stage_layers"]]))
-        problem = check_chunks(chunks, planner_stages(int(first[0]), int(middle[0]),
-                                                      int(last[0]), pp), pp, vpp)
+        split = (row["first_stage_layers"], row["last_stage_layers"], row["account_embedding"],
+                 row["account_loss"])
+        first, middle, last, _ = candidate_split(model.num_layers, pp, split)
+        problem = check_chunks(chunks, planner_stages(first, middle, last, pp), pp, vpp,
+                               row["account_embedding"], row["account_loss"])
         if problem:
             disagreements.append(f"{label}: {problem}")
         # Checked only when the layers are built (moe_layer.py, experts.py / divide()).

@@ -7,7 +7,9 @@ from conftest import cluster
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.plan import choose_rollout, make_plan
-from planner.search.rules import RULES, micro_batches_per_mini_batch, pipeline_split, violations
+from planner.search.batches import update_batches
+from planner.search.pipeline import pipeline_split, split_candidates
+from planner.search.rules import RULES, violations
 from planner.search.space import SearchOptions, build_space
 
 CASES = [("qwen3-30b", 16), ("qwen2.5-7b", 8), ("llama3.1-70b", 32), ("deepseek-v3", 256),
@@ -26,20 +28,30 @@ def independent_check(model, world, workload, row) -> list[str]:
     g = model.num_query_groups
     if g % tp and tp % g:
         broken.append("groups")
+    # megatron-core's get_num_layers_to_build, written out: uneven first/last stages, or the
+    # embedding/loss counted as layers (never both), every stage at least one layer
     first, last = int(row["first_stage_layers"]), int(row["last_stage_layers"])
-    middle_stages = max(pp - 2, 0)
-    middle_layers = model.num_layers - first - last if pp > 1 else 0
-    if pp == 1 and first != model.num_layers:
-        broken.append("split")
-    if pp > 1:
-        if first < 1 or last < 1 or (middle_stages and middle_layers % middle_stages):
+    embedding, loss = bool(row["account_embedding"]), bool(row["account_loss"])
+    if embedding or loss:
+        total = model.num_layers + embedding + loss
+        per_rank = total // pp
+        if first or last or total % pp or per_rank - embedding < 0 or per_rank - loss < 0:
             broken.append("split")
-        if middle_stages == 0 and middle_layers != 0:
+        stage_sizes = [per_rank] * pp  # the per-rank count VPP must divide
+    else:
+        set_ends = (first > 0) + (last > 0)
+        others = pp - set_ends
+        rest = model.num_layers - first - last
+        if pp > 1 and ((others and (rest % others or rest // others < 1))
+                       or (not others and rest)):
             broken.append("split")
+        middle = rest // others if others else 0
+        stage_sizes = ([first or middle] + [middle] * max(pp - 2, 0) + [last or middle]
+                       if pp > 1 else [model.num_layers])
     if vpp > 1:
-        if pp < 2 or first % vpp or last % vpp:
+        if pp < 2 or any(size % vpp for size in stage_sizes):
             broken.append("vpp")
-        if middle_stages and (middle_layers // middle_stages) % vpp:
+        if pp == 2 and first and last:
             broken.append("vpp")
     if model.is_moe:
         if model.num_experts % ep or model.moe_ffn_hidden_size % etp:
@@ -48,11 +60,16 @@ def independent_check(model, world, workload, row) -> list[str]:
         broken.append("dense-ep")
     if world % (etp * ep * pp):
         broken.append("expert-grid")
-    mbs = int(row["micro_batch"])
-    if workload.sequences_per_step % (dp * mbs) or workload.sequences_per_mini_batch % dp:
+    # verl's check_mutually_exclusive / _check_batch: micro-batch sizes only bind static batches;
+    # dynamic batches (use_dynamic_bsz) pack by token budget
+    if workload.sequences_per_step % dp or workload.sequences_per_mini_batch % dp:
         broken.append("batch")
-    if (workload.sequences_per_mini_batch // dp) % mbs:
+    mbs = int(row["micro_batch"])
+    if not row["dynamic_batch"] and ((workload.sequences_per_step % (dp * mbs))
+                                     or (workload.sequences_per_mini_batch // dp) % mbs):
         broken.append("micro")
+    if row["dynamic_batch"] and row["max_token_len"] * cp < workload.sequence_length:
+        broken.append("token-budget")
     rtp, rdp, rep = int(row["rollout_tp"]), int(row["rollout_dp"]), int(row["rollout_ep"])
     if model.num_attention_heads % rtp or world % (rtp * rdp):
         broken.append("rollout")
@@ -68,13 +85,11 @@ def test_every_enumerated_layout_obeys_every_constraint(name, world):
     model, workload = resolve_model(name), GrpoWorkload()
     space = build_space(model, cluster(world), workload)
     assert len(space) > 0
-    # first/last stage layers 0: megatron-core's automatic split; the plan's rollout choice
+    # the plan's rollout choice; the space carries each candidate's stage split
     cols, _ = choose_rollout(model, cluster(world), workload, space.columns, space.rollouts,
                              None)
     broken = violations(model, cluster(world), workload, cols)
     assert not any(mask.any() for mask in broken.values())
-    first, _, last, _ = pipeline_split(model.num_layers, cols["pp"])
-    cols = {**cols, "first_stage_layers": first, "last_stage_layers": last}
     rng = np.random.default_rng(0)
     for index in rng.choice(len(space), size=min(400, len(space)), replace=False):
         row = {key: values[index] for key, values in cols.items()}
@@ -109,14 +124,26 @@ def test_dense_models_get_no_expert_parallelism():
 
 
 def test_uneven_pipeline_for_prime_layer_count():
-    """DeepSeek-V3's 61 layers: uneven first/last stages as verl's examples use."""
+    """DeepSeek-V3's 61 layers: no PP but 1 splits them evenly; the search tries uneven first/
+    last stages (verl's examples), one uneven end stage (verl's 96 x H20 DeepSeek-V3 job puts 6
+    layers on the last of 12 stages) and the embedding/loss counted as layers."""
     pp = np.array([1, 2, 4, 8, 16])
-    first, middle, last, valid = pipeline_split(61, pp)
-    assert valid.all()
-    middle_layers = middle * np.maximum(pp - 2, 0)
-    assert list(np.where(pp == 1, first, first + middle_layers + last)) == [61] * 5
-    assert (int(first[4]), int(middle[4]), int(last[4])) == (3, 4, 2)
-    assert (int(first[1]), int(last[1])) == (31, 30)
+    assert list(pipeline_split(61, pp)[3]) == [True, False, False, False, False]
+    for size in (2, 4, 8, 12, 16):
+        found = []
+        for first, last, embedding, loss in split_candidates(61, size):
+            f, middle, l_, ok = (int(np.asarray(part)[0]) for part in pipeline_split(
+                61, np.array([size]), [first], [last], [embedding], [loss]))
+            if ok:
+                found.append((f, middle, l_))
+                layers = f + middle * max(size - 2, 0) + l_ + embedding + loss
+                assert layers == 61 + embedding + loss
+        assert found, size
+    f, middle, l_, ok = pipeline_split(61, np.array([12]), [0], [6])
+    assert bool(ok[0]) and (int(f[0]), int(middle[0]), int(l_[0])) == (5, 5, 6)
+    # 94 layers of Qwen3-235B on PP 8 with the embedding and loss counted: 96 = 8 x 12
+    f, middle, l_, ok = pipeline_split(94, np.array([8]), None, None, [True], [True])
+    assert bool(ok[0]) and (int(f[0]), int(middle[0]), int(l_[0])) == (11, 12, 11)
 
 
 def test_explicit_stage_split():
@@ -131,7 +158,7 @@ def test_interleaving_needs_enough_micro_batches():
     model, workload = resolve_model("qwen3-8b"), GrpoWorkload(mini_batch_size=16, rollout_n=1)
     space = build_space(model, cluster(16), workload)
     cols = space.columns
-    m = micro_batches_per_mini_batch(workload, cols)
+    m = update_batches(workload, cols).count
     interleaved = cols["vpp"] > 1
     assert interleaved.any()
     assert (m[interleaved] >= cols["pp"][interleaved]).all()

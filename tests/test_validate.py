@@ -303,13 +303,16 @@ FULL_RECOMPUTE = """    actor_rollout_ref.actor.megatron.override_transformer_co
 
 
 @pytest.mark.needs("verl")
-def test_verl_example_qwen3_235b_middle_stages_do_not_fit_without_recompute(tmp_path):
-    """5 | 14 x 6 | 5 layers: rank 1 holds 14 MoE layers with 7 micro-batches in flight."""
+def test_verl_example_qwen3_235b_middle_stages_near_capacity_without_recompute(tmp_path):
+    """5 | 14 x 6 | 5 layers: rank 1 holds 14 MoE layers with 7 micro-batches in flight, about
+    94 GiB of the H20's 95.6 -- flagged; verl's example turns full recompute on."""
     report = validate(write(tmp_path, QWEN3_235B_UNEVEN, recompute=""), gpu="h20")
-    assert not report["would_launch"]
-    [finding] = errors(report)
-    assert "will not fit" in finding["message"] and "update_actor" in finding["message"]
-    assert report["memory"]["peak_stage"] == "second"
+    [finding] = report["findings"]
+    assert finding["check"] == "memory" and "a training phase peaks above 92%" in finding["message"]
+    assert report["memory"]["peak_stage"] == "early middle"
+    assert report["memory"]["memory_utilization"] > 0.92
+    assert max(report["memory"]["memory_gib"], key=report["memory"]["memory_gib"].get) \
+        == "update_actor"
 
 
 @pytest.mark.needs("verl")

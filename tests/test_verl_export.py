@@ -5,6 +5,7 @@ verl's own ``validate_config`` and config dataclass checks; the YAML composes to
 config as the launch command; the script runs through verl's Hydra entry point.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cli.main import main
 from planner.errors import PlanInputError
 from planner.plan import make_plan
-from planner.search.layout import Layout
+from planner.search.layout import Layout, applicable_modules
 from planner.verl import config as verl_config
 from planner.verl.export import job_from_plan, job_overrides
 from planner.verl.files import (
@@ -60,6 +61,7 @@ CASES = {
                                                       optimizer_offload=True,
                                                       gpu_memory_utilization=0.7)),
     "moe_uneven_full": ("DeepSeek-V3", 256, Layout(tp=1, pp=16, ep=16, etp=1, dp=16,
+                                                   first_stage_layers=3, last_stage_layers=2,
                                                    micro_batch=1, recompute="full",
                                                    param_offload=True, optimizer_offload=True,
                                                    ref_param_offload=True, rollout_tp=8,
@@ -152,8 +154,14 @@ def test_exported_config_passes_verls_own_validation(case):
     assert problems == []
     read_back = layout_of(job, builtin_model(name).is_moe)
     skip = {"first_stage_layers", "last_stage_layers", "sequence_parallel"}
+    # the export writes only the recompute modules the model has (none of MoE on a dense model)
+    model = builtin_model(name)
+    expected = dataclasses.replace(layout, recompute_modules=applicable_modules(
+        layout.recompute_modules, model.is_moe, model.is_mla))
     assert {k: v for k, v in read_back.to_dict().items() if k not in skip} == \
-        {k: v for k, v in layout.to_dict().items() if k not in skip}
+        {k: v for k, v in expected.to_dict().items() if k not in skip}
+    assert (read_back.first_stage_layers, read_back.last_stage_layers) == \
+        (layout.first_stage_layers, layout.last_stage_layers)
     assert read_back.sequence_parallel == (layout.tp > 1)
     ref = plain["actor_rollout_ref"]["ref"]["megatron"]
     assert ref["tensor_model_parallel_size"] == layout.tp  # interpolated from the actor

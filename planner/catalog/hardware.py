@@ -29,6 +29,9 @@ class GpuSpec:
     inter_node_bandwidth_bytes_per_s: float  # per GPU, per direction (one NIC per GPU)
     nvlink_domain_gpus: int  # GPUs one NVLink/NVSwitch domain connects (8 on HGX, 72 on NVL72)
     host_bandwidth_bytes_per_s: float = 25 * 1e9  # GPU<->CPU per direction (offload traffic)
+    # Host RAM per GPU in a typical server of this part (DGX/HGX: 2 TB for 8 GPUs); what verl's
+    # offload and Megatron's CPU optimizer fill.  --host-memory-gib overrides it per node.
+    host_memory_per_gpu_bytes: int = 256 * GIB
     aliases: tuple[str, ...] = ()
     nvml_names: tuple[str, ...] = ()  # substrings of pynvml.nvmlDeviceGetName() for this part
 
@@ -55,12 +58,15 @@ class GpuSpec:
 # NVML-reported totals seen on the parts, NVLink generation bandwidth halved for one direction,
 # one 200/400/800 Gb/s NIC per GPU for the inter-node figure.  Host bandwidth: PCIe Gen4 x16
 # (~25 GB/s achieved) or Gen5 x16 (~50 GB/s); Grace-Blackwell's NVLink-C2C 900 GB/s (bidir) per
-# superchip, shared by its two GPUs.
+# superchip, shared by its two GPUs.  Host RAM: DGX/HGX H100, H200, B200 and the H800/H20 HGX
+# servers ship 2 TB for 8 GPUs; DGX A100 and L40S servers 1 TB; a GB200/GB300 compute tray has
+# 2 Grace CPUs x 480 GB LPDDR5X for 4 GPUs.
 GPU_CATALOG: tuple[GpuSpec, ...] = (
     # A100 SXM4 80GB data sheet: BF16 312 TFLOP/s, HBM2e 2,039 GB/s, NVLink3 600 GB/s (bidir);
     # HDR InfiniBand 200 Gb/s per GPU (DGX A100).  NVML total 81,920 MiB.
     GpuSpec("A100-80GB", 81920 * MIB, 312 * TERA, 0.0, 2039 * GIGA, 300 * GIGA, 25 * GIGA, 8,
-            host_bandwidth_bytes_per_s=25 * GIGA, aliases=("a100", "a100-80g", "a100-sxm"),
+            host_bandwidth_bytes_per_s=25 * GIGA, host_memory_per_gpu_bytes=128 * GIB,
+            aliases=("a100", "a100-80g", "a100-sxm"),
             nvml_names=("A100-SXM4-80GB", "A100 80GB")),
     # H100 SXM5 data sheet: BF16 989 TFLOP/s, FP8 1,979, HBM3 3.35 TB/s, NVLink4 900 GB/s
     # (bidir); NDR 400 Gb/s per GPU (DGX H100).  NVML total 81,559 MiB.
@@ -90,16 +96,19 @@ GPU_CATALOG: tuple[GpuSpec, ...] = (
     # GB200 NVL72 (per GPU): BF16 2.5 PFLOP/s dense, FP8 5, HBM3e 186 GB at 8 TB/s, NVLink5
     # 1.8 TB/s (bidir) across all 72 GPUs of the rack; ConnectX-7 400 Gb/s per GPU.
     GpuSpec("GB200", 189471 * MIB, 2500 * TERA, 5000 * TERA, 8000 * GIGA, 900 * GIGA, 50 * GIGA, 72,
-            host_bandwidth_bytes_per_s=225 * GIGA, aliases=("gb200-nvl72",), nvml_names=("GB200",)),
+            host_bandwidth_bytes_per_s=225 * GIGA, host_memory_per_gpu_bytes=240 * GIB,
+            aliases=("gb200-nvl72",), nvml_names=("GB200",)),
     # GB300 NVL72 (per GPU): BF16 2.5 PFLOP/s dense, FP8 5, HBM3e 288 GB at 8 TB/s, NVLink5
     # 1.8 TB/s across the rack; ConnectX-8 800 Gb/s per GPU.
     GpuSpec("GB300", 284208 * MIB, 2500 * TERA, 5000 * TERA, 8000 * GIGA, 900 * GIGA, 100 * GIGA,
             72,
-            host_bandwidth_bytes_per_s=225 * GIGA, aliases=("gb300-nvl72",), nvml_names=("GB300",)),
+            host_bandwidth_bytes_per_s=225 * GIGA, host_memory_per_gpu_bytes=240 * GIB,
+            aliases=("gb300-nvl72",), nvml_names=("GB300",)),
     # L40S data sheet: BF16 362 TFLOP/s dense, FP8 733, GDDR6 48 GB at 864 GB/s, no NVLink
     # (PCIe Gen4 x16, 32 GB/s per direction); 100 GbE per GPU typical.  NVML total 46,068 MiB.
     GpuSpec("L40S", 46068 * MIB, 362 * TERA, 733 * TERA, 864 * GIGA, 32 * GIGA, 12.5 * GIGA, 8,
-            host_bandwidth_bytes_per_s=25 * GIGA, aliases=("l40s-48gb",), nvml_names=("L40S",)),
+            host_bandwidth_bytes_per_s=25 * GIGA, host_memory_per_gpu_bytes=128 * GIB,
+            aliases=("l40s-48gb",), nvml_names=("L40S",)),
 )
 
 DEFAULT_GPU = "H100-80GB"
@@ -140,18 +149,29 @@ class ClusterSpec:
     gpu: GpuSpec
     num_gpus: int
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+    host_memory_gib: float | None = None  # host RAM per node; None: the GPU catalog's typical
 
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
             raise PlanInputError(f"--gpus must be a positive integer, got {self.num_gpus}")
         if self.gpus_per_node < 1:
             raise PlanInputError(f"--gpus-per-node must be positive, got {self.gpus_per_node}")
+        if self.host_memory_gib is not None and not 1 <= self.host_memory_gib <= 1 << 20:
+            raise PlanInputError(f"--host-memory-gib {self.host_memory_gib} is outside "
+                                 f"1..1048576 (GiB of host RAM per node)")
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
             raise PlanInputError(
                 f"--gpus {self.num_gpus} is not a multiple of --gpus-per-node "
                 f"{self.gpus_per_node}; verl places whole nodes (e.g. --gpus "
                 f"{self.num_gpus // self.gpus_per_node * self.gpus_per_node} or "
                 f"{(self.num_gpus // self.gpus_per_node + 1) * self.gpus_per_node})")
+
+    @property
+    def host_memory_per_node_bytes(self) -> float:
+        if self.host_memory_gib is not None:
+            return self.host_memory_gib * GIB
+        return float(self.gpu.host_memory_per_gpu_bytes * min(self.gpus_per_node,
+                                                              self.num_gpus))
 
     @property
     def num_nodes(self) -> int:
@@ -165,7 +185,8 @@ class ClusterSpec:
     def to_dict(self) -> dict:
         return {"gpu_type": self.gpu.name, "num_gpus": self.num_gpus,
                 "gpus_per_node": self.gpus_per_node, "num_nodes": self.num_nodes,
-                "gpu_memory_gib": round(self.gpu.memory_gib, 2)}
+                "gpu_memory_gib": round(self.gpu.memory_gib, 2),
+                "host_memory_gib_per_node": round(self.host_memory_per_node_bytes / GIB, 1)}
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,16 @@
-"""What the job does: a verl GRPO step's batch and sequence shape.
+"""What the job does: a verl GRPO step's batch and sequence shape, and the job settings the
+search does not choose (algorithm switches, kernel and rollout-engine settings).
 
 Defaults follow verl's GRPO Megatron examples
 (``examples/grpo_trainer/run_qwen2-7b_math_megatron.sh``:
 ``data.train_batch_size=1024``, ``ppo_mini_batch_size=256``, ``rollout.n=5``, 1024-token prompts
-and responses).  Batch sizes count prompts, as verl's config does; ``rollout_n`` responses are
-sampled per prompt, so a step trains on ``train_batch_size * rollout_n`` sequences.
+and responses, ``use_kl_loss=True``) and verl 0.9.1's config defaults for everything those
+scripts leave unset (``rollout.yaml``: ``max_num_seqs 256``, ``max_num_batched_tokens 8192``,
+CUDA graphs on, ``free_cache_engine``, prefix caching; ``model.use_fused_kernels False``;
+``grad_reduce_in_fp32`` True unless the precision-aware optimizer keeps lower-precision grads,
+``workers/engine/megatron/transformer_impl.py``).  Batch sizes count prompts, as verl's config
+does; ``rollout_n`` responses are sampled per prompt, so a step trains on
+``train_batch_size * rollout_n`` sequences.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from planner.errors import PlanInputError
 from planner.phases import PHASES, Phase
 
 PRECISIONS = ("bf16", "fp16", "fp8")
+ROLLOUT_ENGINES = ("vllm", "sglang")
+ROLLOUT_PRECISIONS = ("bf16", "fp8")  # rollout weights and KV cache (vLLM quantization=fp8)
 
 
 @dataclass(frozen=True)
@@ -27,14 +35,31 @@ class GrpoWorkload:
     ppo_epochs: int = 1
     precision: str = "bf16"
     use_kl_loss: bool = True  # GRPO's KL to the reference policy needs the reference model
-    max_num_seqs: int = 1024  # vLLM concurrency cap per engine (rollout.max_num_seqs)
+    max_num_seqs: int = 256  # concurrency cap per engine (rollout.max_num_seqs)
     # Tokens actually generated per response on average; 0 means half the maximum
-    # (timing.DEFAULT_MEAN_RESPONSE_FRACTION).  Time follows it; memory is sized for the maximum.
+    # (search.batches.DEFAULT_MEAN_RESPONSE_FRACTION).  Time follows it; memory is sized for the
+    # maximum.
     mean_response_length: int = 0
+    # --- algorithm switches that decide which passes run ---------------------------------------
+    use_kl_in_reward: bool = False  # algorithm.use_kl_in_reward: also needs the reference
+    # algorithm.rollout_correction.bypass_mode: old log-probs are the rollout's, no recompute
+    bypass_old_log_prob: bool = False
+    # --- actor kernels and precision ---------------------------------------------------------
+    fused_kernels: bool = False  # actor_rollout_ref.model.use_fused_kernels
+    entropy_chunk_tokens: int = 0  # entropy_from_logits_with_chunking's chunk size; 0: off
+    grad_reduce_in_fp32: bool = True  # fp32 (4 B) or bf16 (2 B) main-grad buffer
+    adam_moment_bytes: int = 4  # optim.exp_avg(_sq)_dtype: fp32 4, bf16 2 (precision-aware)
+    # --- the rollout engine -------------------------------------------------------------------
+    rollout_engine: str = "vllm"  # rollout.name
+    rollout_precision: str = "bf16"  # bf16, or fp8 weights and KV cache
+    enforce_eager: bool = False  # rollout.enforce_eager: False captures CUDA graphs
+    free_cache_engine: bool = True  # rollout.free_cache_engine: sleep during training
+    max_num_batched_tokens: int = 8192  # rollout.max_num_batched_tokens (prefill chunk)
+    prefix_caching: bool = True  # rollout.enable_prefix_caching: n samples share a prompt
 
     def __post_init__(self) -> None:
         for name in ("train_batch_size", "rollout_n", "prompt_length", "response_length",
-                     "mini_batch_size", "ppo_epochs", "max_num_seqs"):
+                     "mini_batch_size", "ppo_epochs", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if value < 1:
                 raise PlanInputError(f"--{name.replace('_', '-')} must be a positive integer, "
@@ -50,6 +75,17 @@ class GrpoWorkload:
             raise PlanInputError(f"--mean-response-length {self.mean_response_length} must be "
                                  f"between 1 and --response-length {self.response_length} "
                                  f"(0: half of it)")
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise PlanInputError(f"rollout engine {self.rollout_engine!r} is not one of "
+                                 f"{', '.join(ROLLOUT_ENGINES)}")
+        if self.rollout_precision not in ROLLOUT_PRECISIONS:
+            raise PlanInputError(f"--rollout-precision {self.rollout_precision!r} is not one of "
+                                 f"{', '.join(ROLLOUT_PRECISIONS)}")
+        if self.adam_moment_bytes not in (2, 4):
+            raise PlanInputError(f"Adam moment bytes {self.adam_moment_bytes}: valid are 4 "
+                                 f"(fp32) and 2 (bf16, precision-aware optimizer)")
+        if self.entropy_chunk_tokens < 0:
+            raise PlanInputError(f"entropy chunk size {self.entropy_chunk_tokens} must be >= 0")
 
     @property
     def sequence_length(self) -> int:
@@ -65,7 +101,23 @@ class GrpoWorkload:
         return self.mini_batch_size * self.rollout_n
 
     kind = "grpo"
-    phases = PHASES
+
+    @property
+    def needs_reference(self) -> bool:
+        """verl builds and runs the reference only for a KL loss or a KL penalty in the reward
+        (``need_reference_policy``)."""
+        return self.use_kl_loss or self.use_kl_in_reward
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        """The phases a step runs: verl skips the reference without KL and the old-log-prob
+        pass in bypass mode (``RayPPOTrainer.fit``)."""
+        skipped = set()
+        if not self.needs_reference:
+            skipped.add(Phase.REF.value)
+        if self.bypass_old_log_prob:
+            skipped.add(Phase.OLD_LOG_PROB.value)
+        return tuple(phase for phase in PHASES if phase not in skipped)
 
     @property
     def mean_response_tokens(self) -> int:
@@ -101,6 +153,11 @@ class PretrainWorkload:
 
     kind = "pretrain"
     phases = (Phase.UPDATE_ACTOR.value,)
+    needs_reference = False
+    fused_kernels = False
+    entropy_chunk_tokens = 0
+    grad_reduce_in_fp32 = True
+    adam_moment_bytes = 4
     # The same view of the batch the GRPO workload gives the rules and the memory model:
     # one optimizer step over the global batch, no reference model, no rollout.
     rollout_n = 1

@@ -85,6 +85,9 @@ def cluster_args(parser: argparse.ArgumentParser, required: bool = True) -> None
                                           "default: detected through NVML, else H100-80GB")
     group.add_argument("--gpus-per-node", type=integer(1, MAX_GPUS_PER_NODE),
                        help="GPUs per node (default 8, or the detected count)")
+    group.add_argument("--host-memory-gib", type=fraction(1, 1 << 20),
+                       help="host RAM per node in GiB (default: the GPU type's typical server, "
+                            "e.g. 2048 for 8 x H100); offload and the CPU optimizer must fit")
 
 
 def memory_band_args(parser: argparse.ArgumentParser) -> None:
@@ -106,8 +109,8 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
                        help="tokens generated per response on average (time follows it; "
                             "default: half of --response-length)")
     group.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
-    group.add_argument("--max-num-seqs", type=integer(1, MAX_BATCH), default=1024,
-                       help="rollout engine's max concurrent sequences (default 1024)")
+    group.add_argument("--max-num-seqs", type=integer(1, MAX_BATCH), default=256,
+                       help="rollout engine's max concurrent sequences (default 256, verl's)")
     group.add_argument("--workload", choices=("grpo", "pretrain"), default="grpo",
                        help="grpo (verl) or a plain Megatron pretraining step")
     group.add_argument("--seq-len", type=integer(1, MAX_TOKENS), default=4096,
@@ -116,6 +119,35 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
                        help="pretrain: sequences per optimizer step")
     group.add_argument("--calibration", help="efficiency constants fitted for your cluster "
                                              "(JSON from `plan-parallel calibrate`)")
+    algo = parser.add_argument_group("algorithm, kernels and rollout engine (verl keys)")
+    algo.add_argument("--kl-loss", action=argparse.BooleanOptionalAction, default=True,
+                      help="actor.use_kl_loss: GRPO's KL loss needs the reference model "
+                           "(default on, as verl's GRPO examples)")
+    algo.add_argument("--kl-in-reward", action="store_true",
+                      help="algorithm.use_kl_in_reward (also runs the reference)")
+    algo.add_argument("--bypass-old-log-prob", action="store_true",
+                      help="algorithm.rollout_correction.bypass_mode: old log-probs are the "
+                           "rollout's, verl skips the old-log-prob pass")
+    algo.add_argument("--fused-kernels", action="store_true",
+                      help="model.use_fused_kernels: log-probs without full-vocabulary logits")
+    algo.add_argument("--entropy-chunk-size", type=integer(0, MAX_TOKENS), default=0,
+                      help="entropy_from_logits_with_chunking with this chunk (0: off)")
+    algo.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction,
+                      default=True, help="fp32 main-grad buffer (verl's default) or bf16")
+    algo.add_argument("--adam-moments", choices=("fp32", "bf16"), default="fp32",
+                      help="optim.exp_avg(_sq)_dtype (bf16: the precision-aware optimizer)")
+    algo.add_argument("--rollout-engine", choices=("vllm", "sglang"), default="vllm")
+    algo.add_argument("--rollout-precision", choices=("bf16", "fp8"), default="bf16",
+                      help="rollout weights and KV cache (fp8: rollout.quantization=fp8)")
+    algo.add_argument("--enforce-eager", action="store_true",
+                      help="rollout.enforce_eager: no CUDA graphs (slower decode, less memory)")
+    algo.add_argument("--free-cache-engine", action=argparse.BooleanOptionalAction,
+                      default=True, help="rollout.free_cache_engine: the engine sleeps during "
+                                         "training (default on)")
+    algo.add_argument("--max-num-batched-tokens", type=integer(1, MAX_TOKENS), default=8192,
+                      help="rollout.max_num_batched_tokens (chunked-prefill size, default 8192)")
+    algo.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                      help="rollout.enable_prefix_caching: the n samples share a prompt's KV")
 
 
 LAYOUT_INTS = (("tp", "tensor parallel", MAX_PARALLEL), ("pp", "pipeline parallel", MAX_LAYERS),
@@ -136,8 +168,37 @@ def layout_args(parser: argparse.ArgumentParser, required: bool) -> None:
     for name, text, high in LAYOUT_INTS:
         group.add_argument(f"--{name}", type=integer(1, high), help=f"{text} (1..{high})")
     group.add_argument("--recompute", choices=("none", "selective", "full"))
+    group.add_argument("--recompute-modules", metavar="M,M",
+                       help="selective: megatron-core recompute_modules (core_attn, layernorm, "
+                            "moe_act, mla_up_proj, mlp, moe, shared_experts)")
+    group.add_argument("--recompute-method", choices=("uniform", "block"),
+                       help="full: recompute chunks of layers (uniform) or the first N layers "
+                            "of each stage (block)")
+    group.add_argument("--recompute-num-layers", type=integer(1, MAX_LAYERS),
+                       help="full: layers per chunk (uniform) or recomputed layers (block)")
     for name in ("param-offload", "optimizer-offload", "ref-param-offload"):
         group.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None)
+    group.add_argument("--optimizer-cpu-offload", action=argparse.BooleanOptionalAction,
+                       default=None, help="Megatron's CPU optimizer: optimizer state and Adam "
+                                          "step on the host (optimizer_cpu_offload)")
+    group.add_argument("--optimizer-offload-fraction", type=fraction(0.0, 1.0),
+                       help="share of the optimizer on the host, 0..1 (default 1 with "
+                            "--optimizer-cpu-offload)")
+    group.add_argument("--dynamic-batch", action=argparse.BooleanOptionalAction, default=None,
+                       help="verl's use_dynamic_bsz: micro-batches packed to a token budget "
+                            "(plans use it unless --no-dynamic-batch)")
+    group.add_argument("--max-token-len-per-gpu", type=integer(1, MAX_TOKENS),
+                       help="ppo_max_token_len_per_gpu, the update's token budget")
+    group.add_argument("--log-prob-max-token-len-per-gpu", type=integer(1, MAX_TOKENS),
+                       help="log_prob_max_token_len_per_gpu (default: the update's budget)")
+    group.add_argument("--log-prob-micro-batch", type=integer(1, MAX_BATCH),
+                       help="log_prob_micro_batch_size_per_gpu (default: --micro-batch)")
+    group.add_argument("--account-for-embedding-in-pipeline-split", action="store_true",
+                       help="count the embedding as a pipeline layer (megatron-core)")
+    group.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
+                       help="count the loss as a pipeline layer (megatron-core)")
+    group.add_argument("--pipeline-layout", metavar="LAYOUT",
+                       help="pipeline_model_parallel_layout string, e.g. 'Et*3|(tt|)*29,m|L'")
     group.add_argument("--gpu-memory-utilization", type=fraction(0.05, 0.99),
                        help="rollout engine's memory fraction, 0.05..0.99 (default: picked per "
                             "layout)")

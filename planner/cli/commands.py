@@ -22,7 +22,8 @@ from planner.report.text import (
     plan_table,
     to_json,
 )
-from planner.search.layout import Layout
+from planner.search.layout import Layout, modules_mask
+from planner.search.pipeline import default_split, layout_vpp, split_problems
 from planner.verl.files import write_plan_job
 
 
@@ -53,21 +54,68 @@ def cmd_plan(args) -> int:
     return ExitCode.OK if fitting else ExitCode.NO
 
 
-def estimate_layout_from_args(args, cluster) -> Layout:
-    """The layout ``estimate`` scores: the flags given, 1 (or none) for the rest."""
+# layout field -> the estimate flag that sets it (for messages)
+FIELD_FLAGS = {"pipeline_layout": "--pipeline-layout",
+               "account_embedding": "--account-for-embedding-in-pipeline-split",
+               "account_loss": "--account-for-loss-in-pipeline-split",
+               "max_token_len": "--max-token-len-per-gpu"}
+
+
+def estimate_layout_from_args(args, model, cluster, workload) -> Layout:
+    """The layout ``estimate`` scores: the flags given, 1 (or none) for the rest; without split
+    flags, the first split megatron-core accepts (even, the embedding and loss counted, or
+    uneven end stages).  Contradictory split or batch flags are input errors."""
 
     def given(value, default):
         return default if value is None else value
 
     tp, pp, cp = given(args.tp, 1), given(args.pp, 1), given(args.cp, 1)
-    return Layout(tp=tp, pp=pp, vpp=given(args.vpp, 1), cp=cp, ep=given(args.ep, 1),
+    vpp = given(args.vpp, layout_vpp(args.pipeline_layout, pp) if args.pipeline_layout else 1)
+    first, last = given(args.first_stage_layers, 0), given(args.last_stage_layers, 0)
+    embedding = args.account_for_embedding_in_pipeline_split
+    loss = args.account_for_loss_in_pipeline_split
+    if not (first or last or embedding or loss or args.pipeline_layout):
+        first, last, embedding, loss = default_split(model.num_layers, pp, vpp)
+    for field, message in split_problems(model.num_layers, pp, vpp, first, last, embedding, loss,
+                                         args.pipeline_layout or ""):
+        raise UsageError(f"{FIELD_FLAGS.get(field, field)}: {message}")
+    dynamic = bool(args.dynamic_batch) or args.max_token_len_per_gpu is not None
+    budget = args.max_token_len_per_gpu or 0
+    if dynamic and workload.kind != "grpo":
+        raise UsageError("--dynamic-batch is verl's; --workload pretrain has fixed micro-batches")
+    if dynamic and not budget:
+        budget = given(args.micro_batch, 1) * -(-workload.sequence_length // cp)
+    log_prob_budget = args.log_prob_max_token_len_per_gpu or 0
+    for flag, value in (("--max-token-len-per-gpu", budget),
+                        ("--log-prob-max-token-len-per-gpu", log_prob_budget)):
+        if dynamic and value and value * cp < workload.sequence_length:
+            raise UsageError(f"{flag} {value} x CP {cp} is below the longest sequence, "
+                             f"{workload.sequence_length} tokens (--prompt-length + "
+                             f"--response-length); valid: >= "
+                             f"{-(-workload.sequence_length // cp)}")
+    if args.log_prob_max_token_len_per_gpu and not dynamic:
+        raise UsageError("--log-prob-max-token-len-per-gpu needs --dynamic-batch")
+    fraction = inputs.cpu_optimizer_fraction(args)
+    modules = modules_mask(args.recompute_modules.split(",")) if args.recompute_modules else 0
+    if (modules or args.recompute_method) and args.recompute is None:
+        raise UsageError("--recompute-modules/--recompute-method need --recompute "
+                         "selective/full")
+    return Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=given(args.ep, 1),
                   etp=given(args.etp, 1), dp=max(cluster.num_gpus // (tp * pp * cp), 1),
                   micro_batch=given(args.micro_batch, 1), recompute=args.recompute or "none",
+                  recompute_modules=modules,
+                  recompute_num_layers=given(args.recompute_num_layers, 1),
+                  recompute_block=args.recompute_method == "block",
                   param_offload=bool(args.param_offload),
                   optimizer_offload=bool(args.optimizer_offload),
                   ref_param_offload=bool(args.ref_param_offload), sequence_parallel=tp > 1,
-                  first_stage_layers=given(args.first_stage_layers, 0),
-                  last_stage_layers=given(args.last_stage_layers, 0),
+                  first_stage_layers=first, last_stage_layers=last,
+                  account_embedding=embedding, account_loss=loss,
+                  pipeline_layout=args.pipeline_layout or "",
+                  optimizer_cpu_fraction=fraction or 0.0,
+                  dynamic_batch=dynamic, max_token_len=budget,
+                  log_prob_max_token_len=log_prob_budget,
+                  log_prob_micro_batch=given(args.log_prob_micro_batch, 0),
                   rollout_tp=given(args.rollout_tp, tp if args.workload == "grpo" else 1),
                   rollout_dp=given(args.rollout_dp, 1), rollout_ep=given(args.rollout_ep, 1),
                   gpu_memory_utilization=given(args.gpu_memory_utilization, 0.6))
@@ -77,7 +125,7 @@ def cmd_estimate(args) -> int:
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args)
-    layout = estimate_layout_from_args(args, cluster)
+    layout = estimate_layout_from_args(args, model, cluster, workload)
     try:
         estimate = estimate_layout(model, cluster, workload, layout,
                                    pick_utilization=args.gpu_memory_utilization is None,

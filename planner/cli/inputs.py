@@ -44,7 +44,8 @@ def resolve_cluster(args) -> ClusterSpec:
     per_node = args.gpus_per_node or (detected.count if detected else DEFAULT_GPUS_PER_NODE)
     if args.gpus is not None and args.gpus < per_node and not args.gpus_per_node:
         per_node = max(args.gpus, 1)
-    return ClusterSpec(gpu=gpu, num_gpus=gpus, gpus_per_node=per_node)
+    return ClusterSpec(gpu=gpu, num_gpus=gpus, gpus_per_node=per_node,
+                       host_memory_gib=getattr(args, "host_memory_gib", None))
 
 
 def workload(args):
@@ -55,7 +56,19 @@ def workload(args):
                         train_batch_size=args.train_batch_size, rollout_n=args.rollout_n,
                         prompt_length=args.prompt_length, response_length=args.response_length,
                         mini_batch_size=args.mini_batch_size, ppo_epochs=args.ppo_epochs,
-                        precision=args.precision, max_num_seqs=args.max_num_seqs)
+                        precision=args.precision, max_num_seqs=args.max_num_seqs,
+                        use_kl_loss=args.kl_loss, use_kl_in_reward=args.kl_in_reward,
+                        bypass_old_log_prob=args.bypass_old_log_prob,
+                        fused_kernels=args.fused_kernels,
+                        entropy_chunk_tokens=args.entropy_chunk_size,
+                        grad_reduce_in_fp32=args.grad_reduce_in_fp32,
+                        adam_moment_bytes=2 if args.adam_moments == "bf16" else 4,
+                        rollout_engine=args.rollout_engine,
+                        rollout_precision=args.rollout_precision,
+                        enforce_eager=args.enforce_eager,
+                        free_cache_engine=args.free_cache_engine,
+                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        prefix_caching=args.prefix_caching)
 
 
 def calibration(args) -> dict | None:
@@ -76,13 +89,41 @@ GRPO_ONLY = ("rollout_tp", "rollout_dp", "rollout_ep", "param_offload", "optimiz
              "ref_param_offload")
 
 
+# flags that describe one layout and are for `estimate`, not for a search
+ESTIMATE_ONLY = ("first_stage_layers", "last_stage_layers", "recompute_modules",
+                 "recompute_method", "recompute_num_layers", "log_prob_micro_batch",
+                 "log_prob_max_token_len_per_gpu", "pipeline_layout")
+
+
+def cpu_optimizer_fraction(args) -> float | None:
+    """``--optimizer-cpu-offload [--optimizer-offload-fraction F]`` as one fraction (None: not
+    given)."""
+    if args.optimizer_cpu_offload is None:
+        if args.optimizer_offload_fraction is not None:
+            raise UsageError("--optimizer-offload-fraction needs --optimizer-cpu-offload")
+        return None
+    if not args.optimizer_cpu_offload:
+        if args.optimizer_offload_fraction:
+            raise UsageError("--optimizer-offload-fraction contradicts "
+                             "--no-optimizer-cpu-offload")
+        return 0.0
+    return 1.0 if args.optimizer_offload_fraction is None else args.optimizer_offload_fraction
+
+
 def pins(args) -> dict:
     """Layout values the search keeps fixed (``--tp 4`` and the like)."""
     pinned = {name: getattr(args, name) for name in PIN_FIELDS if getattr(args, name) is not None}
-    for name in ("first_stage_layers", "last_stage_layers"):
-        if getattr(args, name) is not None:
+    for name in ESTIMATE_ONLY:
+        if getattr(args, name, None) is not None:
             raise UsageError(f"--{name.replace('_', '-')} is for `estimate`; the search "
-                             f"chooses the stage split")
+                             f"chooses it")
+    for flag in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if getattr(args, flag, False):
+            raise UsageError(f"--{flag.replace('_', '-')} is for `estimate`; the search tries "
+                             f"every split megatron-core allows")
+    fraction = cpu_optimizer_fraction(args)
+    if fraction is not None:
+        pinned["optimizer_cpu_fraction"] = fraction
     return pinned
 
 
@@ -98,9 +139,21 @@ def search_options(args, work) -> SearchOptions:
         raise UsageError(f"--workload pretrain has no rollout, reference or verl offload; drop "
                          f"{flags or '--gpu-memory-utilization'}")
     offload = (False,) if args.no_offload else (False, True)
+    cpu = pinned.pop("optimizer_cpu_fraction", None)
+    if args.no_offload and cpu:
+        raise UsageError("--no-offload contradicts --optimizer-cpu-offload")
+    budget = getattr(args, "max_token_len_per_gpu", None)
+    if budget is not None and args.dynamic_batch is False:
+        raise UsageError("--max-token-len-per-gpu is the dynamic batches' budget; it "
+                         "contradicts --no-dynamic-batch")
     return SearchOptions(
         offload=offload,
         ref_param_offload=offload,
+        optimizer_cpu_fraction=(cpu,) if cpu is not None else (
+            (0.0,) if args.no_offload else (0.0, 1.0)),
+        dynamic_batch=args.dynamic_batch is not False,
+        max_token_len=budget or 0,
+        micro_batches=(1,) if budget and "micro_batch" not in pinned else (1, 2, 4, 8),
         recompute=(args.recompute,) if args.recompute else RECOMPUTE,
         gpu_memory_utilization=args.gpu_memory_utilization,
         fixed=tuple(sorted(pinned.items())))

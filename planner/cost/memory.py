@@ -43,40 +43,78 @@ from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.cost.columns import memory_column, part_column
-from planner.phases import PHASES
-from planner.search.layout import Columns
-from planner.search.rules import micro_batches_per_mini_batch, pipeline_split
+from planner.phases import PHASES, TRAINING_PHASES
+from planner.search.batches import log_prob_batches, update_batches
+from planner.search.layout import (
+    DEFAULT_SELECTIVE_MODULES,
+    LAYOUT_FIELDS,
+    RECOMPUTE_MODULES,
+    Columns,
+    distinct,
+    unique_rows,
+)
+from planner.search.pipeline import layout_ranks, pipeline_split
 from planner.units import GIB, MIB
 
 # --- bytes per element ----------------------------------------------------------------------
 WEIGHT_BYTES = 2  # bf16 parameters (Megatron mixed precision)
-MAIN_GRAD_BYTES = 4  # fp32 main gradients (Megatron formula's 6 = 2 + 4)
-OPTIMIZER_BYTES = 12  # fp32 master weight + Adam exp_avg + exp_avg_sq
+MAIN_GRAD_BYTES = 4  # fp32 main gradients (Megatron formula's 6 = 2 + 4; verl's default)
+MASTER_WEIGHT_BYTES = 4  # fp32 master copy the distributed optimizer keeps
+OPTIMIZER_BYTES = MASTER_WEIGHT_BYTES + 2 * 4  # + Adam exp_avg + exp_avg_sq in fp32
+# Megatron's CPU optimizer (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py) keeps,
+# per offloaded parameter on the host: an fp32 copy of the parameter and a pinned fp32 copy of
+# its gradient, and the Adam moments.
+CPU_OPTIMIZER_COPY_BYTES = 4 + 4
 ACTIVATION_BYTES = 2  # bf16 activations
 ROUTER_LOGIT_BYTES = 4  # fp32 router (moe_router_dtype=fp32; megatron-core's default is bf16)
 TOKEN_ID_BYTES = 8  # int64 input ids (Megatron formula's "8 * s * b")
-# verl's vocab-parallel log-prob (verl/utils/megatron/tensor_parallel.py): bf16 logits (2) upcast
-# to fp32 for log-softmax (4); the actor's old-log-prob pass also computes entropy (+4, fp32
-# softmax); training keeps the fp32 copy for backward and adds its fp32 gradient (+4).
-LOGITS_TRAIN_BYTES = 2 + 4 + 4
-LOGITS_ACTOR_FORWARD_BYTES = 2 + 4 + 4
-LOGITS_REF_FORWARD_BYTES = 2 + 4
-KV_CACHE_BYTES = 2  # bf16 KV cache in the rollout engine
+# verl's log-probs (verl/utils/megatron/tensor_parallel.py -> megatron-core
+# tensor_parallel/cross_entropy.py vocab_parallel_cross_entropy): the bf16 logits (2) are copied
+# to fp32 (4), exponentiated in place and kept as the softmax for backward, whose gradient is
+# computed in place -- 6 bytes per logit at the peak, in training as in a forward; the actor's
+# old-log-prob pass also computes the entropy (+4, an fp32 softmax, or a chunk of it with
+# entropy_from_logits_with_chunking).
+LOGITS_BYTES = 2 + 4
+ENTROPY_BYTES = 4
+# verl's fused kernel (use_fused_kernels; verl/utils/kernel/kernels.py efficient_entropy_forward)
+# never materialises the logits: per token it keeps fp32 log-prob, entropy, max, accumulators
+# (5 x 4 B) and three fp32 partials per 1,024-entry vocabulary split.
+FUSED_BYTES_PER_TOKEN = 5 * 4
+FUSED_BYTES_PER_SPLIT = 3 * 4
+FUSED_VOCAB_PER_SPLIT = 1024
 
 # --- fixed overheads ----------------------------------------------------------------------------
-CUDA_CONTEXT_BYTES = 600 * MIB  # CUDA context + cuBLAS/cuDNN workspaces, outside PyTorch's pool
-NCCL_BUFFER_BYTES = 1 * GIB  # NCCL channel buffers over the TP/PP/DP/CP/EP communicators
-FRAGMENTATION_FRACTION = 0.10  # caching-allocator fragmentation on top of transient tensors
-ROLLOUT_RESERVE_BYTES = 3 * GIB  # vLLM's profiled activation peak + CUDA graphs inside its budget
-WEIGHT_SYNC_BUCKET_BYTES = 512 * MIB  # verl's bucketed actor->rollout weight transfer
+# CUDA context + cuBLAS/cuDNN workspaces outside PyTorch's pool: ~500-600 MiB on Hopper per
+# process (torch.cuda.mem_get_info before/after the first cuBLAS call).
+CUDA_CONTEXT_BYTES = 600 * MIB
+# NCCL channel buffers: NCCL_BUFFSIZE 4 MiB x 2 directions x channels (up to 32) per
+# communicator peer set; ~1 GiB over the TP/PP/DP/CP/EP communicators of a Megatron rank.
+NCCL_BUFFER_BYTES = 1 * GIB
+# PyTorch caching-allocator fragmentation on transient tensors: PyTorch's memory docs and
+# Megatron-LM's theoretical-memory comparisons put reserved/allocated at ~1.05-1.15.
+FRAGMENTATION_FRACTION = 0.10
+# verl's bucketed actor->rollout weight transfer (rollout.checkpoint_engine
+# update_weights_bucket_megabytes default 512).
+WEIGHT_SYNC_BUCKET_BYTES = 512 * MIB
+# vLLM's CUDA-graph pool: vLLM logs "Graph capturing finished ... took 0.4-1.2 GiB" for
+# dense models at the default capture sizes (up to 512); counted inside its budget.
+CUDA_GRAPH_POOL_BYTES = 1 * GIB
+# vLLM's own workspace beside the profiled activations (cuBLAS, torch.compile, attention
+# metadata): a few hundred MiB in its memory-profiling log.
+ROLLOUT_WORKSPACE_BYTES = 512 * MIB
 # gpu_memory_utilization the planner picks: enough KV cache for the replica's whole batch,
 # rounded up to this step, between these bounds.
 UTILIZATION_STEP = 0.05
 UTILIZATION_MIN = 0.30
 UTILIZATION_MAX = 0.90
 # Left free beside the rollout budget for what neither PyTorch's pool nor vLLM's budget counts
-# (vLLM's NCCL communicators and CUDA-graph pools, the Ray worker's own context).
+# (vLLM's NCCL communicators, the Ray worker's own context).
 ROLLOUT_HEADROOM_FRACTION = 0.05
+# Host memory of one verl worker process beside what it offloads: Python, PyTorch and the CUDA
+# runtime's host allocations, the Ray actor, pinned staging buffers (RSS of a Megatron worker
+# before any offload, ~10 GiB); and per node Ray's object store and the data batches.
+HOST_WORKER_BYTES = 10 * GIB
+HOST_NODE_BYTES = 64 * GIB
 
 
 def _f(x) -> np.ndarray:
@@ -84,10 +122,12 @@ def _f(x) -> np.ndarray:
 
 
 # Pipeline ranks the model evaluates: the ends hold the embedding or the output layer and the
-# log-prob buffers; the ranks next to them hold the most in-flight activations of a middle
-# stage (rank 1) or the most MoE layers (rank pp-2, past any leading dense layers).  The worst
-# rank of a pipeline is always one of these four.
-STAGES = ("first", "last", "second", "second-to-last")
+# log-prob buffers; of the middle ranks, the early one holds the most in-flight activations
+# (rank 1 of an even or uneven split; with a layout string the earliest middle rank with the
+# most layers) and the late one the most MoE layers (rank pp-2, past any leading dense layers;
+# with a layout string the latest middle rank with the most layers).  The worst rank of a
+# pipeline is always one of these four.
+STAGES = ("first", "last", "early middle", "late middle")
 
 
 @dataclass(frozen=True)
@@ -101,12 +141,16 @@ class RankLayers:
     head: np.ndarray  # bool: holds the output layer, final norm and the loss
 
 
-def rank_layers(model: ModelSpec, cols: Columns) -> list[RankLayers]:
-    """The four representative ranks of :data:`STAGES` (ranks 1 and pp-2 repeat the ends when
-    PP <= 2)."""
+_FIELDS = ("dense", "moe", "rank", "embedding", "head")
+
+
+def _split_ranks(model: ModelSpec, cols: Columns) -> list[RankLayers]:
+    """The four ranks of an even/uneven/accounted split (ranks 1 and pp-2 repeat the ends
+    when PP <= 2)."""
     pp = cols["pp"]
-    first, middle, last, _ = pipeline_split(model.num_layers, pp, cols.get("first_stage_layers"),
-                                            cols.get("last_stage_layers"))
+    first, middle, last, _ = pipeline_split(
+        model.num_layers, pp, cols.get("first_stage_layers"), cols.get("last_stage_layers"),
+        cols.get("account_embedding"), cols.get("account_loss"))
     dense_total = model.num_layers - model.num_moe_layers
     middle_exists = pp > 2
 
@@ -123,8 +167,51 @@ def rank_layers(model: ModelSpec, cols: Columns) -> list[RankLayers]:
                         np.zeros_like(pp, dtype=bool), np.zeros_like(pp, dtype=bool))
     for middle_rank, end in ((second, ranks[0]), (before_last, ranks[1])):
         ranks.append(RankLayers(*(np.where(middle_exists, getattr(middle_rank, f), getattr(end, f))
-                                  for f in ("dense", "moe", "rank", "embedding", "head"))))
+                                  for f in _FIELDS)))
     return ranks
+
+
+def _layout_string_ranks(model: ModelSpec, layout: str, pp: int) -> list[tuple]:
+    """The four representative ranks of one layout string, as (dense, moe, rank, embedding,
+    head) tuples: layers are numbered in the order of the string's stages."""
+    per_rank = layout_ranks(layout, pp, model.num_layers)
+    dense_total = model.num_layers - model.num_moe_layers
+    vpp = len(per_rank[0])
+    indices: list[list[int]] = [[] for _ in range(pp)]
+    next_layer = 0
+    for v in range(vpp):
+        for rank in range(pp):
+            count = per_rank[rank][v].count("t")
+            indices[rank] += list(range(next_layer, next_layer + count))
+            next_layer += count
+
+    def describe(rank: int) -> tuple:
+        dense = sum(index < dense_total for index in indices[rank])
+        text = "".join(per_rank[rank])
+        return (dense, len(indices[rank]) - dense, rank, "E" in text, "L" in text)
+
+    middle = list(range(1, pp - 1)) or [0, pp - 1]
+    early = max(middle, key=lambda rank: (len(indices[rank]), -rank))
+    late = max(middle, key=lambda rank: (describe(rank)[1], len(indices[rank]), rank))
+    return [describe(0), describe(pp - 1), describe(early), describe(late)]
+
+
+def rank_layers(model: ModelSpec, cols: Columns) -> list[RankLayers]:
+    """The four representative ranks of :data:`STAGES` for every layout."""
+    ranks = _split_ranks(model, cols)
+    layouts = cols.get("pipeline_layout")
+    if layouts is None:
+        return ranks
+    strings = np.flatnonzero(np.asarray(layouts) != "")
+    if not len(strings):
+        return ranks
+    arrays = [{f: np.array(getattr(r, f)).copy() for f in _FIELDS} for r in ranks]
+    for index in strings:
+        for slot, values in enumerate(_layout_string_ranks(model, str(layouts[index]),
+                                                           int(cols["pp"][index]))):
+            for name, value in zip(_FIELDS, values):
+                arrays[slot][name][index] = value
+    return [RankLayers(**values) for values in arrays]
 
 
 def actor_params_per_gpu(model: ModelSpec, cols: Columns, ranks: list[RankLayers] | None = None):
@@ -150,43 +237,116 @@ def actor_params_per_gpu(model: ModelSpec, cols: Columns, ranks: list[RankLayers
     return out
 
 
-def static_bytes_all(model: ModelSpec, cluster: ClusterSpec, cols: Columns,
-                     ranks: list[RankLayers] | None = None):
-    """Weights, main grads and optimizer state on a rank of each of :data:`STAGES`."""
-    dense_shards = np.where(cols["distributed_optimizer"], cols["dp"] * cols["cp"], 1)
-    # megatron-core treats expert weights as expert-parallel (sharded over the expert DP group
-    # world/(ETP*EP*PP)) only when EP > 1; with EP = 1 they are dense and follow DP*CP.
+def optimizer_shards(cluster: ClusterSpec, cols: Columns):
+    """(dense, expert) data-parallel shards of the distributed optimizer's state.
+
+    megatron-core shards dense state over the data-parallel group *with* context parallelism,
+    and expert state over the expert DP group world/(ETP*EP*PP) -- only when EP > 1; with
+    EP = 1 experts are dense and follow DP*CP.  Without the distributed optimizer nothing is
+    sharded."""
+    dense = np.where(cols["distributed_optimizer"], cols["dp"] * cols["cp"], 1)
     expert_dp = np.where(cols["ep"] > 1,
                          cluster.num_gpus // (cols["etp"] * cols["ep"] * cols["pp"]),
                          cols["dp"] * cols["cp"])
-    expert_shards = np.where(cols["distributed_optimizer"], np.maximum(expert_dp, 1), 1)
+    expert = np.where(cols["distributed_optimizer"], np.maximum(expert_dp, 1), 1)
+    return _f(dense), _f(expert)
+
+
+def optimizer_params_all(model: ModelSpec, cluster: ClusterSpec, cols: Columns,
+                         ranks: list[RankLayers] | None = None) -> list[np.ndarray]:
+    """Parameters whose optimizer state one GPU owns, on a rank of each of :data:`STAGES`."""
+    dense, expert_shards = optimizer_shards(cluster, cols)
+    return [non_expert / dense + expert / expert_shards
+            for non_expert, expert in actor_params_per_gpu(model, cols, ranks)]
+
+
+def optimizer_state_bytes(workload=None) -> int:
+    """Bytes of optimizer state per parameter: fp32 master + the two Adam moments (fp32, or
+    bf16 with the precision-aware optimizer's exp_avg_dtype/exp_avg_sq_dtype)."""
+    moments = getattr(workload, "adam_moment_bytes", 4)
+    return MASTER_WEIGHT_BYTES + 2 * moments
+
+
+def cpu_fraction(cols: Columns) -> np.ndarray:
+    n = len(cols["tp"])
+    return _f(cols.get("optimizer_cpu_fraction", np.zeros(n)))
+
+
+def static_bytes_all(model: ModelSpec, cluster: ClusterSpec, cols: Columns,
+                     ranks: list[RankLayers] | None = None, workload=None):
+    """Weights, main grads and the optimizer state on the GPU, on a rank of each of
+    :data:`STAGES`.  Grads are fp32 unless the job reduces them in bf16
+    (``grad_reduce_in_fp32``); Megatron's CPU optimizer keeps ``optimizer_cpu_fraction`` of the
+    state on the host instead."""
+    grad_bytes = MAIN_GRAD_BYTES if getattr(workload, "grad_reduce_in_fp32", True) else 2
+    state = optimizer_state_bytes(workload)
+    on_gpu = 1 - cpu_fraction(cols)
     out = []
-    for non_expert, expert in actor_params_per_gpu(model, cols, ranks):
+    all_ranks = ranks or rank_layers(model, cols)
+    shards = optimizer_params_all(model, cluster, cols, all_ranks)
+    for (non_expert, expert), owned in zip(actor_params_per_gpu(model, cols, all_ranks), shards):
         params = non_expert + expert
-        optimizer = OPTIMIZER_BYTES * (non_expert / dense_shards + expert / expert_shards)
-        out.append((WEIGHT_BYTES * params, MAIN_GRAD_BYTES * params, optimizer))
+        out.append((WEIGHT_BYTES * params, grad_bytes * params, state * owned * on_gpu))
     return out
+
+
+def _recompute_bits(cols: Columns, recompute) -> dict[str, np.ndarray]:
+    """Which megatron-core ``recompute_modules`` a selective layout recomputes, per layout."""
+    recompute = np.asarray(recompute)
+    n = len(cols["tp"])
+    mask = np.asarray(cols.get("recompute_modules", np.zeros(n, dtype=np.int64)))
+    mask = np.where((recompute == 1) & (mask == 0), DEFAULT_SELECTIVE_MODULES, mask)
+    mask = np.where(recompute == 1, mask, 0)
+    return {name: (mask >> bit) & 1 > 0 for bit, name in enumerate(RECOMPUTE_MODULES)}
 
 
 def activation_bytes_per_layer(model: ModelSpec, cols: Columns, tokens: np.ndarray,
                                moe: bool, recompute: np.ndarray | int = 0,
                                hidden_dropout: bool = False) -> np.ndarray:
-    """Bytes one layer keeps for backward for ``tokens`` tokens (per CP rank) on one GPU.
+    """Bytes one layer keeps for backward for ``tokens`` tokens (per CP rank) on one GPU
+    (:func:`activation_bytes_per_token` times the tokens)."""
+    n = len(cols["tp"])
+    recompute = np.broadcast_to(np.asarray(recompute), (n,))
+    # The per-token bytes depend on a few small integers only: compute them once per distinct
+    # combination (one int64 key; each field below 2**13) and broadcast.
+    fields = [np.asarray(cols["tp"], dtype=np.int64), np.asarray(cols["etp"], dtype=np.int64),
+              np.asarray(cols["sequence_parallel"]).astype(np.int64),
+              np.asarray(recompute, dtype=np.int64),
+              np.asarray(cols.get("recompute_modules", np.zeros(n)), dtype=np.int64)]
+    key = fields[0]
+    for field in fields[1:]:
+        key = key * 8192 + field
+    first, inverse = distinct(key)
+    few = {"tp": fields[0][first], "etp": fields[1][first],
+           "sequence_parallel": fields[2][first].astype(bool),
+           "recompute_modules": fields[4][first]}
+    per_token = activation_bytes_per_token(model, few, moe, fields[3][first], hidden_dropout)
+    return _f(tokens) * per_token[inverse]
+
+
+def activation_bytes_per_token(model: ModelSpec, cols: Columns, moe: bool,
+                               recompute: np.ndarray | int = 0,
+                               hidden_dropout: bool = False) -> np.ndarray:
+    """Bytes one layer keeps for backward per token (per CP rank) on one GPU.
 
     Korthikanti et al. 2022 §4.1, term by term (bf16 = 2 bytes per element):
     replicated over TP unless sequence parallel: LN1 input 2h, QKV input 2h, LN2 input 2h,
     MLP input 2h (+ dropout masks h each when dropout is on);
     split over TP: Q, K, V 2(hq+hk+hv), attention output 2*ho, MLP activation input
     2*ffn (x2 gated), second linear input 2*ffn.  MHA + 4h GeLU MLP + dropout: 34*s*b*h.
-    ``recompute``: 0 none, 1 selective (layernorm and expert activation recomputed), 2 full
-    (only the layer input is kept; the recomputed layer's working set is added by the caller).
+    ``recompute``: 0 none, 1 selective, 2 full (only the layer input is kept; the recomputed
+    layer's working set is added by the caller).  Selective drops what megatron-core's
+    ``recompute_modules`` recompute (``cols["recompute_modules"]``, default core_attn +
+    layernorm + moe_act): layernorm -- the norms' outputs; moe_act -- the expert activation
+    output; mla_up_proj -- MLA's up-projected Q, K, V (the latents stay); mlp -- a dense layer's
+    MLP internals; moe -- the whole MoE block (router and experts); shared_experts -- the shared
+    expert's internals; core_attn -- nothing with flash attention (no score matrix).
     """
     h = model.hidden_size
     tp = _f(cols["tp"])
     sp_shards = np.where(cols["sequence_parallel"].astype(bool) & (cols["tp"] > 1), tp, 1.0)
     recompute = np.asarray(recompute)
-    selective = recompute == 1
-    tokens = _f(tokens)
+    bits = _recompute_bits(cols, recompute)
     if model.is_mla:
         qk_head = model.qk_nope_head_dim + model.qk_rope_head_dim
         hq = hk = model.num_attention_heads * qk_head
@@ -194,35 +354,43 @@ def activation_bytes_per_layer(model: ModelSpec, cols: Columns, tokens: np.ndarr
         # compressed q and kv latents are computed before the TP split
         latents = ACTIVATION_BYTES * (model.q_lora_rank + model.kv_lora_rank
                                       + model.qk_rope_head_dim)
+        qkv = np.where(bits["mla_up_proj"], 0, ACTIVATION_BYTES * (hq + hk + hv))
     else:
         hq = ho = model.num_attention_heads * model.head_dim
         hk = hv = model.num_query_groups * model.head_dim
         latents = 0
+        qkv = ACTIVATION_BYTES * (hq + hk + hv)
     gated = 2 if model.gated_mlp else 1
     dropout_masks = 2 * h if hidden_dropout else 0  # 1 byte per element, two masks
-    ln_outputs = np.where(selective, 0, 2 * ACTIVATION_BYTES * h)  # QKV and MLP inputs
+    ln_outputs = np.where(bits["layernorm"], 0, 2 * ACTIVATION_BYTES * h)  # QKV and MLP inputs
     replicated = 2 * ACTIVATION_BYTES * h + ln_outputs + dropout_masks  # LN inputs + LN outputs
-    attention_split = ACTIVATION_BYTES * (hq + hk + hv + ho)
+    attention_split = qkv + ACTIVATION_BYTES * ho
     per_token = replicated / sp_shards + latents + attention_split / tp
     if moe:
         k, f = model.moe_top_k, model.moe_ffn_hidden_size
         # Router on the sequence-parallel shard: fp32 logits over all experts.
-        per_token = per_token + ROUTER_LOGIT_BYTES * model.num_experts / sp_shards
+        router = ROUTER_LOGIT_BYTES * model.num_experts / sp_shards
         # Balanced routing: each rank processes k expert slots per local token; with ETP the
         # tokens are gathered over ETP and the expert FFN is split, so FFN terms are unchanged.
         etp = _f(cols["etp"])
-        act_output = np.where(selective, 0, ACTIVATION_BYTES * f)  # moe_act recompute
-        routed = k * (ACTIVATION_BYTES * h * etp + ACTIVATION_BYTES * gated * f + act_output
-                      + ACTIVATION_BYTES * h) / sp_shards
+        act_output = np.where(bits["moe_act"], 0, ACTIVATION_BYTES * f)
+        # Per routed copy the grouped GEMMs keep their inputs: the dispatched token (FC1, h,
+        # gathered over ETP) and the activation output (FC2); the activation keeps FC1's
+        # output.  megatron-core >= 0.12 applies the routing probabilities inside the
+        # activation (weighted_bias_swiglu, transformer/moe/experts.py), so no expert output
+        # is kept for their gradient.
+        routed = k * (ACTIVATION_BYTES * h * etp + ACTIVATION_BYTES * gated * f
+                      + act_output) / sp_shards
         fs = model.shared_expert_ffn_hidden_size
-        shared = ACTIVATION_BYTES * (gated * fs + fs) / tp
-        per_token = per_token + routed + shared
+        shared = np.where(bits["shared_experts"], 0, ACTIVATION_BYTES * (gated * fs + fs) / tp)
+        block = np.where(bits["moe"], 0, router + routed + shared)
+        per_token = per_token + block
     else:
         f = model.ffn_hidden_size
-        per_token = per_token + ACTIVATION_BYTES * (gated * f + f) / tp
+        per_token = per_token + np.where(bits["mlp"], 0, ACTIVATION_BYTES * (gated * f + f) / tp)
     full = recompute == 2
     layer_input = ACTIVATION_BYTES * h / sp_shards
-    return tokens * np.where(full, layer_input, per_token)
+    return np.where(full, layer_input, per_token)
 
 
 def _layer_activations(model, cols, tokens, dense_layers, moe_layers, recompute):
@@ -243,6 +411,32 @@ def _working_set(model, cols, tokens, dense_layers, moe_layers):
     return np.maximum(dense, moe)
 
 
+def kept_activations(model, cols, tokens, ranks: RankLayers):
+    """(bytes one micro-batch leaves for backward on a rank, bytes the recompute of one chunk
+    adds while it runs).
+
+    Full recompute (megatron-core ``recompute_granularity=full``): ``uniform`` keeps the input
+    of every chunk of ``recompute_num_layers`` layers and recomputes a whole chunk at a time;
+    ``block`` recomputes the first ``recompute_num_layers`` layers of each model chunk (the
+    rest keep everything) one layer at a time."""
+    recompute = cols["recompute"]
+    layers = _f(ranks.dense + ranks.moe)
+    n = len(cols["tp"])
+    chunk = np.maximum(_f(cols.get("recompute_num_layers", np.ones(n))), 1)
+    block = np.asarray(cols.get("recompute_block", np.zeros(n))).astype(bool)
+    vpp = _f(cols["vpp"])
+    none = _layer_activations(model, cols, tokens, ranks.dense, ranks.moe, np.zeros(n))
+    kept = _layer_activations(model, cols, tokens, ranks.dense, ranks.moe, recompute)
+    working = _working_set(model, cols, tokens, ranks.dense, ranks.moe)
+    full = recompute == 2
+    uniform_kept = np.ceil(layers / chunk) * (kept / np.maximum(layers, 1))
+    recomputed = np.minimum(chunk * vpp, layers)
+    block_kept = (recomputed * kept + (layers - recomputed) * none) / np.maximum(layers, 1)
+    full_kept = np.where(block, block_kept, uniform_kept)
+    full_working = np.where(block, working, np.minimum(chunk, np.maximum(layers, 1)) * working)
+    return np.where(full, full_kept, kept), np.where(full, full_working, 0.0)
+
+
 def in_flight_stage_equivalents(cols: Columns, m: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """Micro-batches' worth of a stage's layers held by pipeline rank ``rank`` (megatron-core
     1F1B and interleaved warm-up, ``pipeline_parallel/schedules.py``)."""
@@ -252,23 +446,131 @@ def in_flight_stage_equivalents(cols: Columns, m: np.ndarray, rank: np.ndarray) 
     return _f(np.where(vpp > 1, chunks / vpp, plain))
 
 
-def rollout_weight_bytes(model: ModelSpec, cols: Columns) -> np.ndarray:
-    """Rollout weights per GPU: attention and dense parts split by TP, experts by EP (if on)."""
+def logits_bytes(model: ModelSpec, workload, cols: Columns, tokens: np.ndarray,
+                 kind: str) -> np.ndarray:
+    """The last stage's log-prob buffers for ``tokens`` tokens: ``train`` (logits, fp32 copy and
+    its gradient), ``actor`` (forward with entropy), ``ref`` (forward, log-probs only)."""
+    vocab_split = _f(model.vocab_size) / cols["tp"]
+    tokens = _f(tokens)
+    if getattr(workload, "fused_kernels", False):
+        splits = np.ceil(vocab_split / FUSED_VOCAB_PER_SPLIT)
+        return tokens * (FUSED_BYTES_PER_TOKEN + FUSED_BYTES_PER_SPLIT * splits)
+    per_token = LOGITS_BYTES
+    out = tokens * vocab_split * per_token
+    if kind == "actor":
+        chunk = getattr(workload, "entropy_chunk_tokens", 0)
+        entropy_tokens = np.minimum(tokens, chunk) if chunk else tokens
+        out = out + entropy_tokens * vocab_split * ENTROPY_BYTES
+    return out
+
+
+def rollout_weight_bytes(model: ModelSpec, cols: Columns, workload=None) -> np.ndarray:
+    """Rollout weights per GPU: attention and dense parts split by TP, experts by EP (if on);
+    with an FP8 rollout the linear layers hold 1 byte per weight (embedding and output layer
+    stay bf16)."""
     p = model.params
-    non_expert = p.total - p.experts
+    linear_bytes = 1 if getattr(workload, "rollout_precision", "bf16") == "fp8" else WEIGHT_BYTES
+    ends = p.embedding + p.output_layer
+    non_expert = p.total - p.experts - ends
     expert_shards = np.where(cols["rollout_ep"] > 1, cols["rollout_ep"], cols["rollout_tp"])
-    return WEIGHT_BYTES * (non_expert / _f(cols["rollout_tp"]) + p.experts / _f(expert_shards))
+    tp = _f(cols["rollout_tp"])
+    return (WEIGHT_BYTES * ends / tp + linear_bytes * non_expert / tp
+            + linear_bytes * p.experts / _f(expert_shards))
 
 
-def kv_bytes_per_token(model: ModelSpec, cols: Columns) -> np.ndarray:
+def kv_bytes_per_token(model: ModelSpec, cols: Columns, workload=None) -> np.ndarray:
     """KV cache per token per GPU.  MLA caches the compressed latent (kv_lora + rope dims),
     the same on every TP rank (vLLM's MLA backend); GQA splits KV heads over TP and replicates
-    them when TP exceeds the KV heads."""
+    them when TP exceeds the KV heads.  ``kv_cache_dtype=fp8`` halves it."""
+    element = 1 if getattr(workload, "rollout_precision", "bf16") == "fp8" else 2
     if model.is_mla:
-        per_layer = KV_CACHE_BYTES * (model.kv_lora_rank + model.qk_rope_head_dim)
+        per_layer = element * (model.kv_lora_rank + model.qk_rope_head_dim)
         return np.full(len(cols["rollout_tp"]), float(model.num_layers * per_layer))
     heads_per_gpu = np.maximum(model.num_query_groups // cols["rollout_tp"], 1)
-    return _f(model.num_layers * 2 * heads_per_gpu * model.head_dim * KV_CACHE_BYTES)
+    return _f(model.num_layers * 2 * heads_per_gpu * model.head_dim * element)
+
+
+def rollout_reserve_bytes(model: ModelSpec, cols: Columns, workload) -> np.ndarray:
+    """What the rollout engine keeps inside its budget beside weights and KV cache.
+
+    vLLM profiles one forward of ``max_num_batched_tokens`` tokens (chunked prefill) and keeps
+    its activation peak: one layer's hidden states, Q/K/V and MLP (or routed-expert) buffers at
+    a time; the sampler's fp32 logits and probabilities for ``max_num_seqs`` sequences; its
+    workspace; and, unless ``enforce_eager``, the CUDA-graph pool (vllm/v1/worker/gpu_worker.py
+    determine_available_memory)."""
+    tp = _f(cols["rollout_tp"])
+    h = model.hidden_size
+    if model.is_moe:
+        ffn = (model.moe_top_k * model.moe_ffn_hidden_size
+               + model.shared_expert_ffn_hidden_size)
+        routed = model.moe_top_k * h  # tokens gathered for the experts
+    else:
+        ffn, routed = model.ffn_hidden_size, 0
+    qkv = model.query_projection_size + 2 * model.kv_projection_size
+    per_token = ACTIVATION_BYTES * (4 * h + routed + (qkv + 3 * ffn) / tp)
+    tokens = float(getattr(workload, "max_num_batched_tokens", 8192))
+    sampler = 2 * 4.0 * getattr(workload, "max_num_seqs", 256) * model.vocab_size / tp
+    graphs = 0 if getattr(workload, "enforce_eager", False) else CUDA_GRAPH_POOL_BYTES
+    return tokens * per_token + sampler + ROLLOUT_WORKSPACE_BYTES + graphs
+
+
+def kv_tokens_per_sequence(workload) -> float:
+    """KV-cache tokens one sequence of maximum length needs: with prefix caching the ``n``
+    samples of a prompt share its blocks (vLLM automatic prefix caching)."""
+    if workload.kind != "grpo":
+        return float(workload.sequence_length)
+    sharing = workload.rollout_n if getattr(workload, "prefix_caching", False) else 1
+    return workload.prompt_length / sharing + workload.response_length
+
+
+# Layout fields the knobs verl applies between phases (offload) and the CPU optimizer's share
+# leave alone: what depends only on the rest is computed once per distinct combination.
+PHASE_KNOBS = ("param_offload", "optimizer_offload", "ref_param_offload",
+               "optimizer_cpu_fraction", "rollout_tp", "rollout_dp", "rollout_ep",
+               "gpu_memory_utilization")
+
+
+def core_fields(cols: Columns) -> tuple[str, ...]:
+    return tuple(name for name in cols if name not in PHASE_KNOBS
+                 and np.asarray(cols[name]).ndim == 1 and name in LAYOUT_FIELDS)
+
+
+def _actor_core(model: ModelSpec, cluster: ClusterSpec, workload, cols: Columns) -> list[dict]:
+    """Per rank of :data:`STAGES`: the bytes that do not depend on offload or the CPU optimizer
+    (weights, grads, the whole optimizer state, the parameters it covers, activations and
+    log-prob buffers of the update and of the forward passes)."""
+    update = update_batches(workload, cols)
+    log_prob = log_prob_batches(workload, cols)
+    train_tokens, forward_tokens = update.memory_tokens, log_prob.memory_tokens
+    state = optimizer_state_bytes(workload)
+    grad_bytes = MAIN_GRAD_BYTES if getattr(workload, "grad_reduce_in_fp32", True) else 2
+    all_ranks = rank_layers(model, cols)
+    owned = optimizer_params_all(model, cluster, cols, all_ranks)
+    out = []
+    for ranks, (non_expert, expert), params in zip(
+            all_ranks, actor_params_per_gpu(model, cols, all_ranks), owned):
+        in_flight = in_flight_stage_equivalents(cols, update.count, ranks.rank)
+        kept, recompute_working = kept_activations(model, cols, train_tokens, ranks)
+        working = _working_set(model, cols, forward_tokens, ranks.dense, ranks.moe)
+        is_first, is_last = ranks.embedding, ranks.head
+        embedding_inputs = np.where(is_first, TOKEN_ID_BYTES * train_tokens * in_flight, 0)
+        weights = WEIGHT_BYTES * (non_expert + expert)
+        out.append({
+            "weights": weights,
+            "grads": grad_bytes * (non_expert + expert),
+            "optimizer_state": state * params,
+            "optimizer_params": params,
+            "train_activations": kept * in_flight + recompute_working + embedding_inputs,
+            "train_logits": np.where(is_last, logits_bytes(model, workload, cols, train_tokens,
+                                                           "train"), 0),
+            # Forward-only passes keep one layer's working set and the layer input at a time.
+            "forward": working + ACTIVATION_BYTES * model.hidden_size * forward_tokens,
+            "actor_logits": np.where(is_last, logits_bytes(model, workload, cols,
+                                                           forward_tokens, "actor"), 0),
+            "ref_logits": np.where(is_last, logits_bytes(model, workload, cols, forward_tokens,
+                                                         "ref"), 0),
+        })
+    return out
 
 
 def actor_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
@@ -276,51 +578,48 @@ def actor_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     """Per-phase bytes of everything but the rollout engine's own budget, per pipeline stage.
 
     Returns ``{"phases": {phase: [one array per STAGES entry]}, "stages": [...]}``, where a
-    stage dict holds its weights, grads, optimizer, activation and logits bytes.
+    stage dict holds its weights, grads, optimizer, activation, logits and host bytes.
     """
-    seq = workload.sequence_length
-    m = micro_batches_per_mini_batch(workload, cols)
     fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
-    recompute = cols["recompute"]
-    train_tokens = _f(cols["micro_batch"] * seq) / cols["cp"]
-    vocab_split = _f(model.vocab_size) / cols["tp"]
+    core, inverse = unique_rows(cols, core_fields(cols))
+    cores = [{name: np.asarray(values)[inverse] for name, values in stage.items()}
+             for stage in _actor_core(model, cluster, workload, core)]
     param_off = cols["param_offload"].astype(bool)
     optim_off = cols["optimizer_offload"].astype(bool)
     ref_off = cols["ref_param_offload"].astype(bool)
+    needs_ref = getattr(workload, "needs_reference", True)
+    on_host = cpu_fraction(cols)
+    host_state = (CPU_OPTIMIZER_COPY_BYTES + optimizer_state_bytes(workload)
+                  - MASTER_WEIGHT_BYTES)
     frag = 1 + FRAGMENTATION_FRACTION
     stages, phases = [], {phase: [] for phase in PHASES}
-    all_ranks = rank_layers(model, cols)
-    static = static_bytes_all(model, cluster, cols, all_ranks)
-    for ranks, (weights, grads, optimizer) in zip(all_ranks, static):
-        dense_layers, moe_layers = ranks.dense, ranks.moe
-        in_flight = in_flight_stage_equivalents(cols, m, ranks.rank)
-        kept = _layer_activations(model, cols, train_tokens, dense_layers, moe_layers, recompute)
-        working = _working_set(model, cols, train_tokens, dense_layers, moe_layers)
-        is_first, is_last = ranks.embedding, ranks.head
-        embedding_inputs = np.where(is_first, TOKEN_ID_BYTES * train_tokens * in_flight, 0)
-        s = dict(weights=weights, grads=grads, optimizer=optimizer)
-        s["train_activations"] = (kept * in_flight + np.where(recompute == 2, working, 0)
-                                  + embedding_inputs)
-        s["train_logits"] = np.where(is_last, train_tokens * vocab_split * LOGITS_TRAIN_BYTES, 0)
-        # Forward-only passes keep one layer's working set and the layer input at a time.
-        forward = working + ACTIVATION_BYTES * model.hidden_size * train_tokens
-        actor_logits = np.where(is_last, train_tokens * vocab_split * LOGITS_ACTOR_FORWARD_BYTES, 0)
-        ref_logits = np.where(is_last, train_tokens * vocab_split * LOGITS_REF_FORWARD_BYTES, 0)
+    for c in cores:
+        weights, grads = c["weights"], c["grads"]
+        optimizer = c["optimizer_state"] * (1 - on_host)
+        s = dict(weights=weights, grads=grads, optimizer=optimizer,
+                 train_activations=c["train_activations"], train_logits=c["train_logits"])
         # The reference has the actor's parallel sizes: the same shard of the same weights.
-        # Without a KL loss verl builds no reference model.
-        s["ref_weights"] = np.where(ref_off | (not workload.use_kl_loss), 0, weights)
+        # Without a KL loss or KL reward verl builds no reference model.
+        s["ref_weights"] = np.where(ref_off | (not needs_ref), 0, weights)
         kept_grads = np.where(param_off, 0, grads)
         kept_optimizer = np.where(optim_off, 0, optimizer)
         s["resident_in_rollout"] = (np.where(param_off, 0, weights) + kept_grads
                                     + kept_optimizer + s["ref_weights"] + fixed)
+        # Host memory of this GPU's worker: verl's offloaded copies (parameters into a pinned
+        # buffer, grads freed not copied -- utils/megatron_utils.py
+        # offload_megatron_model_to_cpu; the optimizer's GPU state; the reference), and
+        # Megatron's CPU optimizer's share of the optimizer.
+        s["host"] = (np.where(param_off, weights, 0) + np.where(optim_off, optimizer, 0)
+                     + np.where(ref_off & needs_ref, weights, 0)
+                     + on_host * c["optimizer_params"] * host_state + HOST_WORKER_BYTES)
         # verl loads offloaded params and optimizer state back before the update.
         phases["update_actor"].append(weights + grads + optimizer + s["ref_weights"]
-                                      + frag * (s["train_activations"] + s["train_logits"])
+                                      + frag * (c["train_activations"] + c["train_logits"])
                                       + fixed)
         phases["old_log_prob"].append(weights + kept_grads + kept_optimizer + s["ref_weights"]
-                                      + frag * (forward + actor_logits) + fixed)
+                                      + frag * (c["forward"] + c["actor_logits"]) + fixed)
         phases["ref"].append(s["resident_in_rollout"] - s["ref_weights"] + weights
-                             + frag * (forward + ref_logits))
+                             + frag * (c["forward"] + c["ref_logits"]))
         # Actor weights are on the GPU while they are copied into the rollout engine.
         phases["weight_sync"].append(weights + kept_grads + kept_optimizer + s["ref_weights"]
                                      + WEIGHT_SYNC_BUCKET_BYTES + fixed)
@@ -341,15 +640,18 @@ def rollout_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
     """
     capacity = float(cluster.gpu.memory_bytes)
     seq = workload.sequence_length
-    weights = rollout_weight_bytes(model, cols)
-    kv_per_token = kv_bytes_per_token(model, cols)
+    weights = rollout_weight_bytes(model, cols, workload)
+    reserve = rollout_reserve_bytes(model, cols, workload)
+    kv_per_token = kv_bytes_per_token(model, cols, workload)
+    kv_per_seq = kv_tokens_per_sequence(workload)
     replicas = np.maximum(cluster.num_gpus // (cols["rollout_tp"] * cols["rollout_dp"]), 1)
     seqs_per_replica = -(-workload.sequences_per_step // replicas)
     # Attention-DP ranks of one replica each hold the KV cache of their own sequences.
     seqs_per_attention_rank = -(-seqs_per_replica // cols["rollout_dp"])
     if utilization is None:
-        wanted_kv = np.minimum(seqs_per_attention_rank, workload.max_num_seqs) * seq * kv_per_token
-        wanted = (weights + ROLLOUT_RESERVE_BYTES + wanted_kv) / capacity
+        wanted_kv = (np.minimum(seqs_per_attention_rank, workload.max_num_seqs) * kv_per_seq
+                     * kv_per_token)
+        wanted = (weights + reserve + wanted_kv) / capacity
         wanted = np.ceil(wanted / UTILIZATION_STEP - 1e-9) * UTILIZATION_STEP
         free = (1 - ROLLOUT_HEADROOM_FRACTION) - resident_bytes / capacity
         room = np.floor(free / UTILIZATION_STEP + 1e-9) * UTILIZATION_STEP
@@ -357,11 +659,12 @@ def rollout_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
                               UTILIZATION_STEP, UTILIZATION_MAX)
     utilization = np.round(_f(utilization), 2)
     budget = utilization * capacity
-    kv_cache = np.maximum(budget - weights - ROLLOUT_RESERVE_BYTES, 0)
+    kv_cache = np.maximum(budget - weights - reserve, 0)
     kv_tokens = np.floor(kv_cache / kv_per_token)
-    concurrent = np.minimum(np.floor(kv_tokens / seq), workload.max_num_seqs)
+    concurrent = np.minimum(np.floor(kv_tokens / kv_per_seq), workload.max_num_seqs)
     return {
         "gpu_memory_utilization": utilization,
+        "rollout_budget_bytes": budget,
         "mem_generate_bytes": resident_bytes + budget,
         "rollout_weights_bytes": weights,
         "kv_cache_bytes": kv_cache,
@@ -374,6 +677,18 @@ def rollout_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
                                   np.inf),
         "rollout_fits": (kv_tokens >= seq) & (resident_bytes + budget <= capacity),
     }
+
+
+def argmax_rows(arrays) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the index of the largest of ``arrays`` (the first on ties) and its value:
+    ``np.argmax(np.stack(arrays), axis=0)`` without the strided pass over the stack."""
+    best = np.asarray(arrays[0])
+    index = np.zeros(best.shape, dtype=np.int64)
+    for i, values in enumerate(arrays[1:], start=1):
+        larger = values > best
+        index = np.where(larger, i, index)
+        best = np.where(larger, values, best)
+    return index, best
 
 
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
@@ -394,16 +709,22 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
                          None if pick_utilization else cols["gpu_memory_utilization"])
     phase_stages["generate"] = [stage + out["mem_generate_bytes"] - resident
                                 for stage in phase_stages["generate"]]
-    phase_stages["weight_sync"] = [stage + out["rollout_weights_bytes"]
-                                   for stage in phase_stages["weight_sync"]]
-    phases = {phase: np.max(phase_stages[phase], axis=0) for phase in PHASES}
+    if getattr(workload, "free_cache_engine", True):
+        # vLLM wakes its weights for the sync (sleep level 2 drops them otherwise).
+        phase_stages["weight_sync"] = [stage + out["rollout_weights_bytes"]
+                                       for stage in phase_stages["weight_sync"]]
+    else:
+        # Without sleep mode the engine keeps its whole budget through training.
+        for phase in TRAINING_PHASES:
+            phase_stages[phase] = [stage + out["rollout_budget_bytes"]
+                                   for stage in phase_stages[phase]]
+    worst = {phase: argmax_rows(phase_stages[phase]) for phase in PHASES}
+    phases = {phase: worst[phase][1] for phase in PHASES}
     # The phases the workload runs set the peak (a pretraining step has only the update).
-    ran = np.array([phase in workload.phases for phase in PHASES])
-    peak_stack = np.stack([np.where(ran[i], phases[p], 0.0) for i, p in enumerate(PHASES)])
-    out["peak_phase"] = peak_stack.argmax(axis=0)
-    out["peak_bytes"] = peak_stack.max(axis=0)
-    worst_stage = np.stack([np.argmax(phase_stages[p], axis=0) for p in PHASES])
-    out["peak_stage"] = np.take_along_axis(worst_stage, out["peak_phase"][None], 0)[0]
+    zero = np.zeros_like(phases["update_actor"])
+    out["peak_phase"], out["peak_bytes"] = argmax_rows(
+        [phases[p] if p in workload.phases else zero for p in PHASES])
+    out["peak_stage"] = np.choose(out["peak_phase"], [worst[p][0] for p in PHASES])
     if "generate" not in workload.phases:
         out["rollout_fits"] = np.ones_like(out["rollout_fits"])
     for phase in PHASES:
@@ -412,6 +733,12 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
     for part in ("weights", "grads", "optimizer", "train_activations", "train_logits",
                  "ref_weights"):
         out[part_column(part)] = np.choose(out["peak_stage"], [stage[part] for stage in stages])
+    # Host memory: every GPU of a node runs one worker; the busiest stage sets the node.
+    host_per_gpu = np.max([stage["host"] for stage in stages], axis=0)
+    gpus_per_node = min(cluster.gpus_per_node, cluster.num_gpus)
+    out["host_bytes_per_gpu"] = host_per_gpu
+    out["host_bytes_per_node"] = host_per_gpu * gpus_per_node + HOST_NODE_BYTES
+    out["host_fits"] = out["host_bytes_per_node"] <= cluster.host_memory_per_node_bytes
     out["memory_utilization"] = out["peak_bytes"] / capacity
-    out["fits"] = (out["peak_bytes"] <= capacity) & out["rollout_fits"]
+    out["fits"] = (out["peak_bytes"] <= capacity) & out["rollout_fits"] & out["host_fits"]
     return out

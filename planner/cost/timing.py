@@ -67,13 +67,19 @@ from planner.cost.memory import (
     WEIGHT_BYTES,
     activation_bytes_per_layer,
     actor_params_per_gpu,
+    cpu_fraction,
     kv_bytes_per_token,
     rank_layers,
     rollout_weight_bytes,
 )
 from planner.phases import PHASES
+from planner.search.batches import (
+    log_prob_batches,
+    mean_response_length,
+    mean_sequence_length,
+    update_batches,
+)
 from planner.search.layout import Columns
-from planner.search.rules import micro_batches_per_mini_batch
 
 SELECTIVE_RECOMPUTE_OVERHEAD = 0.03  # layernorm + activation recompute, of a forward pass
 ADAM_BYTES_PER_PARAM = 4 * 2 * 3 + MAIN_GRAD_BYTES + WEIGHT_BYTES  # r/w master, m, v; grad; param
@@ -81,7 +87,11 @@ ALLREDUCE_LATENCY_NVLINK_S = 8e-6  # small-message NCCL all-reduce inside a node
 ALLREDUCE_LATENCY_NETWORK_S = 30e-6  # ... across nodes
 DECODE_STEP_OVERHEAD_S = 2.5e-3  # vLLM v1 scheduling, sampling, CUDA-graph launch per step
 WAKE_SLEEP_OVERHEAD_S = 1.5  # vLLM sleep-mode wake up/sleep and cache reset per step
-DEFAULT_MEAN_RESPONSE_FRACTION = 0.5  # mean / max response length when not given
+# Host Adam throughput of one GPU's worker (bytes of optimizer state streamed per second): a
+# 2-socket DDR5 server sustains ~400-600 GB/s STREAM; shared by its 8 workers and at roughly
+# half of STREAM for a fused AdamW, ~25 GB/s per worker (ZeRO-Offload, Ren et al. 2021, §4.1
+# reports CPU-Adam at a similar order: ~1 B parameters per second per process).
+HOST_ADAM_BYTES_PER_S = 25e9
 
 
 def _f(x) -> np.ndarray:
@@ -119,6 +129,10 @@ class TrainShape:
     micro_batches: np.ndarray  # per optimizer step per DP rank
     optimizer_steps: float  # per training step
     forward_only: bool = False
+    # Megatron's CPU optimizer: host Adam throughput per GPU worker and the bytes it streams
+    # per offloaded parameter (reads fp32 param, grad and both moments, writes param and moments)
+    cpu_adam_bytes_per_s: float = 0.0
+    cpu_adam_streamed_bytes: float = 28.0
 
 
 def _stage_compute_s(model, cluster, cols, eff, peak_flops, shape: TrainShape):
@@ -238,13 +252,30 @@ def train_phase_s(model: ModelSpec, cluster: ClusterSpec, cols: Columns, eff: Ef
         shards = np.where(cols["distributed_optimizer"].astype(bool), 1, 0)
         local = (non_expert / np.where(shards, dense_dp, 1)
                  + expert / np.where(shards, expert_dp, 1))
-        optimizer = local * ADAM_BYTES_PER_PARAM / (cluster.gpu.hbm_bandwidth_bytes_per_s
-                                                    * eff.hbm)
+        on_host = cpu_fraction(cols)
+        optimizer = (1 - on_host) * local * ADAM_BYTES_PER_PARAM / (
+            cluster.gpu.hbm_bandwidth_bytes_per_s * eff.hbm)
         out["dp_comm_s"] = dp_exposed * shape.optimizer_steps
         out["optimizer_s"] = optimizer * shape.optimizer_steps
-        total = total + out["dp_comm_s"] + out["optimizer_s"]
+        out["cpu_optimizer_s"] = cpu_optimizer_s(cluster, on_host * local,
+                                                 shape) * shape.optimizer_steps
+        total = total + out["dp_comm_s"] + out["optimizer_s"] + out["cpu_optimizer_s"]
     out["total_s"] = total
     return out
+
+
+def cpu_optimizer_s(cluster: ClusterSpec, host_params, shape: TrainShape) -> np.ndarray:
+    """One step of Megatron's CPU optimizer for ``host_params`` parameters of a GPU
+    (``HybridDeviceOptimizer``): their fp32 grads copied to the host, Adam on the host
+    (memory-bound: it streams the fp32 param, grad and moments), the updated params copied
+    back; with ``overlap_cpu_optimizer_d2h_h2d`` (verl's examples set it) the copies hide
+    behind the host Adam of the previous group, so the longer of the two counts."""
+    host_params = _f(host_params)
+    if not shape.cpu_adam_bytes_per_s:
+        return np.zeros_like(host_params)
+    adam = host_params * shape.cpu_adam_streamed_bytes / shape.cpu_adam_bytes_per_s
+    copies = host_params * (MAIN_GRAD_BYTES + WEIGHT_BYTES) / cluster.gpu.host_bandwidth_bytes_per_s
+    return np.maximum(adam, copies)
 
 
 def pretrain_step(model: ModelSpec, cluster: ClusterSpec, workload: PretrainWorkload,
@@ -268,11 +299,6 @@ def pretrain_step(model: ModelSpec, cluster: ClusterSpec, workload: PretrainWork
 
 
 # --- GRPO ------------------------------------------------------------------------------------
-
-
-def mean_response_length(workload: GrpoWorkload) -> float:
-    return float(workload.mean_response_length
-                 or DEFAULT_MEAN_RESPONSE_FRACTION * workload.response_length)
 
 
 def generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, cols: Columns,
@@ -357,19 +383,22 @@ def grpo_step(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, co
               memory: Columns, eff: Efficiency | None = None) -> Columns:
     """Seconds per GRPO phase and per step, tokens/s/GPU (verl's definition) and actor MFU."""
     eff = eff or load_efficiency(cluster.gpu, workload.precision)
-    r_mean = mean_response_length(workload)
-    seq = workload.prompt_length + r_mean
-    micro = _f(cols["micro_batch"])
-    n = len(micro)
+    seq = mean_sequence_length(workload)
+    n = len(cols["tp"])
     sequences = workload.sequences_per_step
-    per_rank = sequences / _f(cols["dp"])
-    forward_shape = TrainShape(tokens_per_micro_batch=micro * seq, seq_len=np.full(n, seq),
-                               micro_batches=np.maximum(per_rank / micro, 1), optimizer_steps=1.0,
-                               forward_only=True)
-    update_shape = TrainShape(tokens_per_micro_batch=micro * seq, seq_len=np.full(n, seq),
-                              micro_batches=_f(micro_batches_per_mini_batch(workload, cols)),
+    cp = _f(cols["cp"])
+    forward_batches = log_prob_batches(workload, cols)
+    update_batches_ = update_batches(workload, cols)
+    forward_shape = TrainShape(tokens_per_micro_batch=forward_batches.mean_tokens * cp,
+                               seq_len=np.full(n, seq), micro_batches=forward_batches.count,
+                               optimizer_steps=1.0, forward_only=True)
+    update_shape = TrainShape(tokens_per_micro_batch=update_batches_.mean_tokens * cp,
+                              seq_len=np.full(n, seq), micro_batches=update_batches_.count,
                               optimizer_steps=workload.ppo_epochs
-                              * np.ceil(workload.train_batch_size / workload.mini_batch_size))
+                              * np.ceil(workload.train_batch_size / workload.mini_batch_size),
+                              cpu_adam_bytes_per_s=HOST_ADAM_BYTES_PER_S,
+                              cpu_adam_streamed_bytes=(4 + 4 + 2 * workload.adam_moment_bytes)
+                              + (4 + 2 * workload.adam_moment_bytes))
     log_prob = train_phase_s(model, cluster, cols, eff, workload.precision, forward_shape)
     update = train_phase_s(model, cluster, cols, eff, workload.precision, update_shape)
     gen = generate_s(model, cluster, workload, cols, eff, memory)
@@ -382,10 +411,12 @@ def grpo_step(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, co
     optim_trip = np.where(optim_off, 2 * offload_s(cluster, memory["optimizer_bytes"]), 0.0)
     ref_trip = np.where(cols["ref_param_offload"].astype(bool), 2 * offload_s(cluster, weights),
                         0.0)
+    ran = workload.phases
     times = {
         "generate": gen["total_s"],
-        "old_log_prob": log_prob["total_s"] + param_trip,
-        "ref": (log_prob["total_s"] + ref_trip) if workload.use_kl_loss else np.zeros(n),
+        "old_log_prob": (log_prob["total_s"] + param_trip) if "old_log_prob" in ran
+        else np.zeros(n),
+        "ref": (log_prob["total_s"] + ref_trip) if "ref" in ran else np.zeros(n),
         "update_actor": update["total_s"] + param_trip + optim_trip,
         "weight_sync": weight_sync_s(model, cluster, cols, eff) + param_trip,
     }

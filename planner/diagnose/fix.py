@@ -6,11 +6,13 @@ default), it tries the mitigations users reach for, one change at a time, each s
 planner's memory and time models:
 
 * over the band (a phase other than generation above the band, or a training phase above the
-  tight level): smaller micro-batch; selective, then full recomputation; optimizer, then
-  parameter (and reference) offload; a lower rollout ``gpu_memory_utilization``; larger TP, PP,
-  EP or CP (DP shrinks to keep the world size);
-* under the band: the reverse -- larger micro-batch, less recomputation, less offload, a higher
-  ``gpu_memory_utilization``, less model parallelism.
+  tight level): smaller micro-batch (static batches) or token budget (dynamic batches);
+  selective, then full recomputation; optimizer offload, Megatron's CPU optimizer, parameter
+  (and reference) offload; a lower rollout ``gpu_memory_utilization``; larger TP, PP, EP or CP
+  (DP shrinks to keep the world size);
+* under the band: the reverse -- larger micro-batch or token budget, less recomputation, less
+  offload, the optimizer back on the GPU, a higher ``gpu_memory_utilization``, less model
+  parallelism.
 
 Mitigations that break a rule are dropped; the rest are listed cheapest first by predicted step
 time, with predicted peak memory, utilisation and the exact Hydra overrides to apply.
@@ -77,20 +79,41 @@ def _halvings(value: int) -> list[int]:
     return out
 
 
+def _batch_changes(layout, smaller: bool) -> list[tuple[str, object]]:
+    """Smaller (larger) micro-batches: with static batches the micro-batch size, with dynamic
+    batches the token budgets (``ppo_max_token_len_per_gpu`` and, when set apart, the log-prob
+    one); a budget below the longest sequence breaks a rule and is dropped when scored."""
+    factors = (0.5, 0.25) if smaller else (2, 4)
+    if not layout.dynamic_batch:
+        sizes = _halvings(layout.micro_batch) if smaller else \
+            [layout.micro_batch * int(f) for f in factors]
+        return [(f"micro-batch {layout.micro_batch} -> {mbs}", replace(layout, micro_batch=mbs))
+                for mbs in sizes]
+    out = []
+    for factor in factors:
+        budget = int(layout.max_token_len * factor)
+        log_prob = int(layout.log_prob_max_token_len * factor)
+        out.append((f"token budget {layout.max_token_len} -> {budget} per GPU",
+                    replace(layout, max_token_len=budget, log_prob_max_token_len=log_prob)))
+    return out
+
+
 def candidate_changes(layout, model, cluster, over: bool) -> list[tuple[str, object]]:
     """(description, changed layout) for every single change worth scoring."""
     changes = []
     if over:
-        for mbs in _halvings(layout.micro_batch):
-            changes.append((f"micro-batch {layout.micro_batch} -> {mbs}",
-                            replace(layout, micro_batch=mbs)))
+        changes += _batch_changes(layout, smaller=True)
         for level in ("selective", "full"):
             if ("none", "selective", "full").index(level) > ("none", "selective", "full").index(
                     layout.recompute):
                 changes.append((f"recompute {layout.recompute} -> {level}",
                                 replace(layout, recompute=level)))
-        if not layout.optimizer_offload:
+        if not layout.optimizer_offload and layout.optimizer_cpu_fraction < 1:
             changes.append(("optimizer offload", replace(layout, optimizer_offload=True)))
+        if layout.optimizer_cpu_fraction < 1 and layout.distributed_optimizer:
+            changes.append(("Megatron CPU optimizer (optimizer_offload_fraction 1)",
+                            replace(layout, optimizer_cpu_fraction=1.0,
+                                    optimizer_offload=False)))
         if not layout.param_offload:
             changes.append(("parameter offload (actor and reference)",
                             replace(layout, param_offload=True, ref_param_offload=True)))
@@ -109,9 +132,7 @@ def candidate_changes(layout, model, cluster, over: bool) -> list[tuple[str, obj
             if changed.dp >= 1:
                 changes.append((f"{field.upper()} {getattr(layout, field)} -> {bigger}", changed))
     else:
-        for mbs in (layout.micro_batch * 2, layout.micro_batch * 4):
-            changes.append((f"micro-batch {layout.micro_batch} -> {mbs}",
-                            replace(layout, micro_batch=mbs)))
+        changes += _batch_changes(layout, smaller=False)
         if layout.recompute != "none":
             changes.append((f"recompute {layout.recompute} -> none",
                             replace(layout, recompute="none")))
@@ -120,6 +141,9 @@ def candidate_changes(layout, model, cluster, over: bool) -> list[tuple[str, obj
                             replace(layout, param_offload=False, ref_param_offload=False)))
         if layout.optimizer_offload:
             changes.append(("no optimizer offload", replace(layout, optimizer_offload=False)))
+        if layout.optimizer_cpu_fraction > 0:
+            changes.append(("optimizer on the GPU (no CPU optimizer)",
+                            replace(layout, optimizer_cpu_fraction=0.0)))
         for step in (0.05, 0.10, 0.20):
             util = round(layout.gpu_memory_utilization + step, 2)
             if util <= 0.95:

@@ -34,7 +34,7 @@ from planner.catalog.models import (
 from planner.cost.columns import flag_column
 from planner.cost.memory import STAGES
 from planner.diagnose.validate_report import module_rows
-from planner.errors import PlanInputError
+from planner.errors import InvalidLayoutError, PlanInputError
 from planner.phases import PHASES
 from planner.plan import candidate_dict, estimate_layout
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
@@ -326,8 +326,12 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
         shape = model_findings(plain, job, model, cluster, workload, layout)
         findings += shape
         if not any(f.level == "error" for f in shape):
-            estimate = estimate_layout(model, cluster, workload, layout,
-                                       policy=job_input.policy)
+            try:
+                estimate = estimate_layout(model, cluster, workload, layout,
+                                           policy=job_input.policy)
+            except InvalidLayoutError:  # a rule validate reports per verl key (CHECKED_PER_KEY)
+                estimate = None
+        if estimate is not None:
             report["layout"] = estimate.layout.to_dict()  # with the pipeline split resolved
             findings += memory_findings(estimate, job_input.policy)
             memory = candidate_dict(estimate.row)

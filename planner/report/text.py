@@ -30,7 +30,7 @@ def plan_dict(plan, top: int | None) -> dict:
         "workload": plan.workload.to_dict(),
         "enumerated": int(plan.enumerated),
         "valid": int(plan.valid),
-        "candidates_scored": int(len(plan.candidates)),
+        "candidates_scored": int(plan.scored or len(plan.candidates)),
         "fitting": int(plan.candidates["fits"].sum()),
         "rejected": dict(sorted(plan.rejected.items(), key=lambda item: -item[1])),
         "candidates": [candidate_dict(row) for row in shown.to_dict("records")],
@@ -93,7 +93,8 @@ def plan_table(plan, top: int) -> str:
         f"{cluster.gpus_per_node} per node",
         f"workload {plan.workload.describe()}",
         f"searched {plan.enumerated:,} layouts: {plan.valid:,} valid"
-        + (f" ({len(plan.candidates):,} actor layouts, rollout chosen per layout)"
+        + (f" ({plan.scored or len(plan.candidates):,} actor layouts, rollout chosen per "
+           f"layout)"
            if plan.workload.kind == "grpo" else "")
         + f", {int(plan.candidates['fits'].sum()):,} fit in memory",
     ]

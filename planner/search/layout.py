@@ -19,9 +19,45 @@ import numpy as np
 
 from planner.errors import PlanInputError
 
-# Megatron recomputation: "none"; "selective" (recompute_modules core_attn, layernorm, moe_act);
-# "full" (recompute_granularity=full, method=uniform, one layer per checkpoint).
+# Megatron recomputation (megatron-core TransformerConfig.recompute_granularity): "none";
+# "selective" (the modules of ``recompute_modules``); "full" (whole layers, with
+# recompute_method uniform -- chunks of ``recompute_num_layers`` layers keep only their input --
+# or block -- the first ``recompute_num_layers`` layers of each stage are recomputed).
 RECOMPUTE = ("none", "selective", "full")
+# megatron-core 0.16 recompute_modules, as the bits of ``Layout.recompute_modules``.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "moe",
+                     "shared_experts")
+# The planner's "selective": core_attn + layernorm + moe_act (moe_act only matters for MoE).
+DEFAULT_SELECTIVE_MODULES = 0b111
+
+
+# recompute_modules that apply only to MoE layers / multi-latent attention (megatron-core
+# TransformerConfig: moe_act needs grouped-GEMM experts; mla_up_proj needs MLA)
+MOE_MODULES = ("moe_act", "moe", "shared_experts")
+MLA_MODULES = ("mla_up_proj",)
+
+
+def applicable_modules(mask: int, is_moe: bool, is_mla: bool) -> int:
+    """``mask`` without the modules a model does not have (MoE modules on a dense model,
+    ``mla_up_proj`` without multi-latent attention): what an exported job recomputes."""
+    absent = [name for name in RECOMPUTE_MODULES
+              if (not is_moe and name in MOE_MODULES) or (not is_mla and name in MLA_MODULES)]
+    return mask & ~modules_mask(absent)
+
+
+def modules_mask(names) -> int:
+    """The bitmask of recompute module names (unknown names are an input error)."""
+    mask = 0
+    for name in names:
+        if name not in RECOMPUTE_MODULES:
+            raise PlanInputError(f"recompute module {name!r} is not one of "
+                                 f"{', '.join(RECOMPUTE_MODULES)}")
+        mask |= 1 << RECOMPUTE_MODULES.index(name)
+    return mask
+
+
+def module_names(mask: int) -> tuple[str, ...]:
+    return tuple(name for bit, name in enumerate(RECOMPUTE_MODULES) if mask >> bit & 1)
 
 Columns = dict[str, np.ndarray]
 
@@ -42,8 +78,25 @@ class Layout:
     ref_param_offload: bool = False
     sequence_parallel: bool = True  # only meaningful (and only set for Megatron) when tp > 1
     distributed_optimizer: bool = True
-    first_stage_layers: int = 0  # 0: split evenly, or as evenly as uneven first/last stages allow
-    last_stage_layers: int = 0
+    # --- the pipeline split (megatron-core 0.16) ------------------------------------------------
+    first_stage_layers: int = 0  # num_layers_in_first_pipeline_stage; 0: not set
+    last_stage_layers: int = 0  # num_layers_in_last_pipeline_stage; 0: not set
+    account_embedding: bool = False  # account_for_embedding_in_pipeline_split
+    account_loss: bool = False  # account_for_loss_in_pipeline_split
+    pipeline_layout: str = ""  # pipeline_model_parallel_layout, e.g. "Et*3|(tt|)*29,m|L"
+    # --- recomputation detail ---------------------------------------------------------------
+    recompute_modules: int = 0  # selective: bits of RECOMPUTE_MODULES (0: the default set)
+    recompute_num_layers: int = 1  # full: layers per checkpoint (uniform) or recomputed (block)
+    recompute_block: bool = False  # full: recompute_method block instead of uniform
+    # --- Megatron's CPU optimizer (HybridDeviceOptimizer) ------------------------------------
+    # optimizer_offload_fraction of the optimizer state and Adam step on the host; 0: off.
+    optimizer_cpu_fraction: float = 0.0
+    # --- batching (verl) --------------------------------------------------------------------
+    dynamic_batch: bool = False  # use_dynamic_bsz: micro-batches packed to a token budget
+    max_token_len: int = 0  # ppo_max_token_len_per_gpu (dynamic batches)
+    log_prob_max_token_len: int = 0  # log_prob_max_token_len_per_gpu; 0: max_token_len
+    log_prob_micro_batch: int = 0  # log_prob_micro_batch_size_per_gpu; 0: micro_batch
+    # --- the rollout engine ---------------------------------------------------------------------
     rollout_tp: int = 1
     rollout_dp: int = 1
     rollout_ep: int = 1
@@ -54,13 +107,37 @@ class Layout:
             raise PlanInputError(f"--recompute {self.recompute!r} is not one of "
                                  f"{', '.join(RECOMPUTE)}")
         for name in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch", "rollout_tp",
-                     "rollout_dp", "rollout_ep"):
+                     "rollout_dp", "rollout_ep", "recompute_num_layers"):
             if getattr(self, name) < 1:
                 raise PlanInputError(f"--{name.replace('_', '-')} must be a positive integer, "
                                      f"got {getattr(self, name)}")
+        for name in ("first_stage_layers", "last_stage_layers", "max_token_len",
+                     "log_prob_max_token_len", "log_prob_micro_batch"):
+            if getattr(self, name) < 0:
+                raise PlanInputError(f"--{name.replace('_', '-')} must be >= 0, got "
+                                     f"{getattr(self, name)}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.99:
             raise PlanInputError(f"--gpu-memory-utilization {self.gpu_memory_utilization} is "
                                  f"outside 0.05..0.99")
+        if not 0.0 <= self.optimizer_cpu_fraction <= 1.0:
+            raise PlanInputError(f"--optimizer-offload-fraction {self.optimizer_cpu_fraction} "
+                                 f"is outside 0..1 (optimizer_offload_fraction)")
+        if self.dynamic_batch and self.max_token_len < 1:
+            raise PlanInputError("--dynamic-batch needs --max-token-len-per-gpu N "
+                                 "(ppo_max_token_len_per_gpu), a positive token count")
+        if not 0 <= self.recompute_modules < 1 << len(RECOMPUTE_MODULES):
+            raise PlanInputError(f"recompute modules mask {self.recompute_modules} is not a "
+                                 f"set of {', '.join(RECOMPUTE_MODULES)}")
+        if self.recompute == "selective" and self.recompute_modules == 0:
+            object.__setattr__(self, "recompute_modules", DEFAULT_SELECTIVE_MODULES)
+        if self.recompute != "selective" and self.recompute_modules:
+            object.__setattr__(self, "recompute_modules", 0)
+        # One form per layout: a log-prob setting equal to the training one is "follows it" (0),
+        # so a layout read back from a verl config (which spells both out) equals the plan's.
+        if self.log_prob_micro_batch == self.micro_batch:
+            object.__setattr__(self, "log_prob_micro_batch", 0)
+        if self.log_prob_max_token_len == self.max_token_len:
+            object.__setattr__(self, "log_prob_max_token_len", 0)
 
     def to_columns(self) -> Columns:
         values = asdict(self)
@@ -70,15 +147,19 @@ class Layout:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Layout":
         """The layout of one row of layout columns or of a plan's candidate frame: numpy
-        scalars, ``recompute`` as an index or a name."""
+        scalars, ``recompute`` as an index or a name.  Fields the row lacks keep their
+        defaults (rows written before the field existed)."""
         convert = {"int": int, "bool": bool, "float": float, "str": str}
         values = {}
         for spec in fields(cls):
+            if spec.name not in row:
+                continue
             value = row[spec.name]
             value = value.item() if hasattr(value, "item") else value
             if spec.name == "recompute" and not isinstance(value, str):
                 value = RECOMPUTE[int(value)]
             values[spec.name] = convert[spec.type](value)
+        values["optimizer_cpu_fraction"] = round(values["optimizer_cpu_fraction"], 4)
         values["gpu_memory_utilization"] = round(values["gpu_memory_utilization"], 2)
         return cls(**values)
 
@@ -90,14 +171,35 @@ class Layout:
                                        ("ref", self.ref_param_offload)) if on]
         return "+".join(parts) or "-"
 
+    @property
+    def batch_text(self) -> str:
+        if self.dynamic_batch:
+            logp = self.log_prob_max_token_len or self.max_token_len
+            return f"dynamic batch {self.max_token_len} tokens/GPU (log-prob {logp})"
+        logp = self.log_prob_micro_batch or self.micro_batch
+        return f"micro-batch {self.micro_batch}" + (
+            f" (log-prob {logp})" if logp != self.micro_batch else "")
+
+    @property
+    def recompute_text(self) -> str:
+        if self.recompute == "selective":
+            return "selective " + "+".join(module_names(self.recompute_modules))
+        if self.recompute == "full" and (self.recompute_block or self.recompute_num_layers > 1):
+            method = "block" if self.recompute_block else "uniform"
+            return f"full {method} {self.recompute_num_layers}"
+        return self.recompute
+
     def actor_text(self, moe: bool = True) -> str:
         """The actor's layout in one line: ``TP2 PP2 VPP1 CP1 EP1 ETP1 DP2, micro-batch 4,
         recompute none, offload -``; the one way every command prints a layout."""
         sizes = f"TP{self.tp} PP{self.pp} VPP{self.vpp} CP{self.cp}"
         if moe:
             sizes += f" EP{self.ep} ETP{self.etp}"
-        return (f"{sizes} DP{self.dp}, micro-batch {self.micro_batch}, recompute "
-                f"{self.recompute}, offload {self.offload_text}")
+        text = (f"{sizes} DP{self.dp}, {self.batch_text}, recompute {self.recompute_text}, "
+                f"offload {self.offload_text}")
+        if self.optimizer_cpu_fraction:
+            text += f", CPU optimizer {self.optimizer_cpu_fraction:.0%}"
+        return text
 
     def rollout_text(self) -> str:
         return (f"rollout TP{self.rollout_tp} DP{self.rollout_dp} EP{self.rollout_ep} at "
@@ -108,3 +210,50 @@ class Layout:
 
 
 LAYOUT_FIELDS = tuple(field.name for field in fields(Layout))
+
+
+def unique_rows(cols: Columns, names: tuple[str, ...]) -> tuple[Columns, np.ndarray]:
+    """The distinct rows of ``cols`` over the fields ``names``, and for every row the index of
+    its distinct row: the cost model computes what depends only on those fields once per
+    distinct row (a search crosses every parallel layout with several knobs that do not change
+    it) and broadcasts with ``values[inverse]``.
+
+    Hash-based (``pandas.factorize``), so linear in the rows: each field becomes codes
+    ``0..k-1``, the codes combine into one int64 key (re-factorised whenever the next field
+    would overflow it), and the key is factorised once more.
+    """
+    import pandas as pd
+
+    n = len(cols["tp"])
+    if n == 0:
+        return dict(cols), np.zeros(0, dtype=np.int64)
+    key = np.zeros(n, dtype=np.int64)
+    combinations = 1
+    for name in names:
+        if name not in cols:
+            continue
+        values = np.asarray(cols[name])
+        if values.ndim != 1 or (values[0] == values).all():
+            continue  # one value: it distinguishes nothing
+        codes, uniques = pd.factorize(values)
+        if combinations * len(uniques) >= 2**62:
+            key, compressed = pd.factorize(key)
+            key, combinations = key.astype(np.int64), len(compressed)
+        key = key * len(uniques) + codes
+        combinations *= len(uniques)
+    first, inverse = distinct(key)
+    return {name: np.asarray(values)[first] for name, values in cols.items()}, inverse
+
+
+def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(first, inverse)``: the index of the first occurrence of each distinct value (in order
+    of appearance) and, per element, the position of its value in ``first`` --
+    ``values[first][inverse] == values``.  Hash-based (``pandas.factorize``): linear, where
+    ``np.unique`` sorts."""
+    import pandas as pd
+
+    inverse, uniques = pd.factorize(np.asarray(values))
+    first = np.empty(len(uniques), dtype=np.int64)
+    n = len(inverse)
+    first[inverse[::-1]] = np.arange(n - 1, -1, -1)
+    return first, inverse.astype(np.int64)

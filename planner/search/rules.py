@@ -20,58 +20,9 @@ from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
+from planner.search.batches import update_batches
 from planner.search.layout import Columns
-
-
-def pipeline_split(num_layers: int, pp: np.ndarray, first: np.ndarray | None = None,
-                   last: np.ndarray | None = None):
-    """Layers on the first, each middle, and the last pipeline stage.
-
-    Even when ``pp`` divides the layers.  Otherwise verl's examples set megatron-core's
-    ``num_layers_in_first_pipeline_stage``/``..._last_...``: middle stages take
-    ``ceil(L / pp)`` layers, the remainder is split between first and last (the last stage, which
-    also holds the output layer and the loss, takes the smaller half).  Explicit ``first``/
-    ``last`` (non-zero entries) override the automatic split.  megatron-core's rule
-    (``transformer_config.py`` uneven-PP checks, ``transformer_block.get_num_layers_to_build``):
-    with ``f``/``l`` set, the ``M = L - f - l`` remaining layers divide evenly over the
-    ``P' = pp - #set`` other stages, and ``M == 0`` exactly when ``P' == 0``.
-
-    Returns ``(first, middle, last, valid)`` arrays; ``middle`` is 0 when a pipeline has no
-    middle stage and uneven first/last stages.
-    """
-    pp = np.asarray(pp, dtype=np.int64)
-    automatic_only = ((first is None or not np.any(first)) and (last is None or not np.any(last)))
-    if automatic_only and pp.size > 64:
-        # Search spaces repeat a handful of PP values: split each once, then broadcast.
-        unique, inverse = np.unique(pp, return_inverse=True)
-        if unique.size < pp.size:
-            return tuple(part[inverse] for part in pipeline_split(num_layers, unique))
-    zeros = np.zeros_like(pp)
-    first = zeros if first is None else np.asarray(first, dtype=np.int64)
-    last = zeros if last is None else np.asarray(last, dtype=np.int64)
-    automatic = (first <= 0) & (last <= 0)
-    even = automatic & (num_layers % pp == 0)
-    ceil_layers = -(-num_layers // pp)
-    remainder = num_layers - ceil_layers * np.maximum(pp - 2, 0)
-    auto_last = remainder // 2
-    first_set = np.where(automatic, ~even, first > 0)
-    last_set = np.where(automatic, ~even, last > 0)
-    first_layers = np.where(automatic, remainder - auto_last, first)
-    last_layers = np.where(automatic, auto_last, last)
-    others = pp - first_set - last_set
-    rest = num_layers - np.where(first_set, first_layers, 0) - np.where(last_set, last_layers, 0)
-    middle = np.where(others > 0, rest // np.maximum(others, 1), 0)
-    valid = np.where(others > 0, (rest % np.maximum(others, 1) == 0) & (middle >= 1), rest == 0)
-    # the automatic uneven scheme never gives an end stage more layers than a middle one
-    valid &= ~(automatic & ~even & (pp > 2)) | ((first_layers <= middle) & (last_layers >= 1))
-    first_layers = np.where(first_set, first_layers, middle)
-    last_layers = np.where(last_set, last_layers, middle)
-    valid &= (first_layers >= 1) & (last_layers >= 1)
-    single = pp == 1  # one stage holds everything; first/last settings do not apply
-    first_layers = np.where(single, num_layers, first_layers)
-    last_layers = np.where(single, num_layers, last_layers)
-    middle = np.where(single, num_layers, middle)
-    return first_layers, middle, last_layers, valid | single
+from planner.search.pipeline import layout_vpp, pipeline_split
 
 
 def micro_batches_per_mini_batch(workload: GrpoWorkload, cols: Columns) -> np.ndarray:
@@ -91,34 +42,80 @@ class Rule:
 
 def _split(model: ModelSpec, cols: Columns):
     return pipeline_split(model.num_layers, cols["pp"], cols.get("first_stage_layers"),
-                          cols.get("last_stage_layers"))
+                          cols.get("last_stage_layers"), cols.get("account_embedding"),
+                          cols.get("account_loss"))
+
+
+def _has_layout_string(cols: Columns) -> np.ndarray:
+    layout = cols.get("pipeline_layout")
+    if layout is None:
+        return np.zeros(len(cols["tp"]), dtype=bool)
+    return np.char.str_len(np.asarray(layout, dtype=str)) > 0
+
+
+def _layout_vpp(cols: Columns) -> np.ndarray:
+    """The VPP a layout string implies (its stages / PP), 0 where there is no string."""
+    strings = _has_layout_string(cols)
+    out = np.zeros(len(cols["tp"]), dtype=np.int64)
+    for index in np.flatnonzero(strings):
+        out[index] = layout_vpp(str(cols["pipeline_layout"][index]), int(cols["pp"][index]))
+    return out
+
+
+def _split_breaks(model: ModelSpec, cols: Columns) -> np.ndarray:
+    """The split settings megatron-core refuses (a layout string is checked by
+    :func:`planner.search.pipeline.layout_ranks` when it is read)."""
+    return ~_split(model, cols)[3] & ~_has_layout_string(cols)
 
 
 def _vpp_breaks(model: ModelSpec, cols: Columns) -> np.ndarray:
-    """Each stage's layers divide into VPP chunks; and megatron-core 0.16.1 fails
-    (ZeroDivisionError in get_transformer_layer_offset) for PP = 2 with VPP and uneven stages."""
+    """Each stage's layers divide into VPP chunks (with the embedding/loss counted as layers
+    when they are); megatron-core 0.16.1 fails (ZeroDivisionError in
+    get_transformer_layer_offset) for PP = 2 with VPP and both uneven stages set; a layout
+    string fixes VPP to its stages / PP."""
     first, middle, last, _ = _split(model, cols)
     vpp, pp = cols["vpp"], cols["pp"]
-    given_first = np.asarray(cols.get("first_stage_layers", 0)) > 0
-    given_last = np.asarray(cols.get("last_stage_layers", 0)) > 0
-    automatic_uneven = ~given_first & ~given_last & (model.num_layers % pp != 0)
-    both_set = (given_first & given_last) | automatic_uneven
-    return (vpp > 1) & ((first % vpp != 0) | (last % vpp != 0)
-                        | (np.where(pp > 2, middle, 0) % vpp != 0)
-                        | (both_set & (pp == 2)))
+    n = len(cols["tp"])
+    given_first = np.asarray(cols.get("first_stage_layers", np.zeros(n))) > 0
+    given_last = np.asarray(cols.get("last_stage_layers", np.zeros(n))) > 0
+    embedding = np.asarray(cols.get("account_embedding", np.zeros(n))).astype(bool)
+    loss = np.asarray(cols.get("account_loss", np.zeros(n))).astype(bool)
+    per_rank_first = first + embedding
+    per_rank_last = last + loss
+    plain = (vpp > 1) & ((per_rank_first % vpp != 0) | (per_rank_last % vpp != 0)
+                         | (np.where(pp > 2, middle, 0) % vpp != 0)
+                         | (given_first & given_last & (pp == 2)))
+    strings = _has_layout_string(cols)
+    return np.where(strings, vpp != _layout_vpp(cols), plain)
 
 
 def _stage_layers_text(model: ModelSpec, values: dict) -> str:
     """``first/middle/last`` layers of one layout's pipeline stages."""
-    split = pipeline_split(model.num_layers, np.array([values["pp"]]),
-                           np.array([values.get("first_stage_layers", 0)]),
-                           np.array([values.get("last_stage_layers", 0)]))
-    return "/".join(str(int(part[0])) for part in split[:3])
+    cols = {key: np.array([value]) for key, value in values.items()}
+    return "/".join(str(int(part[0])) for part in _split(model, cols)[:3])
 
 
 def _one_micro_batch_count(workload, values: dict) -> int:
     return int(micro_batches_per_mini_batch(workload, {k: np.array([x])
                                                        for k, x in values.items()})[0])
+
+
+def _static(cols: Columns) -> np.ndarray:
+    """Layouts with fixed micro-batch sizes: verl's divisibility rules apply to them; with
+    dynamic batches verl packs to a token budget and rounds the micro-batch count itself."""
+    dynamic = cols.get("dynamic_batch")
+    if dynamic is None:
+        return np.ones(len(cols["tp"]), dtype=bool)
+    return ~np.asarray(dynamic).astype(bool)
+
+
+def _token_budget_breaks(workload, cols: Columns) -> np.ndarray:
+    n = len(cols["tp"])
+    budget = np.asarray(cols.get("max_token_len", np.zeros(n)))
+    log_prob = np.asarray(cols.get("log_prob_max_token_len", np.zeros(n)))
+    log_prob = np.where(log_prob > 0, log_prob, budget)
+    shortest = np.minimum(budget, log_prob) * cols["cp"]
+    return ~_static(cols) & (shortest < workload.sequence_length)
 
 
 def _splittable_pp(num_layers: int) -> str:
@@ -156,12 +153,17 @@ RULES: tuple[Rule, ...] = (
                             f"{m.ffn_hidden_size}"
                             + (f" / shared-expert width {m.shared_expert_ffn_hidden_size}"
                                if m.shared_expert_ffn_hidden_size else "")),
-    Rule("pipeline_split", "megatron-core: layers split over PP stages (uneven first/last allowed)",
-         lambda m, c, w, x: ~_split(m, x)[3],
+    Rule("pipeline_split",
+         "megatron-core: layers split over PP stages (uneven first/last stages, or the embedding "
+         "and loss counted as layers)",
+         lambda m, c, w, x: _split_breaks(m, x),
          lambda m, c, w, v: f"{m.num_layers} layers cannot be split over pipeline_model_parallel"
                             f"_size {v['pp']} (first/last stage layers "
-                            f"{v.get('first_stage_layers', 0)}/{v.get('last_stage_layers', 0)}); "
-                            f"PP that split automatically: {_splittable_pp(m.num_layers)}"),
+                            f"{v.get('first_stage_layers', 0)}/{v.get('last_stage_layers', 0)}, "
+                            f"embedding/loss counted "
+                            f"{bool(v.get('account_embedding'))}/{bool(v.get('account_loss'))}; "
+                            f"the two ways cannot be combined); PP that split evenly or with the "
+                            f"embedding/loss counted: {_splittable_pp(m.num_layers)}"),
     Rule("vpp_needs_pp", "megatron-core: virtual pipeline stages need PP > 1",
          lambda m, c, w, x: (x["vpp"] > 1) & (x["pp"] < 2),
          lambda m, c, w, v: f"virtual_pipeline_model_parallel_size {v['vpp']} needs "
@@ -170,7 +172,8 @@ RULES: tuple[Rule, ...] = (
          "megatron-core: every stage's layers divide evenly into VPP model chunks",
          lambda m, c, w, x: _vpp_breaks(m, x),
          lambda m, c, w, v: f"virtual_pipeline_model_parallel_size {v['vpp']} does not divide "
-                            f"the layers of every pipeline stage (first/middle/last: "
+                            f"the layers of every pipeline stage, or differs from the stages of "
+                            f"the pipeline layout string (first/middle/last: "
                             f"{_stage_layers_text(m, v)})"),
     Rule("dense_model_has_no_experts", "megatron-core: EP/ETP apply to MoE layers only",
          lambda m, c, w, x: (~np.bool_(m.is_moe)) & ((x["ep"] > 1) | (x["etp"] > 1)),
@@ -189,8 +192,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, w, v: f"ETP*EP*PP = {v['etp']}*{v['ep']}*{v['pp']} does not divide "
                             f"{c.num_gpus} GPUs"),
     Rule("batch_divides_dp", "verl: train_batch_size * n divisible by DP * micro-batch",
-         lambda m, c, w, x: (w.sequences_per_step
-                             % np.maximum(x["dp"] * x["micro_batch"], 1)) != 0,
+         lambda m, c, w, x: _static(x) & ((w.sequences_per_step
+                                           % np.maximum(x["dp"] * x["micro_batch"], 1)) != 0),
          lambda m, c, w, v: f"train_batch_size*n = {w.sequences_per_step} is not divisible by "
                             f"DP*micro_batch = {v['dp']}*{v['micro_batch']}"),
     Rule("mini_batch_divides_dp", "verl: ppo_mini_batch_size * n divisible by DP",
@@ -199,20 +202,28 @@ RULES: tuple[Rule, ...] = (
                             f"divisible by DP = {v['dp']}"),
     Rule("micro_batch_divides_mini_batch",
          "verl: per-GPU mini-batch divisible by ppo_micro_batch_size_per_gpu",
-         lambda m, c, w, x: ((w.sequences_per_mini_batch // np.maximum(x["dp"], 1))
-                             % x["micro_batch"]) != 0,
+         lambda m, c, w, x: _static(x) & (((w.sequences_per_mini_batch
+                                            // np.maximum(x["dp"], 1)) % x["micro_batch"]) != 0),
          lambda m, c, w, v: f"per-GPU mini-batch {w.sequences_per_mini_batch // max(v['dp'], 1)}"
                             f" (ppo_mini_batch_size*n/DP) is not divisible by micro-batch "
                             f"{v['micro_batch']}"),
     Rule("interleaved_microbatches",
          "megatron-core interleaved schedule: micro-batches >= PP and a multiple of PP",
-         lambda m, c, w, x: (x["vpp"] > 1)
+         lambda m, c, w, x: _static(x) & (x["vpp"] > 1)
          & ((micro_batches_per_mini_batch(w, x) < x["pp"])
             | (micro_batches_per_mini_batch(w, x) % x["pp"] != 0)),
          lambda m, c, w, v: f"with virtual_pipeline_model_parallel_size {v['vpp']} the "
                             f"{_one_micro_batch_count(w, v)}"
                             f" micro-batches per mini-batch must be >= PP {v['pp']} and a "
                             f"multiple of it"),
+    Rule("token_budget_holds_a_sequence",
+         "verl rearrange_micro_batches: max_token_len_per_gpu * CP >= the longest sequence",
+         lambda m, c, w, x: _token_budget_breaks(w, x),
+         lambda m, c, w, v: f"token budget {v.get('max_token_len', 0)} (ppo_max_token_len_per_gpu)"
+                            f" / {v.get('log_prob_max_token_len', 0) or v.get('max_token_len', 0)}"
+                            f" (log_prob_max_token_len_per_gpu) x CP {v['cp']} is below the "
+                            f"longest sequence, {w.sequence_length} tokens (max prompt + "
+                            f"response length); verl asserts max_token_len >= it"),
     Rule("rollout_tp_divides_heads", "vLLM: num_attention_heads % tensor_parallel_size == 0",
          lambda m, c, w, x: m.num_attention_heads % x["rollout_tp"] != 0,
          lambda m, c, w, v: f"rollout tensor_model_parallel_size {v['rollout_tp']} does not "
@@ -284,7 +295,7 @@ def unwise_flags(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     policy's tight level -- the model's fixed overheads are estimates, and verl's responses vary
     in length step to step (the rollout fills its budget on purpose)."""
     domain = cluster.fast_domain_gpus
-    m = micro_batches_per_mini_batch(workload, cols)
+    m = update_batches(workload, cols).count
     return {
         "tp_across_nodes": cols["tp"] > domain,
         "rollout_tp_across_nodes": cols["rollout_tp"] > domain,

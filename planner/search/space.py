@@ -27,7 +27,13 @@ import numpy as np
 from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
-from planner.search.layout import RECOMPUTE, Columns
+from planner.search.layout import (
+    DEFAULT_SELECTIVE_MODULES,
+    RECOMPUTE,
+    Columns,
+    applicable_modules,
+)
+from planner.search.pipeline import split_candidates
 from planner.search.rules import RULES, first_violation, violations
 
 PARALLEL_RULES = ("world_size", "tp_divides_heads", "tp_divides_query_groups", "tp_divides_ffn",
@@ -35,7 +41,7 @@ PARALLEL_RULES = ("world_size", "tp_divides_heads", "tp_divides_query_groups", "
                   "vpp_needs_pp", "vpp_divides_stage_layers", "dense_model_has_no_experts",
                   "ep_divides_experts", "etp_divides_moe_ffn", "expert_grid")
 BATCH_RULES = ("batch_divides_dp", "mini_batch_divides_dp", "micro_batch_divides_mini_batch",
-               "interleaved_microbatches")
+               "interleaved_microbatches", "token_budget_holds_a_sequence")
 ROLLOUT_RULES = ("rollout_tp_divides_heads", "rollout_tp_kv_heads", "rollout_world",
                  "rollout_ep", "rollout_dp_moe_only")
 assert set(PARALLEL_RULES + BATCH_RULES + ROLLOUT_RULES) == {rule.name for rule in RULES}
@@ -45,10 +51,16 @@ assert set(PARALLEL_RULES + BATCH_RULES + ROLLOUT_RULES) == {rule.name for rule 
 class SearchOptions:
     """Which values of each knob the search tries.  ``None`` fixes nothing."""
 
+    # sequences per micro-batch; with dynamic batches the token budget is this many
+    # longest sequences per GPU (ppo_max_token_len_per_gpu = m * ceil((prompt+response) / CP))
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)
     recompute: tuple[str, ...] = RECOMPUTE
     offload: tuple[bool, ...] = (False, True)  # actor param offload, optimizer offload, each
     ref_param_offload: tuple[bool, ...] = (False, True)
+    # Megatron's CPU optimizer: the fractions of the optimizer state (and Adam step) on the host
+    optimizer_cpu_fraction: tuple[float, ...] = (0.0, 1.0)
+    dynamic_batch: bool = True  # verl's use_dynamic_bsz, as every large verl example sets it
+    max_token_len: int = 0  # a pinned token budget per GPU (0: micro_batches x sequence)
     vpp: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8)
     max_cp: int = 16
     gpu_memory_utilization: float | None = None  # None: picked per layout
@@ -115,22 +127,52 @@ def parallel_options(model: ModelSpec, cluster: ClusterSpec, options: SearchOpti
             grid[name] = [value]
     cols = _grid(**grid)
     cols["dp"] = world // (cols["tp"] * cols["pp"] * cols["cp"])
-    return cols
+    return _with_split_candidates(model, cols)
 
 
-def knob_options(options: SearchOptions) -> Columns:
+def _with_split_candidates(model: ModelSpec, cols: Columns) -> Columns:
+    """Each parallel combination once per way of splitting the layers over its PP
+    (:func:`planner.search.pipeline.split_candidates`); the rules reject the ways megatron-core
+    refuses."""
+    sizes = np.unique(cols["pp"])
+    tables = [np.array(split_candidates(model.num_layers, int(pp)), dtype=np.int64).reshape(-1, 4)
+              for pp in sizes]
+    which = np.searchsorted(sizes, cols["pp"])
+    counts = np.array([len(table) for table in tables])[which]
+    rows = np.repeat(np.arange(len(cols["pp"])), counts)
+    out = {name: values[rows] for name, values in cols.items()}
+    # the k-th copy of a row takes the k-th split candidate of its PP
+    offsets = np.concatenate([[0], np.cumsum([len(table) for table in tables])])
+    within = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    flat = np.concatenate(tables)[offsets[which][rows] + within]
+    out["first_stage_layers"], out["last_stage_layers"] = flat[:, 0], flat[:, 1]
+    out["account_embedding"], out["account_loss"] = flat[:, 2] > 0, flat[:, 3] > 0
+    return out
+
+
+def knob_options(options: SearchOptions, workload=None) -> Columns:
+    """The per-GPU knobs crossed with every parallel layout.  Combinations that are the same
+    job are generated once: without a reference model its offload means nothing, and with the
+    whole optimizer on the host (CPU optimizer fraction 1) verl's optimizer offload has nothing
+    left to park."""
     fixed = dict(options.fixed)
+    needs_reference = getattr(workload, "needs_reference", True)
     grid = dict(
         micro_batch=list(options.micro_batches),
         recompute=[RECOMPUTE.index(r) for r in options.recompute],
         param_offload=list(options.offload),
         optimizer_offload=list(options.offload),
-        ref_param_offload=list(options.ref_param_offload),
+        ref_param_offload=list(options.ref_param_offload) if needs_reference else [False],
+        optimizer_cpu_fraction=list(options.optimizer_cpu_fraction),
     )
     for name, value in fixed.items():
         if name in grid:
             grid[name] = [value]
-    return _grid(**grid)
+    cols = _grid(**grid)
+    redundant = (cols["optimizer_cpu_fraction"] >= 1.0) & cols["optimizer_offload"].astype(bool)
+    if "optimizer_offload" in fixed:
+        redundant[:] = False
+    return _take(cols, ~redundant)
 
 
 def rollout_options(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions) -> Columns:
@@ -161,7 +203,7 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                 options: SearchOptions = SearchOptions()) -> SearchSpace:
     rejected: dict[str, int] = {}
     parallel = parallel_options(model, cluster, options)
-    knobs = knob_options(options)
+    knobs = knob_options(options, workload)
     rollouts = rollout_options(model, cluster, options)
     n_knobs, n_rollouts = len(knobs["micro_batch"]), len(rollouts["rollout_tp"])
     enumerated = len(parallel["tp"]) * n_knobs * n_rollouts
@@ -173,16 +215,28 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                         violations(model, cluster, workload, probe, _rules(ROLLOUT_RULES)), 1)
     rollouts = _take(rollouts, rollout_ok)
 
-    first_last = dict(first_stage_layers=np.zeros_like(parallel["pp"]),
-                      last_stage_layers=np.zeros_like(parallel["pp"]))
-    parallel.update(first_last)
     broken = violations(model, cluster, workload, parallel, _rules(PARALLEL_RULES))
     ok = _count(rejected, PARALLEL_RULES, broken, n_knobs * n_rollouts)
     parallel = _take(parallel, ok)
 
     actor = _cross(parallel, knobs)
+    n = len(actor["tp"])
     actor["sequence_parallel"] = actor["tp"] > 1
-    actor["distributed_optimizer"] = np.ones_like(actor["tp"], dtype=bool)
+    actor["distributed_optimizer"] = np.ones(n, dtype=bool)
+    actor["recompute_modules"] = np.where(
+        actor["recompute"] == RECOMPUTE.index("selective"),
+        applicable_modules(DEFAULT_SELECTIVE_MODULES, model.is_moe, model.is_mla), 0)
+    actor["recompute_num_layers"] = np.ones(n, dtype=np.int64)
+    actor["recompute_block"] = np.zeros(n, dtype=bool)
+    actor["pipeline_layout"] = np.full(n, "")
+    dynamic = bool(options.dynamic_batch) and workload.kind == "grpo"
+    actor["dynamic_batch"] = np.full(n, dynamic)
+    per_cp_rank = -(-workload.sequence_length // actor["cp"])
+    budget = (np.full(n, options.max_token_len) if options.max_token_len
+              else actor["micro_batch"] * per_cp_rank)
+    actor["max_token_len"] = np.where(dynamic, budget, 0)
+    actor["log_prob_max_token_len"] = np.zeros(n, dtype=np.int64)
+    actor["log_prob_micro_batch"] = np.zeros(n, dtype=np.int64)
     broken = violations(model, cluster, workload, actor, _rules(BATCH_RULES))
     ok = _count(rejected, BATCH_RULES, broken, n_rollouts)
     actor = _take(actor, ok)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 
-from planner.search.rules import explain, pipeline_split
+from planner.search.pipeline import default_split, pipeline_split, split_problems
+from planner.search.rules import explain
 from planner.verl.findings import Finding
 from planner.verl.job import JobReading
 from planner.verl.keys import ACTOR, MEGATRON, PARALLEL_KEYS, REF, ROLLOUT, TRANSFORMER, get
@@ -38,6 +39,9 @@ def _r(name: str) -> str:
 
 FIRST_STAGE = f"{TRANSFORMER}.num_layers_in_first_pipeline_stage"
 LAST_STAGE = f"{TRANSFORMER}.num_layers_in_last_pipeline_stage"
+SPLIT_KEYS = (FIRST_STAGE, LAST_STAGE, f"{TRANSFORMER}.account_for_embedding_in_pipeline_split",
+              f"{TRANSFORMER}.account_for_loss_in_pipeline_split",
+              f"{TRANSFORMER}.pipeline_model_parallel_layout")
 MINI = f"{ACTOR}.ppo_mini_batch_size"
 MICRO = f"{ACTOR}.ppo_micro_batch_size_per_gpu"
 
@@ -47,9 +51,9 @@ RULE_KEYS = {
     "tp_divides_heads": (_m("tp"),),
     "tp_divides_query_groups": (_m("tp"),),
     "tp_divides_ffn": (_m("tp"),),
-    "pipeline_split": (_m("pp"), FIRST_STAGE, LAST_STAGE),
+    "pipeline_split": (_m("pp"), *SPLIT_KEYS),
     "vpp_needs_pp": (_m("vpp"), _m("pp")),
-    "vpp_divides_stage_layers": (_m("vpp"), _m("pp"), FIRST_STAGE, LAST_STAGE),
+    "vpp_divides_stage_layers": (_m("vpp"), _m("pp"), *SPLIT_KEYS),
     "dense_model_has_no_experts": (_m("ep"),),
     "ep_divides_experts": (_m("ep"),),
     "etp_divides_moe_ffn": (_m("etp"),),
@@ -67,6 +71,8 @@ RULE_KEYS = {
 }
 # Planner rules that are the search's own choices, not launch failures.
 ADVISORY_RULES = {"rollout_dp_moe_only"}
+# Planner rules validate checks per verl key itself (_batch_findings names the key at fault).
+CHECKED_PER_KEY = {"token_budget_holds_a_sequence"}
 # verl checks these itself when batches are static, and rounds instead when they are dynamic.
 STATIC_BATCH_RULES = {"batch_divides_dp", "micro_batch_divides_mini_batch",
                       "interleaved_microbatches"}
@@ -228,9 +234,15 @@ def recompute_findings(job: JobReading, model=None) -> list[Finding]:
 
 def _chunk_layers(model, layout) -> list[int]:
     first, middle, last, _ = (int(part[0]) for part in pipeline_split(
-        model.num_layers, [layout.pp], [layout.first_stage_layers], [layout.last_stage_layers]))
+        model.num_layers, [layout.pp], [layout.first_stage_layers], [layout.last_stage_layers],
+        [layout.account_embedding], [layout.account_loss]))
     stages = [first, last] + ([middle] if layout.pp > 2 else [])
     return sorted({stage // layout.vpp for stage in stages if stage})
+
+
+SPLIT_KEYS = {"pipeline_layout": f"{TRANSFORMER}.pipeline_model_parallel_layout",
+              "account_embedding": f"{TRANSFORMER}.account_for_embedding_in_pipeline_split",
+              "account_loss": f"{TRANSFORMER}.account_for_loss_in_pipeline_split"}
 
 
 def model_findings(config: dict, job: JobReading, model, cluster, workload,
@@ -238,16 +250,30 @@ def model_findings(config: dict, job: JobReading, model, cluster, workload,
     """The planner's rules, and the model-shape rules verl leaves to megatron-core."""
     out = []
     pp, layers = layout.pp, model.num_layers
-    given = job.first_stage_layers or job.last_stage_layers
+    given = (job.first_stage_layers or job.last_stage_layers or layout.account_embedding
+             or layout.account_loss or layout.pipeline_layout)
+    for field, message in split_problems(layers, pp, layout.vpp, layout.first_stage_layers,
+                                         layout.last_stage_layers, layout.account_embedding,
+                                         layout.account_loss, layout.pipeline_layout):
+        out.append(Finding("pipeline_split", message, (SPLIT_KEYS.get(field, _m("pp")),)))
     if pp > 1 and not given and layers % pp:
-        first, _, last, ok = (part[0] for part in pipeline_split(layers, [pp]))
-        fix = (f"set +{FIRST_STAGE}={int(first)} and +{LAST_STAGE}={int(last)}, or " if ok
-               else "")
+        first, last, embedding, loss = default_split(layers, pp, layout.vpp)
+        if embedding or loss:
+            keys = [SPLIT_KEYS[name] for name, on in (("account_embedding", embedding),
+                                                       ("account_loss", loss)) if on]
+            fix = "set " + " and ".join(f"+{key}=True" for key in keys) + ", or "
+        elif first or last:
+            fix = "set " + " and ".join(f"+{key}={value}" for key, value in
+                                         ((FIRST_STAGE, first), (LAST_STAGE, last)) if value) \
+                + ", or "
+        else:
+            fix = ""
         out.append(Finding("pipeline_split", f"{model.name} has {layers} layers, not divisible by "
                            f"{_m('pp')}={pp}, and num_layers_in_first/last_pipeline_stage are "
-                           f"not set (megatron-core: 'num_layers should be divisible by "
-                           f"pipeline_model_parallel_size'); {fix}use a PP that divides "
-                           f"{layers}", (_m("pp"), FIRST_STAGE, LAST_STAGE)))
+                           f"not set, nor the embedding/loss counted as layers (megatron-core: "
+                           f"'num_layers should be divisible by pipeline_model_parallel_size'); "
+                           f"{fix}use a PP that divides {layers}",
+                           (_m("pp"), FIRST_STAGE, LAST_STAGE)))
     if model.is_moe and job.actor["etp"] is None:
         out.append(Finding("expert_tensor_parallel", f"{_m('etp')} is null, so megatron-core "
                            f"splits every expert over TP={layout.tp}; set it explicitly (1 keeps "
@@ -267,7 +293,7 @@ def model_findings(config: dict, job: JobReading, model, cluster, workload,
                                f"each model chunk; megatron-core indexes past the chunk (1 "
                                f"always works)", (f"{TRANSFORMER}.recompute_num_layers",)))
     for rule, message in explain(model, cluster, workload, layout.to_dict()):
-        if job.dynamic_batch and rule in STATIC_BATCH_RULES:
+        if rule in CHECKED_PER_KEY or (job.dynamic_batch and rule in STATIC_BATCH_RULES):
             continue
         if rule == "pipeline_split" and pp > 1 and not given and layers % pp:
             continue  # reported above, with the settings to add

@@ -22,13 +22,11 @@ from planner.catalog.workload import GrpoWorkload
 from planner.errors import PlanInputError
 from planner.extras import available
 from planner.plan import candidate_dict
-from planner.search.layout import Layout
-from planner.search.rules import pipeline_split  # numpy; the rest of this module stays light
-from planner.verl.keys import MEGATRON, TRANSFORMER, VERL_VERSION
+from planner.search.layout import Layout, applicable_modules, module_names
+from planner.verl.keys import ACTOR, MEGATRON, MODEL, REF, ROLLOUT, TRANSFORMER, VERL_VERSION
 
-# megatron-core recompute_modules for the planner's "selective" recompute (see planner/layout.py)
-SELECTIVE_MODULES = ("core_attn", "layernorm")
-SELECTIVE_MOE_MODULES = ("moe_act",)  # needs moe_grouped_gemm
+OPTIM = "actor_rollout_ref.actor.optim"
+OPTIMIZER_OVERRIDE = f"{OPTIM}.override_optimizer_config"
 
 
 # Environment for the job: why each helps (written into the script as comments).
@@ -128,29 +126,101 @@ def override_value(text: str) -> Any:
 def recompute_settings(model: ModelSpec, layout: Layout) -> list[Setting]:
     if layout.recompute == "full":
         return [Setting(f"{TRANSFORMER}.recompute_granularity", "full"),
-                Setting(f"{TRANSFORMER}.recompute_method", "uniform"),
-                Setting(f"{TRANSFORMER}.recompute_num_layers", 1)]
+                Setting(f"{TRANSFORMER}.recompute_method",
+                        "block" if layout.recompute_block else "uniform"),
+                Setting(f"{TRANSFORMER}.recompute_num_layers", layout.recompute_num_layers)]
     if layout.recompute == "selective":
-        modules = SELECTIVE_MODULES + (SELECTIVE_MOE_MODULES if model.is_moe else ())
+        modules = list(module_names(applicable_modules(layout.recompute_modules, model.is_moe,
+                                                       model.is_mla)))
         out = [Setting(f"{TRANSFORMER}.recompute_granularity", "selective"),
-               Setting(f"{TRANSFORMER}.recompute_modules", list(modules))]
-        if model.is_moe:  # megatron-core: moe_act recompute needs grouped GEMM experts
+               Setting(f"{TRANSFORMER}.recompute_modules", modules)]
+        if model.is_moe and "moe_act" in modules:  # megatron-core: needs grouped GEMM experts
             out.append(Setting(f"{TRANSFORMER}.moe_grouped_gemm", True, new=True))
         return out
     return []
 
 
-def stage_settings(model: ModelSpec, layout: Layout) -> list[Setting]:
-    """``num_layers_in_first/last_pipeline_stage`` only when the split is uneven."""
+def stage_settings(layout: Layout) -> list[Setting]:
+    """How the layers split over pipeline stages: a layout string, the embedding/loss counted
+    as layers, or uneven first/last stages -- only what the layout sets."""
     if layout.pp == 1:
         return []
-    first, _, last, _ = (int(part[0]) for part in pipeline_split(
-        model.num_layers, [layout.pp], [layout.first_stage_layers], [layout.last_stage_layers]))
-    even = model.num_layers % layout.pp == 0 and first == last == model.num_layers // layout.pp
-    if even:
-        return []
-    return [Setting(f"{TRANSFORMER}.num_layers_in_first_pipeline_stage", first, new=True),
-            Setting(f"{TRANSFORMER}.num_layers_in_last_pipeline_stage", last, new=True)]
+    if layout.pipeline_layout:
+        return [Setting(f"{TRANSFORMER}.pipeline_model_parallel_layout", layout.pipeline_layout,
+                        new=True)]
+    out = []
+    if layout.account_embedding:
+        out.append(Setting(f"{TRANSFORMER}.account_for_embedding_in_pipeline_split", True,
+                           new=True))
+    if layout.account_loss:
+        out.append(Setting(f"{TRANSFORMER}.account_for_loss_in_pipeline_split", True, new=True))
+    if layout.first_stage_layers:
+        out.append(Setting(f"{TRANSFORMER}.num_layers_in_first_pipeline_stage",
+                           layout.first_stage_layers, new=True))
+    if layout.last_stage_layers:
+        out.append(Setting(f"{TRANSFORMER}.num_layers_in_last_pipeline_stage",
+                           layout.last_stage_layers, new=True))
+    return out
+
+
+def optimizer_settings(workload, layout: Layout) -> list[Setting]:
+    """Megatron's CPU optimizer (verl's examples: the precision-aware optimizer, the fraction,
+    overlapped D2H/H2D copies) and lower-precision Adam moments."""
+    out = []
+    precision_aware = layout.optimizer_cpu_fraction > 0 or workload.adam_moment_bytes == 2
+    if precision_aware:
+        out.append(Setting(f"{OPTIM}.use_precision_aware_optimizer", True))
+    if workload.adam_moment_bytes == 2:
+        out += [Setting(f"{OPTIM}.exp_avg_dtype", "bf16"),
+                Setting(f"{OPTIM}.exp_avg_sq_dtype", "bf16")]
+    if layout.optimizer_cpu_fraction > 0:
+        out += [Setting(f"{OPTIMIZER_OVERRIDE}.optimizer_cpu_offload", True, new=True),
+                Setting(f"{OPTIMIZER_OVERRIDE}.optimizer_offload_fraction",
+                        round(float(layout.optimizer_cpu_fraction), 4), new=True),
+                Setting(f"{OPTIMIZER_OVERRIDE}.overlap_cpu_optimizer_d2h_h2d", True, new=True)]
+    if not workload.grad_reduce_in_fp32:
+        out.append(Setting(f"{MEGATRON}.override_ddp_config.grad_reduce_in_fp32", False,
+                           new=True))
+    return out
+
+
+def batch_settings(layout: Layout) -> list[Setting]:
+    """Micro-batches of the update and the log-prob passes: fixed sizes, or verl's dynamic
+    batches with a token budget per GPU."""
+    log_prob_micro = layout.log_prob_micro_batch or layout.micro_batch
+    out = [Setting(f"{ACTOR}.ppo_micro_batch_size_per_gpu", layout.micro_batch),
+           Setting(f"{ACTOR}.use_dynamic_bsz", layout.dynamic_batch)]
+    if layout.dynamic_batch:
+        budget = layout.log_prob_max_token_len or layout.max_token_len
+        out += [Setting(f"{ACTOR}.ppo_max_token_len_per_gpu", layout.max_token_len),
+                Setting(f"{ROLLOUT}.log_prob_max_token_len_per_gpu", budget),
+                Setting(f"{REF}.log_prob_max_token_len_per_gpu", budget)]
+    out += [Setting(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", log_prob_micro),
+            Setting(f"{REF}.log_prob_micro_batch_size_per_gpu", log_prob_micro)]
+    return out
+
+
+def rollout_settings(workload, layout: Layout) -> list[Setting]:
+    out = [
+        Setting(f"{ROLLOUT}.name", workload.rollout_engine),
+        Setting(f"{ROLLOUT}.tensor_model_parallel_size", layout.rollout_tp),
+        Setting(f"{ROLLOUT}.data_parallel_size", layout.rollout_dp),
+        Setting(f"{ROLLOUT}.expert_parallel_size", layout.rollout_ep),
+        Setting(f"{ROLLOUT}.gpu_memory_utilization", round(float(layout.gpu_memory_utilization),
+                                                           2)),
+        Setting(f"{ROLLOUT}.n", workload.rollout_n),
+        Setting(f"{ROLLOUT}.max_num_seqs", workload.max_num_seqs),
+        Setting(f"{ROLLOUT}.max_num_batched_tokens", workload.max_num_batched_tokens),
+        Setting(f"{ROLLOUT}.enable_chunked_prefill", True),
+        Setting(f"{ROLLOUT}.enable_prefix_caching", workload.prefix_caching),
+        Setting(f"{ROLLOUT}.enforce_eager", workload.enforce_eager),
+        Setting(f"{ROLLOUT}.free_cache_engine", workload.free_cache_engine),
+    ]
+    if workload.rollout_precision == "fp8":
+        out += [Setting(f"{ROLLOUT}.quantization", "fp8"),
+                Setting(f"{ROLLOUT}.engine_kwargs.{workload.rollout_engine}.kv_cache_dtype",
+                        "fp8" if workload.rollout_engine == "vllm" else "fp8_e5m2", new=True)]
+    return out
 
 
 def job_settings(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
@@ -165,11 +235,14 @@ def job_settings(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                              f"{VERL_VERSION}'s Megatron engine trains in bf16 or fp16 "
                              f"(megatron.dtype)")
     dtype = "bfloat16" if workload.precision == "bf16" else "float16"
-    micro = layout.micro_batch
     moe = model.is_moe
     s = [
         Setting("algorithm.adv_estimator", "grpo"),
-        Setting("algorithm.use_kl_in_reward", False),
+        Setting("algorithm.use_kl_in_reward", workload.use_kl_in_reward),
+    ]
+    if workload.bypass_old_log_prob:
+        s.append(Setting("algorithm.rollout_correction.bypass_mode", True))
+    s += [
         Setting("data.train_files", train_files),
         Setting("data.val_files", val_files),
         Setting("data.train_batch_size", workload.train_batch_size),
@@ -177,16 +250,21 @@ def job_settings(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
         Setting("data.max_response_length", workload.response_length),
         Setting("data.filter_overlong_prompts", True),
         Setting("data.truncation", "error"),
-        Setting("actor_rollout_ref.model.path", model_path),
-        Setting("actor_rollout_ref.actor.optim.lr", 1e-6),
-        Setting("actor_rollout_ref.actor.ppo_mini_batch_size", workload.mini_batch_size),
-        Setting("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", micro),
-        Setting("actor_rollout_ref.actor.use_dynamic_bsz", False),
-        Setting("actor_rollout_ref.actor.ppo_epochs", workload.ppo_epochs),
-        Setting("actor_rollout_ref.actor.use_kl_loss", workload.use_kl_loss),
-        Setting("actor_rollout_ref.actor.kl_loss_coef", 0.001),
-        Setting("actor_rollout_ref.actor.kl_loss_type", "low_var_kl"),
-        Setting("actor_rollout_ref.actor.entropy_coeff", 0),
+        Setting(f"{MODEL}.path", model_path),
+        Setting(f"{MODEL}.use_fused_kernels", workload.fused_kernels),
+        Setting(f"{OPTIM}.lr", 1e-6),
+        Setting(f"{ACTOR}.ppo_mini_batch_size", workload.mini_batch_size),
+        *batch_settings(layout),
+        Setting(f"{ACTOR}.ppo_epochs", workload.ppo_epochs),
+        Setting(f"{ACTOR}.use_kl_loss", workload.use_kl_loss),
+        Setting(f"{ACTOR}.kl_loss_coef", 0.001),
+        Setting(f"{ACTOR}.kl_loss_type", "low_var_kl"),
+        Setting(f"{ACTOR}.entropy_coeff", 0),
+    ]
+    if workload.entropy_chunk_tokens:
+        s += [Setting(f"{ACTOR}.entropy_from_logits_with_chunking", True),
+              Setting(f"{ACTOR}.entropy_from_logits_chunk_size", workload.entropy_chunk_tokens)]
+    s += [
         Setting(f"{MEGATRON}.tensor_model_parallel_size", layout.tp),
         Setting(f"{MEGATRON}.pipeline_model_parallel_size", layout.pp),
         Setting(f"{MEGATRON}.virtual_pipeline_model_parallel_size",
@@ -202,26 +280,18 @@ def job_settings(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     ]
     if dtype != "bfloat16":
         s.append(Setting(f"{MEGATRON}.dtype", dtype))
+    s += optimizer_settings(workload, layout)
     s += recompute_settings(model, layout)
-    s += stage_settings(model, layout)
+    s += stage_settings(layout)
     if moe and layout.etp > 1:  # megatron-core: "Bias in Moe is only supported when ETP==1"
         s.append(Setting(f"{TRANSFORMER}.add_bias_linear", False, new=True))
     # The reference model follows the actor's parallel sizes (verl interpolates them); only its
     # offload is its own.
-    s += [Setting("actor_rollout_ref.ref.megatron.param_offload", layout.ref_param_offload),
-          Setting("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", micro)]
+    s.append(Setting(f"{REF}.megatron.param_offload", layout.ref_param_offload))
     if dtype != "bfloat16":
-        s.append(Setting("actor_rollout_ref.ref.megatron.dtype", dtype))
+        s.append(Setting(f"{REF}.megatron.dtype", dtype))
+    s += rollout_settings(workload, layout)
     s += [
-        Setting("actor_rollout_ref.rollout.name", "vllm"),
-        Setting("actor_rollout_ref.rollout.tensor_model_parallel_size", layout.rollout_tp),
-        Setting("actor_rollout_ref.rollout.data_parallel_size", layout.rollout_dp),
-        Setting("actor_rollout_ref.rollout.expert_parallel_size", layout.rollout_ep),
-        Setting("actor_rollout_ref.rollout.gpu_memory_utilization",
-                round(float(layout.gpu_memory_utilization), 2)),
-        Setting("actor_rollout_ref.rollout.n", workload.rollout_n),
-        Setting("actor_rollout_ref.rollout.max_num_seqs", workload.max_num_seqs),
-        Setting("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", micro),
         Setting("trainer.critic_warmup", 0),
         Setting("trainer.logger", ["console"]),
         Setting("trainer.project_name", "verl_grpo"),

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.catalog.workload import GrpoWorkload
-from planner.search.layout import Layout
+from planner.errors import PlanInputError
+from planner.search.layout import Layout, modules_mask
 from planner.verl.findings import Finding
 from planner.verl.keys import (
     _MISSING,
     ACTOR,
     MEGATRON,
+    MODEL,
     PARALLEL_KEYS,
     REF,
     ROLLOUT,
@@ -53,9 +55,13 @@ class JobReading:
     mini_batch_size: int
     ppo_epochs: int
     precision: str
-    use_kl: bool
+    use_kl: bool  # a reference model is built (KL loss or KL in the reward)
+    use_kl_loss: bool
     max_num_seqs: int
     transformer: dict = field(default_factory=dict)  # override_transformer_config
+    # what else the layout and the workload take from the job (see layout_of, workload_of)
+    layout_extra: dict = field(default_factory=dict)
+    workload_extra: dict = field(default_factory=dict)
 
     @property
     def dp(self) -> int:
@@ -100,6 +106,84 @@ def recompute_kind(transformer: dict) -> str:
     return granularity if granularity in ("full", "selective") else "none"
 
 
+def _layout_extra(r: "_Reader", config: dict, transformer: dict, dynamic: bool) -> dict:
+    """The layout fields beyond the parallel sizes: pipeline split, recompute detail, the CPU
+    optimizer, token budgets and log-prob micro-batches, each read from its verl key."""
+    optim = f"{ACTOR}.optim.override_optimizer_config"
+    cpu = bool(get(config, f"{optim}.optimizer_cpu_offload", False))
+    fraction = get(config, f"{optim}.optimizer_offload_fraction", 1.0 if cpu else 0.0)
+    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) \
+            or not 0 <= fraction <= 1:
+        key = f"{optim}.optimizer_offload_fraction"
+        r.findings.append(Finding("bad_value", f"{key}={fraction!r} is not a number in 0..1",
+                                  (key,)))
+        fraction = 0.0
+    modules = transformer.get("recompute_modules") or []
+    try:
+        mask = modules_mask(modules if isinstance(modules, list) else [modules])
+    except PlanInputError as error:
+        r.findings.append(Finding("recompute", f"{TRANSFORMER}.recompute_modules: {error}",
+                                  (f"{TRANSFORMER}.recompute_modules",)))
+        mask = 0
+    layers = transformer.get("recompute_num_layers")
+    layout_string = transformer.get("pipeline_model_parallel_layout") or ""
+    extra = {
+        "account_embedding": bool(transformer.get("account_for_embedding_in_pipeline_split")),
+        "account_loss": bool(transformer.get("account_for_loss_in_pipeline_split")),
+        "pipeline_layout": str(layout_string) if layout_string else "",
+        "recompute_modules": mask,
+        "recompute_num_layers": layers if isinstance(layers, int) and layers > 0 else 1,
+        "recompute_block": transformer.get("recompute_method") == "block",
+        "optimizer_cpu_fraction": float(fraction) if cpu else 0.0,
+        "dynamic_batch": dynamic,
+    }
+    if dynamic:
+        budget = r.value(f"{ACTOR}.ppo_max_token_len_per_gpu", int)
+        log_prob = get(config, f"{ROLLOUT}.log_prob_max_token_len_per_gpu", budget)
+        extra["max_token_len"] = budget or 0
+        extra["log_prob_max_token_len"] = log_prob if isinstance(log_prob, int) and \
+            not isinstance(log_prob, bool) and log_prob > 0 else 0
+    else:
+        micro = get(config, f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", None)
+        extra["log_prob_micro_batch"] = micro if isinstance(micro, int) and \
+            not isinstance(micro, bool) and micro > 0 else 0
+    return extra
+
+
+def _workload_extra(config: dict) -> dict:
+    """The workload settings beyond the batch shape: algorithm switches, kernels, the rollout
+    engine's settings, each read from its verl key (verl 0.9.1's default when absent)."""
+    optim = f"{ACTOR}.optim"
+    precision_aware = bool(get(config, f"{optim}.use_precision_aware_optimizer", False)) or bool(
+        get(config, f"{optim}.override_optimizer_config.use_precision_aware_optimizer", False))
+    grads = str(get(config, f"{optim}.main_grads_dtype", "fp32"))
+    ddp = get(config, f"{MEGATRON}.override_ddp_config", {}) or {}
+    # verl: fp32 grad reduction unless the precision-aware optimizer keeps lower-precision
+    # grads; an explicit override_ddp_config value wins (workers/engine/megatron/transformer_impl)
+    grad_fp32 = ddp.get("grad_reduce_in_fp32", not (precision_aware and grads != "fp32"))
+    moments = str(get(config, f"{optim}.exp_avg_dtype", "fp32"))
+    quantization = get(config, f"{ROLLOUT}.quantization", None)
+    chunking = bool(get(config, f"{ACTOR}.entropy_from_logits_with_chunking", False))
+    chunk = get(config, f"{ACTOR}.entropy_from_logits_chunk_size", 2048)
+    name = get(config, f"{ROLLOUT}.name", "vllm")
+    return {
+        "use_kl_in_reward": bool(get(config, "algorithm.use_kl_in_reward", False)),
+        "bypass_old_log_prob": bool(get(config, "algorithm.rollout_correction.bypass_mode",
+                                        False)),
+        "fused_kernels": bool(get(config, f"{MODEL}.use_fused_kernels", False)),
+        "entropy_chunk_tokens": int(chunk) if chunking and isinstance(chunk, int) else 0,
+        "grad_reduce_in_fp32": bool(grad_fp32),
+        "adam_moment_bytes": 2 if precision_aware and moments in ("bf16", "fp16") else 4,
+        "rollout_engine": name if name in ("vllm", "sglang") else "vllm",
+        "rollout_precision": "fp8" if quantization == "fp8" else "bf16",
+        "enforce_eager": bool(get(config, f"{ROLLOUT}.enforce_eager", False)),
+        "free_cache_engine": bool(get(config, f"{ROLLOUT}.free_cache_engine", True)),
+        "max_num_batched_tokens": int(get(config, f"{ROLLOUT}.max_num_batched_tokens", 8192)
+                                      or 8192),
+        "prefix_caching": bool(get(config, f"{ROLLOUT}.enable_prefix_caching", True)),
+    }
+
+
 def read_job(config: dict) -> tuple[JobReading | None, list[Finding]]:
     """The reading, or ``None`` with the findings that prevented it."""
     r = _Reader(config)
@@ -112,10 +196,9 @@ def read_job(config: dict) -> tuple[JobReading | None, list[Finding]]:
     dynamic = bool(r.value(f"{ACTOR}.use_dynamic_bsz", bool))
     prompt = r.value("data.max_prompt_length", int)
     response = r.value("data.max_response_length", int)
-    if dynamic:
-        tokens = r.value(f"{ACTOR}.ppo_max_token_len_per_gpu", int)
-        micro = None if None in (tokens, prompt, response, actor["cp"]) else \
-            max(tokens * actor["cp"] // (prompt + response), 1)
+    if dynamic:  # verl ignores the fixed micro-batch size; the token budget rules
+        micro = r.value(f"{ACTOR}.ppo_micro_batch_size_per_gpu", int, default=1,
+                        allow_none=True) or 1
     else:
         micro = r.value(f"{ACTOR}.ppo_micro_batch_size_per_gpu", int)
     dtype = get(config, f"{MEGATRON}.dtype", "bfloat16")
@@ -153,6 +236,9 @@ def read_job(config: dict) -> tuple[JobReading | None, list[Finding]]:
         return None, r.findings
     use_kl = bool(get(config, f"{ACTOR}.use_kl_loss", False)) or \
         bool(get(config, "algorithm.use_kl_in_reward", False))
+    layout_extra = _layout_extra(r, config, transformer, dynamic)
+    if r.findings:
+        return None, r.findings
     reading = JobReading(
         world=nnodes * per_node, nnodes=nnodes, gpus_per_node=per_node, actor=actor, ref=ref,
         sequence_parallel=bool(get(config, f"{MEGATRON}.sequence_parallel", True)),
@@ -165,7 +251,9 @@ def read_job(config: dict) -> tuple[JobReading | None, list[Finding]]:
         ref_micro_batch=get(config, f"{REF}.log_prob_micro_batch_size_per_gpu", None),
         prompt_length=prompt, response_length=response,
         precision="bf16" if dtype == "bfloat16" else "fp16", use_kl=use_kl,
-        transformer=transformer, **values)
+        use_kl_loss=bool(get(config, f"{ACTOR}.use_kl_loss", False)),
+        transformer=transformer, layout_extra=layout_extra,
+        workload_extra=_workload_extra(config), **values)
     return reading, []
 
 
@@ -174,8 +262,8 @@ def workload_of(job: JobReading):
     return GrpoWorkload(train_batch_size=job.train_batch_size, rollout_n=job.rollout_n,
                         prompt_length=job.prompt_length, response_length=job.response_length,
                         mini_batch_size=job.mini_batch_size, ppo_epochs=job.ppo_epochs,
-                        precision=job.precision, use_kl_loss=job.use_kl,
-                        max_num_seqs=job.max_num_seqs)
+                        precision=job.precision, use_kl_loss=job.use_kl_loss,
+                        max_num_seqs=job.max_num_seqs, **job.workload_extra)
 
 
 def layout_of(job: JobReading, is_moe: bool):
@@ -193,6 +281,7 @@ def layout_of(job: JobReading, is_moe: bool):
                   distributed_optimizer=job.distributed_optimizer,
                   first_stage_layers=job.first_stage_layers,
                   last_stage_layers=job.last_stage_layers,
+                  **job.layout_extra,
                   rollout_tp=job.rollout["tp"], rollout_dp=job.rollout["dp"],
                   rollout_ep=job.rollout["ep"],
                   gpu_memory_utilization=job.rollout["gpu_memory_utilization"])

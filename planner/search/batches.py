@@ -1,0 +1,100 @@
+"""How verl cuts a step's sequences into micro-batches, per DP rank: for the actor update (per
+optimizer step) and for the forward-only log-prob passes (per step).
+
+* Fixed micro-batches (``ppo_micro_batch_size_per_gpu`` / ``log_prob_micro_batch_size_per_gpu``):
+  ``sequences / micro_batch`` micro-batches; memory is sized for ``micro_batch`` sequences of the
+  maximum length, time follows the mean length.
+* Dynamic batches (``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu`` /
+  ``log_prob_max_token_len_per_gpu``): ``verl/utils/seqlen_balancing.py::rearrange_micro_batches``
+  packs the rank's sequences into ``ceil(tokens / (budget * CP))`` micro-batches of balanced
+  token counts (never more than there are sequences; with interleaved pipelines rounded up to a
+  multiple of ``microbatch_group_size_per_vp_stage``, which defaults to PP).  Memory is sized
+  for the budget; the count, and so the time, follows the mean length.
+
+Token counts are per GPU, i.e. per context-parallel rank (CP splits every sequence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.search.layout import Columns
+
+DEFAULT_MEAN_RESPONSE_FRACTION = 0.5  # mean / max response length when not given
+
+
+def mean_response_length(workload) -> float:
+    """Tokens generated per response on average (half the maximum when not given)."""
+    given = getattr(workload, "mean_response_length", 0)
+    return float(given or DEFAULT_MEAN_RESPONSE_FRACTION * workload.response_length)
+
+
+def mean_sequence_length(workload) -> float:
+    """Prompt + mean response: the tokens an average sample costs in time."""
+    if workload.kind == "pretrain":
+        return float(workload.seq_len)
+    return workload.prompt_length + mean_response_length(workload)
+
+
+@dataclass(frozen=True)
+class MicroBatches:
+    """Micro-batches of one pass on one DP rank (arrays over layouts)."""
+
+    memory_tokens: np.ndarray  # tokens per GPU of the largest micro-batch (what memory holds)
+    mean_tokens: np.ndarray  # tokens per GPU of an average micro-batch (what time follows)
+    count: np.ndarray  # micro-batches (per optimizer step for the update, per step else)
+
+
+def _f(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def _batches(workload, cols: Columns, sequences: np.ndarray, micro: np.ndarray,
+             budget: np.ndarray) -> MicroBatches:
+    n = len(cols["tp"])
+    cp = _f(cols["cp"])
+    dynamic = np.asarray(cols.get("dynamic_batch", np.zeros(n, dtype=bool))).astype(bool)
+    seq_max, seq_mean = float(workload.sequence_length), mean_sequence_length(workload)
+    micro = np.maximum(_f(micro), 1)
+    static_count = np.maximum(np.ceil(sequences / micro), 1)
+    rank_tokens = sequences * seq_mean
+    packed = np.ceil(rank_tokens / np.maximum(_f(budget) * cp, 1))
+    packed = np.clip(packed, 1, np.maximum(sequences, 1))
+    group = np.where(cols["vpp"] > 1, _f(cols["pp"]), 1.0)
+    packed = np.ceil(packed / group) * group
+    count = np.where(dynamic, packed, static_count)
+    return MicroBatches(
+        memory_tokens=np.where(dynamic, _f(budget), micro * seq_max / cp),
+        mean_tokens=np.where(dynamic, rank_tokens / count / cp, micro * seq_mean / cp),
+        count=count)
+
+
+def update_batches(workload, cols: Columns) -> MicroBatches:
+    """The actor update's micro-batches per optimizer step (``ppo_mini_batch_size * n / DP``
+    sequences per rank)."""
+    sequences = _f(workload.sequences_per_mini_batch) / np.maximum(_f(cols["dp"]), 1)
+    n = len(cols["tp"])
+    budget = np.asarray(cols.get("max_token_len", np.zeros(n)))
+    return _batches(workload, cols, sequences, cols["micro_batch"], budget)
+
+
+def log_prob_micro_batch(cols: Columns) -> np.ndarray:
+    n = len(cols["tp"])
+    given = np.asarray(cols.get("log_prob_micro_batch", np.zeros(n)))
+    return np.where(given > 0, given, cols["micro_batch"])
+
+
+def log_prob_budget(cols: Columns) -> np.ndarray:
+    n = len(cols["tp"])
+    budget = np.asarray(cols.get("max_token_len", np.zeros(n)))
+    given = np.asarray(cols.get("log_prob_max_token_len", np.zeros(n)))
+    return np.where(given > 0, given, budget)
+
+
+def log_prob_batches(workload, cols: Columns) -> MicroBatches:
+    """A forward-only log-prob pass's micro-batches over the whole step
+    (``train_batch_size * n / DP`` sequences per rank)."""
+    sequences = _f(workload.sequences_per_step) / np.maximum(_f(cols["dp"]), 1)
+    return _batches(workload, cols, sequences, log_prob_micro_batch(cols), log_prob_budget(cols))
