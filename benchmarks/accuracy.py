@@ -12,6 +12,17 @@ calibrated model and for a constant-MFU baseline (``6 * N_active * tokens`` at o
   layouts (the baseline predicts one value per group, so it cannot rank: correlation 0);
 * top-3 hit rate: the measured-best layout of each group is among the model's 3 best-predicted
   distinct layouts.
+
+With ``--rl`` it reports the RL steps of ``grpo_runs.csv`` (colocated, on-policy; see
+``benchmarks/rl_data.py``) instead:
+
+* step-time MAPE in sample and leave-one-source-out (NeMo RL tables / NeMo RL blog / verl sweeps:
+  the RL constants refitted without the source, then scored on it);
+* per-phase MAPE (generate, log-prob, update, weight sync) where the source publishes phases;
+* the same for a naive baseline: training at one constant MFU (fitted) plus decode at the HBM
+  roofline (every step streams the replica's weights once, ``max_num_seqs`` sequences at once);
+* Spearman of predicted vs measured step time within groups of the same model, GPUs and
+  workload.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from calibrate import fit, predict  # noqa: E402
 from calibration_data import CalibrationCase, load_cases  # noqa: E402
+from rl_data import RlCase, fit_rl, load_rl_cases, predict_rl  # noqa: E402
 
 
 def model_predictions(cases: list[CalibrationCase], calibration: dict) -> np.ndarray:
@@ -163,6 +175,108 @@ def print_report(result: dict) -> None:
               f"{_fmt(h['model_top1'], '.0%'):>7}")
 
 
+# --- RL steps ----------------------------------------------------------------------------------
+
+
+def naive_rl(case: RlCase, mfu: float) -> dict[str, float]:
+    """Constant-MFU training (update = 6 N tokens, each log-prob pass 2 N tokens) plus decode at
+    the HBM roofline; no latencies, no communication, no sync."""
+    model, gpus, w = case.model, case.cluster.num_gpus, case.workload
+    prompt = w.mean_prompt_length or w.prompt_length
+    response = w.mean_response_length or w.response_length / 2
+    tokens = w.sequences_per_step * (prompt + response)
+    peak = case.cluster.gpu.peak_flops(w.precision)
+    update = 6 * model.params.active * tokens / (mfu * peak * gpus)
+    passes = len([p for p in w.phases if p in ("old_log_prob", "ref")])
+    log_prob = passes * 2 * model.params.active * tokens / (mfu * peak * gpus)
+    rtp = case.layout.rollout_tp
+    replicas = max(gpus // rtp, 1)
+    steps = w.sequences_per_step / replicas / w.max_num_seqs * response
+    weights_per_gpu = 2 * model.params.total / rtp
+    generate = steps * weights_per_gpu / case.cluster.gpu.hbm_bandwidth_bytes_per_s
+    return {"step": update + log_prob + generate, "generate": generate, "update": update,
+            "log_prob": log_prob, "weight_sync": 0.0}
+
+
+def fit_naive_mfu(cases: list[RlCase]) -> float:
+    """The MFU that makes the baseline's step times right on average (in log space)."""
+    from scipy.optimize import minimize_scalar
+
+    def loss(log_mfu):
+        mfu = float(np.exp(log_mfu))
+        return sum(np.log(naive_rl(c, mfu)["step"] / c.measured["step"]) ** 2 for c in cases)
+    return float(np.exp(minimize_scalar(loss, bounds=(np.log(0.01), np.log(0.9)),
+                                        method="bounded").x))
+
+
+def phase_mape(cases: list[RlCase], predicted: list[dict]) -> dict[str, tuple[float, int]]:
+    errors: dict[str, list[float]] = defaultdict(list)
+    for case, guess in zip(cases, predicted):
+        for phase, measured in case.measured.items():
+            ratio = guess[phase] / measured
+            errors[phase].append(abs(ratio - 1) if np.isfinite(ratio) else 9.0)
+    return {phase: (float(np.mean(values)), len(values)) for phase, values in errors.items()}
+
+
+def rl_spearman(cases: list[RlCase], predicted: list[dict]) -> tuple[float, int]:
+    groups = defaultdict(list)
+    for i, case in enumerate(cases):
+        groups[case.group].append(i)
+    rhos = [spearman(np.array([predicted[i]["step"] for i in idx]),
+                     np.array([cases[i].measured["step"] for i in idx]))
+            for idx in groups.values() if len(idx) >= 3]
+    return (float(np.mean(rhos)) if rhos else float("nan")), len(rhos)
+
+
+def rl_report(calibration: dict, held_out: bool = True) -> dict:
+    cases, skipped = load_rl_cases()
+    ours = predict_rl(cases, calibration)
+    mfu = fit_naive_mfu(cases)
+    naive = [naive_rl(case, mfu) for case in cases]
+    rho, groups = rl_spearman(cases, ours)
+    result = {"cases": len(cases), "skipped": skipped, "baseline_mfu": mfu,
+              "in_sample": {"model": phase_mape(cases, ours),
+                            "baseline": phase_mape(cases, naive)},
+              "spearman_within_groups": rho, "groups": groups, "held_out": {}}
+    if held_out:
+        for source in sorted({case.source for case in cases}):
+            train = [case for case in cases if case.source != source]
+            test = [case for case in cases if case.source == source]
+            refit = fit_rl(train, calibration)
+            result["held_out"][source] = {
+                "cases": len(test), "model": phase_mape(test, predict_rl(test, refit)),
+                "baseline": phase_mape(test, [naive_rl(c, fit_naive_mfu(train)) for c in test])}
+    return result
+
+
+def print_rl_report(result: dict) -> None:
+    print(f"{result['cases']} colocated on-policy RL steps (skipped: "
+          + ", ".join(f"{reason} {n}" for reason, n in result["skipped"].items())
+          + f"); baseline MFU {result['baseline_mfu']:.3f}")
+    print()
+    print(f"{'in sample':24}{'n':>4}{'model':>9}{'baseline':>10}")
+    model, naive = result["in_sample"]["model"], result["in_sample"]["baseline"]
+    for phase in ("step", "generate", "log_prob", "update", "weight_sync"):
+        if phase in model:
+            print(f"{'MAPE ' + phase:24}{model[phase][1]:>4}{model[phase][0]:>9.1%}"
+                  f"{naive[phase][0]:>10.1%}")
+    print(f"{'Spearman within groups':24}{result['groups']:>4}"
+          f"{_fmt(result['spearman_within_groups'], '.2f'):>9}")
+    if result["held_out"]:
+        print()
+        print("leave-one-source-out (RL constants refitted without the source):")
+        print(f"{'source':16}{'n':>4}{'step':>8}{'base':>8}{'gen':>8}{'base':>8}"
+              f"{'update':>8}{'logp':>8}{'sync':>8}")
+        for source, h in result["held_out"].items():
+            m, b = h["model"], h["baseline"]
+
+            def cell(table, phase):
+                return f"{table[phase][0]:>8.1%}" if phase in table else f"{'-':>8}"
+            print(f"{source:16}{h['cases']:>4}{cell(m, 'step')}{cell(b, 'step')}"
+                  f"{cell(m, 'generate')}{cell(b, 'generate')}{cell(m, 'update')}"
+                  f"{cell(m, 'log_prob')}{cell(m, 'weight_sync')}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,7 +284,17 @@ def main() -> None:
                         default=Path(__file__).resolve().parents[1] / "planner" / "cost"
                         / "calibration.json")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--rl", action="store_true",
+                        help="report the RL steps of grpo_runs.csv instead of Megatron training")
+    parser.add_argument("--no-held-out", action="store_true",
+                        help="with --rl: in-sample figures only (no refits)")
     args = parser.parse_args()
+    if args.rl:
+        result = rl_report(json.loads(args.calibration.read_text()), not args.no_held_out)
+        print(json.dumps(result, indent=2) if args.json else "", end="")
+        if not args.json:
+            print_rl_report(result)
+        return
     cases, _ = load_cases()
     result = report(cases, json.loads(args.calibration.read_text()))
     if args.json:

@@ -2,6 +2,12 @@
 
     python benchmarks/calibrate.py [--write planner/cost/calibration.json] [--exclude-source S]
 
+Two fits, one after the other.  First the Megatron training constants (below).  Then the RL
+constants (decode HBM efficiency per GPU type; per-layer and per-step decode latencies; the
+weight sync's per-tensor and fixed costs; the fixed per-step overhead) on the colocated RL steps
+of ``grpo_runs.csv`` (``benchmarks/rl_data.py``), phase by phase where phases are published, with
+the training constants held: the RL fit cannot move the pretraining accuracy.
+
 Reads ``../shared/reference/calibration_layouts.csv`` through ``calibration_data.py`` (FP4 rows
 excluded: the planner has no FP4) and fits with :func:`planner.cost.calibration.fit`: one GEMM
 efficiency per GPU type and precision family plus a few shared constants, least squares in log
@@ -21,6 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from calibration_data import CalibrationCase, load_cases  # noqa: E402
+from rl_data import fit_rl, load_rl_cases  # noqa: E402
 
 from planner.cost import calibration  # noqa: E402
 
@@ -48,15 +55,25 @@ def main() -> None:
     parser.add_argument("--write", type=Path, default=None,
                         help=f"write the calibration file (default: print; the planner's file "
                              f"is {OUTPUT.relative_to(REPO)})")
-    parser.add_argument("--exclude-source", action="append", default=[])
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing file other than the planner's own")
+    parser.add_argument("--exclude-source", action="append", default=[],
+                        help="leave a source out (training or RL source names)")
     args = parser.parse_args()
     cases, _ = load_cases()
     cases = [case for case in cases if case.source not in args.exclude_source]
-    fitted = fit(cases)
+    rl_cases, _ = load_rl_cases()
+    rl_cases = [case for case in rl_cases if case.source not in args.exclude_source]
+    fitted = fit_rl(rl_cases, fit(cases))
     text = json.dumps(fitted, indent=2) + "\n"
     if args.write:
+        if args.write.exists() and args.write.resolve() != OUTPUT.resolve() \
+                and not args.force:
+            parser.error(f"{args.write} exists; pass --force to replace it")
         args.write.write_text(text)
-        print(f"wrote {args.write} ({len(cases)} cases, MAPE {fitted['fit']['mape']:.1%})")
+        print(f"wrote {args.write} ({len(cases)} training cases, MAPE "
+              f"{fitted['fit']['mape']:.1%}; {len(rl_cases)} RL steps, "
+              f"{fitted['rl_fit']['phases']} phases, MAPE {fitted['rl_fit']['mape']:.1%})")
     else:
         print(text)
 

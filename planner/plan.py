@@ -32,6 +32,8 @@ from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cost.columns import (
     BREAKDOWN_PARTS,
+    TIME_PARTS,
+    breakdown_column,
     flag_column,
     memory_column,
     part_column,
@@ -180,14 +182,16 @@ def rank_order(cols: Columns) -> np.ndarray:
 def _frame(cols: Columns) -> "pd.DataFrame":
     import pandas as pd
 
-    frame = pd.DataFrame(cols, copy=False)
-    frame["recompute"] = pd.Categorical.from_codes(frame["recompute"].astype(int), RECOMPUTE)
-    frame["peak_phase"] = pd.Categorical.from_codes(frame["peak_phase"].astype(int), PHASES)
-    if "dominant_phase" in frame:
-        frame["dominant_phase"] = pd.Categorical.from_codes(
-            frame["dominant_phase"].astype(int), PHASES)
-    frame["peak_memory_gib"] = frame["peak_bytes"] / GIB
-    return frame
+    columns = dict(cols)
+    columns["recompute"] = pd.Categorical.from_codes(np.asarray(cols["recompute"]).astype(int),
+                                                     RECOMPUTE)
+    columns["peak_phase"] = pd.Categorical.from_codes(
+        np.asarray(cols["peak_phase"]).astype(int), PHASES)
+    if "dominant_phase" in cols:
+        columns["dominant_phase"] = pd.Categorical.from_codes(
+            np.asarray(cols["dominant_phase"]).astype(int), PHASES)
+    columns["peak_memory_gib"] = np.asarray(cols["peak_bytes"]) / GIB
+    return pd.DataFrame(columns, copy=False)
 
 
 def search_options_for(workload: Workload, options: SearchOptions) -> SearchOptions:
@@ -287,6 +291,13 @@ def candidate_dict(row: Mapping[str, Any]) -> dict:
         if "time_generate_s" in row:
             out["time_s"] = {phase: round(float(row[time_column(phase)]), 3)
                              for phase in PHASES}
+            step = float(row["step_time_s"])
+            out["time_share"] = {phase: round(float(row[time_column(phase)]) / step, 4)
+                                 for phase in PHASES}
+            out["time_breakdown_s"] = {
+                phase: {part[:-2]: round(float(row[breakdown_column(phase, part)]), 3)
+                        for part in TIME_PARTS}
+                for phase in PHASES if breakdown_column(phase, TIME_PARTS[0]) in row}
             dominant = row["dominant_phase"]
             out["dominant_phase"] = (dominant if isinstance(dominant, str)
                                      else PHASES[int(dominant)])

@@ -145,13 +145,22 @@ def test_decode_time_grows_with_response_length():
 
 
 def test_decode_steps_follow_the_longest_response_in_a_small_batch():
-    """One wave: the batch waits for its longest response (R_max steps)."""
+    """One wave: the batch waits for its longest response, the expected maximum of its 2
+    sequences' exponential lengths: 600 * (ln 2 + gamma + 1/4) = 912.2 steps."""
     workload = GrpoWorkload(train_batch_size=8, rollout_n=2, mini_batch_size=8,
                             response_length=2048, mean_response_length=600)
     model, c, cols, memory = grpo("qwen2.5-7b", 8, workload, tp=4, dp=2, rollout_tp=1)
     assert memory["rollout_fits"][0]
     out = generate_s(model, c, workload, cols, EFF, memory)
-    assert float(out["decode_steps"][0]) == 2048
+    assert float(out["decode_steps"][0]) == pytest.approx(600 * (np.log(2) + 0.5772157 + 0.25))
+
+
+def test_longest_response_is_capped_at_the_maximum():
+    from planner.cost.timing import longest_response
+
+    assert float(longest_response(1000, 8192, 100)) == pytest.approx(
+        1000 * (np.log(100) + 0.5772157 + 0.005))  # 5187 steps
+    assert float(longest_response(3000, 4096, 1000)) == 4096
 
 
 def test_grpo_step_reports_every_phase_and_verl_throughput():
@@ -283,7 +292,7 @@ def test_data_parallel_reduce_scatter_and_all_gather():
 
 
 def test_weight_sync_gathers_the_model_over_the_model_parallel_group():
-    from planner.cost.timing import WAKE_SLEEP_OVERHEAD_S, weight_sync_s
+    from planner.cost.timing import tensor_count, weight_sync_s
 
     model = resolve_model("qwen2.5-7b")
     gpu = get_gpu("h100")
@@ -291,5 +300,8 @@ def test_weight_sync_gathers_the_model_over_the_model_parallel_group():
     total = model.params.total * 2
     gather = (3 / 4) * total / (gpu.nvlink_bandwidth_bytes_per_s * EFF.nvlink)
     load = total / 4 / (gpu.hbm_bandwidth_bytes_per_s * EFF.hbm)
-    assert float(weight_sync_s(model, cluster(8), cols, EFF)[0]) == pytest.approx(
-        gather + load + WAKE_SLEEP_OVERHEAD_S)
+    # 28 layers x (q, k, v, o, 2 norms, gate, up, down) + embedding, final norm, output layer
+    assert tensor_count(model) == 28 * 9 + 3
+    latency = 255 * EFF.sync_tensor_s + EFF.sync_fixed_s
+    assert float(weight_sync_s(model, cluster(8), GrpoWorkload(), cols, EFF)["total_s"][0]) \
+        == pytest.approx(gather + load + latency)

@@ -23,6 +23,7 @@ from planner.phases import PHASES, Phase
 PRECISIONS = ("bf16", "fp16", "fp8")
 ROLLOUT_ENGINES = ("vllm", "sglang")
 ROLLOUT_PRECISIONS = ("bf16", "fp8")  # rollout weights and KV cache (vLLM quantization=fp8)
+WEIGHT_SYNC_PATHS = ("per_tensor", "bucketed")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class GrpoWorkload:
     # (search.batches.DEFAULT_MEAN_RESPONSE_FRACTION).  Time follows it; memory is sized for the
     # maximum.
     mean_response_length: int = 0
+    # Prompt tokens on average; 0 means the maximum (``prompt_length``).  verl strips the left
+    # padding before vLLM and packs without it (use_remove_padding), so time follows the mean
+    # prompt; memory is sized for the maximum.
+    mean_prompt_length: int = 0
     # --- algorithm switches that decide which passes run ---------------------------------------
     use_kl_in_reward: bool = False  # algorithm.use_kl_in_reward: also needs the reference
     # algorithm.rollout_correction.bypass_mode: old log-probs are the rollout's, no recompute
@@ -49,6 +54,9 @@ class GrpoWorkload:
     entropy_chunk_tokens: int = 0  # entropy_from_logits_with_chunking's chunk size; 0: off
     grad_reduce_in_fp32: bool = True  # fp32 (4 B) or bf16 (2 B) main-grad buffer
     adam_moment_bytes: int = 4  # optim.exp_avg(_sq)_dtype: fp32 4, bf16 2 (precision-aware)
+    # DDP overlap_grad_reduce: verl's Megatron workers leave it off unless
+    # actor.megatron.override_ddp_config sets it, so the gradient reduce-scatter is exposed
+    overlap_grad_reduce: bool = False
     # --- the rollout engine -------------------------------------------------------------------
     rollout_engine: str = "vllm"  # rollout.name
     rollout_precision: str = "bf16"  # bf16, or fp8 weights and KV cache
@@ -56,6 +64,11 @@ class GrpoWorkload:
     free_cache_engine: bool = True  # rollout.free_cache_engine: sleep during training
     max_num_batched_tokens: int = 8192  # rollout.max_num_batched_tokens (prefill chunk)
     prefix_caching: bool = True  # rollout.enable_prefix_caching: n samples share a prompt
+    # How weights reach the rollout engine: verl exports tensor by tensor ("per_tensor", the
+    # Megatron backend's per-tensor all-gather + load_weights); NeMo RL's refit packs tensors
+    # into large buffers handed over by CUDA IPC ("bucketed").  Not a verl key: it lets the
+    # time model score NeMo RL runs too.
+    weight_sync: str = "per_tensor"
 
     def __post_init__(self) -> None:
         for name in ("train_batch_size", "rollout_n", "prompt_length", "response_length",
@@ -75,6 +88,13 @@ class GrpoWorkload:
             raise PlanInputError(f"--mean-response-length {self.mean_response_length} must be "
                                  f"between 1 and --response-length {self.response_length} "
                                  f"(0: half of it)")
+        if not 0 <= self.mean_prompt_length <= self.prompt_length:
+            raise PlanInputError(f"--mean-prompt-length {self.mean_prompt_length} must be "
+                                 f"between 1 and --prompt-length {self.prompt_length} "
+                                 f"(0: the maximum)")
+        if self.weight_sync not in WEIGHT_SYNC_PATHS:
+            raise PlanInputError(f"weight sync {self.weight_sync!r} is not one of "
+                                 f"{', '.join(WEIGHT_SYNC_PATHS)}")
         if self.rollout_engine not in ROLLOUT_ENGINES:
             raise PlanInputError(f"rollout engine {self.rollout_engine!r} is not one of "
                                  f"{', '.join(ROLLOUT_ENGINES)}")

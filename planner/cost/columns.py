@@ -24,6 +24,17 @@ def time_column(phase: str) -> str:
     return f"time_{phase}_s"
 
 
+# Parts of a phase's time (seconds per step): GEMMs and memory-bound kernels, communication
+# not hidden behind them, the pipeline bubble, host<->device copies (offload, CPU optimizer's
+# copies are in compute), and fixed latencies (kernel launches, per-tensor calls, wake/sleep).
+TIME_PARTS = ("compute_s", "comm_s", "bubble_s", "host_transfer_s", "latency_s")
+
+
+def breakdown_column(phase: str, part: str) -> str:
+    """Seconds per step of one part (:data:`TIME_PARTS`) of ``phase``."""
+    return f"breakdown_{phase}_{part}"
+
+
 def part_column(part: str) -> str:
     """Bytes of one breakdown part (:data:`BREAKDOWN_PARTS`)."""
     return f"{part}_bytes"
@@ -55,4 +66,7 @@ SCHEMA = {
     **{memory_column(phase): f"peak bytes per GPU in {phase}" for phase in PHASES},
     **{time_column(phase): f"seconds per step in {phase}" for phase in PHASES},
     **{part_column(part): f"bytes of {part} on the peak rank" for part in BREAKDOWN_PARTS},
+    **{breakdown_column(phase, part): f"{part[:-2]} seconds of {phase}"
+       for phase in PHASES for part in TIME_PARTS},
+    "kv_holds_sequence": "bool: a rollout rank's KV cache holds one longest sequence",
 }

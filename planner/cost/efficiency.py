@@ -38,6 +38,18 @@ class Efficiency:
     elementwise_passes: float = 2.0
     layer_overhead_s: float = 40e-6  # kernel launches and syncs per layer per micro-batch pass
     expert_gemm: float = 0.7  # grouped expert GEMMs + routing, relative to dense GEMMs
+    # --- RL phases (fitted on benchmarks/data/grpo_runs.csv by benchmarks/calibrate.py) ------
+    decode_hbm: float = 0.70  # decode weight + KV streaming, fraction of HBM bandwidth
+    decode_layer_s: float = 20e-6  # per decoder layer per decode step with CUDA graphs
+    decode_step_s: float = 2.5e-3  # per decode step: scheduling, sampling, detokenising
+    # per decode step when the engine has TP > 1 workers: the scheduler's output broadcast to
+    # every worker process and the sampled tokens gathered back (vLLM's multiprocess executor
+    # message queue), which CUDA graphs do not hide
+    decode_tp_step_s: float = 2e-3
+    sync_tensor_s: float = 0.5e-3  # verl per-tensor weight export: gather + load per tensor
+    bucketed_tensor_s: float = 0.1e-3  # NeMo RL bucketed (CUDA IPC) refit, per tensor
+    sync_fixed_s: float = 1.5  # rollout engine wake-up, cache reset and sleep per step
+    step_fixed_s: float = 3.0  # reward, advantage and data movement between workers per step
 
     def to_dict(self) -> dict:
         return asdict(self)

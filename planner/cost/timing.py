@@ -36,13 +36,23 @@ Rollout (vLLM/SGLang, per replica of ``rollout_tp * rollout_dp`` GPUs):
   combine of the batch's token copies (network-bound once a replica spans nodes) and a fixed
   scheduling cost;
   MoE decode reads only the experts the batch touches, ``E * (1 - (1 - k/E)^b)`` of them;
-* continuous batching: ``max(R_max, S * R_mean / c + (R_max - R_mean))`` decode steps for
-  ``S`` sequences at concurrency ``c`` (KV capacity or ``max_num_seqs``): the steady state
-  plus the tail that waits for the longest response.
+* continuous batching: ``max(L, S * R_mean / c + (L - R_mean))`` decode steps for ``S``
+  sequences at concurrency ``c`` (KV capacity or ``max_num_seqs``): the steady state plus the
+  tail that waits for the longest response ``L`` (the expected maximum of ``S`` roughly
+  exponential lengths, cut at ``R_max``) -- why rollout time barely falls when GPUs double;
+* latency terms per decode step (fitted on published RL steps): kernel launches per layer
+  (more for MoE layers; eager mode adds Python dispatch per kernel), the engine's scheduling,
+  and with TP > 1 the broadcast of each step to the TP workers; DeepEP-class dispatch/combine
+  latency per MoE layer with expert parallelism; a KV cache that cannot hold one longest
+  sequence makes generation impossible (infinite time), never concurrency 1.
 
-Weight sync: every rank gathers the full bf16 weights across the actor's model-parallel group
-(verl's per-tensor all-gather into vLLM), then vLLM copies its shard in; plus wake/sleep.
-Offload: host<->device copies at the GPU's host bandwidth around each phase that needs them.
+Weight sync: every rank gathers the full bf16 weights across the actor's model-parallel group,
+then vLLM copies its shard in; verl does it tensor by tensor, so a per-tensor latency times the
+checkpoint's tensor count (NeMo RL's bucketed refit: a smaller one); plus wake/sleep.
+Offload (verl): parameters and optimizer state cross PCIe around the phases that need them;
+gradient buffers are freed and re-zeroed, not copied.  verl leaves ``overlap_grad_reduce`` off,
+so the actor update's DP traffic is exposed.  Fixed per-step costs (reward, data movement)
+are booked with the weight sync.
 """
 
 from __future__ import annotations
@@ -54,7 +64,7 @@ import numpy as np
 from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
-from planner.cost.columns import time_column
+from planner.cost.columns import TIME_PARTS, breakdown_column, time_column
 from planner.cost.efficiency import Efficiency, load_efficiency
 from planner.cost.flops import (
     attention_core_flops_per_layer,
@@ -75,6 +85,7 @@ from planner.cost.memory import (
 from planner.phases import PHASES
 from planner.search.batches import (
     log_prob_batches,
+    mean_prompt_length,
     mean_response_length,
     mean_sequence_length,
     update_batches,
@@ -85,8 +96,6 @@ SELECTIVE_RECOMPUTE_OVERHEAD = 0.03  # layernorm + activation recompute, of a fo
 ADAM_BYTES_PER_PARAM = 4 * 2 * 3 + MAIN_GRAD_BYTES + WEIGHT_BYTES  # r/w master, m, v; grad; param
 ALLREDUCE_LATENCY_NVLINK_S = 8e-6  # small-message NCCL all-reduce inside a node
 ALLREDUCE_LATENCY_NETWORK_S = 30e-6  # ... across nodes
-DECODE_STEP_OVERHEAD_S = 2.5e-3  # vLLM v1 scheduling, sampling, CUDA-graph launch per step
-WAKE_SLEEP_OVERHEAD_S = 1.5  # vLLM sleep-mode wake up/sleep and cache reset per step
 # Host Adam throughput of one GPU's worker (bytes of optimizer state streamed per second): a
 # 2-socket DDR5 server sustains ~400-600 GB/s STREAM; shared by its 8 workers and at roughly
 # half of STREAM for a fused AdamW, ~25 GB/s per worker (ZeRO-Offload, Ren et al. 2021, §4.1
@@ -133,6 +142,10 @@ class TrainShape:
     # per offloaded parameter (reads fp32 param, grad and both moments, writes param and moments)
     cpu_adam_bytes_per_s: float = 0.0
     cpu_adam_streamed_bytes: float = 28.0
+    # DDP overlap_grad_reduce: Megatron's training recipes hide the gradient reduce-scatter
+    # behind the backward pass; verl's Megatron workers leave it off by default
+    # (megatron_workers override_ddp_config), so the whole DP traffic is exposed
+    overlap_grad_reduce: bool = True
 
 
 def _stage_compute_s(model, cluster, cols, eff, peak_flops, shape: TrainShape):
@@ -248,7 +261,7 @@ def train_phase_s(model: ModelSpec, cluster: ClusterSpec, cols: Columns, eff: Ef
                         link_bandwidth(cluster, eff, dp_span))
               + ring_time(expert * grad_and_param, expert_dp,
                           link_bandwidth(cluster, eff, _f(cols["ep"] * cols["etp"]) * expert_dp)))
-        dp_exposed = dp * (1 - eff.dp_overlap)
+        dp_exposed = dp * (1 - eff.dp_overlap) if shape.overlap_grad_reduce else dp
         shards = np.where(cols["distributed_optimizer"].astype(bool), 1, 0)
         local = (non_expert / np.where(shards, dense_dp, 1)
                  + expert / np.where(shards, expert_dp, 1))
@@ -301,12 +314,97 @@ def pretrain_step(model: ModelSpec, cluster: ClusterSpec, workload: PretrainWork
 # --- GRPO ------------------------------------------------------------------------------------
 
 
-def generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, cols: Columns,
-               eff: Efficiency, memory: Columns) -> dict[str, np.ndarray]:
-    """Rollout generation time of the slowest replica (all replicas get equal shares)."""
+# Kernels one decoder layer launches in a decode step (vLLM, CUDA-graph replay or eager):
+# norm, QKV GEMM, rotary, attention, output GEMM, residual + norm, gate/up GEMM, activation,
+# down GEMM, residual; an MoE layer adds the router GEMM, top-k, token permute/align, two
+# grouped GEMMs instead of one pair, the weighted unpermute (vllm fused_moe: ~16 in all).
+DENSE_LAYER_KERNELS = 10
+MOE_LAYER_KERNELS = 16
+# Eager mode launches every kernel from Python: ~5 us of CPU dispatch each, which the GPU
+# waits for at decode batch sizes (PyTorch CUDA-graphs note; vLLM docs on enforce_eager).
+EAGER_LAUNCH_S_PER_KERNEL = 5e-6
+# Expert-parallel dispatch + combine of one MoE layer at decode batch sizes, latency-bound:
+# DeepEP's low-latency kernels report ~77 us dispatch + ~114 us combine over RDMA (EP8-16,
+# 128 tokens; deepseek-ai/DeepEP README); inside an NVLink domain ~20 us each.
+EP_DISPATCH_COMBINE_NETWORK_S = 190e-6
+EP_DISPATCH_COMBINE_NVLINK_S = 40e-6
+EULER_GAMMA = 0.5772156649
+
+
+def longest_response(mean_tokens, max_tokens, sequences) -> np.ndarray:
+    """Expected longest of ``sequences`` responses: lengths roughly exponential with the given
+    mean (the order statistic ``mean * H_n ~ mean * (ln n + gamma)``), cut at the maximum.  The
+    decode steps a rank runs can never be fewer: the last wave waits for it."""
+    n = np.maximum(_f(sequences), 1.0)
+    return np.minimum(_f(max_tokens), _f(mean_tokens) * (np.log(n) + EULER_GAMMA + 0.5 / n))
+
+
+def decode_step_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
+                  cols: Columns, eff: Efficiency, batch, context) -> dict[str, np.ndarray]:
+    """Seconds of one decode step of a rollout rank running ``batch`` sequences whose mean
+    context is ``context`` tokens, by part (a roofline plus latency terms)."""
     gpu = cluster.gpu
     rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
-    prompt, r_max = float(workload.prompt_length), float(workload.response_length)
+    batch = _f(batch)
+    linear = linear_params_per_token(model)
+    active_linear = (model.num_layers * linear["attention"]
+                     + (model.num_layers - model.num_moe_layers) * linear["dense_mlp"]
+                     + model.num_moe_layers * (linear["router"] + linear["routed_experts"]
+                                               + linear["shared_experts"])
+                     + linear["output_layer"])
+    peak = gpu.peak_flops(workload.precision if workload.precision == "fp8" else "bf16")
+    weights = rollout_weight_bytes(model, cols, workload)
+    if model.is_moe:
+        # only the experts the rank's batch routes to are read: E * (1 - (1 - k/E)^b)
+        p = model.params
+        weight_bytes = 1 if workload.rollout_precision == "fp8" else WEIGHT_BYTES
+        per_expert = p.experts_per_layer / model.num_experts * model.num_moe_layers * weight_bytes
+        expert_shards = np.where(cols["rollout_ep"] > 1, _f(cols["rollout_ep"]), rtp)
+        touched = model.num_experts * (1 - (1 - model.moe_top_k / model.num_experts) ** batch)
+        weights = weights - p.experts * weight_bytes / expert_shards \
+            + touched * per_expert / expert_shards
+    kv_read = batch * context * kv_bytes_per_token(model, cols, workload)
+    memory = (weights + kv_read) / (gpu.hbm_bandwidth_bytes_per_s * eff.decode_hbm)
+    compute = (2 * batch * active_linear / rtp
+               + batch * model.num_layers * attention_core_flops_per_layer(model, 2 * context)
+               / rtp) / (peak * gemm_efficiency(eff, batch))
+    inside = rtp * rdp <= cluster.fast_domain_gpus
+    latency = np.where(inside, ALLREDUCE_LATENCY_NVLINK_S, ALLREDUCE_LATENCY_NETWORK_S)
+    tp_allreduce = np.where(rtp > 1, 2 * model.num_layers
+                            * (latency + 2 * batch * model.hidden_size * WEIGHT_BYTES
+                               / link_bandwidth(cluster, eff, rtp)), 0.0)
+    # expert parallel: dispatch + combine of the batch's k token copies per MoE layer
+    rollout_ep = _f(cols["rollout_ep"])
+    dispatched = batch * max(model.moe_top_k, 1) * model.hidden_size * WEIGHT_BYTES
+    ep_latency = np.where(inside, EP_DISPATCH_COMBINE_NVLINK_S, EP_DISPATCH_COMBINE_NETWORK_S)
+    ep_alltoall = np.where(rollout_ep > 1, model.num_moe_layers
+                           * (ep_latency + 2 * (rollout_ep - 1) / rollout_ep * dispatched
+                              / link_bandwidth(cluster, eff, rtp * rdp)), 0.0)
+    kernels = ((model.num_layers - model.num_moe_layers) * DENSE_LAYER_KERNELS
+               + model.num_moe_layers * MOE_LAYER_KERNELS)
+    per_kernel = eff.decode_layer_s / DENSE_LAYER_KERNELS
+    launches = kernels * (per_kernel + (EAGER_LAUNCH_S_PER_KERNEL if workload.enforce_eager
+                                        else 0.0))
+    roofline = np.maximum(memory, compute)
+    fixed = eff.decode_step_s + np.where(rtp > 1, eff.decode_tp_step_s, 0.0)
+    return {"roofline_s": roofline, "comm_s": tp_allreduce + ep_alltoall,
+            "latency_s": launches + fixed,
+            "total_s": roofline + tp_allreduce + ep_alltoall + launches + fixed}
+
+
+def generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, cols: Columns,
+               eff: Efficiency, memory: Columns) -> dict[str, np.ndarray]:
+    """Rollout generation time of the slowest replica (all replicas get equal shares).
+
+    Continuous batching at concurrency ``c`` (KV capacity or ``max_num_seqs``): ``S * R / c``
+    decode steps in the steady state, then the tail that waits for the longest of the rank's
+    responses (:func:`longest_response`); the per-step cost at the mean running batch.  A rank
+    whose KV cache cannot hold one longest sequence cannot run at all: infinite time (vLLM
+    refuses to start), never concurrency 1.
+    """
+    gpu = cluster.gpu
+    rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
+    prompt, r_max = mean_prompt_length(workload), float(workload.response_length)
     r_mean = mean_response_length(workload)
     replicas = np.maximum(np.floor(cluster.num_gpus / (rtp * rdp)), 1)
     seqs = np.ceil(workload.sequences_per_step / replicas / rdp)  # per attention rank
@@ -317,61 +415,62 @@ def generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, c
                                                + linear["shared_experts"])
                      + linear["output_layer"])
     peak = gpu.peak_flops(workload.precision if workload.precision == "fp8" else "bf16")
-    # prefill: compute-bound forward over the prompts, split over the rollout TP group
-    prefill_flops = seqs * (2 * prompt * active_linear
-                            + model.num_layers * attention_core_flops_per_layer(model, prompt**2))
-    prefill = prefill_flops / (rtp * peak * gemm_efficiency(eff, seqs * prompt))
-    # decode: continuous batching at concurrency c
+    # prefill: compute-bound forward over the prompts, split over the rollout TP group; with
+    # prefix caching the n samples of a prompt share one prefill
+    prompts = seqs / workload.rollout_n if workload.prefix_caching else seqs
+    prefill_flops = prompts * (2 * prompt * active_linear
+                               + model.num_layers * attention_core_flops_per_layer(model,
+                                                                                  prompt**2))
+    prefill = prefill_flops / (rtp * peak * gemm_efficiency(eff, prompts * prompt))
     kv_tokens = _f(memory["kv_cache_tokens_per_gpu"])
+    holds_one = kv_tokens >= workload.sequence_length
     concurrency = np.clip(np.floor(kv_tokens / (prompt + r_mean)), 1, workload.max_num_seqs)
     concurrency = np.minimum(concurrency, seqs)  # a rank never runs more than it was given
-    steps = np.maximum(r_max, seqs * r_mean / concurrency + (r_max - r_mean))
+    tail = longest_response(r_mean, r_max, seqs)
+    steps = np.maximum(tail, seqs * r_mean / concurrency + (tail - r_mean))
     batch = np.maximum(seqs * r_mean / steps, 1.0)
-    weights = rollout_weight_bytes(model, cols)
-    if model.is_moe:
-        p = model.params
-        per_expert = p.experts_per_layer / model.num_experts * model.num_moe_layers * WEIGHT_BYTES
-        expert_shards = np.where(cols["rollout_ep"] > 1, _f(cols["rollout_ep"]), rtp)
-        touched = model.num_experts * (1 - (1 - model.moe_top_k / model.num_experts) ** batch)
-        weights = weights - p.experts * WEIGHT_BYTES / expert_shards \
-            + touched * per_expert / expert_shards
-    context = prompt + r_mean / 2
-    kv_read = batch * context * kv_bytes_per_token(model, cols)
-    memory_time = (weights + kv_read) / (gpu.hbm_bandwidth_bytes_per_s * eff.hbm)
-    compute_time = (2 * batch * active_linear / rtp
-                    + batch * model.num_layers
-                    * attention_core_flops_per_layer(model, 2 * context) / rtp) \
-        / (peak * gemm_efficiency(eff, batch))
-    inside = rtp * rdp <= cluster.fast_domain_gpus
-    latency = np.where(inside, ALLREDUCE_LATENCY_NVLINK_S, ALLREDUCE_LATENCY_NETWORK_S)
-    tp_allreduce = np.where(rtp > 1, 2 * model.num_layers
-                            * (latency + 2 * batch * model.hidden_size * WEIGHT_BYTES
-                               / link_bandwidth(cluster, eff, rtp)), 0.0)
-    # Expert parallel decode: dispatch and combine of the running batch's k token copies per
-    # MoE layer over the replica (TP*DP ranks), at network speed once it spans nodes.
-    rollout_ep = _f(cols["rollout_ep"])
-    dispatched = batch * max(model.moe_top_k, 1) * model.hidden_size * WEIGHT_BYTES
-    ep_alltoall = np.where(rollout_ep > 1, 2 * model.num_moe_layers
-                           * (latency + (rollout_ep - 1) / rollout_ep * dispatched
-                              / link_bandwidth(cluster, eff, rtp * rdp)), 0.0)
-    per_step = (np.maximum(memory_time, compute_time) + tp_allreduce + ep_alltoall
-                + DECODE_STEP_OVERHEAD_S)
-    decode = steps * per_step
+    step = decode_step_s(model, cluster, workload, cols, eff, batch, prompt + r_mean / 2)
+    decode = np.where(holds_one, steps * step["total_s"], np.inf)
     return {"total_s": prefill + decode, "prefill_s": prefill, "decode_s": decode,
-            "decode_steps": steps, "decode_batch": batch}
+            "decode_steps": steps, "decode_batch": batch, "kv_holds_sequence": holds_one,
+            "compute_s": prefill + steps * step["roofline_s"], "comm_s": steps * step["comm_s"],
+            "latency_s": steps * step["latency_s"]}
 
 
-def weight_sync_s(model: ModelSpec, cluster: ClusterSpec, cols: Columns,
-                  eff: Efficiency) -> np.ndarray:
-    """Actor -> rollout weight transfer: gather full tensors over the actor's model-parallel
-    group, then vLLM copies its shard in; plus wake/sleep of the rollout engine."""
+def tensor_count(model: ModelSpec) -> int:
+    """Tensors a Hugging Face checkpoint of the model holds (what verl exports one by one):
+    per layer q, k, v, o, two norms (+ q/k norms), gate, up, down; an MoE layer's router and
+    three tensors per routed and shared expert; embedding, final norm and output layer."""
+    attention = 4 + 2 + (2 if model.qk_norm else 0)
+    dense = model.num_layers - model.num_moe_layers
+    moe = model.num_moe_layers
+    shared = 3 if model.params.shared_experts_per_layer else 0
+    return (model.num_layers * attention + dense * 3 + moe * (1 + 3 * model.num_experts + shared)
+            + 3)
+
+
+def weight_sync_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
+                  cols: Columns, eff: Efficiency) -> dict[str, np.ndarray]:
+    """Actor -> rollout weight transfer, by part.
+
+    verl (``per_tensor``): every tensor is all-gathered over the actor's model-parallel group
+    and handed to vLLM's ``load_weights`` one at a time, so a per-tensor latency (an NCCL call,
+    the conversion to Hugging Face names, the engine's weight loader) adds to the bandwidth
+    term; DeepSeek-V3's ~45k expert tensors make it tens of seconds.  NeMo RL (``bucketed``)
+    packs tensors into large buffers passed by CUDA IPC: a smaller per-tensor cost.  Plus the
+    engine's wake-up and sleep."""
     total = model.params.total * WEIGHT_BYTES
     group = _f(cols["tp"] * cols["pp"] * cols["ep"])
     gather = np.where(group > 1, (group - 1) / group * total
                       / link_bandwidth(cluster, eff, np.minimum(group * cols["cp"],
                                                                 cluster.num_gpus)), 0.0)
-    load = rollout_weight_bytes(model, cols) / (cluster.gpu.hbm_bandwidth_bytes_per_s * eff.hbm)
-    return gather + load + WAKE_SLEEP_OVERHEAD_S
+    load = rollout_weight_bytes(model, cols, workload) / (cluster.gpu.hbm_bandwidth_bytes_per_s
+                                                          * eff.hbm)
+    per_tensor = (eff.bucketed_tensor_s if workload.weight_sync == "bucketed"
+                  else eff.sync_tensor_s)
+    latency = np.full(len(group), tensor_count(model) * per_tensor + eff.sync_fixed_s)
+    return {"comm_s": gather, "compute_s": load, "latency_s": latency,
+            "total_s": gather + load + latency}
 
 
 def offload_s(cluster: ClusterSpec, nbytes) -> np.ndarray:
@@ -381,7 +480,9 @@ def offload_s(cluster: ClusterSpec, nbytes) -> np.ndarray:
 
 def grpo_step(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, cols: Columns,
               memory: Columns, eff: Efficiency | None = None) -> Columns:
-    """Seconds per GRPO phase and per step, tokens/s/GPU (verl's definition) and actor MFU."""
+    """Seconds per GRPO phase and per step, tokens/s/GPU (verl's definition) and actor MFU,
+    with each phase's time split into compute, exposed communication, pipeline bubble, host
+    transfer and latency terms (``breakdown_<phase>_<part>_s``)."""
     eff = eff or load_efficiency(cluster.gpu, workload.precision)
     seq = mean_sequence_length(workload)
     n = len(cols["tp"])
@@ -398,37 +499,64 @@ def grpo_step(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, co
                               * np.ceil(workload.train_batch_size / workload.mini_batch_size),
                               cpu_adam_bytes_per_s=HOST_ADAM_BYTES_PER_S,
                               cpu_adam_streamed_bytes=(4 + 4 + 2 * workload.adam_moment_bytes)
-                              + (4 + 2 * workload.adam_moment_bytes))
+                              + (4 + 2 * workload.adam_moment_bytes),
+                              overlap_grad_reduce=workload.overlap_grad_reduce)
     log_prob = train_phase_s(model, cluster, cols, eff, workload.precision, forward_shape)
     update = train_phase_s(model, cluster, cols, eff, workload.precision, update_shape)
     gen = generate_s(model, cluster, workload, cols, eff, memory)
+    sync = weight_sync_s(model, cluster, workload, cols, eff)
     param_off = cols["param_offload"].astype(bool)
     optim_off = cols["optimizer_offload"].astype(bool)
-    weights, grads = _f(memory["weights_bytes"]), _f(memory["grads_bytes"])
-    # verl: params (and grad buffers) load before and offload after old-log-prob, the update
-    # and the weight sync; optimizer state once around the update.
-    param_trip = np.where(param_off, 2 * offload_s(cluster, weights + grads), 0.0)
+    weights = _f(memory["weights_bytes"])
+    # verl's offload (offload_megatron_model_to_cpu / load_megatron_model_to_gpu): parameters
+    # go to the host and back around old-log-prob, the update and the weight sync; gradient
+    # buffers are freed and re-zeroed, not copied; the optimizer state moves once around the
+    # update (offload_megatron_optimizer)
+    param_trip = np.where(param_off, 2 * offload_s(cluster, weights), 0.0)
     optim_trip = np.where(optim_off, 2 * offload_s(cluster, memory["optimizer_bytes"]), 0.0)
     ref_trip = np.where(cols["ref_param_offload"].astype(bool), 2 * offload_s(cluster, weights),
                         0.0)
     ran = workload.phases
+    zero = np.zeros(n)
+
+    def training(phase: dict, host) -> dict:
+        return {"compute_s": phase["compute_s"] + phase.get("optimizer_s", 0.0)
+                + phase.get("cpu_optimizer_s", 0.0),
+                "comm_s": phase["comm_s"] + phase.get("dp_comm_s", 0.0),
+                "bubble_s": phase["bubble_s"], "host_transfer_s": host, "latency_s": zero}
+
+    parts = {
+        "generate": {"compute_s": gen["compute_s"], "comm_s": gen["comm_s"], "bubble_s": zero,
+                     "host_transfer_s": zero, "latency_s": gen["latency_s"]},
+        "old_log_prob": training(log_prob, param_trip) if "old_log_prob" in ran else None,
+        "ref": training(log_prob, ref_trip) if "ref" in ran else None,
+        "update_actor": training(update, param_trip + optim_trip),
+        # the per-step fixed costs (reward, advantages, moving the batch between workers) are
+        # booked with the weight sync, the phase verl runs between the update and generation
+        "weight_sync": {"compute_s": sync["compute_s"], "comm_s": sync["comm_s"],
+                        "bubble_s": zero, "host_transfer_s": param_trip,
+                        "latency_s": sync["latency_s"] + eff.step_fixed_s},
+    }
     times = {
         "generate": gen["total_s"],
-        "old_log_prob": (log_prob["total_s"] + param_trip) if "old_log_prob" in ran
-        else np.zeros(n),
-        "ref": (log_prob["total_s"] + ref_trip) if "ref" in ran else np.zeros(n),
+        "old_log_prob": (log_prob["total_s"] + param_trip) if "old_log_prob" in ran else zero,
+        "ref": (log_prob["total_s"] + ref_trip) if "ref" in ran else zero,
         "update_actor": update["total_s"] + param_trip + optim_trip,
-        "weight_sync": weight_sync_s(model, cluster, cols, eff) + param_trip,
+        "weight_sync": sync["total_s"] + param_trip + eff.step_fixed_s,
     }
     step = sum(times.values())
     tokens = sequences * seq
     out = {time_column(phase): times[phase] for phase in PHASES}
+    for phase, split in parts.items():
+        for part in TIME_PARTS:
+            out[breakdown_column(phase, part)] = zero if split is None else _f(split[part])
     out["step_time_s"] = step
     out["tokens_per_s_per_gpu"] = tokens / (step * cluster.num_gpus)
     flops = workload.ppo_epochs * verl_training_flops(model, tokens, sequences * seq ** 2)
     out["mfu"] = flops / (times["update_actor"] * cluster.num_gpus
                           * cluster.gpu.peak_flops(workload.precision))
     out["decode_steps"] = gen["decode_steps"]
+    out["kv_holds_sequence"] = gen["kv_holds_sequence"]
     out["update_bubble_s"] = update["bubble_s"]
     out["update_comm_s"] = update["comm_s"] + update.get("dp_comm_s", 0.0)
     stack = np.stack([times[p] for p in PHASES])

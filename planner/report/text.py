@@ -174,7 +174,8 @@ def estimate_text(estimate) -> str:
                      f"{data['rollout']['seqs_per_rank']} per rank")
     if "time_s" in data:
         lines.append("time (s):           " + "  ".join(
-            f"{phase} {sec:.2f}" for phase, sec in data["time_s"].items())
+            f"{phase} {sec:.2f} ({100 * data['time_share'][phase]:.0f}%)"
+            for phase, sec in data["time_s"].items())
             + f"  -> step {data['step_time_s']:.2f} s, "
               f"{data['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, actor MFU "
               f"{100 * data['mfu']:.1f}%")
@@ -182,6 +183,10 @@ def estimate_text(estimate) -> str:
         lines.append(f"time:               step {data['step_time_s']:.3f} s, "
                      f"{data['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, "
                      f"{data['tflops_per_gpu']:.0f} TFLOP/s/GPU, MFU {100 * data['mfu']:.1f}%")
+    for phase, parts in data.get("time_breakdown_s", {}).items():
+        shown = [f"{part} {sec:.2f}" for part, sec in parts.items() if sec >= 0.005]
+        if shown:
+            lines.append(f"  {phase + ':':18}" + "  ".join(shown))
     if data["flags"]:
         lines.append("unwise:             " + ", ".join(data["flags"]))
     return "\n".join(lines)

@@ -31,11 +31,16 @@ def mean_response_length(workload) -> float:
     return float(given or DEFAULT_MEAN_RESPONSE_FRACTION * workload.response_length)
 
 
+def mean_prompt_length(workload) -> float:
+    """Prompt tokens on average (the maximum when not given)."""
+    return float(getattr(workload, "mean_prompt_length", 0) or workload.prompt_length)
+
+
 def mean_sequence_length(workload) -> float:
-    """Prompt + mean response: the tokens an average sample costs in time."""
+    """Mean prompt + mean response: the tokens an average sample costs in time."""
     if workload.kind == "pretrain":
         return float(workload.seq_len)
-    return workload.prompt_length + mean_response_length(workload)
+    return mean_prompt_length(workload) + mean_response_length(workload)
 
 
 @dataclass(frozen=True)
