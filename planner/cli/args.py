@@ -108,6 +108,12 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mean-response-length", type=integer(0, MAX_TOKENS), default=0,
                        help="tokens generated per response on average (time follows it; "
                             "default: half of --response-length)")
+    group.add_argument("--mean-prompt-length", type=integer(0, MAX_TOKENS), default=0,
+                       help="prompt tokens on average (time follows it, memory the maximum; "
+                            "default: --prompt-length)")
+    group.add_argument("--overlap-grad-reduce", action="store_true",
+                       help="the job sets megatron override_ddp_config.overlap_grad_reduce "
+                            "(verl's default leaves the DP gradient traffic exposed)")
     group.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
     group.add_argument("--max-num-seqs", type=integer(1, MAX_BATCH), default=256,
                        help="rollout engine's max concurrent sequences (default 256, verl's)")

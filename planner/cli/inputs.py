@@ -53,6 +53,8 @@ def workload(args):
         return PretrainWorkload(seq_len=args.seq_len, global_batch=args.global_batch,
                                 precision=args.precision)
     return GrpoWorkload(mean_response_length=args.mean_response_length,
+                        mean_prompt_length=args.mean_prompt_length,
+                        overlap_grad_reduce=args.overlap_grad_reduce,
                         train_batch_size=args.train_batch_size, rollout_n=args.rollout_n,
                         prompt_length=args.prompt_length, response_length=args.response_length,
                         mini_batch_size=args.mini_batch_size, ppo_epochs=args.ppo_epochs,
