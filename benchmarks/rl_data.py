@@ -180,8 +180,11 @@ def case_from_row(row: dict) -> RlCase:
             mean_response_length=min(mean_response, max_total - ASSUMED_PROMPT_TOKENS),
             mini_batch_size=max(mini_sequences // n, 1), use_kl_loss=True,
             weight_sync="bucketed")
-        # sequence packing to one maximal sequence per micro-batch (train_mb_tokens)
+        # sequence packing to one maximal sequence per micro-batch (train_mb_tokens); colocated
+        # NeMo RL moves the policy (weights, grads, optimizer) and the reference to the host
+        # while vLLM generates (offload_before_refit / offload_after_refit)
         layout = Layout(tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, micro_batch=1, recompute=recompute,
+                        param_offload=True, optimizer_offload=True, ref_param_offload=True,
                         sequence_parallel=tp > 1, first_stage_layers=first,
                         last_stage_layers=last, account_embedding=embedding, account_loss=loss,
                         dynamic_batch=True, max_token_len=max_total * cp,
