@@ -8,7 +8,7 @@ import sys
 
 from planner.catalog.models import resolve_model
 from planner.cli import inputs
-from planner.errors import PlanInputError
+from planner.errors import NoFitError, PlanInputError
 from planner.plan import make_plan
 from planner.verl.export import check_overrides
 from trials.candidates import CandidateSet
@@ -119,8 +119,8 @@ def cmd_tune(args) -> int:
     options = inputs.search_options(args, workload)
     plan = make_plan(model, cluster, workload, options, inputs.calibration(args))
     candidates = CandidateSet.from_plan(plan, args.memory_margin, args.max_candidates)
-    if not len(candidates):
-        raise PlanInputError(f"no layout of {model.name} on {cluster.num_gpus} x "
+    if not len(candidates):  # "no layout fits": exit 1, as for every command
+        raise NoFitError(f"no layout of {model.name} on {cluster.num_gpus} x "
                              f"{cluster.gpu.name} is predicted to fit with a "
                              f"{args.memory_margin:.0%} memory margin; nothing to try")
     study_name = args.study_name or default_study_name(model, cluster, workload)

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
-from planner.errors import PlanInputError
+from planner.errors import NoFitError, PlanInputError
 from planner.extras import available
 from planner.plan import candidate_dict
 from planner.search.layout import Layout, applicable_modules, module_names
@@ -379,10 +379,11 @@ def job_from_plan(plan, rank: int = 1, *, model_path: str | None = None,
                   train_files: str | None = None, val_files: str | None = None,
                   extra_overrides: Sequence[str] = ()) -> ExportedJob:
     fitting = int(plan.candidates["fits"].sum())
+    if not fitting:
+        raise NoFitError("no layout fits in GPU memory; nothing to export")
     if not 1 <= rank <= fitting:
         raise PlanInputError(f"--rank {rank} is outside the {fitting} layouts that fit "
-                             f"(valid: 1..{fitting})" if fitting else
-                             "no layout fits in GPU memory; nothing to export")
+                             f"(valid: 1..{fitting})")
     row = plan.candidates.iloc[rank - 1].to_dict()
     return ExportedJob(model=plan.model, cluster=plan.cluster, workload=plan.workload,
                        layout=Layout.from_row(row), prediction=candidate_dict(row), rank=rank,
