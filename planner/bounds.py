@@ -31,8 +31,9 @@ MAX_JSON_DEPTH = 64  # nesting of any JSON/YAML document (real ones nest < 10 de
 MAX_NAME_CHARS = 4096  # a model name, path, GPU type, override value (PATH_MAX on Linux)
 MAX_EXPANSION_DEPTH = 64  # nested ${X:-${Y:-...}} and $(( )) inside expansions
 MAX_ARITHMETIC_CHARS = 10_000  # one $((...)) expression after variable substitution
-MAX_ARITHMETIC_NODES = 2_000  # operators and operands of one $((...)) expression
+MAX_ARITHMETIC_NESTING = 32  # parentheses, unary operators and variables inside $((...))
 MAX_VARIABLE_CHARS = 1 << 20  # one shell variable's value (self-doubling `A=$A$A` stops here)
+MAX_EXPANDED_CHARS = 64 << 20  # all variable expansions of one script together
 
 
 def shown(value: Any, limit: int = 60) -> str:
