@@ -17,6 +17,7 @@ import gzip
 import io
 import json
 import math
+import numbers
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,17 @@ from typing import Any
 from planner.errors import PlanInputError, ResourceLimitError
 
 # --- the bounds (README "Input checks and security" states them) -----------------------------
+# Counts (stated in --help): the largest GPU clusters announced hold about 10^5 GPUs; no verl
+# batch, length or stage count comes near these.
+MAX_GPUS = 131_072
+MAX_GPUS_PER_NODE = 1024
+MAX_PARALLEL = 4096  # TP, PP, CP, EP, ETP, rollout sizes
+MAX_VPP = 64
+MAX_BATCH = 1 << 24  # prompts, micro-batches, max_num_seqs
+MAX_TOKENS = 1 << 24  # prompt/response lengths, token budgets (16M tokens)
+MAX_LAYERS = 4096
+CLUSTER_LIMITS = {"num_gpus": (1, MAX_GPUS), "gpus_per_node": (1, MAX_GPUS_PER_NODE)}
+# Files
 MAX_JSON_BYTES = 16 << 20  # config.json, plan.json, sweep.json, calibration files
 MAX_TRACE_BYTES = 1 << 30  # one profiler trace, after gunzip (traces of a step run to ~100s MB)
 MAX_SCRIPT_BYTES = 4 << 20  # a launch script or Hydra YAML
@@ -81,15 +93,20 @@ def check_text(field: str, value: str, *, max_chars: int = MAX_NAME_CHARS,
 # --- numbers ---------------------------------------------------------------------------------
 
 
+def _number(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
 def check_number(field: str, value: Any, low: float, high: float, *,
                  integer: bool = False) -> float | int:
     """A number from a file: a real number (not a bool, not a string), finite, in
     ``low..high``; an integer when ``integer`` (``4096.0`` is taken as 4096)."""
     kind = "an integer" if integer else "a number"
-    valid = f"{kind} in {low:,g}..{high:,g}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    valid = f"{kind} in {_number(low)}..{_number(high)}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's count too
         raise invalid(field, value, valid)
-    if isinstance(value, float):
+    if not isinstance(value, numbers.Integral):
+        value = float(value)
         if not math.isfinite(value):
             raise invalid(field, value, valid)
         if integer:
@@ -216,6 +233,18 @@ def nesting_depth(data: Any, max_depth: int = MAX_JSON_DEPTH) -> int:
             return deepest
         stack.extend((child, depth + 1) for child in children)
     return deepest
+
+
+def check_fields(where: str, values: dict, limits: dict[str, tuple[float, float]],
+                 integer: bool = True) -> dict:
+    """``values[key]`` for each key of ``limits`` that is present, checked to lie in its
+    ``(low, high)``; the message names ``where.key``."""
+    if not isinstance(values, dict):
+        raise invalid(where, values, "a JSON object")
+    for key, (low, high) in limits.items():
+        if key in values:
+            check_number(f"{where}.{key}", values[key], low, high, integer=integer)
+    return values
 
 
 def check_depth(data: Any, field: str, max_depth: int = MAX_JSON_DEPTH) -> Any:

@@ -11,17 +11,18 @@ import argparse
 import math
 
 from planner import bounds
-from planner.errors import PlanInputError
 
-# Realistic upper bounds of user-given counts (stated in --help): the largest GPU clusters
-# announced hold about 10^5 GPUs; no verl batch, length or stage count comes near these.
-MAX_GPUS = 131_072
-MAX_GPUS_PER_NODE = 1024
-MAX_PARALLEL = 4096  # TP, PP, CP, EP, ETP, rollout sizes
-MAX_VPP = 64
-MAX_BATCH = 1 << 24  # prompts, micro-batches, max_num_seqs
-MAX_TOKENS = 1 << 24  # prompt/response lengths, token budgets (16M tokens)
-MAX_LAYERS = 4096
+# Realistic upper bounds of user-given counts, stated in --help (planner/bounds.py says why)
+from planner.bounds import (
+    MAX_BATCH,
+    MAX_GPUS,
+    MAX_GPUS_PER_NODE,
+    MAX_LAYERS,
+    MAX_PARALLEL,
+    MAX_TOKENS,
+    MAX_VPP,
+)
+from planner.errors import PlanInputError
 
 
 class UsageError(PlanInputError):
