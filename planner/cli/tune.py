@@ -108,6 +108,7 @@ def cmd_tune(args) -> int:
     timeout = parse_duration(args.timeout, "--timeout") if args.timeout else None
     trial_timeout = parse_duration(args.trial_timeout, "--trial-timeout")
     hang_timeout = parse_duration(args.hang_timeout, "--hang-timeout")
+    parse_duration(args.stop_grace, "--stop-grace", limit_s=600)  # before any planning
     model_path, train_files, val_files = _job_paths(args)
     overrides = tuple(check_overrides(args.override))
     trial_env = parse_env(args.trial_env)
