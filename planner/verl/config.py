@@ -163,7 +163,14 @@ def _bad_syntax(overrides: Sequence[str]) -> str:
         try:
             parser.parse_overrides([item])
         except Exception as error:  # noqa: BLE001 - Hydra's parse errors vary
-            return f"override {item!r} is not valid Hydra syntax ({root_cause(error)})"
+            key, _, value = item.partition("=")
+            hint = ""
+            if not value.isascii() and not value.startswith(("'", '"')):
+                # Hydra's lexer (and so verl's command line) takes non-ASCII text only quoted
+                hint = (f"; verl's Hydra takes non-ASCII values quoted: "
+                        f"{key}='{value}'")
+            return (f"override {shown(item, 200)} is not valid Hydra syntax "
+                    f"({root_cause(error)}){hint}")
     return "an override is not valid Hydra syntax"
 
 

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from planner.bounds import check_text
 from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
@@ -367,6 +368,19 @@ class ExportedJob:
     train_files: str | None = None
     val_files: str | None = None
     extra: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        # Every name written into run_grpo.sh (also in its comments) and grpo.yaml: a newline
+        # or other control character would become a live line of the script.  Refused here,
+        # whatever the value came from (a flag, $MODEL_PATH, a job's model.path).
+        check_text("the model name", self.model.name, what="a model name")
+        for flag, value in (("--model-path", self.model_path),
+                            ("--train-files", self.train_files),
+                            ("--val-files", self.val_files)):
+            if value is not None:
+                check_text(flag, value, what="a path")
+        for item in self.extra:
+            check_text("--override", item, max_chars=1 << 16, what="KEY=VALUE")
 
     def overrides(self, values: dict[str, str]) -> list[str]:
         """The job's overrides with ``values`` for MODEL_PATH, TRAIN_FILES and VAL_FILES."""
