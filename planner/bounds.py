@@ -200,7 +200,8 @@ def parse_json(text: str | bytes, field: str, max_depth: int = MAX_JSON_DEPTH) -
     try:
         return json.loads(text, parse_constant=constant)
     except (ValueError, UnicodeDecodeError, RecursionError) as error:
-        raise PlanInputError(f"{field}: not valid JSON ({str(error)[:120]})") from None
+        raise PlanInputError(f"cannot read {field}: not valid JSON ({str(error)[:120]})"
+                             ) from None
 
 
 def load_json(path: Path, field: str, limit_bytes: int = MAX_JSON_BYTES,
