@@ -14,7 +14,13 @@ from __future__ import annotations
 
 import re
 
-from planner.bounds import MAX_EXPANDED_CHARS, MAX_EXPANSION_DEPTH, MAX_VARIABLE_CHARS, shown
+from planner.bounds import (
+    MAX_ARITHMETIC_CHARS,
+    MAX_EXPANDED_CHARS,
+    MAX_EXPANSION_DEPTH,
+    MAX_VARIABLE_CHARS,
+    shown,
+)
 from planner.errors import PlanInputError, ResourceLimitError
 from planner.verl.arith import Arithmetic
 
@@ -108,6 +114,10 @@ class Shell:
                 quote = c
             elif c == open_char:
                 depth += 1
+                if depth > MAX_EXPANSION_DEPTH:  # found on the first scan, not level by level
+                    self.bound(f"{open_char!r} nested more than {MAX_EXPANSION_DEPTH} deep "
+                               f"(e.g. ${{X:-${{Y:-...}}}}); the bound is "
+                               f"{MAX_EXPANSION_DEPTH}")
             elif c == close_char:
                 depth -= 1
                 if depth == 0:
@@ -188,6 +198,9 @@ class Shell:
             if self.text[end + 1:end + 2] != ")":
                 self.fail("malformed $((...))")
             expression = self.text[self.i + 3:end]
+            if len(expression) > MAX_ARITHMETIC_CHARS:  # before any expansion of it
+                self.bound(f"arithmetic expression of {len(expression):,} characters; the "
+                           f"bound is {MAX_ARITHMETIC_CHARS:,}")
             self.i = end + 2
             return self.arithmetic(expression)
         if nxt == "(":
