@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("planner", "trials")
 LAYERS = ("base", "catalog", "search", "cost", "plan", "verl", "trials", "report", "diagnose",
           "cli")
-BASE = {"planner", "planner.errors", "planner.units", "planner.phases", "planner.policy",
-        "planner.extras", "planner.versions"}
+BASE = {"planner", "planner.errors", "planner.bounds", "planner.units", "planner.phases",
+        "planner.policy", "planner.extras", "planner.versions"}
 
 
 def module_name(path: Path) -> str:

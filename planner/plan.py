@@ -209,8 +209,10 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     options = search_options_for(workload, options)
     efficiency = load_efficiency(cluster.gpu, workload.precision, calibration)
     space = build_space(model, cluster, workload, options)
+    # a pretraining step has no rollout: its one (unused) option needs no timing
     actor, memory = choose_rollout(model, cluster, workload, space.columns, space.rollouts,
-                                   options.gpu_memory_utilization, efficiency)
+                                   options.gpu_memory_utilization,
+                                   efficiency if workload.kind == "grpo" else None)
     scored = score_columns(model, cluster, workload, actor,
                            pick_utilization=options.gpu_memory_utilization is None,
                            calibration=calibration, actor=memory, policy=policy,

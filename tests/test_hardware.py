@@ -42,8 +42,11 @@ def test_unknown_gpu_suggests():
 
 
 def test_cluster_rules():
-    with pytest.raises(PlanInputError, match="positive"):
+    with pytest.raises(PlanInputError, match=r"--gpus 0 is not valid; valid: an integer in "
+                                             r"1\.\.131,072"):
         ClusterSpec(get_gpu("h100"), 0)
+    with pytest.raises(PlanInputError, match="--gpus 9223372036854775808 is not valid"):
+        ClusterSpec(get_gpu("h100"), 2**63)  # answered at once, whatever the reader
     with pytest.raises(PlanInputError, match="multiple of --gpus-per-node 8"):
         ClusterSpec(get_gpu("h100"), 12, 8)
     assert ClusterSpec(get_gpu("h100"), 4, 8).num_nodes == 1

@@ -102,3 +102,29 @@ def test_calibrate_from_a_storage_url(study_of_a_slower_cluster, tmp_path, capsy
     assert "not a plan-parallel sweep directory" in capsys.readouterr().err
     assert main(["calibrate", "--storage", storage, "--study-name", "other"]) == 2
     assert "no study 'other'" in capsys.readouterr().err
+
+
+def _state(folder):
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_report_and_calibrate_never_write_the_study(study_of_a_slower_cluster, tmp_path,
+                                                   capsys):
+    """Readers never write: the study database (and its folder) are byte-for-byte unchanged
+    after `report` and `calibrate` read them; SQLite is opened with mode=ro."""
+    sweep = study_of_a_slower_cluster / "sweep"
+    before = _state(sweep)
+    assert main(["report", str(sweep), "--html", str(tmp_path / "r.html")]) == 0
+    assert main(["calibrate", str(sweep), "-o", str(tmp_path / "c.json")]) == 0
+    assert main(["calibrate", "--storage", sqlite_url(study_of_a_slower_cluster),
+                 "-o", str(tmp_path / "d.json")]) == 0
+    assert _state(sweep) == before
+    # an empty file named study.db stays empty: no Optuna schema is created in it
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    capsys.readouterr()
+    assert main(["calibrate", "--storage", f"sqlite:///{empty}", "-o",
+                 str(tmp_path / "e.json")]) == 2
+    assert empty.stat().st_size == 0 and not (tmp_path / "e.json").exists()
+    assert "cannot read" in capsys.readouterr().err

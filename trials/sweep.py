@@ -6,10 +6,10 @@ This is the API ``plan-parallel report`` and ``calibrate`` read sweeps through.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from planner.bounds import CLUSTER_LIMITS, MAX_JSON_BYTES, check_fields, load_json
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
@@ -46,18 +46,9 @@ def locate(storage: str | None, sweep_dir: str | Path | None,
     return resolve_storage(url, sweep), study_name or name
 
 
-def read_json(path: Path, limit_bytes: int = 16 << 20) -> dict:
-    """A JSON object from a sweep folder, with its size bounded."""
-    try:
-        if path.stat().st_size > limit_bytes:
-            raise PlanInputError(f"{path} is larger than {limit_bytes >> 20} MiB; not a "
-                                 f"plan-parallel file")
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise PlanInputError(f"cannot read {path}: {str(error)[:200]}") from None
-    if not isinstance(data, dict):
-        raise PlanInputError(f"{path} is not a JSON object")
-    return data
+def read_json(path: Path, limit_bytes: int = MAX_JSON_BYTES) -> dict:
+    """A JSON object from a sweep folder, with its size and nesting bounded before parsing."""
+    return load_json(path, "sweep file", limit_bytes)
 
 
 def open_study(storage: str | None = None, sweep_dir: str | Path | None = None,
@@ -92,6 +83,11 @@ def study_setting(study: "Study") -> tuple[ModelSpec, ClusterSpec, GrpoWorkload]
     if not isinstance(info, dict):
         raise PlanInputError(f"study {study.study_name!r} was not made by plan-parallel tune")
     try:
+        spec_fields = ModelSpec.__dataclass_fields__
+        counts = {name: (0, 1 << 24) for name, field in spec_fields.items()
+                  if field.type in ("int", int)}
+        check_fields(f"study {study.study_name!r}: model", info["model"], counts)
+        check_fields(f"study {study.study_name!r}: cluster", info["cluster"], CLUSTER_LIMITS)
         model = ModelSpec(**info["model"])
         cluster = info["cluster"]
         cluster = ClusterSpec(get_gpu(cluster["gpu_type"]), int(cluster["num_gpus"]),

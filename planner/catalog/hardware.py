@@ -12,6 +12,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
+from planner.bounds import MAX_GPUS, MAX_GPUS_PER_NODE, check_number
 from planner.errors import PlanInputError
 from planner.units import GIB, GIGA, MIB, TERA
 
@@ -152,10 +153,8 @@ class ClusterSpec:
     host_memory_gib: float | None = None  # host RAM per node; None: the GPU catalog's typical
 
     def __post_init__(self) -> None:
-        if self.num_gpus < 1:
-            raise PlanInputError(f"--gpus must be a positive integer, got {self.num_gpus}")
-        if self.gpus_per_node < 1:
-            raise PlanInputError(f"--gpus-per-node must be positive, got {self.gpus_per_node}")
+        check_number("--gpus", self.num_gpus, 1, MAX_GPUS, integer=True)
+        check_number("--gpus-per-node", self.gpus_per_node, 1, MAX_GPUS_PER_NODE, integer=True)
         if self.host_memory_gib is not None and not 1 <= self.host_memory_gib <= 1 << 20:
             raise PlanInputError(f"--host-memory-gib {self.host_memory_gib} is outside "
                                  f"1..1048576 (GiB of host RAM per node)")

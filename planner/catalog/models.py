@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
+from planner.bounds import check_number, check_text, load_json, shown
 from planner.errors import PlanInputError
 from planner.extras import available
 
@@ -261,11 +262,49 @@ def _first(config: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
+# config.json fields the planner reads as integers -> (low, high): what real models use, with
+# wide margins (the largest published configs: hidden 16,384 / 128 layers / 256 experts /
+# 256k vocabulary).  Each is checked before use, so no transformers default hides a bad one.
+REQUIRED_FIELDS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+_WIDTH = 1 << 20
+INTEGER_FIELDS = {
+    "hidden_size": (1, _WIDTH), "num_attention_heads": (1, 1 << 16),
+    "num_hidden_layers": (1, 4096), "vocab_size": (1, 1 << 24),
+    "num_key_value_heads": (1, 1 << 16), "head_dim": (1, 1 << 16),
+    "intermediate_size": (1, 1 << 24), "moe_intermediate_size": (0, 1 << 24),
+    "shared_expert_intermediate_size": (0, 1 << 24), "num_experts": (0, 1 << 16),
+    "num_local_experts": (0, 1 << 16), "n_routed_experts": (0, 1 << 16),
+    "moe_num_experts": (0, 1 << 16), "num_experts_per_tok": (0, 1 << 16),
+    "moe_top_k": (0, 1 << 16), "n_shared_experts": (0, 1 << 12),
+    "num_shared_experts": (0, 1 << 12), "first_k_dense_replace": (0, 4096),
+    "q_lora_rank": (0, _WIDTH), "kv_lora_rank": (0, _WIDTH), "qk_nope_head_dim": (0, 1 << 16),
+    "qk_rope_head_dim": (0, 1 << 16), "v_head_dim": (0, 1 << 16),
+    "num_nextn_predict_layers": (0, 4096),
+}
+
+
+def check_config_fields(config: Mapping[str, Any], name: str) -> None:
+    """Every size the planner reads from a config.json: present where required, an integer
+    (``4096.0`` counts), finite and in range; the message names the field."""
+    for key in REQUIRED_FIELDS:
+        if config.get(key) is None:
+            raise PlanInputError(f"config for {name!r} lacks {key!r}; not a decoder LLM "
+                                 f"config.json (required: {', '.join(REQUIRED_FIELDS)})")
+    for key, (low, high) in INTEGER_FIELDS.items():
+        if config.get(key) is not None:
+            check_number(f"config for {name!r}: {key}", config[key], low, high, integer=True)
+
+
 def spec_from_hf_config(config: Mapping[str, Any], name: str, source: str = "") -> ModelSpec:
     """Normalise a Hugging Face config dict (any of the common decoder families) to a spec."""
-    if isinstance(config.get("text_config"), Mapping):  # multimodal wrappers: the language model
-        config = {**config["text_config"], "model_type": config["text_config"].get(
+    text_config = config.get("text_config")
+    if text_config is not None and not isinstance(text_config, Mapping):
+        raise PlanInputError(f"config for {name!r}: text_config {shown(text_config)} is not "
+                             f"valid; valid: the language model's config (a JSON object)")
+    if isinstance(text_config, Mapping):  # multimodal wrappers: the language model
+        config = {**text_config, "model_type": text_config.get(
             "model_type", config.get("model_type", ""))}
+    check_config_fields(config, name)
     try:
         model_type = str(config.get("model_type", ""))
         hidden = int(config["hidden_size"])
@@ -396,10 +435,7 @@ def load_model_config_path(path: Path) -> ModelSpec:
     config_file = path / "config.json" if path.is_dir() else path
     if not config_file.is_file():
         raise PlanInputError(f"model path {str(path)!r} has no config.json")
-    try:
-        raw = json.loads(config_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise PlanInputError(f"cannot read {str(config_file)!r}: {error}") from None
+    raw = load_json(config_file, "model config.json", kind=None)  # size and depth bounded
     if not isinstance(raw, dict):
         raise PlanInputError(f"{str(config_file)!r} is not a JSON object")
     name = path.name if path.is_dir() else path.parent.name or config_file.stem
@@ -432,6 +468,7 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     """A catalog name or alias, or a local model directory / config.json path."""
     if not name_or_path.strip():
         raise PlanInputError("--model is empty; give a catalog name or a config.json path")
+    check_text("--model", name_or_path, what="a catalog name or a config.json path")
     found = _alias_index().get(_key(name_or_path))
     if found is not None:
         return builtin_model(found)

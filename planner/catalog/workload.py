@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from planner.bounds import MAX_BATCH, MAX_TOKENS, check_number
 from planner.errors import PlanInputError
 from planner.phases import PHASES, Phase
 
@@ -24,6 +25,14 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 ROLLOUT_ENGINES = ("vllm", "sglang")
 ROLLOUT_PRECISIONS = ("bf16", "fp8")  # rollout weights and KV cache (vLLM quantization=fp8)
 WEIGHT_SYNC_PATHS = ("per_tensor", "bucketed")
+
+
+# every count of a GRPO workload -> (low, high), the flags' bounds (planner/bounds.py)
+GRPO_LIMITS = {"train_batch_size": (1, MAX_BATCH), "rollout_n": (1, 4096),
+               "prompt_length": (1, MAX_TOKENS), "response_length": (1, MAX_TOKENS),
+               "mini_batch_size": (1, MAX_BATCH), "ppo_epochs": (1, 1000),
+               "max_num_seqs": (1, MAX_BATCH), "max_num_batched_tokens": (1, MAX_TOKENS),
+               "mean_response_length": (0, MAX_TOKENS), "entropy_chunk_tokens": (0, MAX_TOKENS)}
 
 
 @dataclass(frozen=True)
@@ -71,16 +80,25 @@ class GrpoWorkload:
     weight_sync: str = "per_tensor"
 
     def __post_init__(self) -> None:
-        for name in ("train_batch_size", "rollout_n", "prompt_length", "response_length",
-                     "mini_batch_size", "ppo_epochs", "max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if value < 1:
-                raise PlanInputError(f"--{name.replace('_', '-')} must be a positive integer, "
-                                     f"got {value}")
+        for name, (low, high) in GRPO_LIMITS.items():  # from flags, plan.json, a study, a job
+            check_number(f"--{name.replace('_', '-')}", getattr(self, name), low, high,
+                         integer=True)
         if self.mini_batch_size > self.train_batch_size:
             raise PlanInputError(
                 f"--mini-batch-size {self.mini_batch_size} exceeds --train-batch-size "
                 f"{self.train_batch_size}; verl needs train_batch_size >= ppo_mini_batch_size")
+        if self.train_batch_size % self.mini_batch_size:
+            # verl 0.9 (workers/engine_workers.py -> utils/tensordict_utils.make_iterator)
+            # asserts that each DP rank's batch splits into whole mini-batches
+            divisors = [d for d in range(1, self.train_batch_size + 1)
+                        if not self.train_batch_size % d] if self.train_batch_size < 1 << 16 \
+                else []
+            near = min(divisors, key=lambda d: abs(d - self.mini_batch_size)) if divisors else 0
+            raise PlanInputError(
+                f"--mini-batch-size {self.mini_batch_size} does not divide --train-batch-size "
+                f"{self.train_batch_size}; verl splits each step into whole mini-batches "
+                f"(ppo_mini_batch_size must divide data.train_batch_size)"
+                + (f", e.g. {near}" if near else ""))
         if self.precision not in PRECISIONS:
             raise PlanInputError(f"--precision {self.precision!r} is not one of "
                                  f"{', '.join(PRECISIONS)}")
@@ -164,9 +182,9 @@ class PretrainWorkload:
     precision: str = "bf16"
 
     def __post_init__(self) -> None:
-        if self.seq_len < 1 or self.global_batch < 1:
-            raise PlanInputError(f"--seq-len {self.seq_len} and --global-batch "
-                                 f"{self.global_batch} must be positive integers")
+        for name, high in (("seq_len", MAX_TOKENS), ("global_batch", MAX_BATCH)):
+            check_number(f"--{name.replace('_', '-')}", getattr(self, name), 1, high,
+                         integer=True)
         if self.precision not in PRECISIONS:
             raise PlanInputError(f"--precision {self.precision!r} is not one of "
                                  f"{', '.join(PRECISIONS)}")

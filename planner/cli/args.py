@@ -10,17 +10,19 @@ from __future__ import annotations
 import argparse
 import math
 
-from planner.errors import PlanInputError
+from planner import bounds
 
-# Realistic upper bounds of user-given counts (stated in --help): the largest GPU clusters
-# announced hold about 10^5 GPUs; no verl batch, length or stage count comes near these.
-MAX_GPUS = 131_072
-MAX_GPUS_PER_NODE = 1024
-MAX_PARALLEL = 4096  # TP, PP, CP, EP, ETP, rollout sizes
-MAX_VPP = 64
-MAX_BATCH = 1 << 24  # prompts, micro-batches, max_num_seqs
-MAX_TOKENS = 1 << 24  # prompt/response lengths, token budgets (16M tokens)
-MAX_LAYERS = 4096
+# Realistic upper bounds of user-given counts, stated in --help (planner/bounds.py says why)
+from planner.bounds import (
+    MAX_BATCH,
+    MAX_GPUS,
+    MAX_GPUS_PER_NODE,
+    MAX_LAYERS,
+    MAX_PARALLEL,
+    MAX_TOKENS,
+    MAX_VPP,
+)
+from planner.errors import PlanInputError
 
 
 class UsageError(PlanInputError):
@@ -68,6 +70,27 @@ def fraction(low: float, high: float, inclusive_low: bool = True):
     return parse
 
 
+def free_text(what: str, max_chars: int = bounds.MAX_NAME_CHARS):
+    """An argparse type: a name or path -- not empty, no control characters (a newline would
+    become a live line in an exported script), at most ``max_chars`` characters.  Other
+    unicode is taken as given."""
+
+    def parse(value: str) -> str:
+        if not value.strip():
+            raise argparse.ArgumentTypeError(f"empty value; give {what}")
+        try:
+            return bounds.check_text("value", value, max_chars=max_chars, what=what)
+        except PlanInputError as error:
+            raise argparse.ArgumentTypeError(str(error).removeprefix("value ")) from None
+
+    parse.__name__ = "text"
+    return parse
+
+
+NAME = free_text("a name or path")
+PATH = free_text("a path")
+
+
 def _shown(text: str, limit: int = 40) -> str:
     text = str(text)
     return repr(text if len(text) <= limit else text[:limit] + "...")
@@ -75,13 +98,14 @@ def _shown(text: str, limit: int = 40) -> str:
 
 def cluster_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     group = parser.add_argument_group("model and cluster")
-    group.add_argument("--model", required=required,
+    group.add_argument("--model", type=NAME, required=required,
                        help="catalog name or alias (qwen3-30b, llama3.1-70b, deepseek-v3, ...) "
                             "or a local model directory / config.json")
     group.add_argument("--gpus", type=integer(1, MAX_GPUS),
                        help=f"number of GPUs, 1..{MAX_GPUS:,} (default: the local GPUs NVML "
                             f"reports)")
-    group.add_argument("--gpu-type", help="GPU catalog name (h100, h200, h20, b200, ...); "
+    group.add_argument("--gpu-type", type=NAME,
+                       help="GPU catalog name (h100, h200, h20, b200, ...); "
                                           "default: detected through NVML, else H100-80GB")
     group.add_argument("--gpus-per-node", type=integer(1, MAX_GPUS_PER_NODE),
                        help="GPUs per node (default 8, or the detected count)")
@@ -91,7 +115,7 @@ def cluster_args(parser: argparse.ArgumentParser, required: bool = True) -> None
 
 
 def memory_band_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--memory-band", metavar="LOW-HIGH",
+    parser.add_argument("--memory-band", type=NAME, metavar="LOW-HIGH",
                         help="fraction of GPU memory a peak should sit in (default 0.70-0.85, "
                              "the band users watch in nvidia-smi; 0.70-0.95 fills the GPU)")
 
@@ -123,7 +147,8 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
                        help="pretrain: sequence length")
     group.add_argument("--global-batch", type=integer(1, MAX_BATCH), default=1024,
                        help="pretrain: sequences per optimizer step")
-    group.add_argument("--calibration", help="efficiency constants fitted for your cluster "
+    group.add_argument("--calibration", type=PATH,
+                       help="efficiency constants fitted for your cluster "
                                              "(JSON from `plan-parallel calibrate`)")
     algo = parser.add_argument_group("algorithm, kernels and rollout engine (verl keys)")
     algo.add_argument("--kl-loss", action=argparse.BooleanOptionalAction, default=True,
@@ -174,7 +199,7 @@ def layout_args(parser: argparse.ArgumentParser, required: bool) -> None:
     for name, text, high in LAYOUT_INTS:
         group.add_argument(f"--{name}", type=integer(1, high), help=f"{text} (1..{high})")
     group.add_argument("--recompute", choices=("none", "selective", "full"))
-    group.add_argument("--recompute-modules", metavar="M,M",
+    group.add_argument("--recompute-modules", type=NAME, metavar="M,M",
                        help="selective: megatron-core recompute_modules (core_attn, layernorm, "
                             "moe_act, mla_up_proj, mlp, moe, shared_experts)")
     group.add_argument("--recompute-method", choices=("uniform", "block"),
@@ -203,7 +228,8 @@ def layout_args(parser: argparse.ArgumentParser, required: bool) -> None:
                        help="count the embedding as a pipeline layer (megatron-core)")
     group.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
                        help="count the loss as a pipeline layer (megatron-core)")
-    group.add_argument("--pipeline-layout", metavar="LAYOUT",
+    group.add_argument("--pipeline-layout", type=free_text("a pipeline layout", 1 << 16),
+                       metavar="LAYOUT",
                        help="pipeline_model_parallel_layout string, e.g. 'Et*3|(tt|)*29,m|L'")
     group.add_argument("--gpu-memory-utilization", type=fraction(0.05, 0.99),
                        help="rollout engine's memory fraction, 0.05..0.99 (default: picked per "
@@ -216,13 +242,16 @@ def output_args(parser: argparse.ArgumentParser, formats: tuple[str, ...]) -> No
 
 def job_input_args(parser: argparse.ArgumentParser) -> None:
     """What validate, fix and diff read a job with."""
-    parser.add_argument("--set", action="append", default=[], metavar="VAR=VALUE",
+    parser.add_argument("--set", type=free_text("VAR=VALUE", 1 << 16),
+                        action="append", default=[], metavar="VAR=VALUE",
                         help="environment variable for the script's $VAR / ${VAR:-...} and "
                              "YAML ${oc.env:VAR} (repeatable)")
-    parser.add_argument("--model", help="model for the checks and the memory estimate when "
+    parser.add_argument("--model", type=NAME,
+                        help="model for the checks and the memory estimate when "
                                         "actor_rollout_ref.model.path has no readable "
                                         "config.json (catalog name or config.json)")
-    parser.add_argument("--gpu-type", help="GPU catalog name (default: detected through NVML, "
+    parser.add_argument("--gpu-type", type=NAME,
+                        help="GPU catalog name (default: detected through NVML, "
                                            "else H100-80GB)")
     memory_band_args(parser)
 
@@ -239,16 +268,18 @@ def _plan_parser(sub) -> None:
     plan.add_argument("--no-offload", action="store_true",
                       help="leave parameter/optimizer offload out of the search")
     export = plan.add_argument_group("export the chosen layout as a runnable verl job")
-    export.add_argument("--write", metavar="DIR", help="write launch script, Hydra config and "
+    export.add_argument("--write", type=PATH,
+                        metavar="DIR", help="write launch script, Hydra config and "
                                                        "plan.json for the chosen layout")
     export.add_argument("--rank", type=integer(1, 1 << 30), default=1,
                         help="which ranked layout (default 1)")
     export.add_argument("--force", action="store_true", help="overwrite files in DIR")
-    export.add_argument("--model-path", help="HF model directory for the job (default: "
+    export.add_argument("--model-path", type=PATH, help="HF model directory for the job (default: "
                                               "$MODEL_PATH in the script)")
-    export.add_argument("--train-files", help="training parquet (default: $TRAIN_FILES)")
-    export.add_argument("--val-files", help="validation parquet (default: $VAL_FILES)")
-    export.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+    export.add_argument("--train-files", type=PATH, help="training parquet (default: $TRAIN_FILES)")
+    export.add_argument("--val-files", type=PATH, help="validation parquet (default: $VAL_FILES)")
+    export.add_argument("--override", type=free_text("KEY=VALUE", 1 << 16),
+                        action="append", default=[], metavar="KEY=VALUE",
                         help="extra Hydra override for the job (repeatable)")
 
 
@@ -270,6 +301,7 @@ def _validate_parser(sub) -> None:
                                         "Exit 0: would launch; 1: would not; 2: unreadable "
                                         "input.")
     parser.add_argument("inputs", nargs="*", metavar="PATH | -- KEY=VALUE",
+                        type=free_text("a path or KEY=VALUE", 1 << 16),
                         help="a launch script (bash) or Hydra YAML, and/or Hydra overrides "
                              "after `--`")
     job_input_args(parser)
@@ -282,10 +314,12 @@ def _fix_parser(sub) -> None:
                             description="List the mitigations for a verl job that does not fit "
                                         "or sits outside the memory band, cheapest first.")
     parser.add_argument("inputs", nargs="*", metavar="PATH | -- KEY=VALUE",
+                        type=free_text("a path or KEY=VALUE", 1 << 16),
                         help="a launch script, Hydra YAML and/or overrides, as for validate")
     job_input_args(parser)
     parser.add_argument("--format", choices=("text", "json"), default="text")
-    parser.add_argument("--write", metavar="DIR", help="write the best mitigation as a job")
+    parser.add_argument("--write", type=PATH,
+                        metavar="DIR", help="write the best mitigation as a job")
     parser.add_argument("--force", action="store_true", help="overwrite files in DIR")
     parser.add_argument("--top", type=integer(1, 1000), default=8,
                         help="mitigations to list (default 8)")
@@ -295,8 +329,8 @@ def _diff_parser(sub) -> None:
     parser = sub.add_parser("diff", help="what changes between two configs, its risk and effect",
                             description="Compare two verl jobs: changed settings, risk, "
                                         "predicted effect.")
-    parser.add_argument("a", help="the current job (launch script or Hydra YAML)")
-    parser.add_argument("b", help="the changed job")
+    parser.add_argument("a", type=PATH, help="the current job (launch script or Hydra YAML)")
+    parser.add_argument("b", type=PATH, help="the changed job")
     job_input_args(parser)
     parser.add_argument("--format", choices=("text", "json"), default="text")
 
@@ -312,18 +346,21 @@ def _explain_parser(sub) -> None:
 
 def _profile_parser(sub) -> None:
     parser = sub.add_parser("profile", help="communication analysis of PyTorch profiler traces")
-    parser.add_argument("traces", nargs="+", metavar="TRACE",
+    parser.add_argument("traces", type=PATH, nargs="+", metavar="TRACE",
                         help="PyTorch profiler Chrome trace(s), .json or .json.gz, or a folder")
     parser.add_argument("--format", choices=("table", "json"), default="table")
 
 
 def _report_parser(sub) -> None:
     parser = sub.add_parser("report", help="HTML report of a plan or a tuning sweep")
-    parser.add_argument("sweep", nargs="?", help="a sweep folder (plan-parallel tune --write "
+    parser.add_argument("sweep", type=PATH,
+                        nargs="?", help="a sweep folder (plan-parallel tune --write "
                                                  "or --sweep-dir)")
-    parser.add_argument("--html", default=None, help="output HTML (default: report.html in the "
+    parser.add_argument("--html", type=PATH,
+                        default=None, help="output HTML (default: report.html in the "
                                                      "sweep folder, or ./report.html)")
-    parser.add_argument("--png-dir", default=None, help="also write the figures as PNG files")
+    parser.add_argument("--png-dir", type=PATH,
+                        default=None, help="also write the figures as PNG files")
     parser.add_argument("--force", action="store_true", help="overwrite an existing report")
     cluster_args(parser, required=False)
     workload_args(parser)
@@ -339,13 +376,17 @@ def _tune_parser(sub) -> None:
     study.add_argument("--trials", type=integer(1, 100_000), default=20,
                        help="measured trials the study should have (default 20; several tuners "
                             "on one study share this count)")
-    study.add_argument("--timeout", help="start no trial after this long, e.g. 8h (default: "
+    study.add_argument("--timeout", type=NAME,
+                       help="start no trial after this long, e.g. 8h (default: "
                                          "no limit)")
-    study.add_argument("--study-name", help="default: derived from model, GPUs and workload")
-    study.add_argument("--storage", help="SQLAlchemy URL (sqlite:///f.db, postgresql://user:pass"
+    study.add_argument("--study-name", type=NAME,
+                       help="default: derived from model, GPUs and workload")
+    study.add_argument("--storage", type=NAME,
+                       help="SQLAlchemy URL (sqlite:///f.db, postgresql://user:pass"
                                          "@host/db) or journal:PATH (default: SQLite in the "
                                          "sweep directory)")
-    study.add_argument("--sweep-dir", help="trial directories, logs, study.db, trials.csv "
+    study.add_argument("--sweep-dir", type=PATH,
+                       help="trial directories, logs, study.db, trials.csv "
                                            "(default: sweeps/<study name>)")
     study.add_argument("--steps", type=integer(1, 100_000), default=5,
                        help="training steps per trial (trainer.total_training_steps, default 5)")
@@ -373,23 +414,25 @@ def _tune_parser(sub) -> None:
     trial = parser.add_argument_group("trials")
     trial.add_argument("--launcher", choices=("local", "ray"), default="local",
                        help="local: a process group on this node; ray: a job on a Ray cluster")
-    trial.add_argument("--ray-address", help="Ray dashboard address for --launcher ray "
+    trial.add_argument("--ray-address", type=NAME, help="Ray dashboard address for --launcher ray "
                                              "(default $RAY_ADDRESS or http://127.0.0.1:8265)")
     trial.add_argument("--no-shared-fs", action="store_true",
                        help="ray: the cluster cannot see the sweep directory (metrics come "
                             "from the job's console log)")
-    trial.add_argument("--trainer-command", help="command before the overrides (default "
+    trial.add_argument("--trainer-command", type=free_text("a command", 1 << 16),
+                       help="command before the overrides (default "
                                                  "'python3 -m verl.trainer.main_ppo'; e.g. "
                                                  "'srun --ntasks=1 python3 -m ...')")
-    trial.add_argument("--trial-timeout", default="30m",
+    trial.add_argument("--trial-timeout", type=NAME, default="30m",
                        help="wall-clock limit of one trial (default 30m)")
-    trial.add_argument("--hang-timeout", default="10m",
+    trial.add_argument("--hang-timeout", type=NAME, default="10m",
                        help="stop a trial whose log and metrics stop growing this long "
                             "(default 10m)")
-    trial.add_argument("--stop-grace", default="15s",
+    trial.add_argument("--stop-grace", type=NAME, default="15s",
                        help="SIGTERM-to-SIGKILL delay when stopping a trial (default 15s, at "
                             "most 10m)")
-    trial.add_argument("--trial-env", action="append", default=[], metavar="NAME=VALUE",
+    trial.add_argument("--trial-env", type=free_text("NAME=VALUE", 1 << 16),
+                       action="append", default=[], metavar="NAME=VALUE",
                        help="environment variable for every trial (repeatable)")
     trial.add_argument("--heartbeat-interval", type=integer(1, 86_400), default=30,
                        help="seconds between a running trial's heartbeats (default 30)")
@@ -399,27 +442,31 @@ def _tune_parser(sub) -> None:
     trial.add_argument("--max-retry", type=integer(0, 1000), default=3,
                        help="retries of a trial whose tuner died (default 3)")
     export = parser.add_argument_group("the verl job (trials and the written-back best layout)")
-    export.add_argument("--write", metavar="DIR",
+    export.add_argument("--write", type=PATH, metavar="DIR",
                         help="write the best measured layout as a verl job (and trials.csv)")
-    export.add_argument("--model-path", help="HF model directory (default $MODEL_PATH)")
-    export.add_argument("--train-files", help="training parquet (default $TRAIN_FILES)")
-    export.add_argument("--val-files", help="validation parquet (default $VAL_FILES)")
-    export.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+    export.add_argument("--model-path", type=PATH, help="HF model directory (default $MODEL_PATH)")
+    export.add_argument("--train-files", type=PATH, help="training parquet (default $TRAIN_FILES)")
+    export.add_argument("--val-files", type=PATH, help="validation parquet (default $VAL_FILES)")
+    export.add_argument("--override", type=free_text("KEY=VALUE", 1 << 16),
+                        action="append", default=[], metavar="KEY=VALUE",
                         help="extra Hydra override for the job (repeatable)")
 
 
 def _calibrate_parser(sub) -> None:
     parser = sub.add_parser("calibrate", help="fit efficiency constants from measured trials")
-    parser.add_argument("sweep_dir", nargs="?", metavar="SWEEP_DIR",
+    parser.add_argument("sweep_dir", type=PATH, nargs="?", metavar="SWEEP_DIR",
                         help="a `plan-parallel tune` sweep directory (its sweep.json names the "
                              "study and storage)")
-    parser.add_argument("--storage", help="the study's storage URL instead (sqlite:///..., "
+    parser.add_argument("--storage", type=NAME,
+                        help="the study's storage URL instead (sqlite:///..., "
                                           "postgresql://..., journal:PATH)")
-    parser.add_argument("--study-name", help="which study (default: the sweep's, or the only "
+    parser.add_argument("--study-name", type=NAME,
+                        help="which study (default: the sweep's, or the only "
                                              "plan-parallel study in the storage)")
-    parser.add_argument("--calibration", help="calibration to start from and compare with "
+    parser.add_argument("--calibration", type=PATH,
+                        help="calibration to start from and compare with "
                                               "(default: the shipped one)")
-    parser.add_argument("--output", "-o", help="file to write (default: SWEEP_DIR/"
+    parser.add_argument("--output", "-o", type=PATH, help="file to write (default: SWEEP_DIR/"
                                                "calibration.json, else ./calibration.json)")
     parser.add_argument("--force", action="store_true", help="overwrite --output")
 

@@ -11,7 +11,7 @@ from planner.catalog.models import builtin_model, catalog_names, resolve_model
 from planner.cli import inputs
 from planner.cli.args import UsageError
 from planner.cli.codes import ExitCode
-from planner.errors import InvalidLayoutError
+from planner.errors import InvalidLayoutError, NoFitError
 from planner.plan import estimate_layout, make_plan
 from planner.report.text import (
     estimate_dict,
@@ -36,9 +36,13 @@ def cmd_plan(args) -> int:
                      inputs.policy(args))
     fitting = int(plan.candidates["fits"].sum())
     if args.write:
+        if not fitting:
+            raise NoFitError(f"no layout of {model.name} fits on {cluster.num_gpus} x "
+                             f"{cluster.gpu.name}; nothing written (add GPUs or use a larger "
+                             f"GPU)")
         if not 1 <= args.rank <= fitting:
-            raise UsageError(f"--rank {args.rank} is outside the {fitting} layouts that fit"
-                             if fitting else "no layout fits in GPU memory; nothing to write")
+            raise UsageError(f"--rank {args.rank} is outside the {fitting} layouts that fit "
+                             f"(valid: 1..{fitting})")
         written = write_plan_job(plan, rank=args.rank, directory=Path(args.write),
                                  force=args.force, model_path=args.model_path,
                                  train_files=args.train_files, val_files=args.val_files,

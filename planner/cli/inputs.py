@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from planner.bounds import load_json
 from planner.catalog.hardware import (
     DEFAULT_GPU,
     DEFAULT_GPUS_PER_NODE,
@@ -76,6 +77,7 @@ def workload(args):
 def calibration(args) -> dict | None:
     if not getattr(args, "calibration", None):
         return None
+    load_json(Path(args.calibration), "--calibration")  # size, depth, NaN checked first
     return read_calibration(Path(args.calibration))
 
 

@@ -8,7 +8,7 @@ from planner.catalog.models import resolve_model
 from planner.cli import inputs
 from planner.cli.args import UsageError
 from planner.cli.codes import ExitCode
-from planner.errors import PlanInputError
+from planner.errors import NoFitError, PlanInputError
 from planner.plan import make_plan
 from planner.report.html import load_trials, plan_from_sweep, write_report
 
@@ -28,6 +28,10 @@ def cmd_report(args) -> int:
     elif args.model:
         plan = make_plan(resolve_model(args.model), inputs.resolve_cluster(args),
                          inputs.workload(args), calibration=calibration, policy=policy)
+        if not plan.candidates["fits"].any():  # "no layout fits": exit 1, as every command
+            raise NoFitError(f"no layout of {plan.model.name} fits on "
+                             f"{plan.cluster.num_gpus} x {plan.cluster.gpu.name}; no report "
+                             f"written (add GPUs or use a larger GPU)")
         output = Path(args.html or "report.html")
     else:
         raise UsageError("give a sweep folder, or --model and --gpus for a plan report")

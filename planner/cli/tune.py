@@ -8,7 +8,7 @@ import sys
 
 from planner.catalog.models import resolve_model
 from planner.cli import inputs
-from planner.errors import PlanInputError
+from planner.errors import NoFitError, PlanInputError
 from planner.plan import make_plan
 from planner.verl.export import check_overrides
 from trials.candidates import CandidateSet
@@ -108,6 +108,7 @@ def cmd_tune(args) -> int:
     timeout = parse_duration(args.timeout, "--timeout") if args.timeout else None
     trial_timeout = parse_duration(args.trial_timeout, "--trial-timeout")
     hang_timeout = parse_duration(args.hang_timeout, "--hang-timeout")
+    parse_duration(args.stop_grace, "--stop-grace", limit_s=600)  # before any planning
     model_path, train_files, val_files = _job_paths(args)
     overrides = tuple(check_overrides(args.override))
     trial_env = parse_env(args.trial_env)
@@ -119,8 +120,8 @@ def cmd_tune(args) -> int:
     options = inputs.search_options(args, workload)
     plan = make_plan(model, cluster, workload, options, inputs.calibration(args))
     candidates = CandidateSet.from_plan(plan, args.memory_margin, args.max_candidates)
-    if not len(candidates):
-        raise PlanInputError(f"no layout of {model.name} on {cluster.num_gpus} x "
+    if not len(candidates):  # "no layout fits": exit 1, as for every command
+        raise NoFitError(f"no layout of {model.name} on {cluster.num_gpus} x "
                              f"{cluster.gpu.name} is predicted to fit with a "
                              f"{args.memory_margin:.0%} memory margin; nothing to try")
     study_name = args.study_name or default_study_name(model, cluster, workload)

@@ -87,9 +87,12 @@ def _side(path: str, job_input: JobInput) -> tuple[dict, dict]:
 def compare(a: str, b: str, job_input: JobInput) -> dict:
     """Both jobs read as validate reads them (``job_input`` gives the settings, model, GPU)."""
     (report_a, context_a), (report_b, context_b) = _side(a, job_input), _side(b, job_input)
-    for path, context in ((a, context_a), (b, context_b)):
+    for path, report, context in ((a, report_a, context_a), (b, report_b, context_b)):
         if "config" not in context:
-            raise PlanInputError(f"cannot read a verl Megatron job from {path!r}; run "
+            errors = [f["message"] for f in report["findings"] if f.get("level") == "error"]
+            unsafe = [f["message"] for f in report["findings"] if f["check"] == "unsafe_target"]
+            raise PlanInputError(f"cannot read a verl Megatron job from {path!r}"
+                                 f"{': ' + (unsafe or errors)[0] if errors else ''}; run "
                                  f"`plan-parallel validate {path}`")
     flat_a, flat_b = flatten(context_a["config"]), flatten(context_b["config"])
     changes = []

@@ -21,13 +21,13 @@ counted twice.
 
 from __future__ import annotations
 
-import gzip
-import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.errors import PlanInputError
+from planner.bounds import MAX_TRACE_BYTES, check_number, invalid, parse_json, read_bytes
+from planner.errors import PlanInputError, ResourceLimitError
 
 COMM_KERNEL = re.compile(r"nccl|nvshmem|deep_?ep|userbuffers|all_?reduce|all_?gather|"
                          r"reduce_?scatter|all_?to_?all|sendrecv|c10d", re.IGNORECASE)
@@ -97,14 +97,20 @@ def kernel_family(name: str) -> str:
     return name.split("(")[0][:40]
 
 
+MAX_TIMESTAMP_US = 1e15  # ~31 years in microseconds: any real trace's clock is below
+MAX_RANK = 1 << 20
+
+
 def read_trace(path: Path) -> dict:
+    """A Chrome trace, with its size (also gunzipped) and nesting bounded before parsing."""
+    field = f"trace {str(path)!r}"
+    raw = read_bytes(path, "trace", MAX_TRACE_BYTES)
     try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        data = json.loads(raw)
-    except (OSError, EOFError, gzip.BadGzipFile, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PlanInputError(f"cannot read trace {str(path)!r}: {e}") from None
+        data = parse_json(raw, field)
+    except ResourceLimitError:
+        raise
+    except PlanInputError as error:
+        raise PlanInputError(f"cannot read {error}") from None
     if isinstance(data, list):
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
@@ -112,9 +118,36 @@ def read_trace(path: Path) -> dict:
     return data
 
 
-def profile_trace(data: dict, rank: int) -> list[StepProfile]:
-    events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
-              and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
+def trace_rank(data: dict, default: int, where: str) -> int:
+    """``distributedInfo.rank`` (the file's position when absent), checked."""
+    info = data.get("distributedInfo", {})
+    if info is None:
+        return default
+    if not isinstance(info, dict):
+        raise invalid(f"{where}: distributedInfo", info, "an object with the rank")
+    if "rank" not in info:
+        return default
+    return int(check_number(f"{where}: distributedInfo.rank", info["rank"], 0, MAX_RANK,
+                            integer=True))
+
+
+def _checked(event: dict, index: int, where: str) -> dict:
+    """A complete event's fields, type- and range-checked (the message names the field)."""
+    for key in ("ts", "dur"):
+        check_number(f"{where} event {index}: {key}", event.get(key), 0, MAX_TIMESTAMP_US)
+    name = event.get("name", "")
+    if not isinstance(name, str):
+        raise invalid(f"{where} event {index}: name", name, "a string")
+    tid = event.get("tid")
+    if tid is not None and (isinstance(tid, bool) or not isinstance(tid, (int, str))):
+        raise invalid(f"{where} event {index}: tid", tid, "a stream id (integer or string)")
+    return event
+
+
+def profile_trace(data: dict, rank: int, where: str = "trace") -> list[StepProfile]:
+    events = [_checked(e, index, where) for index, e in enumerate(data["traceEvents"])
+              if isinstance(e, dict) and e.get("ph") == "X"
+              and e.get("cat") in ("kernel", "gpu_user_annotation", "user_annotation")]
     kernels = [e for e in events if e.get("cat") == "kernel"]
     if not kernels:
         raise PlanInputError("trace has no GPU kernel events (cat 'kernel'); profile with "
@@ -209,8 +242,15 @@ def profile_traces(paths: list[str]) -> dict:
     steps: list[StepProfile] = []
     for index, path in enumerate(trace_files(paths)):
         data = read_trace(path)
-        rank = data.get("distributedInfo", {}).get("rank", index)
-        steps += profile_trace(data, int(rank))
+        where = f"trace {path.name}"
+        steps += profile_trace(data, trace_rank(data, index, where), where)
+    for step in steps:  # a NaN or negative time is never "targets met"
+        for name in ("step_s", "comm_s", "overlapped_s", "compute_s"):
+            value = getattr(step, name)
+            if not math.isfinite(value) or value < 0:
+                raise PlanInputError(f"rank {step.rank} step {step.step}: {name} = {value!r} "
+                                     f"is not a time; valid: a finite number >= 0 (the "
+                                     f"trace's ts/dur)")
     within = all(s.comm_share <= COMM_SHARE_TARGET and s.overlap >= OVERLAP_TARGET for s in steps)
     return {"steps": [{"rank": s.rank, "step": s.step, "step_s": s.step_s,
                        "comm_s": s.comm_s, "comm_share": round(s.comm_share, 4),

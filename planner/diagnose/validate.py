@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from planner.bounds import MAX_JSON_DEPTH, json_depth, shown
 from planner.catalog.hardware import (
     DEFAULT_GPU,
     ClusterSpec,
@@ -34,7 +35,7 @@ from planner.catalog.models import (
 from planner.cost.columns import flag_column
 from planner.cost.memory import STAGES
 from planner.diagnose.validate_report import module_rows
-from planner.errors import InvalidLayoutError, PlanInputError
+from planner.errors import InvalidLayoutError, PlanInputError, ResourceLimitError
 from planner.phases import PHASES
 from planner.plan import candidate_dict, estimate_layout
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
@@ -53,6 +54,8 @@ from planner.verl.config import (
     base_config,
     compose,
     installed_verl_version,
+    read_yaml_document,
+    target_findings,
     to_plain,
     verl_checks,
     verl_config_dir,
@@ -95,23 +98,38 @@ def _environment(values: dict[str, str]):
 
 
 def _is_path(item: str) -> bool:
-    return "=" not in item or Path(item).is_file()
+    try:
+        return "=" not in item or Path(item).is_file()
+    except OSError:  # a name longer than the file system takes: an override, if anything
+        return False
+
+
+def _check_override(item: str) -> str:
+    """An override's nesting is bounded before Hydra's parser (which recurses) sees it."""
+    depth = json_depth(item)
+    if depth > MAX_JSON_DEPTH:
+        raise ResourceLimitError(f"override {shown(item)} is nested {depth} levels deep; the "
+                                 f"bound is {MAX_JSON_DEPTH}")
+    return item
 
 
 def read_input(inputs: list[str], environ: dict[str, str]):
-    """``(kind, source, config_dir, config_name, overrides, notes)`` for the inputs."""
+    """``(kind, source, config_dir, config_name, overrides, notes, problems)`` for the inputs
+    (``problems``: errors found in reading them, e.g. a CRLF launch script)."""
     if not inputs:
         raise PlanInputError("validate needs a launch script, a Hydra YAML or `-- key=value` "
                              "overrides")
     path = Path(inputs[0]) if _is_path(inputs[0]) else None
-    extra = [expand_override(item, environ) for item in inputs[1 if path else 0:]]
+    extra = [expand_override(_check_override(item), environ)
+             for item in inputs[1 if path else 0:]]
     if path is None:
-        return "overrides", "overrides", verl_config_dir(), ROOT_CONFIG, extra, []
+        return "overrides", "overrides", verl_config_dir(), ROOT_CONFIG, extra, [], ()
     if not path.is_file():
         raise PlanInputError(f"{str(path)!r} is not a file (a launch script or Hydra YAML), nor "
                              f"a key=value override")
     if path.suffix in YAML_SUFFIXES:
-        return "yaml", str(path), path.resolve().parent, path.stem, extra, []
+        read_yaml_document(path)  # size, encoding, document shape, nesting: before Hydra
+        return "yaml", str(path), path.resolve().parent, path.stem, extra, [], ()
     command = read_launch_script(path, environ)
     notes = list(command.notes)
     config_dir = verl_config_dir()
@@ -126,7 +144,8 @@ def read_input(inputs: list[str], environ: dict[str, str]):
     name = command.config_name or ROOT_CONFIG
     for suffix in YAML_SUFFIXES:
         name = name[:-len(suffix)] if name.endswith(suffix) else name
-    return "script", str(path), config_dir, name, [*command.overrides, *extra], notes
+    return ("script", str(path), config_dir, name, [*command.overrides, *extra], notes,
+            command.problems)
 
 
 # --- model and cluster ----------------------------------------------------------------------
@@ -264,13 +283,13 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
     context = {} if context is None else context
     sets = _settings(job_input.sets)
     environ = {**os.environ, **sets}
-    kind, source, config_dir, config_name, overrides, notes = read_input(
+    kind, source, config_dir, config_name, overrides, notes, problems = read_input(
         list(job_input.inputs), environ)
     report = {"source": source, "input": kind, "config": f"{config_dir}/{config_name}",
               "verl": {"installed": installed_verl_version(), "targeted": VERL_VERSION},
               "overrides": overrides, "notes": notes, "findings": [], "modules": None,
               "model": None, "cluster": None, "workload": None, "layout": None, "memory": None}
-    findings: list[Finding] = []
+    findings: list[Finding] = [Finding("launch_script", problem) for problem in problems]
     if report["verl"]["installed"] != VERL_VERSION:
         notes.append(f"installed verl is {report['verl']['installed']}; the checks target "
                      f"{VERL_VERSION}")
@@ -294,6 +313,10 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
                      if not set(f.keys) & reported]
         unknown_names = {key.rsplit(".", 1)[-1] for f in findings if f.check == "unknown_key"
                          for key in f.keys}
+        unsafe = target_findings(plain)
+        findings += unsafe
+        if unsafe:  # verl's checks instantiate _target_ nodes: never run them on these
+            return finish()
         findings += [f for f in verl_checks(config)
                      if not any(f"argument '{name}'" in f.message for name in unknown_names)]
     findings += backend_findings(plain)

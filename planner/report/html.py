@@ -15,9 +15,10 @@ import base64
 import html
 from pathlib import Path
 
+from planner.bounds import CLUSTER_LIMITS, check_fields
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
-from planner.catalog.workload import GrpoWorkload
+from planner.catalog.workload import GRPO_LIMITS, GrpoWorkload
 from planner.errors import PlanInputError
 from planner.plan import make_plan
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
@@ -120,18 +121,26 @@ def plan_from_sweep(sweep: Path, calibration: dict | None = None,
         study, _ = open_study(sweep_dir=sweep)
         return make_plan(*study_setting(study), calibration=calibration, policy=policy)
     path = sweep / PLAN_FILE
+    if not path.is_file():
+        raise PlanInputError(f"{str(sweep)!r} is not a sweep folder: no {PLAN_FILE} (a `tune "
+                             f"--write` folder) nor {SWEEP_FILE} (a `tune --sweep-dir` folder)")
     data = read_json(path)
     try:
         cluster = data["cluster"]
         workload = {k: v for k, v in data["workload"].items() if k != "kind"}
         model = data["model"]["name"] if isinstance(data["model"], dict) else data["model"]
-        return make_plan(resolve_model(str(model)),
-                         ClusterSpec(get_gpu(str(cluster["gpu_type"])), int(cluster["num_gpus"]),
-                                     int(cluster["gpus_per_node"])),
-                         GrpoWorkload(**workload), calibration=calibration, policy=policy)
+        check_fields(f"{PLAN_FILE} cluster", cluster, CLUSTER_LIMITS)
+        check_fields(f"{PLAN_FILE} workload", workload, GRPO_LIMITS)
+        setting = (resolve_model(str(model)),
+                   ClusterSpec(get_gpu(str(cluster["gpu_type"])), int(cluster["num_gpus"]),
+                               int(cluster["gpus_per_node"])),
+                   GrpoWorkload(**workload))
+    except PlanInputError as error:
+        raise PlanInputError(f"{str(path)!r}: {error}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise PlanInputError(f"{str(path)!r} does not describe a plan "
                              f"({str(error)[:200]})") from None
+    return make_plan(*setting, calibration=calibration, policy=policy)
 
 
 def write_report(plan, output: Path, trials=None, png_dir: Path | None = None,

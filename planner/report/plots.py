@@ -116,7 +116,8 @@ def memory_breakdown_figure(top: "pd.DataFrame"):
     rest = np.maximum(top["mem_update_actor_bytes"].to_numpy() / GIB - bottom, 0)
     axes.bar(x, rest, bottom=bottom, label="overheads", width=0.6, color="#bbbbbb")
     markers = ("o", "s", "^", "D", "v")
-    for marker, phase in zip(markers, PHASES):
+    phases = [phase for phase in PHASES if memory_column(phase) in top]  # pretrain: update only
+    for marker, phase in zip(markers, phases):
         axes.scatter(x + 0.38, top[memory_column(phase)] / GIB, marker=marker, s=22,
                      color="black", zorder=3, label=f"{phase} peak")
     axes.set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
@@ -136,12 +137,13 @@ def phase_time_figure(top: "pd.DataFrame"):
     labels = [f"#{row['rank']} {layout_label(row)}" for _, row in top.iterrows()]
     x = np.arange(len(top))
     bottom = np.zeros(len(top))
-    for phase in PHASES:
-        values = top[time_column(phase)].to_numpy()
+    columns = [(phase, time_column(phase)) for phase in PHASES if time_column(phase) in top]
+    for phase, column in columns or [("step", "step_time_s")]:  # pretrain: one step time
+        values = top[column].to_numpy()
         axes.bar(x, values, bottom=bottom, label=phase, width=0.6)
         bottom += values
     axes.set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
-    axes.set_ylabel("seconds per GRPO step")
+    axes.set_ylabel("seconds per step")
     axes.set_title("Predicted time per phase")
     axes.grid(axis="y", alpha=0.3)
     axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))

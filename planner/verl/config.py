@@ -25,7 +25,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-from planner.errors import MissingExtraError, PlanInputError
+from planner.bounds import MAX_JSON_DEPTH, json_depth, read_text, shown
+from planner.errors import MissingExtraError, PlanInputError, ResourceLimitError
 from planner.verl.export import override_key
 from planner.verl.findings import Finding
 from planner.verl.keys import RETIRED_KEYS, ROOT_CONFIG, TRANSFORMER_CONFIG_KEY, VERL_VERSION
@@ -52,6 +53,70 @@ def verl_config_dir() -> Path:
                                 f"{VERL_VERSION}, which is not installed; pip install "
                                 f"'plan-parallel[verl]'", extra="verl")
     return Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
+
+
+MAX_YAML_NODES = 1_000_000  # a Hydra YAML's nodes with every alias expanded (verl's: ~2,000)
+
+
+def read_yaml_document(path: Path) -> None:
+    """A Hydra YAML file checked before Hydra reads it: size and encoding bounded, nesting
+    depth and the node count with aliases expanded ("billion laughs") bounded, and the document
+    a mapping (not empty, null, a list or a scalar)."""
+    import yaml
+
+    text = read_text(path, "Hydra YAML")
+    name = str(path)
+    if json_depth(text) > MAX_JSON_DEPTH:  # flow-style [[[...]]] nesting, before the parser
+        raise ResourceLimitError(f"{name}: YAML nested more than {MAX_JSON_DEPTH} levels deep; "
+                                 f"the bound is {MAX_JSON_DEPTH}")
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise ResourceLimitError(f"{name}: YAML nested too deeply to read; the bound is "
+                                 f"{MAX_JSON_DEPTH} levels") from None
+    except yaml.YAMLError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise PlanInputError(f"cannot read Hydra YAML {name}: {first}") from None
+    if root is None:
+        raise PlanInputError(f"{name} is empty; valid: a mapping of verl config keys (e.g. "
+                             f"defaults: [ppo_trainer, _self_] and the keys to change)")
+    if not isinstance(root, yaml.MappingNode):
+        held = "a list" if isinstance(root, yaml.SequenceNode) else f"the scalar {root.value!r:.40}"
+        if isinstance(root, yaml.ScalarNode) and root.tag.endswith(":null"):
+            held = "null"
+        raise PlanInputError(f"{name} holds {held}, not a mapping; valid: a mapping of verl "
+                             f"config keys")
+    sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded nodes, depth)
+    order, stack = [], [root]
+    while stack:  # post-order without recursion; shared (aliased) nodes are visited once
+        node = stack.pop()
+        if id(node) in sizes:
+            continue
+        sizes[id(node)] = (0, 0)
+        order.append(node)
+        stack.extend(_children(node))
+    for node in reversed(order):
+        children = [sizes[id(child)] for child in _children(node)]
+        count = 1 + sum(c for c, _ in children)
+        depth = 1 + max((d for _, d in children), default=0)
+        sizes[id(node)] = (min(count, MAX_YAML_NODES + 1), depth)
+    count, depth = sizes[id(root)]
+    if count > MAX_YAML_NODES:
+        raise ResourceLimitError(f"{name}: YAML expands (aliases included) to more than "
+                                 f"{MAX_YAML_NODES:,} nodes; the bound is {MAX_YAML_NODES:,}")
+    if depth > MAX_JSON_DEPTH:
+        raise ResourceLimitError(f"{name}: YAML nested {depth} levels deep; the bound is "
+                                 f"{MAX_JSON_DEPTH}")
+
+
+def _children(node) -> list:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return [item for pair in node.value for item in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def verl_trainer_dir() -> Path:
@@ -98,7 +163,14 @@ def _bad_syntax(overrides: Sequence[str]) -> str:
         try:
             parser.parse_overrides([item])
         except Exception as error:  # noqa: BLE001 - Hydra's parse errors vary
-            return f"override {item!r} is not valid Hydra syntax ({root_cause(error)})"
+            key, _, value = item.partition("=")
+            hint = ""
+            if not value.isascii() and not value.startswith(("'", '"')):
+                # Hydra's lexer (and so verl's command line) takes non-ASCII text only quoted
+                hint = (f"; verl's Hydra takes non-ASCII values quoted: "
+                        f"{key}='{value}'")
+            return (f"override {shown(item, 200)} is not valid Hydra syntax "
+                    f"({root_cause(error)}){hint}")
     return "an override is not valid Hydra syntax"
 
 
@@ -250,6 +322,52 @@ def _reference_view(config):
         ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
         ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
     return ref
+
+
+_TARGET_LINE = re.compile(r"^\s*_target_\s*:\s*['\"]?([A-Za-z_][\w.]*)['\"]?\s*(?:#.*)?$",
+                          re.MULTILINE)
+
+
+@functools.cache
+def verl_targets() -> frozenset[str]:
+    """Every ``_target_`` the installed verl's own YAML config tree declares: the only classes
+    a dry run lets verl's config checks instantiate."""
+    found: set[str] = set()
+    for path in sorted(verl_config_dir().rglob("*.yaml")):
+        found.update(_TARGET_LINE.findall(path.read_text(errors="replace")))
+    return frozenset(found)
+
+
+def target_findings(plain: dict) -> list[Finding]:
+    """Every ``_target_`` in the resolved config that verl's own config tree does not declare.
+
+    verl's checks hand ``_target_`` nodes to Hydra's ``instantiate``; a config (or an override)
+    naming ``builtins.open`` or ``pathlib.Path.write_text`` would write files during a dry run.
+    A dry run instantiates nothing the user named: any other target is an error naming the
+    key, and verl's checks are not run on such a config."""
+    allowed = verl_targets()
+    problems: list[Finding] = []
+    stack: list[tuple[str, Any]] = [("", plain)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            items = [(str(key), value) for key, value in node.items()]
+        elif isinstance(node, list):
+            items = [(str(index), value) for index, value in enumerate(node)]
+        else:
+            continue
+        for key, value in items:
+            full = f"{path}.{key}" if path else key
+            if key == "_target_" and (not isinstance(value, str) or value not in allowed):
+                problems.append(Finding(
+                    "unsafe_target", f"{full} = {shown(value, 80)}: verl's config declares no "
+                    f"such target, and a dry run never instantiates a class or function a "
+                    f"config names; valid: one of the {len(allowed)} _target_ values of verl "
+                    f"{installed_verl_version() or VERL_VERSION}'s own config tree (e.g. "
+                    f"verl.workers.config.McoreActorConfig), or no _target_", (full,)))
+            else:
+                stack.append((full, value))
+    return sorted(problems, key=lambda finding: finding.keys)
 
 
 def verl_checks(config) -> list[Finding]:

@@ -16,10 +16,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from planner.bounds import check_text
 from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
-from planner.errors import PlanInputError
+from planner.errors import NoFitError, PlanInputError
 from planner.extras import available
 from planner.plan import candidate_dict
 from planner.search.layout import Layout, applicable_modules, module_names
@@ -368,6 +369,19 @@ class ExportedJob:
     val_files: str | None = None
     extra: tuple[str, ...] = field(default_factory=tuple)
 
+    def __post_init__(self) -> None:
+        # Every name written into run_grpo.sh (also in its comments) and grpo.yaml: a newline
+        # or other control character would become a live line of the script.  Refused here,
+        # whatever the value came from (a flag, $MODEL_PATH, a job's model.path).
+        check_text("the model name", self.model.name, what="a model name")
+        for flag, value in (("--model-path", self.model_path),
+                            ("--train-files", self.train_files),
+                            ("--val-files", self.val_files)):
+            if value is not None:
+                check_text(flag, value, what="a path")
+        for item in self.extra:
+            check_text("--override", item, max_chars=1 << 16, what="KEY=VALUE")
+
     def overrides(self, values: dict[str, str]) -> list[str]:
         """The job's overrides with ``values`` for MODEL_PATH, TRAIN_FILES and VAL_FILES."""
         return job_overrides(self.model, self.cluster, self.workload, self.layout,
@@ -379,10 +393,11 @@ def job_from_plan(plan, rank: int = 1, *, model_path: str | None = None,
                   train_files: str | None = None, val_files: str | None = None,
                   extra_overrides: Sequence[str] = ()) -> ExportedJob:
     fitting = int(plan.candidates["fits"].sum())
+    if not fitting:
+        raise NoFitError("no layout fits in GPU memory; nothing to export")
     if not 1 <= rank <= fitting:
         raise PlanInputError(f"--rank {rank} is outside the {fitting} layouts that fit "
-                             f"(valid: 1..{fitting})" if fitting else
-                             "no layout fits in GPU memory; nothing to export")
+                             f"(valid: 1..{fitting})")
     row = plan.candidates.iloc[rank - 1].to_dict()
     return ExportedJob(model=plan.model, cluster=plan.cluster, workload=plan.workload,
                        layout=Layout.from_row(row), prediction=candidate_dict(row), rank=rank,

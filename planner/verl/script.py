@@ -12,10 +12,11 @@ substitutions (``$(date +%s)``) are kept as text and reported.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
+from planner.bounds import read_text
 from planner.errors import PlanInputError
 from planner.verl.keys import ENTRY_FILE, ENTRY_MODULE
 from planner.verl.shell import NAME, Shell
@@ -30,6 +31,7 @@ class LaunchCommand:
     config_name: str | None = None
     line: int = 0
     notes: tuple[str, ...] = ()  # what was not run or not understood, for the report
+    problems: tuple[str, ...] = ()  # why bash itself would fail (a CRLF file), errors
 
 
 def _entry_index(words: list[str]) -> int | None:
@@ -118,11 +120,23 @@ def parse_launch_script(text: str, environ: Mapping[str, str],
 
 
 def read_launch_script(path: Path, environ: Mapping[str, str]) -> LaunchCommand:
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as error:
-        raise PlanInputError(f"cannot read {str(path)!r}: {error}") from None
-    return parse_launch_script(text, environ, source=Path(path).name)
+    """A launch script from a file (size bounded, UTF-8).  Windows line endings are an error
+    bash would meet at once (``$'\r': command not found``, every value ending in ``\r``);
+    the script is read without them so the rest is still checked."""
+    name = Path(path).name
+    text = read_text(Path(path), "launch script")
+    if "\0" in text:
+        raise PlanInputError(f"{name} holds NUL bytes; not a shell script (bash: cannot "
+                             f"execute binary file)")
+    problems = ()
+    if "\r\n" in text:
+        lines = text.count("\r\n")
+        text = text.replace("\r\n", "\n")
+        problems = (f"{name} has Windows (CRLF) line endings on {lines} line(s): bash reads the "
+                    f"carriage return as part of each word and the script fails at once; "
+                    f"convert it with `dos2unix {name}` (or `sed -i 's/\\r$//' {name}`)",)
+    command = parse_launch_script(text, environ, source=name)
+    return replace(command, problems=command.problems + problems)
 
 
 def expand_override(text: str, environ: Mapping[str, str]) -> str:

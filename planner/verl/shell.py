@@ -12,11 +12,17 @@ substitution, a ``${VAR/pattern/...}`` form) so the caller decides whether that 
 
 from __future__ import annotations
 
-import ast
-import operator
 import re
 
-from planner.errors import PlanInputError
+from planner.bounds import (
+    MAX_ARITHMETIC_CHARS,
+    MAX_EXPANDED_CHARS,
+    MAX_EXPANSION_DEPTH,
+    MAX_VARIABLE_CHARS,
+    shown,
+)
+from planner.errors import PlanInputError, ResourceLimitError
+from planner.verl.arith import Arithmetic
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?=)")
@@ -43,11 +49,13 @@ class Shell:
     """A reader over one text (a script, or a fragment of one) sharing its variables."""
 
     def __init__(self, text: str, env: dict[str, str], taint: dict[str, set[str]],
-                 source: str, line: int = 1):
+                 source: str, line: int = 1, depth: int = 0, expanded: list[int] | None = None):
         self.text, self.i, self.line = text, 0, line
         self.env, self.taint, self.source = env, taint, source
         self.heredocs: list[tuple[str, bool]] = []
         self.positional = False
+        self.depth = depth  # expansions inside expansions (${X:-${Y:-...}})
+        self.expanded = [0] if expanded is None else expanded  # characters expanded, shared
 
     # --- errors and helpers ---------------------------------------------------------------
 
@@ -58,16 +66,30 @@ class Shell:
         j = self.i + offset
         return self.text[j] if j < len(self.text) else ""
 
+    def bound(self, message: str):
+        raise ResourceLimitError(f"{self.source} line {self.line}: {message}")
+
     def child(self, text: str) -> "Shell":
-        shell = Shell(text, self.env, self.taint, self.source, self.line)
-        return shell
+        if self.depth >= MAX_EXPANSION_DEPTH:
+            self.bound(f"expansions nested more than {MAX_EXPANSION_DEPTH} deep "
+                       f"(${{X:-${{Y:-...}}}}); the bound is {MAX_EXPANSION_DEPTH}")
+        return Shell(text, self.env, self.taint, self.source, self.line, self.depth + 1,
+                     self.expanded)
 
     def lookup(self, name: str) -> tuple[str, set[str]]:
         if name in self.env:
-            return self.env[name], set(self.taint.get(name, ()))
+            value = self.env[name]
+            self.expanded[0] += len(value)
+            if self.expanded[0] > MAX_EXPANDED_CHARS:
+                self.bound(f"variables expand to more than {MAX_EXPANDED_CHARS:,} characters "
+                           f"in all; the bound is {MAX_EXPANDED_CHARS:,}")
+            return value, set(self.taint.get(name, ()))
         return "", {name}
 
     def assign(self, name: str, value: str, taint: set[str]) -> None:
+        if len(value) > MAX_VARIABLE_CHARS:
+            self.bound(f"${name} would hold {len(value):,} characters; the bound is "
+                       f"{MAX_VARIABLE_CHARS:,}")
         self.env[name] = value
         if taint:
             self.taint[name] = set(taint)
@@ -92,6 +114,10 @@ class Shell:
                 quote = c
             elif c == open_char:
                 depth += 1
+                if depth > MAX_EXPANSION_DEPTH:  # found on the first scan, not level by level
+                    self.bound(f"{open_char!r} nested more than {MAX_EXPANSION_DEPTH} deep "
+                               f"(e.g. ${{X:-${{Y:-...}}}}); the bound is "
+                               f"{MAX_EXPANSION_DEPTH}")
             elif c == close_char:
                 depth -= 1
                 if depth == 0:
@@ -172,6 +198,9 @@ class Shell:
             if self.text[end + 1:end + 2] != ")":
                 self.fail("malformed $((...))")
             expression = self.text[self.i + 3:end]
+            if len(expression) > MAX_ARITHMETIC_CHARS:  # before any expansion of it
+                self.bound(f"arithmetic expression of {len(expression):,} characters; the "
+                           f"bound is {MAX_ARITHMETIC_CHARS:,}")
             self.i = end + 2
             return self.arithmetic(expression)
         if nxt == "(":
@@ -227,24 +256,25 @@ class Shell:
         return default, default_taint
 
     def arithmetic(self, expression: str) -> tuple[str, set[str]]:
+        """``$((...))`` as bash computes it (64-bit, wrapping), at bounded cost
+        (:mod:`planner.verl.arith`)."""
         text, taint = self.child(expression).fragment()
 
-        def name_value(match: re.Match) -> str:
-            value, more = self.lookup(match.group())
+        def variable(name: str) -> str:
+            value, more = self.lookup(name)
             taint.update(more)
-            return value.strip() or "0"
+            return value
 
-        for _ in range(8):  # variables may hold expressions; bash re-evaluates them
-            replaced = NAME.sub(name_value, text)
-            if replaced == text:
-                break
-            text = replaced
         try:
-            return str(_evaluate(text)), taint
-        except (ValueError, SyntaxError, ZeroDivisionError) as error:
+            return str(Arithmetic(variable).evaluate(text)), taint
+        except ResourceLimitError as error:
+            if str(error).startswith(self.source):
+                raise
+            self.bound(str(error))
+        except ValueError as error:
             if taint:
                 return "0", taint
-            self.fail(f"cannot evaluate $(({expression})): {error}")
+            self.fail(f"cannot evaluate $(({shown(expression, 80)[1:-1]})): {error}")
 
     # --- words and commands ------------------------------------------------------------------
 
@@ -393,26 +423,3 @@ class Shell:
                 words.append(word)
         if words:
             yield line, finish()
-
-
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-              ast.Mod: operator.mod, ast.Pow: operator.pow, ast.FloorDiv: operator.floordiv,
-              ast.Div: lambda a, b: int(a / b)}
-
-
-def _evaluate(expression: str) -> int:
-    """Integer arithmetic as bash does it (``/`` truncates toward zero)."""
-    tree = ast.parse(expression.strip() or "0", mode="eval")
-
-    def value(node) -> int:
-        if isinstance(node, ast.Expression):
-            return value(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-            return _OPERATORS[type(node.op)](value(node.left), value(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            return -value(node.operand) if isinstance(node.op, ast.USub) else value(node.operand)
-        raise ValueError(f"unsupported arithmetic {expression!r}")
-
-    return value(tree)
