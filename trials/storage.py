@@ -29,6 +29,8 @@ DEFAULT_FILE = "study.db"
 JOURNAL_PREFIX = "journal:"
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*:)(?P<password>[^@/\s]*)@")
+STORAGE_ENV = "PLAN_PARALLEL_STORAGE"  # the storage URL, with its password, out of argv
+SECRET_ENV = (STORAGE_ENV,)  # never passed on to a trainer unless --trial-env sets it
 HEARTBEAT_ATTR = "plan_parallel:heartbeat"
 # Tuners starting together on a new database race to create Optuna's tables; the loser retries.
 SCHEMA_RACE = re.compile(r"UNIQUE constraint failed|already exists|duplicate key|"
