@@ -113,6 +113,16 @@ PHASE_MARKERS = (
                             r"cache blocks|KV cache|gpu_memory_utilization")),
 )
 ANY_SIGNATURE = re.compile("|".join(f"(?:{s.pattern.pattern})" for s in SIGNATURES))
+# Every match of a SIGNATURES pattern contains one of these words (tests check each pattern):
+# a block of log text without any of them is skipped with a few substring searches instead of
+# a regex alternation tried at every position.
+SIGNATURE_WORDS = ("cache", "Free memory", "out of memory", "CUBLAS", "cudaError",
+                   "OutOfMemory", "NCCL", "nccl", "Watchdog", "DistBackend", "Could not",
+                   "Key '", "Config", "override", "mismatched input", "Missing mandatory",
+                   "Cannot find", "Instantiation", "divisible", "must be", "Please set",
+                   "You have set both", "not implemented", "has been removed", "dtype",
+                   "Total number")
+ERROR_WORDS = ("rror", "ERROR", "Exception", "[E")
 # A line that reads like an error: Python's "SomeError: message" (the innermost exception of a
 # traceback is printed last), a fatal signal, CUDA's and NCCL's error lines.  Ray's wrappers
 # of an error restate it and are no better.
@@ -144,8 +154,13 @@ class Classification:
                 "oom_numbers": self.oom_numbers}
 
 
+def mentions(text: str, words: tuple[str, ...]) -> bool:
+    return any(word in text for word in words)
+
+
 def is_error_line(line: str) -> bool:
-    return bool(ERROR_LINE.search(line)) and not NOT_A_CAUSE.search(line)
+    return (mentions(line, ERROR_WORDS) and bool(ERROR_LINE.search(line))
+            and not NOT_A_CAUSE.search(line))
 
 
 def cause_of(category: "Category", line: str) -> str:

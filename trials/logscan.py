@@ -1,7 +1,8 @@
 """Read a trial's ``trainer.log`` once, in bounded memory, for everything the tuner needs.
 
 A trainer's log can be gigabytes (a spinning warning, a debug flag); the tuner never holds it.
-One pass over the file (:func:`trials.metrics.iter_lines`: fixed-size chunks, long lines cut)
+One pass over the file (:func:`trials.metrics.iter_blocks`: fixed-size chunks, long lines
+cut, one regex search per chunk)
 keeps only:
 
 * the console step records (:class:`trials.metrics.MetricsReader`, one per step);
@@ -16,12 +17,19 @@ Stored lines are cut to :data:`STORED_LINE_CHARS`, so the memory is bounded what
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from trials.failures import ANY_SIGNATURE, PHASE_SEARCH_LINES, SIGNATURES, is_error_line
-from trials.metrics import MetricLimits, MetricsReader, StepRecord, iter_lines
+from trials.failures import (
+    ANY_SIGNATURE,
+    ERROR_WORDS,
+    PHASE_SEARCH_LINES,
+    SIGNATURE_WORDS,
+    SIGNATURES,
+    is_error_line,
+    mentions,
+)
+from trials.metrics import MetricLimits, MetricsReader, StepRecord, iter_blocks
 
 TAIL_KEEP = 200
 STORED_LINE_CHARS = 2000
@@ -40,21 +48,32 @@ def scan_log(path: Path | None, limits: MetricLimits | None = None) -> LogScan:
     reader = MetricsReader(limits)
     if path is None or not Path(path).is_file():
         return LogScan((), 0, (), None, 0)
-    window: deque[str] = deque(maxlen=PHASE_SEARCH_LINES + 1)
-    tail: deque[str] = deque(maxlen=TAIL_KEEP)
+    window: list[str] = []  # the lines above the current block, for an excerpt's context
+    tail: list[str] = []
     excerpts: dict[str, list[str]] = {}
     error_line = None
-    for line in iter_lines(Path(path)):
-        reader.console_line(line)
-        stored = line[:STORED_LINE_CHARS]
-        window.append(stored)
-        tail.append(stored)
-        if len(excerpts) < len(SIGNATURES) and ANY_SIGNATURE.search(line):
-            for signature in SIGNATURES:
-                if signature.name not in excerpts and signature.pattern.search(line):
-                    excerpts[signature.name] = list(window)
-        if is_error_line(line):
-            error_line = stored
+    for block in iter_blocks(Path(path)):
+        text = "\n".join(block)  # one regex search per block; lines only where it hits
+        if "step:" in text:
+            for line in block:
+                if "step:" in line:
+                    reader.console_line(line)
+        if len(excerpts) < len(SIGNATURES) and mentions(text, SIGNATURE_WORDS):
+            for index, line in enumerate(block):
+                if not mentions(line, SIGNATURE_WORDS) or not ANY_SIGNATURE.search(line):
+                    continue
+                for signature in SIGNATURES:
+                    if signature.name not in excerpts and signature.pattern.search(line):
+                        above = (window + block[max(0, index - PHASE_SEARCH_LINES):index])
+                        excerpts[signature.name] = [
+                            item[:STORED_LINE_CHARS]
+                            for item in above[-PHASE_SEARCH_LINES:] + [line]]
+        if mentions(text, ERROR_WORDS):
+            error_line = next((line[:STORED_LINE_CHARS] for line in reversed(block)
+                               if is_error_line(line)), error_line)
+        window = [line[:STORED_LINE_CHARS] for line in (window + block[-PHASE_SEARCH_LINES:])
+                  [-PHASE_SEARCH_LINES:]]
+        tail = (tail + [line[:STORED_LINE_CHARS] for line in block[-TAIL_KEEP:]])[-TAIL_KEEP:]
     lines = [line for excerpt in excerpts.values() for line in excerpt]
     return LogScan(tuple(reader.records()), reader.bad_lines, (*lines, *tail), error_line,
                    Path(path).stat().st_size)

@@ -227,9 +227,10 @@ class MetricsReader:
         return self._accept(step, data)
 
 
-def iter_lines(path: Path, max_line_chars: int = MAX_RECORD_CHARS, chunk_bytes: int = 1 << 20):
-    """The lines of ``path``, read in chunks (memory: one chunk and one line); a line longer
-    than ``max_line_chars`` is cut to that length and the rest of it skipped."""
+def iter_blocks(path: Path, max_line_chars: int = MAX_RECORD_CHARS,
+                chunk_bytes: int = 1 << 20):
+    """The lines of ``path`` in blocks (one per chunk read; memory: one chunk and one line);
+    a line longer than ``max_line_chars`` is cut to that length and the rest of it skipped."""
     with open(path, "rb") as handle:
         rest = b""
         skipping = False
@@ -239,17 +240,23 @@ def iter_lines(path: Path, max_line_chars: int = MAX_RECORD_CHARS, chunk_bytes: 
                 break
             parts = (rest + chunk).split(b"\n")
             rest = parts.pop()
-            for part in parts:
-                if skipping:
-                    skipping = False
-                    continue
-                yield part[:max_line_chars].decode("utf-8", errors="replace")
+            if skipping and parts:
+                parts, skipping = parts[1:], False
+            block = [part[:max_line_chars].decode("utf-8", errors="replace") for part in parts]
             if len(rest) > max_line_chars:
                 if not skipping:
-                    yield rest[:max_line_chars].decode("utf-8", errors="replace")
+                    block.append(rest[:max_line_chars].decode("utf-8", errors="replace"))
                 skipping, rest = True, b""
+            if block:
+                yield block
         if rest and not skipping:
-            yield rest.decode("utf-8", errors="replace")
+            yield [rest.decode("utf-8", errors="replace")]
+
+
+def iter_lines(path: Path, max_line_chars: int = MAX_RECORD_CHARS, chunk_bytes: int = 1 << 20):
+    """The lines of ``path`` one by one (see :func:`iter_blocks`)."""
+    for block in iter_blocks(path, max_line_chars, chunk_bytes):
+        yield from block
 
 
 def read_metrics_file(path: Path | None, limits: MetricLimits | None = None) -> MetricsReader:

@@ -135,9 +135,8 @@ def cmd_tune(args) -> int:
     if not args.skip_checks:
         from planner.cli.doctor import doctor_inputs, report_checks
 
-        inputs = doctor_inputs(args, cluster, workload, command,
-                               (model_path, train_files, val_files))
-        report_checks(inputs, before="tune")
+        report_checks(doctor_inputs(args, cluster, workload, command,
+                                    (model_path, train_files, val_files)), before="tune")
 
     settings = TuneSettings(
         trials=args.trials, timeout_s=timeout, warmup_steps=args.warmup_steps,
