@@ -50,20 +50,21 @@ SCHEMA_ATTEMPTS = 5
 def _mask_one(url: str) -> str:
     if url.lower().startswith("sqlite"):
         return url  # a file path: no password, and SQLAlchemy would re-encode it
-    masked = None
-    try:
-        from sqlalchemy.engine import make_url
-
-        parsed = make_url(url)
-        if parsed.password is not None:
-            masked = parsed.render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads (or no SQLAlchemy)
-        masked = None
-    if masked is None:
-        masked = _PASSWORD.sub(lambda m: f"{m.group('head')}***@", url)
     raw = _RAW_PASSWORD.match(url)
-    if raw and raw.group("password"):
-        masked = masked.replace(raw.group("password"), "***")
+    if raw and raw.group("password"):  # everything between "user:" and the last "@"
+        masked = url[:raw.start("password")] + "***" + url[raw.end("password"):]
+    else:
+        masked = None
+        try:
+            from sqlalchemy.engine import make_url
+
+            parsed = make_url(url)
+            if parsed.password is not None:
+                masked = parsed.render_as_string(hide_password=True)
+        except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads (or no SQLAlchemy)
+            masked = None
+        if masked is None:
+            masked = _PASSWORD.sub(lambda m: f"{m.group('head')}***@", url)
     return _SECRET_QUERY.sub(lambda m: f"{m.group(1)}***", masked)
 
 
