@@ -8,8 +8,16 @@ import pytest
 
 pytest.importorskip("optuna", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
 pytest.importorskip("psutil", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
-from fixtures.tuning import FAKE_ENV, events, layout_key_of, load_study, sqlite_url, tune_argv, \
-    write_config
+from fixtures.tuning import (
+    FAKE_ENV,
+    events,
+    layout_key_of,
+    load_study,
+    sqlite_url,
+    top_candidates,
+    tune_argv,
+    write_config,
+)
 
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
@@ -86,15 +94,9 @@ def test_the_relief_of_an_oom_is_a_near_layout_that_needs_less_in_that_phase(qwe
 def test_the_top_predicted_layouts_oom_and_the_study_finds_and_writes_a_success(tmp_path,
                                                                                monkeypatch,
                                                                                capsys):
-    from planner.cli import args as cli_args
-    from planner.cli import inputs
-
     argv = tune_argv(tmp_path, "--top-k", "3", "--seed", "3", "--write", str(tmp_path / "out"),
                      trials=6)
-    parsed = cli_args.build_parser().parse_args(argv)
-    plan = make_plan(resolve_model(parsed.model), inputs.resolve_cluster(parsed),
-                     inputs.workload(parsed), inputs.search_options(parsed, inputs.workload(parsed)))
-    top = list(CandidateSet.from_plan(plan))[:3]
+    top = top_candidates(argv, 3)
     rules = [{"match": dict(c.params), "behaviour": "oom", "phase": "update_actor",
               "at_step": 1} for c in top]
     config = write_config(tmp_path / "fake.json", rules=rules, step_sleep_s=0.02,
