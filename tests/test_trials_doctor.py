@@ -4,7 +4,6 @@ check, whether this machine can run verl trials -- and how to fix what it cannot
 import sys
 from types import SimpleNamespace
 
-import pytest
 from fixtures.tuning import job_files, tune_argv
 
 from planner.cli.main import main
