@@ -5,7 +5,14 @@ import json
 
 import numpy as np
 import pytest
-from fixtures.tuning import FAKE_ENV, JOB, TRAINER_COMMAND, load_study, sqlite_url, write_config
+from fixtures.tuning import (
+    FAKE_ENV,
+    TRAINER_COMMAND,
+    job_files,
+    load_study,
+    sqlite_url,
+    write_config,
+)
 
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
@@ -49,7 +56,7 @@ def study_of_a_slower_cluster(tmp_path_factory):
     table = [{"match": dict(c.params), "value": float(value)}
              for c, value in zip(candidates, truth)]
     config = write_config(tmp_path / "fake.json", step_sleep_s=0.01, throughput={"table": table})
-    argv = ["tune", *SETTING, *JOB, "--trainer-command", TRAINER_COMMAND, "--trials", "12",
+    argv = ["tune", *SETTING, *job_files(tmp_path), "--trainer-command", TRAINER_COMMAND, "--trials", "12",
             "--steps", "2", "--sweep-dir", str(tmp_path / "sweep"), "--study-name", "study",
             "--seed", "3"]
     with pytest.MonkeyPatch.context() as patch:

@@ -28,15 +28,14 @@ def doctor_inputs(args, cluster, workload, command: tuple[str, ...],
 
 
 def report_checks(inputs, *, before: str | None = None) -> list:
-    """Run the checks, print one line each (stderr before ``tune``), and for ``tune`` stop
-    with the first failure's fix."""
+    """Run the checks and print one line each; before ``tune``, print only the failed ones
+    (on stderr) and stop with the first failure's fix."""
     from trials.doctor import run_checks
 
-    stream = sys.stderr if before else sys.stdout
     checks = run_checks(inputs)
-    for check in checks:
-        print(check.line(), file=stream, flush=True)
     failed = [check for check in checks if check.status == "fail"]
+    for check in (failed if before else checks):
+        print(check.line(), file=sys.stderr if before else sys.stdout, flush=True)
     if before and failed:
         raise PlanInputError(f"{len(failed)} check(s) failed before the first trial; "
                              f"{failed[0].name}: {failed[0].detail} (or pass --skip-checks)")
