@@ -109,3 +109,16 @@ def test_calibrate_from_a_storage_url(study_of_a_slower_cluster, tmp_path, capsy
     assert "not a plan-parallel sweep directory" in capsys.readouterr().err
     assert main(["calibrate", "--storage", storage, "--study-name", "other"]) == 2
     assert "no study 'other'" in capsys.readouterr().err
+
+
+def test_calibrate_never_overwrites_its_output_without_force(study_of_a_slower_cluster,
+                                                             tmp_path, capsys):
+    storage = sqlite_url(study_of_a_slower_cluster)
+    output = tmp_path / "mine.json"
+    output.write_text('{"mine": true}\n')
+    assert main(["calibrate", "--storage", storage, "-o", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert f"{output} exists; pass --force" in err and len(err.strip().splitlines()) == 1
+    assert output.read_text() == '{"mine": true}\n'
+    assert main(["calibrate", "--storage", storage, "-o", str(output), "--force"]) == 0
+    assert json.loads(output.read_text())["fit"]["measurements"] == 12
