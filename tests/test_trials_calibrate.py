@@ -5,7 +5,14 @@ import json
 
 import numpy as np
 import pytest
-from fixtures.tuning import FAKE_ENV, JOB, TRAINER_COMMAND, load_study, sqlite_url, write_config
+from fixtures.tuning import (
+    FAKE_ENV,
+    TRAINER_COMMAND,
+    job_files,
+    load_study,
+    sqlite_url,
+    write_config,
+)
 
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
@@ -49,7 +56,7 @@ def study_of_a_slower_cluster(tmp_path_factory):
     table = [{"match": dict(c.params), "value": float(value)}
              for c, value in zip(candidates, truth)]
     config = write_config(tmp_path / "fake.json", step_sleep_s=0.01, throughput={"table": table})
-    argv = ["tune", *SETTING, *JOB, "--trainer-command", TRAINER_COMMAND, "--trials", "12",
+    argv = ["tune", *SETTING, *job_files(tmp_path), "--trainer-command", TRAINER_COMMAND, "--trials", "12",
             "--steps", "2", "--sweep-dir", str(tmp_path / "sweep"), "--study-name", "study",
             "--seed", "3"]
     with pytest.MonkeyPatch.context() as patch:
@@ -128,3 +135,16 @@ def test_report_and_calibrate_never_write_the_study(study_of_a_slower_cluster, t
                  str(tmp_path / "e.json")]) == 2
     assert empty.stat().st_size == 0 and not (tmp_path / "e.json").exists()
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_calibrate_never_overwrites_its_output_without_force(study_of_a_slower_cluster,
+                                                             tmp_path, capsys):
+    storage = sqlite_url(study_of_a_slower_cluster)
+    output = tmp_path / "mine.json"
+    output.write_text('{"mine": true}\n')
+    assert main(["calibrate", "--storage", storage, "-o", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert f"{output} exists; pass --force" in err and len(err.strip().splitlines()) == 1
+    assert output.read_text() == '{"mine": true}\n'
+    assert main(["calibrate", "--storage", storage, "-o", str(output), "--force"]) == 0
+    assert json.loads(output.read_text())["fit"]["measurements"] == 12

@@ -122,3 +122,77 @@ def test_crashes():
 def test_all_steps_recorded_is_ok_however_it_ended():
     result = run(["step:3 - a:1"], exit_code=-15, stopped="hang", steps=3)
     assert result.category is Category.OK and "then hang" in result.reason
+
+
+# --- issue 17: a printed OOM is not an OOM; issue 15: the cause, not only the exit status ---
+
+
+def test_an_exit_0_run_that_printed_an_oom_line_is_not_an_oom():
+    lines = ray_oom("actor_rollout_update_actor", "train_mini_batch")
+    assert run(lines, exit_code=0, steps=3).category is Category.OK
+    cut_short = run(lines, exit_code=0, steps=2)  # exited 0 early: a crash, not an OOM
+    assert cut_short.category is Category.CRASH and cut_short.oom_phase is None
+    assert cut_short.reason.startswith("exit status 0 after 2 of 3 steps")
+    # what kills a run is an OOM: the same lines with exit 1, or after the launcher stopped it
+    assert run(lines, exit_code=1).category is Category.OOM
+    assert run(lines, exit_code=-9, stopped="hang").category is Category.OOM
+
+
+def test_the_figures_of_pytorchs_oom_message():
+    from trials.failures import oom_numbers
+    from trials.study_state import need_ratio
+
+    numbers = run(ray_oom("actor_rollout_update_actor", "train_mini_batch")).oom_numbers
+    assert numbers == {"requested_gib": 2.0, "total_gib": 79.19, "free_gib": 1.06,
+                       "in_use_gib": 78.12}
+    # issue 15's message: needed 79.11 - 8.85 + 13.91 = 84.17 GiB of a 79.11 GiB GPU
+    issue = oom_numbers("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 13.91 GiB."
+                        " GPU 0 has 79.11 GiB total, 8.85 GiB free, this process has 70.25 GiB "
+                        "in use")
+    assert issue["in_use_gib"] == 70.25
+    assert need_ratio(issue) == pytest.approx(84.17 / 79.11)
+    assert oom_numbers("No available memory for the cache blocks") is None
+    assert oom_numbers("Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 23.6 GiB "
+                       "of which 100.00 MiB is free.")["requested_gib"] == 0.5
+
+
+def test_a_crash_names_the_last_error_line_of_its_log():
+    lines = ["(TaskRunner pid=9) Traceback (most recent call last):",
+             "(TaskRunner pid=9)     from verl.experimental.transfer_queue import Client",
+             "(TaskRunner pid=9) ModuleNotFoundError: No module named 'transfer_queue'",
+             "ray.exceptions.RayTaskError(ModuleNotFoundError): ray::TaskRunner.run() (pid=9)",
+             "INFO worker shutting down"]
+    result = run(lines, steps=0)
+    assert result.category is Category.CRASH
+    assert result.reason == ("exit status 1 after 0 of 3 steps: ModuleNotFoundError: No module "
+                             "named 'transfer_queue'")
+    other_pid = run([line.replace("pid=9", "pid=10") for line in lines], steps=0)
+    assert other_pid.cause == result.cause == \
+        "crash: ModuleNotFoundError: No module named 'transfer_queue'"
+    assert run(["nothing useful"], steps=0).reason == "exit status 1 after 0 of 3 steps"
+
+
+def test_a_log_over_its_limit_is_a_failure_with_that_reason():
+    result = classify(["spam"] * 3, exit_code=-15, stopped="log_limit", steps_recorded=1,
+                      steps_expected=3, log_limit_bytes=256 << 20)
+    assert result.category is Category.CRASH
+    assert result.reason == "its log outgrew --max-log-bytes (256 MiB) after 1 of 3 steps"
+
+
+def test_every_signature_pattern_contains_a_prefilter_word():
+    """logscan skips log blocks without any SIGNATURE_WORDS: each pattern must have one."""
+    from trials.failures import SIGNATURE_WORDS, SIGNATURES
+
+    def top_level(pattern: str) -> list[str]:
+        parts, depth, start = [], 0, 0
+        for index, char in enumerate(pattern):
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if char == "|" and depth == 0:
+                parts.append(pattern[start:index])
+                start = index + 1
+        return [*parts, pattern[start:]]
+
+    for signature in SIGNATURES:
+        for alternative in top_level(signature.pattern.pattern):
+            text = alternative.replace("\\", "")
+            assert any(word in text for word in SIGNATURE_WORDS), alternative

@@ -119,8 +119,9 @@ def test_abandon_stops_what_a_dead_tuner_left_running(tmp_path):
                   "pgid": process.pid, "pid": process.pid,
                   "create_time": psutil.Process(process.pid).create_time()}
         message = launcher().abandon(handle)
-        assert "stopped 2 leftover process(es)" in message  # the trainer and its child
-        assert not alive(pids(tmp_path)["main"]) and not alive(pids(tmp_path)["child"])
+        # the trainer, its child, and its daemon (another session, still its descendant)
+        assert "stopped 3 leftover process(es)" in message and "all exited" in message
+        assert not any(alive(pid) for pid in pids(tmp_path).values())
         assert "already exited" in launcher().abandon(handle)
         assert "ran on elsewhere" in launcher().abandon({**handle, "host": "elsewhere"})
     finally:

@@ -93,3 +93,87 @@ def test_file_first_console_as_fallback(tmp_path):
     records, source = read_records(metrics, log)
     assert source == "file" and records[0].data["perf/throughput"] == 7.0
     assert read_records(None, tmp_path / "missing.log") == ([], "none")
+
+
+# --- bad metric lines: skipped and counted, never a crash, never the best (issue 17) ---------
+
+GOOD = {"perf/throughput": 1000.0, "timing_s/step": 20.0, "perf/mfu/actor": 0.3,
+        "actor/perf/max_memory_allocated_gb": 60.0}
+
+
+def test_impossible_metric_lines_are_skipped_and_counted():
+    from trials.metrics import MetricLimits, MetricsReader
+
+    limits = MetricLimits.for_plan(989e12, 7_600_000_000, 80 * 2 ** 30)  # ~65,000 tok/s/GPU
+    assert 60_000 < limits.max_tokens_per_s_per_gpu < 70_000
+    nested = "[" * 100_000 + "]" * 100_000
+    lines = [json.dumps({"step": 1, "data": GOOD}),
+             '{"step": Infinity, "data": {"perf/throughput": 5.0}}',  # Python's json reads it
+             '{"step": NaN, "data": {}}', '{"step": 1e400, "data": {}}',
+             '{"step": 2.5, "data": {}}', '{"step": -1, "data": {}}', '{"step": true, "data": {}}',
+             json.dumps({"step": 2, "data": {**GOOD, "perf/throughput": 1e308}}),
+             json.dumps({"step": 2, "data": {**GOOD, "perf/throughput": -5000.0}}),
+             json.dumps({"step": 2, "data": {**GOOD, "perf/mfu/actor": 3.0}}),
+             json.dumps({"step": 2, "data": {**GOOD, "timing_s/step": -1.0}}),
+             json.dumps({"step": 2, "data": {**GOOD, "actor/perf/max_memory_allocated_gb": 9e9}}),
+             '{"step": 2, "data": {"perf/throughput": ' + "9" * 400 + "}}",  # an int beyond float
+             '{"step": 2, "data": ' + nested + "}", nested, "x" * (2 << 20),
+             json.dumps({"step": 3, "data": {**GOOD, "actor/pg_loss": float("nan")}}),
+             '{"step":4,"data":{"perf/thr']  # cut short by a killed trainer
+    reader = MetricsReader(limits)
+    for line in lines:
+        reader.jsonl_line(line)
+    records = reader.records()
+    assert [r.step for r in records] == [1, 3]
+    assert records[1].data["perf/throughput"] == 1000.0 and "actor/pg_loss" not in records[1].data
+    assert reader.bad_lines == len(lines) - 2
+    summary = summarise(records, 0, 8, bad_lines=reader.bad_lines, limits=limits)
+    assert summary.tokens_per_s_per_gpu == 1000.0 and summary.to_dict()["bad_lines"] == 16
+
+
+def test_console_lines_with_absurd_values_are_skipped():
+    from trials.metrics import MetricLimits
+
+    lines = ["(TaskRunner pid=1) step:1 - perf/throughput:np.float64(800.0)",
+             "(TaskRunner pid=1) step:2 - perf/throughput:np.float64(inf)",
+             "(TaskRunner pid=1) step:3 - perf/throughput:1e308",
+             "(TaskRunner pid=1) step:" + "9" * 5000 + " - perf/throughput:1.0",
+             "(TaskRunner pid=1) step:4 - perf/throughput:np.float64(900.0)"]
+    records = parse_console(lines, MetricLimits(max_tokens_per_s_per_gpu=1e5))
+    assert [(r.step, r.data["perf/throughput"]) for r in records] == [(1, 800.0), (4, 900.0)]
+
+
+MEMORY_PROBE = """
+import resource, sys
+from trials.logscan import scan_log
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+scan = scan_log(sys.argv[1])
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(after - before, scan.size_bytes, [r.step for r in scan.records], scan.error_line,
+      len(scan.lines), max(map(len, scan.lines)), sep="|")
+"""
+
+
+def test_a_huge_log_is_read_in_bounded_memory(tmp_path):
+    """64 MiB of log (with a 5 MiB line without end) raises the peak memory of the process that
+    scans it by well under 32 MiB (it held 2.4x the file before)."""
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "trainer.log"
+    chatter = ("(WorkerDict pid=7) INFO some worker chatter that repeats " * 3 + "\n") * 4000
+    with open(log, "w") as handle:
+        handle.write("(TaskRunner pid=1) step:1 - perf/throughput:np.float64(500.0)\n")
+        while handle.tell() < 64 << 20:
+            handle.write(chatter)
+        handle.write("y" * (5 << 20) + "\n")
+        handle.write("(TaskRunner pid=1) step:2 - perf/throughput:np.float64(700.0)\n")
+        handle.write("ModuleNotFoundError: No module named 'transfer_queue'\n")
+    done = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(log)], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": os.getcwd()}, check=True)
+    rise_kib, size, steps, error, kept, longest = done.stdout.strip().split("|")
+    assert int(size) > 69 << 20 and int(rise_kib) < 32 << 10, rise_kib
+    assert steps == "[1, 2]"
+    assert error == "ModuleNotFoundError: No module named 'transfer_queue'"
+    assert int(kept) <= 200 and int(longest) <= 2000

@@ -9,9 +9,10 @@ study is known to search the same space.
 
 Memory safety margins: a layout is allowed while, for every GRPO phase, its predicted memory
 times ``1 + margin[phase]`` stays within the GPU.  The margins start at ``--memory-margin`` and
-each measured OOM raises its phase's margin so that the layout that failed (and every layout
-predicted to need as much in that phase) is excluded for the rest of the study
-(:func:`memory_margins`).
+each measured OOM raises its phase's margin -- by a bounded step, and never past what the OOM's
+own figures support (:func:`memory_margins`): one OOM on a real cluster is common and must not
+empty the study.  After an OOM the study next tries the nearest layout that relieves the
+failing phase (:meth:`CandidateSet.relief`: a smaller micro-batch, more TP/PP, recompute, ...).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ SEARCH_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch", "recompute
                  "param_offload", "optimizer_offload", "ref_param_offload", "rollout_tp",
                  "rollout_dp", "rollout_ep", "gpu_memory_utilization")
 OOM_MARGIN_STEP = 0.02  # beyond the failed layout's own ratio, so it is excluded too
+# One OOM raises its phase's margin by at most this (a fraction of the predicted memory); the
+# next OOM in that phase raises it again.  The failed layout itself never runs again anyway
+# (it is measured), so the margin only has to steer away from layouts just as large.
+MAX_OOM_MARGIN_RISE = 0.10
 
 
 def normalise(field: str, value: Any) -> Any:
@@ -167,6 +172,29 @@ class CandidateSet:
         return bool(all(self.memory[index, i] * (1.0 + margins.get(phase, 0.0))
                         <= self.capacity_bytes for i, phase in enumerate(PHASES)))
 
+    def relief(self, failed: str, phase: str, mask: np.ndarray,
+               need_ratio: float | None = None, max_distance: int = 3) -> int | None:
+        """The candidate to try after ``failed`` ran out of memory in ``phase``: allowed by
+        ``mask``, predicted to need less in that phase -- with ``need_ratio`` (measured need /
+        GPU memory, from the OOM message) less by that ratio, so it would fit even if the model
+        underestimates it as much as it did the failed layout, where such a candidate exists --
+        and differing from ``failed`` in the fewest fields (at most ``max_distance``), the best
+        predicted among equals.  None when no candidate relieves the phase."""
+        index = self.index.get(failed)
+        if index is None or phase not in PHASES:
+            return None
+        column = PHASES.index(phase)
+        failed_bytes = self.memory[index, column]
+        distance = (self.codes != self.codes[index]).sum(axis=1)
+        usable = mask & (distance <= max_distance) & (self.memory[:, column] < failed_bytes)
+        if need_ratio and need_ratio > 1:
+            strict = usable & (self.memory[:, column] * need_ratio <= failed_bytes)
+            usable = strict if strict.any() else usable
+        if not usable.any():
+            return None
+        order = np.lexsort((np.arange(len(self)), np.where(usable, distance, 10 ** 6)))
+        return int(order[0])
+
     def nearest(self, params: Mapping[str, Any], mask: np.ndarray) -> int | None:
         """The allowed candidate differing from ``params`` in the fewest fields (the best
         predicted among equals); None when nothing is allowed."""
@@ -180,14 +208,27 @@ class CandidateSet:
         return int(np.argmin(distance))  # ties: the lowest index, i.e. the best predicted
 
 
-def memory_margins(ooms: Iterable[tuple[str, float]], capacity_bytes: float,
+def memory_margins(ooms: Iterable[tuple], capacity_bytes: float,
                    base: float = 0.0) -> dict[str, float]:
     """Per-phase safety margins after the measured OOMs ``(phase, predicted bytes in that
-    phase)``: at least ``base``, and for a phase that ran out of memory at a predicted ``m``
-    bytes, enough that ``m * (1 + margin) > capacity`` (plus :data:`OOM_MARGIN_STEP`)."""
+    phase[, number, need_ratio])``, in the order they happened: at least ``base``; each OOM
+    raises its phase's margin towards the value that excludes the failed layout
+    (``m * (1 + margin) > capacity``, plus :data:`OOM_MARGIN_STEP`), but
+
+    * never past what the OOM's own figures support: ``need_ratio`` = (GPU total - free +
+      requested) / GPU total says the layout needed at least that share of the GPU, i.e. at
+      least ``need_ratio * capacity`` bytes where ``m`` were predicted;
+    * by at most :data:`MAX_OOM_MARGIN_RISE` per OOM.
+    """
     margins = {phase: base for phase in PHASES}
-    for phase, predicted in ooms:
-        if phase in margins and predicted > 0:
-            needed = capacity_bytes / predicted - 1.0 + OOM_MARGIN_STEP
-            margins[phase] = max(margins[phase], needed)
+    for oom in ooms:
+        phase, predicted = oom[0], oom[1]
+        need_ratio = oom[3] if len(oom) > 3 else None
+        if phase not in margins or not predicted or predicted <= 0:
+            continue
+        target = capacity_bytes / predicted - 1.0 + OOM_MARGIN_STEP
+        if need_ratio and need_ratio > 0:
+            target = min(target, need_ratio * capacity_bytes / predicted - 1.0)
+        current = margins[phase]
+        margins[phase] = max(current, min(target, current + MAX_OOM_MARGIN_RISE))
     return margins

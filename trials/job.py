@@ -14,6 +14,7 @@ through one.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,7 @@ class TrialJobs:
     study_name: str
     overrides: tuple[str, ...] = ()  # the user's --override
     env: Mapping[str, str] = field(default_factory=dict)  # the user's --trial-env
+    max_log_bytes: int | None = None  # --max-log-bytes
 
     def workdir(self, sweep_dir: Path, number: int, candidate: Candidate) -> Path:
         return Path(sweep_dir).resolve() / "trials" / f"{number:04d}-{candidate.key}"
@@ -127,14 +129,34 @@ class TrialJobs:
                              log_path=workdir / LOG_FILE, metrics_path=metrics,
                              wall_timeout_s=self.wall_timeout_s,
                              hang_timeout_s=self.hang_timeout_s,
-                             env=job_environment(env, inherited_env), name=experiment)
+                             env=job_environment(env, inherited_env), name=experiment,
+                             max_log_bytes=self.max_log_bytes)
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` readable by its owner only (mode 0600, from its creation:
+    never readable by others, not even for a moment); an existing file is replaced."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(descriptor, 0o600)  # whatever the umask
+        with os.fdopen(descriptor, "w") as handle:
+            descriptor = -1
+            handle.write(text)
+    finally:
+        if descriptor >= 0:
+            os.close(descriptor)
+    os.replace(temporary, path)
+    return path
 
 
 def write_command(request: LaunchRequest) -> Path:
-    """The trial's command as a script, to rerun it by hand."""
+    """The trial's command as a script, to rerun it by hand (``bash command.sh``).  It holds
+    the trial's environment (``--trial-env`` values, which may be tokens), so it is written
+    mode 0600."""
     path = request.workdir / COMMAND_FILE
     parts = ["env", *(f"{name}={value}" for name, value in sorted(request.env.items()))]
     command = " \\\n    ".join(shlex.quote(part) for part in [*parts, *request.argv])
-    path.write_text(f"#!/usr/bin/env bash\ncd {shlex.quote(str(request.workdir))}\n{command}\n")
-    path.chmod(0o755)
-    return path
+    return write_private(path, f"#!/usr/bin/env bash\n"
+                               f"cd {shlex.quote(str(request.workdir))}\n{command}\n")

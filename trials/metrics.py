@@ -37,7 +37,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # with RAY_DEDUP_LOGS it may add " [repeated 3x across cluster]" at the end.
 _RAY_PREFIX = re.compile(r"^\s*\([^()]*\bpid=\d+[^()]*\)\s*")
 _RAY_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
-_STEP_LINE = re.compile(r"^step:(\d+)(?: - (.*))?$")
+_STEP_LINE = re.compile(r"^step:(\d{1,12})(?: - (.*))?$")
 _NUMPY_SCALAR = re.compile(r"^np\.[a-z]+\d*\((.*)\)$")
 
 
@@ -82,25 +82,19 @@ def parse_console_line(line: str) -> StepRecord | None:
     return StepRecord(int(match.group(1)), data)
 
 
-def parse_console(lines: Iterable[str]) -> list[StepRecord]:
-    return _by_step(record for record in map(parse_console_line, lines) if record)
-
-
-def parse_jsonl(lines: Iterable[str]) -> list[StepRecord]:
-    """File-logger lines; a line cut short by a killed trainer is skipped."""
-    records = []
+def parse_console(lines: Iterable[str], limits: "MetricLimits | None" = None) -> list[StepRecord]:
+    reader = MetricsReader(limits)
     for line in lines:
-        try:
-            item = json.loads(line)
-            step, data = int(item["step"]), item["data"]
-        except (ValueError, KeyError, TypeError):
-            continue
-        if not isinstance(data, dict):
-            continue
-        values = {key: float(value) for key, value in data.items()
-                  if isinstance(value, (int, float))}  # bools count as 0/1, like the console
-        records.append(StepRecord(step, values))
-    return _by_step(records)
+        reader.console_line(line)
+    return reader.records()
+
+
+def parse_jsonl(lines: Iterable[str], limits: "MetricLimits | None" = None) -> list[StepRecord]:
+    """File-logger lines; a line cut short by a killed trainer (or any bad line) is skipped."""
+    reader = MetricsReader(limits)
+    for line in lines:
+        reader.jsonl_line(line)
+    return reader.records()
 
 
 def _by_step(records: Iterable[StepRecord]) -> list[StepRecord]:
@@ -111,18 +105,179 @@ def _by_step(records: Iterable[StepRecord]) -> list[StepRecord]:
     return [latest[step] for step in sorted(latest)]
 
 
-def _read_lines(path: Path | None) -> list[str]:
-    if path is None or not Path(path).is_file():
-        return []
-    return Path(path).read_text(errors="replace").splitlines()
+# --- what a metric may physically be -------------------------------------------------------
+
+MAX_STEP = 10 ** 9
+MAX_SECONDS = 1e7  # no step of a short trial takes four months
+MAX_RECORD_CHARS = 1 << 20  # a step record of verl is a few KiB; longer lines are not records
 
 
-def read_records(metrics_path: Path | None, log_path: Path | None) -> tuple[list[StepRecord], str]:
+@dataclass(frozen=True)
+class MetricLimits:
+    """Physical bounds of a trial's metrics on its cluster.
+
+    ``max_tokens_per_s_per_gpu``: a forward pass costs at least 2 FLOPs per active parameter and
+    token (Kaplan et al. 2020, "Scaling Laws", C_forward ~ 2N), so no GPU processes more than
+    peak FLOP/s / (2 N) tokens per second -- GRPO's backward passes and rollout only lower it.
+    ``max_memory_gb``: verl's ``max_memory_*_gb`` (``torch.cuda.max_memory_*`` / 2**30) cannot
+    exceed the device's memory.
+    """
+
+    max_tokens_per_s_per_gpu: float = math.inf
+    max_memory_gb: float = math.inf
+
+    @classmethod
+    def for_plan(cls, peak_flops: float, active_params: int, memory_bytes: float
+                 ) -> "MetricLimits":
+        return cls(max_tokens_per_s_per_gpu=peak_flops / (2.0 * max(active_params, 1)),
+                   max_memory_gb=memory_bytes / 2 ** 30)
+
+    def check(self, key: str, value: float) -> bool:
+        """Whether ``value`` is a possible value of metric ``key`` (unknown keys: finite)."""
+        if not math.isfinite(value):
+            return False
+        if key == THROUGHPUT:
+            return 0.0 < value <= self.max_tokens_per_s_per_gpu
+        if key == TOTAL_TOKENS:
+            return value >= 0.0
+        if key.startswith(TIMING_PREFIX) or key == "perf/time_per_step":
+            return 0.0 <= value <= MAX_SECONDS
+        if key.startswith("perf/mfu/"):
+            return 0.0 <= value <= 1.0  # a fraction of the peak
+        if MEMORY_KEY.search(key):
+            return 0.0 <= value <= self.max_memory_gb
+        return True
+
+
+VALIDATED = (THROUGHPUT, TOTAL_TOKENS, TIMING_PREFIX, "perf/mfu/", "perf/time_per_step")
+
+
+def _validated(key: str) -> bool:
+    return key.startswith(VALIDATED) or bool(MEMORY_KEY.search(key))
+
+
+class MetricsReader:
+    """Step records from lines, one at a time (memory: one record per step).
+
+    A line whose step is not a whole number in [0, 1e9], or whose measured metric (throughput,
+    tokens, timings, MFU, memory) is not finite and within :class:`MetricLimits`, is skipped and
+    counted in :attr:`bad_lines`; a non-finite value of any other key is dropped.
+    """
+
+    def __init__(self, limits: MetricLimits | None = None):
+        self.limits = limits or MetricLimits()
+        self.latest: dict[int, StepRecord] = {}
+        self.bad_lines = 0
+
+    def records(self) -> list[StepRecord]:
+        return [self.latest[step] for step in sorted(self.latest)]
+
+    def _accept(self, step, data: Mapping[str, object]) -> bool:
+        if isinstance(step, bool) or not isinstance(step, (int, float)):
+            self.bad_lines += 1
+            return False
+        if isinstance(step, float) and not (math.isfinite(step) and step.is_integer()):
+            self.bad_lines += 1
+            return False
+        step = int(step)
+        if not 0 <= step <= MAX_STEP:
+            self.bad_lines += 1
+            return False
+        values = {}
+        for key, value in data.items():
+            if not isinstance(key, str) or not isinstance(value, (int, float)):
+                continue
+            try:
+                number = float(value)  # bools count as 0/1, like the console
+            except OverflowError:  # an integer beyond float's range
+                number = math.inf
+            if self.limits.check(key, number):
+                values[key] = number
+            elif _validated(key):
+                self.bad_lines += 1
+                return False
+        self.latest[step] = StepRecord(step, values)
+        return True
+
+    def console_line(self, line: str) -> bool:
+        """Take one console line; False when it is no (good) step record."""
+        if "step:" not in line or len(line) > MAX_RECORD_CHARS:
+            return False
+        record = parse_console_line(line)
+        if record is None:
+            return False
+        return self._accept(record.step, record.data)
+
+    def jsonl_line(self, line: str) -> bool:
+        """Take one file-logger line; False when it is no (good) step record."""
+        if not line.strip():
+            return False
+        if len(line) > MAX_RECORD_CHARS:
+            self.bad_lines += 1
+            return False
+        try:
+            item = json.loads(line)
+            step, data = item["step"], item["data"]
+        except (ValueError, KeyError, TypeError, RecursionError, OverflowError):
+            self.bad_lines += 1  # cut short by a killed trainer, or not a record at all
+            return False
+        if not isinstance(data, dict):
+            self.bad_lines += 1
+            return False
+        return self._accept(step, data)
+
+
+def iter_blocks(path: Path, max_line_chars: int = MAX_RECORD_CHARS,
+                chunk_bytes: int = 1 << 20):
+    """The lines of ``path`` in blocks (one per chunk read; memory: one chunk and one line);
+    a line longer than ``max_line_chars`` is cut to that length and the rest of it skipped."""
+    with open(path, "rb") as handle:
+        rest = b""
+        skipping = False
+        while True:
+            chunk = handle.read(chunk_bytes)
+            if not chunk:
+                break
+            parts = (rest + chunk).split(b"\n")
+            rest = parts.pop()
+            if skipping and parts:
+                parts, skipping = parts[1:], False
+            block = [part[:max_line_chars].decode("utf-8", errors="replace") for part in parts]
+            if len(rest) > max_line_chars:
+                if not skipping:
+                    block.append(rest[:max_line_chars].decode("utf-8", errors="replace"))
+                skipping, rest = True, b""
+            if block:
+                yield block
+        if rest and not skipping:
+            yield [rest.decode("utf-8", errors="replace")]
+
+
+def iter_lines(path: Path, max_line_chars: int = MAX_RECORD_CHARS, chunk_bytes: int = 1 << 20):
+    """The lines of ``path`` one by one (see :func:`iter_blocks`)."""
+    for block in iter_blocks(path, max_line_chars, chunk_bytes):
+        yield from block
+
+
+def read_metrics_file(path: Path | None, limits: MetricLimits | None = None) -> MetricsReader:
+    reader = MetricsReader(limits)
+    if path is not None and Path(path).is_file():
+        for line in iter_lines(Path(path)):
+            reader.jsonl_line(line)
+    return reader
+
+
+def read_records(metrics_path: Path | None, log_path: Path | None,
+                 limits: MetricLimits | None = None) -> tuple[list[StepRecord], str]:
     """Step records and where they came from: ``"file"``, ``"console"`` or ``"none"``."""
-    records = parse_jsonl(_read_lines(metrics_path))
+    records = read_metrics_file(metrics_path, limits).records()
     if records:
         return records, "file"
-    records = parse_console(_read_lines(log_path))
+    reader = MetricsReader(limits)
+    if log_path is not None and Path(log_path).is_file():
+        for line in iter_lines(Path(log_path)):
+            reader.console_line(line)
+    records = reader.records()
     return (records, "console") if records else ([], "none")
 
 
@@ -139,6 +294,7 @@ class MetricsSummary:
     phase_times_s: Mapping[str, float] = field(default_factory=dict)  # timing_s/<name> medians
     memory_gb: Mapping[str, float] = field(default_factory=dict)  # */perf/max_memory_*_gb max
     last_step: int = 0
+    bad_lines: int = 0  # metric lines skipped as impossible (MetricsReader)
 
     @property
     def peak_memory_gb(self) -> float | None:
@@ -149,7 +305,7 @@ class MetricsSummary:
                 "source": self.source, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
                 "step_time_s": self.step_time_s, "mfu": self.mfu,
                 "phase_times_s": dict(self.phase_times_s), "memory_gb": dict(self.memory_gb),
-                "last_step": self.last_step}
+                "last_step": self.last_step, "bad_lines": self.bad_lines}
 
 
 def _median(values: list[float]) -> float | None:
@@ -158,7 +314,8 @@ def _median(values: list[float]) -> float | None:
 
 
 def summarise(records: list[StepRecord], warmup_steps: int, n_gpus: int,
-              source: str = "file") -> MetricsSummary:
+              source: str = "file", bad_lines: int = 0,
+              limits: MetricLimits | None = None) -> MetricsSummary:
     """Medians over the steps after the first ``warmup_steps`` (the last step is kept when a
     trial recorded no more than its warm-up), peak memory over every step.
 
@@ -166,7 +323,8 @@ def summarise(records: list[StepRecord], warmup_steps: int, n_gpus: int,
     step time and ``n_gpus``.
     """
     if not records:
-        return MetricsSummary(steps_recorded=0, steady_steps=0, source="none")
+        return MetricsSummary(steps_recorded=0, steady_steps=0, source="none",
+                              bad_lines=bad_lines)
     steady = records[warmup_steps:] or records[-1:]
 
     def column(key: str) -> list[float]:
@@ -177,6 +335,9 @@ def summarise(records: list[StepRecord], warmup_steps: int, n_gpus: int,
     if throughput is None and step_time and n_gpus:
         tokens = _median(column(TOTAL_TOKENS))
         throughput = tokens / (step_time * n_gpus) if tokens else None
+        if throughput is not None and not (limits or MetricLimits()).check(THROUGHPUT,
+                                                                            throughput):
+            throughput = None
     timing_keys = sorted({key for record in steady for key in record.data
                           if key.startswith(TIMING_PREFIX)})
     phases = {key[len(TIMING_PREFIX):]: value for key in timing_keys
@@ -188,4 +349,4 @@ def summarise(records: list[StepRecord], warmup_steps: int, n_gpus: int,
     return MetricsSummary(steps_recorded=len(records), steady_steps=len(steady), source=source,
                           tokens_per_s_per_gpu=throughput, step_time_s=step_time,
                           mfu=_median(column(MFU)), phase_times_s=phases, memory_gb=memory,
-                          last_step=records[-1].step)
+                          last_step=records[-1].step, bad_lines=bad_lines)

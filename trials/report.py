@@ -97,6 +97,45 @@ def write_trials_csv(study: "Study", directories: Sequence[Path]) -> list[Path]:
     return paths
 
 
+JOB_FILES = ("run_grpo.sh", "grpo.yaml", "plan.json", TUNED_FILE, CSV_FILE)
+
+
+def check_write_dir(directory: Path, study_name: str, force: bool) -> None:
+    """Refuse a ``--write`` directory holding a job this study did not write, unless
+    ``force``: a job a user wrote (or another study's best) is never replaced unasked.  What
+    this study wrote before (its ``tuned.json`` names it, or only its ``trials.csv`` is there)
+    is its own to update when the study resumes."""
+    from planner.errors import PlanInputError
+
+    directory = Path(directory)
+    present = [name for name in JOB_FILES if (directory / name).exists()]
+    if force or not present:
+        return
+    tuned = directory / TUNED_FILE
+    if tuned.is_file():
+        try:
+            owner = json.loads(tuned.read_text()).get("study")
+        except (OSError, ValueError, AttributeError):
+            owner = None
+        if owner == study_name:
+            return
+        whose = f"study {owner!r}'s best layout" if owner else "a job"
+    elif present == [CSV_FILE] and _is_trials_csv(directory / CSV_FILE):
+        return
+    else:
+        whose = "a job"
+    raise PlanInputError(f"--write {directory} already holds {whose} ({', '.join(present)}); "
+                         f"pass --force to replace it, or choose another directory")
+
+
+def _is_trials_csv(path: Path) -> bool:
+    try:
+        with open(path) as handle:
+            return handle.readline().startswith("trial,state,category,layout_key")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def write_best(plan, rank: int, trial: "FrozenTrial", directory: Path, *, study_name: str,
                model_path: str | None, train_files: str | None, val_files: str | None,
                overrides: Sequence[str]) -> list[Path]:

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Callable
 
 from trials.failures import Category, Classification, classify
-from trials.job import write_command
+from trials.job import write_command, write_private
 from trials.launchers.base import Launcher, LaunchOutcome, LaunchRequest
-from trials.metrics import MetricsSummary, read_records, summarise
+from trials.logscan import scan_log
+from trials.metrics import MetricLimits, MetricsSummary, read_metrics_file, summarise
 
 RESULT_FILE = "result.json"
 
@@ -56,22 +57,36 @@ class TrialResult:
 
 
 def run_trial(request: LaunchRequest, launcher: Launcher, *, steps: int, warmup_steps: int,
-              n_gpus: int, on_start: Callable[[dict], None] | None = None) -> TrialResult:
-    """Launch ``request`` with ``launcher`` and classify what happened."""
+              n_gpus: int, on_start: Callable[[dict], None] | None = None,
+              limits: MetricLimits | None = None) -> TrialResult:
+    """Launch ``request`` with ``launcher`` and classify what happened.  The log and metrics
+    are read in one streaming pass each (bounded memory, whatever their size); metric lines
+    outside ``limits`` are skipped and counted."""
     request.workdir.mkdir(parents=True, exist_ok=True)
     write_command(request)
     outcome = launcher.run(request, on_start)
-    records, source = read_records(request.metrics_path, request.log_path)
-    summary = summarise(records, warmup_steps, n_gpus, source)
-    lines = (request.log_path.read_text(errors="replace").splitlines()
-             if request.log_path.is_file() else [])
-    classification = classify(lines, exit_code=outcome.exit_code, stopped=outcome.stopped,
-                              steps_recorded=summary.steps_recorded, steps_expected=steps,
-                              timeouts=(request.wall_timeout_s, request.hang_timeout_s))
+    scan = scan_log(request.log_path, limits)
+    metrics = read_metrics_file(request.metrics_path, limits)
+    if metrics.latest:
+        records, source, bad = metrics.records(), "file", metrics.bad_lines
+    elif scan.records:
+        records, source, bad = list(scan.records), "console", scan.bad_lines
+    else:
+        records, source, bad = [], "none", metrics.bad_lines + scan.bad_lines
+    summary = summarise(records, warmup_steps, n_gpus, source, bad_lines=bad, limits=limits)
+    classification = classify(list(scan.lines), exit_code=outcome.exit_code,
+                              stopped=outcome.stopped, steps_recorded=summary.steps_recorded,
+                              steps_expected=steps,
+                              timeouts=(request.wall_timeout_s, request.hang_timeout_s),
+                              error_line=scan.error_line,
+                              log_limit_bytes=request.max_log_bytes)
     if classification.category is Category.OK and summary.tokens_per_s_per_gpu is None:
+        skipped = f"; {bad} impossible metric lines skipped" if bad else ""
         classification = Classification(Category.CRASH, f"{summary.steps_recorded} steps "
                                         f"recorded but no throughput metric "
-                                        f"(perf/throughput or timing_s/step)")
+                                        f"(perf/throughput or timing_s/step){skipped}",
+                                        cause="crash: no throughput metric")
     result = TrialResult(classification, summary, outcome, request)
-    Path(request.workdir / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    write_private(Path(request.workdir / RESULT_FILE),
+                  json.dumps(result.to_dict(), indent=2) + "\n")
     return result

@@ -11,7 +11,12 @@ older than ``grace_period`` marks it failed and calls ``stale_callback`` (stop w
 running, enqueue it again).  Optuna implements this for ``RDBStorage``; for the journal,
 :class:`HeartbeatJournalStorage` records the heartbeat as a trial system attribute.
 
-Passwords in URLs are never printed: :func:`mask_url` is applied to every message.
+Passwords in URLs are never printed: :func:`mask_url` (SQLAlchemy's own URL parser, so a
+password holding ``/``, ``?`` or ``@`` is found whole, and ``?password=`` too) is applied to
+every message, and the storage's own secrets are blanked wherever they appear.  The URL with
+its password need not be on the command line (which ``ps`` shows): ``$PLAN_PARALLEL_STORAGE``
+holds it, or ``--storage-password-file`` holds the password; neither reaches a trainer's
+environment (:data:`SECRET_ENV`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ DEFAULT_FILE = "study.db"
 JOURNAL_PREFIX = "journal:"
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*:)(?P<password>[^@/\s]*)@")
+_URL_TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+_RAW_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:(?P<password>.*)@[^@]*$")
+_SECRET_QUERY = re.compile(r"(?i)([?&](?:password|passwd|pwd|sslpassword|secret|token|"
+                           r"access_token|api_key)=)[^&#\s]*")
+STORAGE_ENV = "PLAN_PARALLEL_STORAGE"  # the storage URL, with its password, out of argv
+SECRET_ENV = (STORAGE_ENV,)  # never passed on to a trainer unless --trial-env sets it
 HEARTBEAT_ATTR = "plan_parallel:heartbeat"
 # Tuners starting together on a new database race to create Optuna's tables; the loser retries.
 SCHEMA_RACE = re.compile(r"UNIQUE constraint failed|already exists|duplicate key|"
@@ -36,9 +47,81 @@ SCHEMA_RACE = re.compile(r"UNIQUE constraint failed|already exists|duplicate key
 SCHEMA_ATTEMPTS = 5
 
 
-def mask_url(text: str) -> str:
-    """``text`` with the password of every URL in it replaced by ``***``."""
-    return _PASSWORD.sub(lambda m: f"{m.group('head')}***@", str(text))
+def _mask_one(url: str) -> str:
+    if url.lower().startswith("sqlite"):
+        return url  # a file path: no password, and SQLAlchemy would re-encode it
+    raw = _RAW_PASSWORD.match(url)
+    if raw and raw.group("password"):  # everything between "user:" and the last "@"
+        masked = url[:raw.start("password")] + "***" + url[raw.end("password"):]
+    else:
+        masked = None
+        try:
+            from sqlalchemy.engine import make_url
+
+            parsed = make_url(url)
+            if parsed.password is not None:
+                masked = parsed.render_as_string(hide_password=True)
+        except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads (or no SQLAlchemy)
+            masked = None
+        if masked is None:
+            masked = _PASSWORD.sub(lambda m: f"{m.group('head')}***@", url)
+    return _SECRET_QUERY.sub(lambda m: f"{m.group(1)}***", masked)
+
+
+def mask_url(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """``text`` with the password of every URL in it (user:PASSWORD@, ``?password=``)
+    replaced by ``***``, and every string of ``secrets`` too."""
+    text = _URL_TOKEN.sub(lambda m: _mask_one(m.group(0)), str(text))
+    for secret in secrets:
+        if secret and len(secret) >= 3:
+            text = text.replace(secret, "***")
+    return text
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The secrets a storage URL holds: its password (as SQLAlchemy parses it and as written)
+    and secret query values."""
+    found = []
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+        if parsed.password:
+            found.append(str(parsed.password))
+        for key, value in parsed.query.items():
+            if _SECRET_QUERY.match(f"?{key}="):
+                found.extend([value] if isinstance(value, str) else list(value))
+    except Exception:  # noqa: BLE001
+        pass
+    raw = _RAW_PASSWORD.match(url)
+    if raw and raw.group("password"):
+        found.append(raw.group("password"))
+    return tuple(dict.fromkeys(found))
+
+
+def with_password(url: str, password: str) -> str:
+    """``url`` with ``password`` set (SQLAlchemy quotes it: any character is safe)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception as error:  # noqa: BLE001
+        raise PlanInputError(f"--storage {mask_url(url)!r} is not a SQLAlchemy URL: "
+                             f"{mask_url(str(error))[:160]}") from None
+    return parsed.set(password=password).render_as_string(hide_password=False)
+
+
+def read_password_file(path: str) -> str:
+    """The first line of ``path`` (a password file), without its line end."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise PlanInputError(f"--storage-password-file {path}: cannot read it "
+                             f"({getattr(error, 'strerror', None) or error})") from None
+    password = text.splitlines()[0] if text else ""
+    if not password:
+        raise PlanInputError(f"--storage-password-file {path} is empty")
+    return password
 
 
 @dataclass(frozen=True)
@@ -46,14 +129,30 @@ class StorageSpec:
     kind: str  # "rdb" or "journal"
     url: str  # the SQLAlchemy URL, or the journal file path
     display: str  # for people: the URL without its password
+    secrets: tuple[str, ...] = ()  # the URL's password (and secret query values)
+
+    def mask(self, text: str) -> str:
+        return mask_url(text, self.secrets)
+
+    def __repr__(self) -> str:  # never the URL: a repr ends up in tracebacks and logs
+        return f"StorageSpec(kind={self.kind!r}, display={self.display!r})"
 
     @property
     def is_local_file(self) -> bool:
         return self.kind == "journal" or self.url.startswith("sqlite:")
 
 
-def resolve_storage(url: str | None, sweep_dir: Path) -> StorageSpec:
-    """Parse ``--storage`` (None: SQLite in the sweep directory)."""
+def resolve_storage(url: str | None, sweep_dir: Path, password: str | None = None
+                    ) -> StorageSpec:
+    """Parse ``--storage`` (None: ``$PLAN_PARALLEL_STORAGE``, else SQLite in the sweep
+    directory); ``password`` (from ``--storage-password-file``) is set into the URL."""
+    import os
+
+    url = url or os.environ.get(STORAGE_ENV) or None
+    if password is not None and (not url or url.startswith(JOURNAL_PREFIX)
+                                 or url.startswith("sqlite")):
+        raise PlanInputError("--storage-password-file needs a database --storage URL "
+                             "(postgresql://user@host/db, mysql+pymysql://...)")
     if not url:
         path = (Path(sweep_dir) / DEFAULT_FILE).resolve()
         return StorageSpec("rdb", f"sqlite:///{path}", f"sqlite:///{path}")
@@ -68,7 +167,10 @@ def resolve_storage(url: str | None, sweep_dir: Path) -> StorageSpec:
         raise PlanInputError(f"--storage {mask_url(url)!r} is not a storage URL; expected a "
                              f"SQLAlchemy URL (sqlite:///study.db, postgresql://user@host/db) "
                              f"or journal:PATH")
-    return StorageSpec("rdb", url, mask_url(url))
+    if password is not None:
+        url = with_password(url, password)
+    secrets = url_secrets(url)
+    return StorageSpec("rdb", url, mask_url(url, secrets), secrets)
 
 
 def _heartbeat_base():
@@ -155,7 +257,7 @@ def open_storage(spec: StorageSpec, *, heartbeat_interval: int, grace_period: in
                 continue
             message = text.splitlines()[0] if text else type(error).__name__
             raise PlanInputError(f"cannot open storage {spec.display}: "
-                                 f"{mask_url(message)}") from None
+                                 f"{spec.mask(message)}") from None
 
 
 def open_storage_read_only(spec: StorageSpec) -> Any:
@@ -182,4 +284,4 @@ def open_storage_read_only(spec: StorageSpec) -> Any:
         text = str(error).strip()
         message = text.splitlines()[0] if text else type(error).__name__
         raise PlanInputError(f"cannot read study storage {spec.display}: "
-                             f"{mask_url(message)}") from None
+                             f"{spec.mask(message)}") from None

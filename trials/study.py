@@ -9,7 +9,13 @@ study through its storage.  What they agree on lives in the storage (:mod:`trial
 * a trial claims its layout (the ``layout_key`` attribute) before launching and runs only if no
   other RUNNING trial claimed it and it was not measured before — two tuners never run one
   layout at once, and a finished layout is never run again;
-* a measured OOM raises that phase's memory margin for the rest of the study;
+* a measured OOM raises that phase's memory margin for the rest of the study, by a bounded step
+  that the OOM's own figures support (:func:`~trials.candidates.memory_margins`), and the next
+  trial is the nearest layout that relieves the failing phase (smaller micro-batch, more TP or
+  PP, recompute: :meth:`~trials.candidates.CandidateSet.relief`) -- the study goes on until
+  its budget is spent;
+* when the study's first ``--fail-fast`` trials all fail with one cause (verl missing, a bad
+  override, the same crash line), it stops with that cause instead of trying more layouts;
 * a tuner that dies (even ``kill -9``) stops sending heartbeats; another tuner (or the same
   command run again) marks its trial failed, stops what it left running, and enqueues the
   layout again;
@@ -41,6 +47,7 @@ from trials import study_state as attrs
 from trials.candidates import CandidateSet, memory_margins
 from trials.job import TrialJobs
 from trials.launchers import Launcher, launcher_for_handle
+from trials.metrics import MetricLimits
 from trials.progress import Progress, Row, Status
 from trials.report import write_best, write_trials_csv
 from trials.runner import TrialResult, run_trial
@@ -74,6 +81,7 @@ class TuneSettings:
     heartbeat_interval: int = 60
     grace_period: int = 180
     max_retry: int = 3
+    fail_fast: int = 3  # stop when the first this-many trials fail with one cause (0: never)
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,9 @@ class Tuner:
                            "candidates": len(candidates),
                            "objectives": self.objective_names()}
         self.capacity = float(plan.cluster.gpu.memory_bytes)
+        gpu = plan.cluster.gpu
+        self.limits = MetricLimits.for_plan(max(gpu.peak_flops("bf16"), gpu.peak_flops("fp8")),
+                                            plan.model.params.active, gpu.memory_bytes)
         self.status = Status(target=settings.trials)
         self._durations: list[float] = []
         self._written_best: int | None = None
@@ -113,6 +124,8 @@ class Tuner:
         self._job: list[Path] = []
         self._stop_reason = ""
         self._skips = 0
+        # host:pid of this tuner process, and a run id (one process may run several studies)
+        self.tuner_id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
 
     # --- the study -------------------------------------------------------------------------
 
@@ -154,8 +167,7 @@ class Tuner:
         return attrs.read_snapshot(study)
 
     def margins(self, snap: attrs.Snapshot) -> dict[str, float]:
-        return memory_margins([(phase, predicted) for phase, predicted, _ in snap.ooms],
-                              self.capacity, self.settings.memory_margin)
+        return memory_margins(snap.ooms, self.capacity, self.settings.memory_margin)
 
     def _allowed(self, study: optuna.Study) -> np.ndarray:
         snap = self._snapshot(study)
@@ -168,6 +180,9 @@ class Tuner:
         if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             return None
         snap = self._snapshot(study)
+        relief = self.enqueue_relief(study, snap)
+        if relief:
+            return relief
         margins = self.margins(snap)
         for candidate in self.candidates.candidates[:self.settings.top_k]:
             key = candidate.key
@@ -177,6 +192,31 @@ class Tuner:
             study.enqueue_trial(dict(candidate.params),
                                 user_attrs={"enqueued": f"predicted rank {candidate.rank}"})
             return key
+        return None
+
+    def enqueue_relief(self, study: optuna.Study, snap: attrs.Snapshot) -> str | None:
+        """After an OOM not relieved yet (the latest first), enqueue the nearest allowed layout
+        predicted to need less in the failing phase; its key, or None."""
+        mask = None
+        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        for phase, _, number, need in reversed(snap.ooms):
+            if number in snap.relieved:
+                continue
+            failed = trials.get(number)
+            key = failed.user_attrs.get(attrs.KEY) if failed is not None else None
+            if key is None:
+                continue
+            if mask is None:
+                mask = self.candidates.allowed([*snap.measured, *snap.running],
+                                               self.margins(snap))
+            index = self.candidates.relief(key, phase, mask, need)
+            if index is None:
+                continue
+            candidate = self.candidates[index]
+            study.enqueue_trial(dict(candidate.params), user_attrs={
+                "enqueued": f"relieves {phase} of OOM trial #{number}",
+                attrs.RELIEVES: number})
+            return candidate.key
         return None
 
     # --- one trial ---------------------------------------------------------------------------
@@ -211,7 +251,7 @@ class Tuner:
                                 else "not a layout of this study's search space")
             raise Skipped(trial.user_attrs[attrs.SKIPPED])
         trial.set_user_attr(attrs.KEY, key)  # the claim other tuners see
-        trial.set_user_attr(attrs.TUNER, f"{socket.gethostname()}:{os.getpid()}")
+        trial.set_user_attr(attrs.TUNER, self.tuner_id)
         verdict = self._check(trial.study, trial.number, key)
         if verdict:
             kind, reason = verdict
@@ -237,7 +277,8 @@ class Tuner:
             result = run_trial(request, self.launcher, steps=self.jobs.steps,
                                warmup_steps=self.settings.warmup_steps,
                                n_gpus=self.plan.cluster.num_gpus,
-                               on_start=lambda handle: trial.set_user_attr(attrs.LAUNCH, handle))
+                               on_start=lambda handle: trial.set_user_attr(attrs.LAUNCH, handle),
+                               limits=self.limits)
         except KeyboardInterrupt:
             trial.set_user_attr(attrs.SKIPPED, "interrupted")
             raise
@@ -265,6 +306,10 @@ class Tuner:
         trial.set_user_attr(attrs.DURATION, round(result.outcome.duration_s, 3))
         if classification.oom_phase:
             trial.set_user_attr(attrs.OOM_PHASE, classification.oom_phase)
+        if classification.oom_numbers:
+            trial.set_user_attr(attrs.OOM_NUMBERS, classification.oom_numbers)
+        if classification.cause:
+            trial.set_user_attr(attrs.CAUSE, classification.cause)
         # Last: a trial with a category counts as measured (study_state).
         trial.set_user_attr(attrs.CATEGORY, classification.category.value)
         self._durations.append(result.outcome.duration_s)
@@ -319,6 +364,11 @@ class Tuner:
                 return True
         if self._stop_reason:
             return True
+        cause = self._common_cause(snap)
+        if cause:
+            self._stop_reason = (f"the first {self.settings.fail_fast} trials all failed with "
+                                 f"one cause: {cause} (see `plan-parallel doctor`)")
+            return True
         patience = self.settings.patience
         if patience and snap.best is not None and attrs.trials_since_improvement(
                 snap.finished, self.settings.min_improvement) >= patience:
@@ -328,6 +378,21 @@ class Tuner:
             self._stop_reason = f"{self._skips} proposals in a row could not run"
             return True
         return False
+
+    def _common_cause(self, snap: attrs.Snapshot) -> str | None:
+        """The cause the first ``fail_fast`` trials this tuner measured all failed with, if they
+        did (OOMs excluded: they are the layouts' fault, and the study steers away from them).
+        Trials of earlier runs do not count: a rerun after fixing the cause tries again."""
+        count = self.settings.fail_fast
+        first = [t for t in snap.finished
+                 if t.user_attrs.get(attrs.TUNER) == self.tuner_id][:count]
+        if not count or len(first) < count:
+            return None
+        causes = {t.user_attrs.get(attrs.CAUSE) for t in first}
+        categories = {t.user_attrs.get(attrs.CATEGORY) for t in first}
+        if len(causes) != 1 or None in causes or categories & {"ok", "oom"}:
+            return None
+        return first[-1].user_attrs.get(attrs.REASON) or causes.pop()
 
     def write_outputs(self, study: optuna.Study, snap: attrs.Snapshot) -> None:
         """trials.csv always; the best layout's job when the best changed."""

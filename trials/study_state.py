@@ -26,6 +26,9 @@ CATEGORY = "category"  # set only when the trial measured something (ok or a fai
 REASON = "reason"
 EVIDENCE = "evidence"
 OOM_PHASE = "oom_phase"
+OOM_NUMBERS = "oom_numbers"  # PyTorch's OOM figures (GiB): requested, total, free, in use
+RELIEVES = "relieves"  # an enqueued trial: the OOM trial whose failing phase it relieves
+CAUSE = "cause"  # a failure's category and telling line without numbers
 PREDICTED = "predicted"
 MEASURED = "measured"
 LOG = "log_path"
@@ -34,14 +37,16 @@ SKIPPED = "skipped"  # a trial that ran nothing (duplicate, limit reached, exclu
 SKIP_KIND = "skip_kind"  # done, busy, limit or memory
 DURATION = "duration_s"
 RETRY_OF = "retry_of"
-TUNER = "tuner"  # host:pid of the tuner process that ran it
+TUNER = "tuner"  # host:pid:run of the tuner process that ran it
 
 
 @dataclass
 class Snapshot:
     measured: dict[str, int] = field(default_factory=dict)  # layout key -> trial number
     running: dict[str, list[int]] = field(default_factory=dict)  # key -> RUNNING numbers
-    ooms: list[tuple[str, float, int]] = field(default_factory=list)  # phase, bytes, number
+    # phase, predicted bytes, trial number, need ratio (None without the OOM's figures)
+    ooms: list[tuple[str, float, int, float | None]] = field(default_factory=list)
+    relieved: set[int] = field(default_factory=set)  # OOM trials a relief was enqueued for
     finished: list = field(default_factory=list)  # measured trials, in completion order
     best: "FrozenTrial | None" = None
     waiting: int = 0
@@ -73,6 +78,8 @@ def read_snapshot(study: "Study") -> Snapshot:
     for trial in study.get_trials(deepcopy=False):
         attrs = trial.user_attrs
         key = attrs.get(KEY)
+        if attrs.get(RELIEVES) is not None:
+            snap.relieved.add(int(attrs[RELIEVES]))
         if trial.state == TrialState.WAITING:
             snap.waiting += 1
         elif trial.state == TrialState.RUNNING:
@@ -85,13 +92,26 @@ def read_snapshot(study: "Study") -> Snapshot:
                 phase = attrs.get(OOM_PHASE) or attrs.get(PREDICTED, {}).get("peak_phase")
                 predicted = attrs.get(PREDICTED, {}).get("memory_gib", {}).get(phase)
                 if phase and predicted:
-                    snap.ooms.append((phase, float(predicted) * GIB, trial.number))
+                    snap.ooms.append((phase, float(predicted) * GIB, trial.number,
+                                      need_ratio(attrs.get(OOM_NUMBERS))))
             value = measured_value(trial)
             if value is not None and (snap.best is None
                                       or value > measured_value(snap.best)):
                 snap.best = trial
     snap.finished.sort(key=lambda t: (t.datetime_complete or t.datetime_start, t.number))
+    snap.ooms.sort(key=lambda oom: oom[2])
     return snap
+
+
+def need_ratio(numbers) -> float | None:
+    """What an OOM says the layout needed, as a share of the GPU: (total - free + requested)
+    / total, from PyTorch's message (above 1: it did not fit); None without its figures."""
+    try:
+        total = float(numbers["total_gib"])
+        need = total - float(numbers["free_gib"]) + float(numbers["requested_gib"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    return need / total if total > 0 and need > 0 else None
 
 
 def trials_since_improvement(finished: list, min_improvement: float) -> int:

@@ -41,6 +41,12 @@ def locate(storage: str | None, sweep_dir: str | Path | None,
         raise PlanInputError(f"{info_path} lacks a 'storage' and a 'study_name' string; not a "
                              f"plan-parallel sweep.json")
     if "***" in url:
+        import os
+
+        from trials.storage import STORAGE_ENV
+
+        if os.environ.get(STORAGE_ENV):
+            return resolve_storage(os.environ[STORAGE_ENV], sweep), study_name or name
         raise PlanInputError(f"the sweep's study lives in {url}; pass --storage with its "
                              f"password (or set PLAN_PARALLEL_STORAGE)")
     return resolve_storage(url, sweep), study_name or name

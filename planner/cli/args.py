@@ -441,6 +441,7 @@ def _tune_parser(sub) -> None:
                             "(default 120)")
     trial.add_argument("--max-retry", type=integer(0, 1000), default=3,
                        help="retries of a trial whose tuner died (default 3)")
+    _tune_safety_args(parser, trial)
     export = parser.add_argument_group("the verl job (trials and the written-back best layout)")
     export.add_argument("--write", type=PATH, metavar="DIR",
                         help="write the best measured layout as a verl job (and trials.csv)")
@@ -450,6 +451,38 @@ def _tune_parser(sub) -> None:
     export.add_argument("--override", type=free_text("KEY=VALUE", 1 << 16),
                         action="append", default=[], metavar="KEY=VALUE",
                         help="extra Hydra override for the job (repeatable)")
+
+
+def _tune_safety_args(parser, trial) -> None:
+    """tune's limits, secrets, checks and overwrite protection (trials/, planner/cli/tune.py)."""
+    trial.add_argument("--max-log-bytes", type=integer(1 << 20, 1 << 50), default=256 << 20,
+                       help="stop a trial whose trainer.log outgrows this many bytes and "
+                            "record it failed (default 268435456 = 256 MiB)")
+    trial.add_argument("--fail-fast", type=integer(0, 1000), default=3, metavar="K",
+                       help="stop when the first K trials all fail with one cause (default 3; "
+                            "0: never)")
+    trial.add_argument("--skip-checks", action="store_true",
+                       help="do not run `plan-parallel doctor`'s checks before the first trial")
+    parser.add_argument("--storage-password-file", metavar="FILE",
+                        help="read the --storage (or $PLAN_PARALLEL_STORAGE) URL's password "
+                             "from FILE instead of the command line")
+    parser.add_argument("--force", action="store_true",
+                        help="let --write replace a job it did not write for this study")
+
+
+def _doctor_parser(sub) -> None:
+    parser = sub.add_parser("doctor", help="check this machine can run `tune`'s verl trials")
+    cluster_args(parser, required=False)
+    workload_args(parser)
+    for flag, text in (("--model-path", "HF model directory (default $MODEL_PATH)"),
+                       ("--train-files", "training parquet (default $TRAIN_FILES)"),
+                       ("--val-files", "validation parquet (default $VAL_FILES)")):
+        parser.add_argument(flag, help=text)
+    parser.add_argument("--launcher", choices=("local", "ray"), default="local")
+    parser.add_argument("--ray-address", help="Ray dashboard address for --launcher ray "
+                                              "(default $RAY_ADDRESS or http://127.0.0.1:8265)")
+    parser.add_argument("--trainer-command", help="as for tune (default 'python3 -m "
+                                                  "verl.trainer.main_ppo')")
 
 
 def _calibrate_parser(sub) -> None:
@@ -479,7 +512,7 @@ def _catalog_parsers(sub) -> None:
 
 
 SUBCOMMANDS = ("plan", "estimate", "validate", "tune", "calibrate", "profile", "explain", "fix",
-               "diff", "report", "models", "gpus")
+               "diff", "report", "models", "gpus", "doctor")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -489,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "memory and time of every phase for every valid layout, ranked.",
         epilog="Without a subcommand, `plan` runs: plan-parallel --model qwen3-30b --gpus 16")
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
-    for add in (_plan_parser, _estimate_parser, _validate_parser, _tune_parser,
+    for add in (_plan_parser, _estimate_parser, _validate_parser, _tune_parser, _doctor_parser,
                 _calibrate_parser, _profile_parser, _explain_parser, _fix_parser, _diff_parser,
                 _report_parser, _catalog_parsers):
         add(sub)

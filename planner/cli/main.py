@@ -30,6 +30,7 @@ HANDLERS = {
     "report": ("report", "cmd_report"),
     "tune": ("tune", "cmd_tune"),
     "calibrate": ("calibrate", "cmd_calibrate"),
+    "doctor": ("doctor", "cmd_doctor"),
 }
 assert set(HANDLERS) == set(SUBCOMMANDS)
 

@@ -16,7 +16,8 @@ from trials.job import DEFAULT_TRAINER_COMMAND, TrialJobs, parse_env, split_comm
 from trials.launchers.local import LocalLauncher
 from trials.launchers.ray_jobs import RayJobLauncher
 from trials.progress import make_progress
-from trials.storage import mask_url, resolve_storage
+from trials.report import check_write_dir
+from trials.storage import mask_url, read_password_file, resolve_storage
 from trials.study import Tuner, TuneSettings, study_info
 
 DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?"
@@ -126,20 +127,29 @@ def cmd_tune(args) -> int:
                              f"{args.memory_margin:.0%} memory margin; nothing to try")
     study_name = args.study_name or default_study_name(model, cluster, workload)
     sweep_dir = Path(args.sweep_dir) if args.sweep_dir else Path("sweeps") / _slug(study_name)
-    storage = resolve_storage(args.storage, sweep_dir)
+    password = (read_password_file(args.storage_password_file)
+                if args.storage_password_file else None)
+    storage = resolve_storage(args.storage, sweep_dir, password)
+    if args.write:
+        check_write_dir(Path(args.write), study_name, args.force)
     launcher = make_launcher(args, cluster, command)
+    if not args.skip_checks:
+        from planner.cli.doctor import doctor_inputs, report_checks
+
+        report_checks(doctor_inputs(args, cluster, workload, command,
+                                    (model_path, train_files, val_files)), before="tune")
 
     settings = TuneSettings(
         trials=args.trials, timeout_s=timeout, warmup_steps=args.warmup_steps,
         top_k=args.top_k, patience=args.patience, min_improvement=args.min_improvement,
         multi_objective=args.multi_objective, memory_margin=args.memory_margin,
         sampler=args.sampler, seed=args.seed, heartbeat_interval=args.heartbeat_interval,
-        grace_period=args.grace_period, max_retry=args.max_retry)
+        grace_period=args.grace_period, max_retry=args.max_retry, fail_fast=args.fail_fast)
     jobs = TrialJobs(model=model, cluster=cluster, workload=workload, trainer_command=command,
                      model_path=model_path, train_files=train_files, val_files=val_files,
                      steps=args.steps, wall_timeout_s=trial_timeout,
                      hang_timeout_s=hang_timeout, study_name=study_name, overrides=overrides,
-                     env=trial_env)
+                     env=trial_env, max_log_bytes=args.max_log_bytes)
     tuner = Tuner(plan=plan, candidates=candidates, jobs=jobs, launcher=launcher,
                   storage=storage, study_name=study_name, sweep_dir=sweep_dir,
                   write_dir=Path(args.write) if args.write else None, settings=settings,

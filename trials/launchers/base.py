@@ -34,23 +34,27 @@ class LaunchRequest:
     hang_timeout_s: float
     env: Mapping[str, str] = field(default_factory=dict)
     name: str = "trial"  # for job ids and messages
+    max_log_bytes: int | None = None  # stop the trial when its log outgrows this
 
 
 @dataclass(frozen=True)
 class LaunchOutcome:
     exit_code: int | None  # the trainer's exit status; negative: killed by that signal
-    stopped: str | None  # "timeout" or "hang" when the launcher stopped it, else None
+    stopped: str | None  # "timeout", "hang" or "log_limit" when the launcher stopped it
     duration_s: float
     gpu: GpuStats | None = None  # local GPU sampling (None: not sampled)
     handle: Mapping[str, object] = field(default_factory=dict)  # see Launcher.run
 
 
 class Watchdog:
-    """Wall-clock and no-progress limits.  Progress is any growth of the watched files (the
-    trainer's log and metrics); :meth:`check` says ``"timeout"``, ``"hang"`` or None."""
+    """Wall-clock, no-progress and log-size limits.  Progress is any growth of the watched
+    files (the trainer's log and metrics); :meth:`check` says ``"timeout"``, ``"hang"``,
+    ``"log_limit"`` (the first file, the log, outgrew ``max_log_bytes``) or None."""
 
     def __init__(self, wall_timeout_s: float, hang_timeout_s: float,
-                 paths: Sequence[Path | None], clock: Callable[[], float] = time.monotonic):
+                 paths: Sequence[Path | None], clock: Callable[[], float] = time.monotonic,
+                 max_log_bytes: int | None = None):
+        self.max_log_bytes = max_log_bytes
         self.wall_timeout_s = wall_timeout_s
         self.hang_timeout_s = hang_timeout_s
         self.paths = [Path(path) for path in paths if path is not None]
@@ -76,6 +80,8 @@ class Watchdog:
         sizes = self._measure()
         if sizes != self._sizes:
             self._sizes, self.last_progress = sizes, now
+        if self.max_log_bytes is not None and sizes and sizes[0] > self.max_log_bytes:
+            return "log_limit"
         if now - self.started >= self.wall_timeout_s:
             return "timeout"
         if now - self.last_progress >= self.hang_timeout_s:

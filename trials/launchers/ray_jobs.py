@@ -72,7 +72,8 @@ class RayJobLauncher(Launcher):
                 if on_start:
                     on_start(handle)
                 watchdog = Watchdog(request.wall_timeout_s, request.hang_timeout_s,
-                                    [request.log_path, request.metrics_path])
+                                    [request.log_path, request.metrics_path],
+                                    max_log_bytes=request.max_log_bytes)
                 while True:
                     status = str(client.get_job_status(submission_id).value)
                     offset = self._follow(submission_id, log, offset)
