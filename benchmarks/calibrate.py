@@ -2,11 +2,13 @@
 
     python benchmarks/calibrate.py [--write planner/cost/calibration.json] [--exclude-source S]
 
-Reads ``../shared/reference/calibration_layouts.csv`` through ``calibration_data.py`` (FP4 rows
+Reads ``benchmarks/data/calibration_layouts.csv`` (the in-repo copy of the shared reference data;
+``$PLAN_PARALLEL_REFERENCE_DIR`` points elsewhere) through ``calibration_data.py`` (FP4 rows
 excluded: the planner has no FP4) and fits with :func:`planner.cost.calibration.fit`: one GEMM
 efficiency per GPU type and precision family plus a few shared constants, least squares in log
 space with weak physical priors.  GPU types without measurements take the constants of the
-closest measured part (same architecture), recorded as ``"donor"`` in the file.
+closest measured part (same architecture), recorded as ``"donor"`` in the file.  The file also
+records the fit's ranking uncertainty (``benchmarks/accuracy.py``), which plans use to tell ties.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ def main() -> None:
     cases, _ = load_cases()
     cases = [case for case in cases if case.source not in args.exclude_source]
     fitted = fit(cases)
+    from accuracy import ranking_uncertainty  # noqa: PLC0415 - accuracy imports this module
+
+    fitted["ranking_uncertainty"] = ranking_uncertainty(cases, predict(cases, fitted))
     text = json.dumps(fitted, indent=2) + "\n"
     if args.write:
         args.write.write_text(text)

@@ -232,6 +232,10 @@ def _plan_parser(sub) -> None:
                       help="layouts to show (default 10)")
     plan.add_argument("--no-offload", action="store_true",
                       help="leave parameter/optimizer offload out of the search")
+    plan.add_argument("--tie-tolerance", type=fraction(0.0, 0.99), metavar="FRACTION",
+                      help="layouts within this step-time ratio of the best are ties, listed "
+                           "simplest first (default: the model's ranking uncertainty from the "
+                           "calibration file; 0 ranks strictly by the prediction)")
     export = plan.add_argument_group("export the chosen layout as a runnable verl job")
     export.add_argument("--write", metavar="DIR", help="write launch script, Hydra config and "
                                                        "plan.json for the chosen layout")

@@ -33,7 +33,7 @@ def cmd_plan(args) -> int:
     workload = inputs.workload(args)
     options = inputs.search_options(args, workload)
     plan = make_plan(model, cluster, workload, options, inputs.calibration(args),
-                     inputs.policy(args))
+                     inputs.policy(args), tie_tolerance=args.tie_tolerance)
     fitting = int(plan.candidates["fits"].sum())
     if args.write:
         if not 1 <= args.rank <= fitting:

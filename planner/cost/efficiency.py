@@ -77,6 +77,28 @@ def load_efficiency(gpu: GpuSpec, precision: str, calibration: dict | None = Non
     return replace(Efficiency(), **values)
 
 
+# Used when neither the given calibration nor the shipped file states the ranking uncertainty.
+DEFAULT_RANKING_UNCERTAINTY = 0.0
+UNCERTAINTY_KEY = "ranking_uncertainty"
+
+
+def ranking_uncertainty(calibration: dict | None = None) -> dict:
+    """How far apart two layouts' predicted step times must be for the model to tell them
+    apart: ``{"relative": fraction, "source": text, ...}``.
+
+    ``benchmarks/accuracy.py --write`` measures it on the published layouts (the median error
+    of the predicted throughput ratio of two layouts of one job) and stores it in the
+    calibration file; a user's own calibration without the figure uses the shipped one.
+    """
+    for data in (calibration, _shipped()):
+        entry = (data or {}).get(UNCERTAINTY_KEY)
+        if isinstance(entry, dict) and isinstance(entry.get("relative"), (int, float)) \
+                and not isinstance(entry.get("relative"), bool) \
+                and 0.0 <= entry["relative"] < 1.0:
+            return dict(entry)
+    return {"relative": DEFAULT_RANKING_UNCERTAINTY, "source": "none stated"}
+
+
 def read_calibration(path: Path) -> dict:
     try:
         data = json.loads(Path(path).read_text())
