@@ -136,4 +136,6 @@ SHARED = ("gemm_half_rows", "attention", "nvlink", "network", "dp_overlap", "ep_
           "elementwise_passes", "layer_overhead_s", "expert_gemm")
 # Parts with no measurements borrow a measured part of the same architecture.
 DONORS = {"H800": "H100-80GB", "H20-96GB": "H100-80GB", "H200": "H100-80GB",
+          "H100-PCIe": "H100-80GB", "A100-40GB": "A100-80GB",
           "L40S": "A100-80GB", "B300": "B200"}
+# MI300X/MI325X (CDNA3) have no measured part of their architecture: the median of each family.
