@@ -52,7 +52,7 @@ from planner.phases import PHASES, TRAINING_PHASES
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import RECOMPUTE, Columns, Layout, distinct
 from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
-from planner.search.space import SearchOptions, build_space
+from planner.search.space import SearchOptions, build_space, rollout_options, valid_rollouts
 from planner.units import GIB
 
 Workload = Union[GrpoWorkload, PretrainWorkload]
@@ -307,15 +307,38 @@ class Estimate:
     row: dict  # every cost-model column for this layout
 
 
+def with_chosen_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                        cols: Columns, utilization: float | None,
+                        calibration: dict | None = None) -> Columns:
+    """One actor layout with the rollout layout and ``gpu_memory_utilization`` a plan would
+    give it (:func:`choose_rollout` over every rollout option vLLM and verl accept)."""
+    rollouts, _ = valid_rollouts(model, cluster, workload,
+                                 rollout_options(model, cluster, SearchOptions()))
+    chosen, _ = choose_rollout(model, cluster, workload, cols, rollouts, utilization,
+                               load_efficiency(cluster.gpu, workload.precision, calibration))
+    return chosen
+
+
 def estimate_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                     layout: Layout, pick_utilization: bool = False,
                     calibration: dict | None = None,
-                    policy: MemoryPolicy = DEFAULT_POLICY) -> Estimate:
-    """Score one layout; raises :class:`InvalidLayoutError` listing every broken rule."""
+                    policy: MemoryPolicy = DEFAULT_POLICY,
+                    choose_rollout_layout: bool = False) -> Estimate:
+    """Score one layout; raises :class:`InvalidLayoutError` listing every broken rule.
+
+    ``choose_rollout_layout``: replace the layout's rollout TP/DP/EP (and, with
+    ``pick_utilization``, its ``gpu_memory_utilization``) by the plan's choice for this actor
+    layout."""
     broken = explain(model, cluster, workload, layout.to_dict())
     if broken:
         raise InvalidLayoutError(broken)
-    scored = score_columns(model, cluster, workload, layout.to_columns(), pick_utilization,
+    cols = layout.to_columns()
+    if choose_rollout_layout and workload.kind == "grpo":
+        cols = with_chosen_rollout(model, cluster, workload, cols,
+                                   None if pick_utilization else layout.gpu_memory_utilization,
+                                   calibration)
+        pick_utilization = False  # the choice picked it, as a plan does
+    scored = score_columns(model, cluster, workload, cols, pick_utilization,
                            calibration, policy=policy)
     row = {name: values[0].item() if hasattr(values[0], "item") else values[0]
            for name, values in scored.items()}
