@@ -54,8 +54,9 @@ class GpuSpec:
         return self.memory_bytes / GIB
 
 
-# Sources: NVIDIA and AMD data sheets (dense tensor-core rates, i.e. half the "with sparsity" figures),
-# NVML-reported totals seen on the parts, NVLink generation bandwidth halved for one direction,
+# Sources: NVIDIA and AMD data sheets (dense tensor-core rates, i.e. half the "with sparsity"
+# figures), NVML-reported totals seen on the parts, NVLink generation bandwidth halved for one
+# direction,
 # one 200/400/800 Gb/s NIC per GPU for the inter-node figure.  Host bandwidth: PCIe Gen4 x16
 # (~25 GB/s achieved) or Gen5 x16 (~50 GB/s); Grace-Blackwell's NVLink-C2C 900 GB/s (bidir) per
 # superchip, shared by its two GPUs.  Host RAM: DGX/HGX H100, H200, B200 and the H800/H20 HGX

@@ -23,7 +23,6 @@ from planner.search.layout import LAYOUT_FIELDS, Layout
 from planner.search.rules import UNWISE_FLAGS
 from planner.units import GIB
 
-
 TIE_ORDER = ("no unwise flags", "peak inside the memory band", "no offload",
              "fewer parallel dimensions", "predicted step time")
 
@@ -71,8 +70,9 @@ def plan_csv(plan, top: int | None) -> str:
     shown = (plan.candidates if top is None else plan.candidates.head(top)).copy()
     for phase in PHASES:  # the CSV shows GiB: people read it in a spreadsheet
         shown[f"mem_{phase}_gib"] = shown[memory_column(phase)] / GIB
-    columns = ["rank", *LAYOUT_FIELDS, "fits", "within_error_of_best", "peak_memory_gib", "peak_phase",
-               "memory_utilization", *[f"mem_{phase}_gib" for phase in PHASES], "unwise_count"]
+    columns = ["rank", *LAYOUT_FIELDS, "fits", "within_error_of_best", "peak_memory_gib",
+               "peak_phase", "memory_utilization", *[f"mem_{phase}_gib" for phase in PHASES],
+               "unwise_count"]
     if "step_time_s" in shown:
         columns += ["step_time_s", "tokens_per_s_per_gpu", "mfu"]
     buffer = io.StringIO()
@@ -146,7 +146,8 @@ def plan_table(plan, top: int) -> str:
             "flags": ",".join(name for name in UNWISE_FLAGS if record[flag_column(name)]) or "-",
             "tie": "=" if record.get("within_error_of_best") else "",
         })
-    columns = [("#", "rank"), ("", "tie"), ("TP", "tp"), ("PP", "pp"), ("VPP", "vpp"), ("CP", "cp")]
+    columns = [("#", "rank")] + ([("", "tie")] if any(row["tie"] for row in rows) else []) + [
+        ("TP", "tp"), ("PP", "pp"), ("VPP", "vpp"), ("CP", "cp")]
     if model.is_moe:
         columns += [("EP", "ep"), ("ETP", "etp")]
     columns += [("DP", "dp"), ("mbs", "micro_batch"), ("recompute", "recompute")]
