@@ -21,7 +21,8 @@ ranking uncertainty of the best (``benchmarks/accuracy.py``: the median error of
 throughput ratio of two layouts of one job, stored in the calibration file) are ties -- the
 model cannot tell them apart -- and move to the top ordered simplest first
 (:func:`simplicity_keys`): no unwise flags, peak inside the memory band, no offload, fewer
-parallel dimensions, then predicted step time.  They carry ``within_error_of_best``.
+parallel dimensions, a smaller TP x PP x CP group, then predicted step time.  They carry
+``within_error_of_best``.
 
 Without a step-time column (memory-only scoring) a memory-headroom rule stands in for 3:
 fewer unwise flags, less recompute and offload, less model parallelism, larger micro-batches.
@@ -203,11 +204,12 @@ def parallel_dimensions(cols: Columns) -> np.ndarray:
 def simplicity_keys(cols: Columns, policy: MemoryPolicy = DEFAULT_POLICY) -> list[np.ndarray]:
     """Sort keys, most important first, that order layouts the model cannot tell apart:
     fewer unwise flags, peak inside the memory band, fewer offloads, fewer parallel
-    dimensions."""
+    dimensions, a smaller TP x PP x CP group."""
     fraction = np.asarray(cols["memory_utilization"], dtype=float)
     outside_band = (fraction < policy.low) | (fraction > policy.high)
+    # then the smaller dense model-parallel group (TP x PP x CP: TP2 before PP8)
     return [np.asarray(cols["unwise_count"]), outside_band.astype(int), offload_count(cols),
-            parallel_dimensions(cols)]
+            parallel_dimensions(cols), np.asarray(cols["tp"] * cols["pp"] * cols["cp"])]
 
 
 def tied_with_best(cols: Columns, order: np.ndarray, tolerance: float) -> np.ndarray:

@@ -53,9 +53,16 @@ def test_ties_are_ordered_simplest_first_and_the_rest_by_prediction():
 
 
 def test_parallel_dimensions_count_expert_tp():
-    cols = _cols(step_time_s=[1.0] * 3, tp=[1, 2, 1], ep=[8, 8, 1], etp=[1, 1, 8])
+    cols = _cols(step_time_s=[1.0] * 3, tp=[1, 2, 1], ep=[8, 8, 1], etp=[1, 1, 8], pp=[1, 1, 1])
     assert parallel_dimensions(cols).tolist() == [1, 2, 1]
-    assert [k.tolist() for k in simplicity_keys(cols)][3] == [1, 2, 1]
+    keys = [k.tolist() for k in simplicity_keys(cols)]
+    assert keys[3] == [1, 2, 1] and keys[4] == [1, 2, 1]
+
+
+def test_among_equally_simple_ties_the_smaller_model_parallel_group_comes_first():
+    cols = _cols(step_time_s=[100.0, 105.0], tp=[1, 2], pp=[8, 1])
+    order, _ = tie_order(cols, 0.10, DEFAULT_POLICY)
+    assert order.tolist() == [1, 0]
 
 
 def test_a_memory_tight_best_does_not_tie_with_comfortable_layouts():

@@ -24,7 +24,7 @@ from planner.search.rules import UNWISE_FLAGS
 from planner.units import GIB
 
 TIE_ORDER = ("no unwise flags", "peak inside the memory band", "no offload",
-             "fewer parallel dimensions", "predicted step time")
+             "fewer parallel dimensions", "smaller TP x PP x CP", "predicted step time")
 
 
 def ranking_dict(plan) -> dict:
@@ -43,7 +43,7 @@ def ranking_line(plan) -> str | None:
     return (f"ranking  {ties:,} layout(s) within {100 * plan.tie_tolerance:.0f}% of the best "
             f"predicted step time are ties (= in the table; the model's ranking uncertainty, "
             f"benchmarks/accuracy.py), listed simplest first: no unwise flags, memory inside "
-            f"{band}, no offload, fewer parallel dimensions")
+            f"{band}, no offload, fewer parallel dimensions, smaller TP x PP x CP")
 
 
 def plan_dict(plan, top: int | None) -> dict:
