@@ -1,9 +1,11 @@
 """How well the step-time model predicts published Megatron training throughput.
 
-    python benchmarks/accuracy.py [--calibration planner/cost/calibration.json]
+    python benchmarks/accuracy.py [--calibration planner/cost/calibration.json] [--write]
 
-For ``../shared/reference/calibration_layouts.csv`` (FP4 rows excluded) it prints, for the
-calibrated model and for a constant-MFU baseline (``6 * N_active * tokens`` at one fitted MFU):
+For the published layouts of ``benchmarks/data/calibration_layouts.csv`` (the in-repo copy of
+the shared reference data; ``$PLAN_PARALLEL_REFERENCE_DIR`` points elsewhere; FP4 rows
+excluded) it prints, for the calibrated model and for a constant-MFU baseline
+(``6 * N_active * tokens`` at one fitted MFU):
 
 * MAPE of predicted tokens/s/GPU, in sample and per source held out (leave-one-source-out:
   both models refitted without that source, then scored on it);
@@ -11,7 +13,12 @@ calibrated model and for a constant-MFU baseline (``6 * N_active * tokens`` at o
   model, GPU type, GPU count, precision and sequence length that hold at least two distinct
   layouts (the baseline predicts one value per group, so it cannot rank: correlation 0);
 * top-3 hit rate: the measured-best layout of each group is among the model's 3 best-predicted
-  distinct layouts.
+  distinct layouts;
+* the ranking uncertainty: over every pair of distinct layouts of one group, the error of the
+  predicted throughput ratio, ``|ln(pred_a / pred_b) - ln(meas_a / meas_b)|``; its median is
+  how far apart two layouts' predictions must be for the model to tell them apart.  ``--write``
+  stores it in the calibration file as ``ranking_uncertainty`` (plans treat layouts within it
+  of the best as ties).
 
 With ``--rl`` it reports the RL steps of ``grpo_runs.csv`` (colocated, on-policy; see
 ``benchmarks/rl_data.py``) instead:
@@ -115,6 +122,31 @@ def ranking_scores(cases, predicted) -> tuple[float, float, float, int]:
             len(correlations))
 
 
+UNCERTAINTY_SOURCE = ("benchmarks/accuracy.py: median error of the predicted throughput ratio "
+                      "of two layouts of one job")
+
+
+def ranking_uncertainty(cases, predicted) -> dict:
+    """The median, over pairs of distinct layouts of one group, of the error of the predicted
+    throughput ratio (natural log, reported as a fraction: ``exp(median) - 1``)."""
+    groups = defaultdict(lambda: defaultdict(list))
+    for index, case in enumerate(cases):
+        groups[case.group][layout_key(case)].append(index)
+    errors = []
+    for by_layout in groups.values():
+        keys = list(by_layout)
+        measured = np.log([np.mean([cases[i].tokens_per_s_per_gpu for i in by_layout[k]])
+                           for k in keys])
+        guessed = np.log([np.mean(predicted[by_layout[k]]) for k in keys])
+        for a in range(len(keys)):
+            for b in range(a + 1, len(keys)):
+                errors.append(abs((guessed[a] - guessed[b]) - (measured[a] - measured[b])))
+    if not errors:
+        return {"relative": 0.0, "pairs": 0, "source": UNCERTAINTY_SOURCE}
+    return {"relative": round(float(np.expm1(np.median(errors))), 4), "pairs": len(errors),
+            "groups": sum(len(v) >= 2 for v in groups.values()), "source": UNCERTAINTY_SOURCE}
+
+
 def report(cases: list[CalibrationCase], calibration: dict) -> dict:
     measured = np.array([case.tokens_per_s_per_gpu for case in cases])
     ours = model_predictions(cases, calibration)
@@ -132,6 +164,7 @@ def report(cases: list[CalibrationCase], calibration: dict) -> dict:
                                  measured[[not c.model.is_moe for c in cases]]),
               "moe_mape": mape(ours[[c.model.is_moe for c in cases]],
                                measured[[c.model.is_moe for c in cases]]),
+              "ranking_uncertainty": ranking_uncertainty(cases, ours),
               "held_out": {}}
     for source in sorted({case.source for case in cases}):
         train = [case for case in cases if case.source != source]
@@ -165,6 +198,10 @@ def print_report(result: dict) -> None:
           f"{s['baseline_spearman']:>10.2f}")
     print(f"{'measured best in top 3':28}{s['model_top3']:>10.0%}{s['baseline_top3']:>10.0%}")
     print(f"{'measured best ranked first':28}{s['model_top1']:>10.0%}{s['baseline_top1']:>10.0%}")
+    u = result["ranking_uncertainty"]
+    print(f"ranking uncertainty: {u['relative']:.1%} (median error of the predicted throughput "
+          f"ratio of two layouts of one job, {u['pairs']} pairs); plans treat layouts within "
+          f"it of the best as ties")
     print()
     print("leave-one-source-out (refitted without the source, scored on it):")
     print(f"{'source':18}{'cases':>6}{'model MAPE':>12}{'baseline':>10}{'groups':>8}"
@@ -288,6 +325,8 @@ def main() -> None:
                         help="report the RL steps of grpo_runs.csv instead of Megatron training")
     parser.add_argument("--no-held-out", action="store_true",
                         help="with --rl: in-sample figures only (no refits)")
+    parser.add_argument("--write", action="store_true",
+                        help="store the ranking uncertainty in the --calibration file")
     args = parser.parse_args()
     if args.rl:
         result = rl_report(json.loads(args.calibration.read_text()), not args.no_held_out)
@@ -296,7 +335,12 @@ def main() -> None:
             print_rl_report(result)
         return
     cases, _ = load_cases()
-    result = report(cases, json.loads(args.calibration.read_text()))
+    calibration = json.loads(args.calibration.read_text())
+    result = report(cases, calibration)
+    if args.write:
+        calibration["ranking_uncertainty"] = result["ranking_uncertainty"]
+        args.calibration.write_text(json.dumps(calibration, indent=2) + "\n")
+        print(f"wrote ranking_uncertainty to {args.calibration}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

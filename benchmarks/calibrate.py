@@ -8,11 +8,13 @@ weight sync's per-tensor and fixed costs; the fixed per-step overhead) on the co
 of ``grpo_runs.csv`` (``benchmarks/rl_data.py``), phase by phase where phases are published, with
 the training constants held: the RL fit cannot move the pretraining accuracy.
 
-Reads ``../shared/reference/calibration_layouts.csv`` through ``calibration_data.py`` (FP4 rows
+Reads ``benchmarks/data/calibration_layouts.csv`` (the in-repo copy of the shared reference data;
+``$PLAN_PARALLEL_REFERENCE_DIR`` points elsewhere) through ``calibration_data.py`` (FP4 rows
 excluded: the planner has no FP4) and fits with :func:`planner.cost.calibration.fit`: one GEMM
 efficiency per GPU type and precision family plus a few shared constants, least squares in log
 space with weak physical priors.  GPU types without measurements take the constants of the
-closest measured part (same architecture), recorded as ``"donor"`` in the file.
+closest measured part (same architecture), recorded as ``"donor"`` in the file.  The file also
+records the fit's ranking uncertainty (``benchmarks/accuracy.py``), which plans use to tell ties.
 """
 
 from __future__ import annotations
@@ -62,9 +64,13 @@ def main() -> None:
     args = parser.parse_args()
     cases, _ = load_cases()
     cases = [case for case in cases if case.source not in args.exclude_source]
+    fitted = fit(cases)
+    from accuracy import ranking_uncertainty  # noqa: PLC0415 - accuracy imports this module
+
+    fitted["ranking_uncertainty"] = ranking_uncertainty(cases, predict(cases, fitted))
     rl_cases, _ = load_rl_cases()
     rl_cases = [case for case in rl_cases if case.source not in args.exclude_source]
-    fitted = fit_rl(rl_cases, fit(cases))
+    fitted = fit_rl(rl_cases, fitted)
     text = json.dumps(fitted, indent=2) + "\n"
     if args.write:
         if args.write.exists() and args.write.resolve() != OUTPUT.resolve() \

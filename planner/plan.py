@@ -16,6 +16,14 @@ Ranking (:func:`rank_order`), with the time model (``step_time_s`` present, the 
    nodes, starved pipelines, CP on short sequences) are priced into it;
 4. lower peak memory (more headroom) breaks ties.
 
+Then the layouts of the first tier whose predicted step time lies within the model's measured
+ranking uncertainty of the best (``benchmarks/accuracy.py``: the median error of the predicted
+throughput ratio of two layouts of one job, stored in the calibration file) are ties -- the
+model cannot tell them apart -- and move to the top ordered simplest first
+(:func:`simplicity_keys`): no unwise flags, peak inside the memory band, no offload, fewer
+parallel dimensions, a smaller TP x PP x CP group, then predicted step time.  They carry
+``within_error_of_best``.
+
 Without a step-time column (memory-only scoring) a memory-headroom rule stands in for 3:
 fewer unwise flags, less recompute and offload, less model parallelism, larger micro-batches.
 """
@@ -39,7 +47,7 @@ from planner.cost.columns import (
     part_column,
     time_column,
 )
-from planner.cost.efficiency import Efficiency, load_efficiency
+from planner.cost.efficiency import Efficiency, load_efficiency, ranking_uncertainty
 from planner.cost.memory import STAGES, actor_memory, estimate_memory, rollout_memory
 from planner.cost.timing import generate_s, grpo_step, pretrain_step
 from planner.errors import InvalidLayoutError
@@ -47,7 +55,7 @@ from planner.phases import PHASES, TRAINING_PHASES
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import RECOMPUTE, Columns, Layout, distinct
 from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
-from planner.search.space import SearchOptions, build_space
+from planner.search.space import SearchOptions, build_space, rollout_options, valid_rollouts
 from planner.units import GIB
 
 Workload = Union[GrpoWorkload, PretrainWorkload]
@@ -71,6 +79,9 @@ class Plan:
     rejected: dict[str, int] = field(default_factory=dict)
     policy: MemoryPolicy = DEFAULT_POLICY
     scored: int = 0  # actor layouts the cost model scored (each with its chosen rollout)
+    # step-time ratio within which layouts are ties, and where the figure comes from
+    tie_tolerance: float = 0.0
+    tie_source: str = ""
 
     @property
     def fitting(self) -> "pd.DataFrame":
@@ -162,8 +173,8 @@ def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
 
 
 def rank_order(cols: Columns) -> np.ndarray:
-    """Indices that sort layouts best first (a stable lexicographic sort; see the module
-    docstring)."""
+    """Indices that sort layouts best first, strictly by the prediction (a stable
+    lexicographic sort; see the module docstring, steps 1-4)."""
     fits = cols["fits"].astype(bool)
     not_fit = ~fits
     if "step_time_s" in cols:
@@ -171,12 +182,70 @@ def rank_order(cols: Columns) -> np.ndarray:
         keys = [not_fit, fits & cols[flag_column("memory_tight")].astype(bool),
                 np.where(fits, cols["step_time_s"], 0.0), cols["peak_bytes"]]
     else:
-        offloads = (cols["param_offload"].astype(int) + cols["optimizer_offload"].astype(int)
-                    + cols["ref_param_offload"].astype(int))
-        keys = [not_fit, cols["unwise_count"], cols["recompute"], offloads,
+        keys = [not_fit, cols["unwise_count"], cols["recompute"], offload_count(cols),
                 cols["tp"] * cols["pp"] * cols["cp"], cols["ep"] * cols["etp"],
                 -cols["micro_batch"], cols["peak_bytes"]]
     return np.lexsort(keys[::-1])
+
+
+def offload_count(cols: Columns) -> np.ndarray:
+    """Offloads a layout switches on (actor parameters, optimizer, reference, CPU optimizer)."""
+    n = len(cols["tp"])
+    return (cols["param_offload"].astype(int) + cols["optimizer_offload"].astype(int)
+            + cols["ref_param_offload"].astype(int)
+            + (np.asarray(cols.get("optimizer_cpu_fraction", np.zeros(n))) > 0).astype(int))
+
+
+def parallel_dimensions(cols: Columns) -> np.ndarray:
+    """Model-parallel dimensions in use: TP, PP, VPP, CP, EP and expert TP (each a set of
+    collectives, process groups and checkpoint shards to get right)."""
+    return ((cols["tp"] > 1).astype(int) + (cols["pp"] > 1) + (cols["vpp"] > 1)
+            + (cols["cp"] > 1) + (cols["ep"] > 1) + (cols["etp"] > 1))
+
+
+def simplicity_keys(cols: Columns, policy: MemoryPolicy = DEFAULT_POLICY) -> list[np.ndarray]:
+    """Sort keys, most important first, that order layouts the model cannot tell apart:
+    fewer unwise flags, peak inside the memory band, fewer offloads, fewer parallel
+    dimensions, a smaller TP x PP x CP group."""
+    fraction = np.asarray(cols["memory_utilization"], dtype=float)
+    outside_band = (fraction < policy.low) | (fraction > policy.high)
+    # then the smaller dense model-parallel group (TP x PP x CP: TP2 before PP8)
+    return [np.asarray(cols["unwise_count"]), outside_band.astype(int), offload_count(cols),
+            parallel_dimensions(cols), np.asarray(cols["tp"] * cols["pp"] * cols["cp"])]
+
+
+def tied_with_best(cols: Columns, order: np.ndarray, tolerance: float) -> np.ndarray:
+    """Mask of the layouts the model cannot tell from the best-ranked one: in its tier (fits,
+    and not memory-tight unless it is), predicted step time within ``tolerance`` of it."""
+    n = len(cols["tp"])
+    tied = np.zeros(n, dtype=bool)
+    if tolerance <= 0 or "step_time_s" not in cols or not n or not bool(cols["fits"][order[0]]):
+        return tied
+    best = order[0]
+    tight = cols[flag_column("memory_tight")].astype(bool)
+    step = np.asarray(cols["step_time_s"], dtype=float)
+    tied = (cols["fits"].astype(bool) & (tight == tight[best])
+            & (step <= step[best] * (1 + tolerance)))
+    return tied
+
+
+def tie_order(cols: Columns, tolerance: float,
+              policy: MemoryPolicy = DEFAULT_POLICY) -> tuple[np.ndarray, np.ndarray]:
+    """The ranking with ties resolved towards simple layouts (module docstring): returns
+    ``(order, tied)`` -- indices best first, and the mask of layouts tied with the best."""
+    order = rank_order(cols)
+    tied = tied_with_best(cols, order, tolerance)
+    if not tied.any():
+        return order, tied
+    members = np.flatnonzero(tied)
+    sub = {name: np.asarray(values)[members] for name, values in cols.items()
+           if name in ("tp", "pp", "vpp", "cp", "ep", "etp", "param_offload",
+                       "optimizer_offload", "ref_param_offload", "optimizer_cpu_fraction",
+                       "memory_utilization", "unwise_count", "step_time_s", "peak_bytes")}
+    keys = simplicity_keys(sub, policy) + [sub["step_time_s"], sub["peak_bytes"]]
+    first = members[np.lexsort(keys[::-1])]
+    rest = order[~tied[order]]
+    return np.concatenate([first, rest]), tied
 
 
 def _frame(cols: Columns) -> "pd.DataFrame":
@@ -205,7 +274,9 @@ def search_options_for(workload: Workload, options: SearchOptions) -> SearchOpti
 
 def make_plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
               options: SearchOptions = SearchOptions(), calibration: dict | None = None,
-              policy: MemoryPolicy = DEFAULT_POLICY) -> Plan:
+              policy: MemoryPolicy = DEFAULT_POLICY, tie_tolerance: float | None = None) -> Plan:
+    """Rank every valid layout.  ``tie_tolerance``: the step-time ratio within which layouts
+    are ties (None: the ranking uncertainty of the calibration; 0: a strict ranking)."""
     options = search_options_for(workload, options)
     efficiency = load_efficiency(cluster.gpu, workload.precision, calibration)
     space = build_space(model, cluster, workload, options)
@@ -217,7 +288,10 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                            pick_utilization=options.gpu_memory_utilization is None,
                            calibration=calibration, actor=memory, policy=policy,
                            time_all=False)
-    order = rank_order(scored)
+    uncertainty = ranking_uncertainty(calibration)
+    tolerance = float(uncertainty["relative"]) if tie_tolerance is None else tie_tolerance
+    order, tied = tie_order(scored, tolerance, policy)
+    scored["within_error_of_best"] = tied
     # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
     fitting = int(np.count_nonzero(scored["fits"]))
@@ -227,7 +301,9 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     frame = _frame(ranked)
     return Plan(model=model, cluster=cluster, workload=workload, candidates=frame,
                 enumerated=space.enumerated, valid=space.valid, rejected=space.rejected,
-                policy=policy, scored=len(scored["tp"]))
+                policy=policy, scored=len(scored["tp"]), tie_tolerance=tolerance,
+                tie_source=str(uncertainty.get("source", "")) if tie_tolerance is None
+                else "given")
 
 
 @dataclass
@@ -239,15 +315,38 @@ class Estimate:
     row: dict  # every cost-model column for this layout
 
 
+def with_chosen_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                        cols: Columns, utilization: float | None,
+                        calibration: dict | None = None) -> Columns:
+    """One actor layout with the rollout layout and ``gpu_memory_utilization`` a plan would
+    give it (:func:`choose_rollout` over every rollout option vLLM and verl accept)."""
+    rollouts, _ = valid_rollouts(model, cluster, workload,
+                                 rollout_options(model, cluster, SearchOptions()))
+    chosen, _ = choose_rollout(model, cluster, workload, cols, rollouts, utilization,
+                               load_efficiency(cluster.gpu, workload.precision, calibration))
+    return chosen
+
+
 def estimate_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                     layout: Layout, pick_utilization: bool = False,
                     calibration: dict | None = None,
-                    policy: MemoryPolicy = DEFAULT_POLICY) -> Estimate:
-    """Score one layout; raises :class:`InvalidLayoutError` listing every broken rule."""
+                    policy: MemoryPolicy = DEFAULT_POLICY,
+                    choose_rollout_layout: bool = False) -> Estimate:
+    """Score one layout; raises :class:`InvalidLayoutError` listing every broken rule.
+
+    ``choose_rollout_layout``: replace the layout's rollout TP/DP/EP (and, with
+    ``pick_utilization``, its ``gpu_memory_utilization``) by the plan's choice for this actor
+    layout."""
     broken = explain(model, cluster, workload, layout.to_dict())
     if broken:
         raise InvalidLayoutError(broken)
-    scored = score_columns(model, cluster, workload, layout.to_columns(), pick_utilization,
+    cols = layout.to_columns()
+    if choose_rollout_layout and workload.kind == "grpo":
+        cols = with_chosen_rollout(model, cluster, workload, cols,
+                                   None if pick_utilization else layout.gpu_memory_utilization,
+                                   calibration)
+        pick_utilization = False  # the choice picked it, as a plan does
+    scored = score_columns(model, cluster, workload, cols, pick_utilization,
                            calibration, policy=policy)
     row = {name: values[0].item() if hasattr(values[0], "item") else values[0]
            for name, values in scored.items()}
@@ -286,6 +385,8 @@ def candidate_dict(row: Mapping[str, Any]) -> dict:
                     "fits": bool(row["rollout_fits"])},
         "flags": [name for name in UNWISE_FLAGS if bool(row[flag_column(name)])],
     }
+    if "within_error_of_best" in row:
+        out["within_error_of_best"] = bool(row["within_error_of_best"])
     if "rank" in row:
         out = {"rank": int(row["rank"]), **out}
     if "step_time_s" in row and np.isfinite(float(row["step_time_s"])):

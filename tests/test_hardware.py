@@ -15,19 +15,40 @@ from planner.catalog.hardware import (
 from planner.errors import PlanInputError
 from planner.units import GIB
 
-REQUIRED = {"A100-80GB", "H100-80GB", "H800", "H20-96GB", "H200", "B200", "GB200", "GB300",
-            "L40S"}
+REQUIRED = {"A100-80GB", "A100-40GB", "H100-80GB", "H100-PCIe", "H800", "H20-96GB", "H200",
+            "B200", "GB200", "GB300", "L40S", "MI300X", "MI325X"}
 
 
 def test_catalog_has_required_gpus_with_sane_numbers():
     names = {gpu.name for gpu in GPU_CATALOG}
     assert REQUIRED <= names
     for gpu in GPU_CATALOG:
-        assert 40 < gpu.memory_gib < 300
+        assert 39 < gpu.memory_gib < 300
         assert gpu.fp8_flops in (0.0,) or gpu.fp8_flops >= gpu.bf16_flops
         assert gpu.nvlink_bandwidth_bytes_per_s >= gpu.inter_node_bandwidth_bytes_per_s
     assert get_gpu("h100").peak_flops("bf16") == 989e12
     assert get_gpu("a100").peak_flops("fp8") == 312e12  # no FP8 units: BF16 rate
+
+
+@pytest.mark.parametrize("name,gib,bf16_tflops,hbm_tb_s", [
+    ("A100-40GB", 40, 312, 1.555), ("H100-PCIe", 79.6, 756, 2.0),
+    ("MI300X", 192, 1307.4, 5.3), ("MI325X", 256, 1307.4, 6.0)])
+def test_added_parts_carry_their_data_sheet_figures(name, gib, bf16_tflops, hbm_tb_s):
+    gpu = get_gpu(name)
+    assert gpu.memory_gib == pytest.approx(gib, abs=0.1)
+    assert gpu.bf16_flops == pytest.approx(bf16_tflops * 1e12)
+    assert gpu.hbm_bandwidth_bytes_per_s == pytest.approx(hbm_tb_s * 1e12)
+    assert gpu.fp8_flops == (0.0 if name.startswith("A100")
+                             else pytest.approx(2 * gpu.bf16_flops, rel=1e-3))
+
+
+def test_nvml_names_tell_pcie_and_40gb_parts_apart():
+    from planner.catalog.hardware import DetectedGpus
+
+    for device, name in (("NVIDIA H100 PCIe", "H100-PCIe"), ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+                         ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+                         ("NVIDIA A100-SXM4-80GB", "A100-80GB")):
+        assert gpu_from_detected(DetectedGpus(device, 8, 0)).name == name
 
 
 @pytest.mark.parametrize("alias,name", [("h100", "H100-80GB"), ("H20", "H20-96GB"),

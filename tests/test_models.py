@@ -17,7 +17,12 @@ REQUIRED = {"Qwen2-7B", "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-3B", "Qwen2.5-7
             "Qwen2.5-14B", "Qwen2.5-32B", "Qwen2.5-72B", "Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B",
             "Qwen3-8B", "Qwen3-14B", "Qwen3-32B", "Qwen3-30B-A3B", "Qwen3-235B-A22B",
             "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Mixtral-8x7B", "Mixtral-8x22B",
-            "DeepSeek-V3"}
+            "DeepSeek-V3",
+            # the models RL runs start from
+            "Qwen2.5-Math-1.5B", "Qwen2.5-Math-7B", "DeepSeek-R1-Distill-Qwen-1.5B",
+            "DeepSeek-R1-Distill-Qwen-7B", "DeepSeek-R1-Distill-Qwen-14B",
+            "DeepSeek-R1-Distill-Qwen-32B", "Qwen3-0.6B-Base", "Qwen3-1.7B-Base", "Qwen3-4B-Base",
+            "Qwen3-8B-Base", "Qwen3-14B-Base", "Qwen3-30B-A3B-Base", "Moonlight-16B-A3B"}
 
 
 def test_catalog_has_every_required_model():
@@ -28,9 +33,39 @@ def test_catalog_has_every_required_model():
     ("qwen3-30b", "Qwen3-30B-A3B"), ("qwen3-235b", "Qwen3-235B-A22B"), ("qwen2-7b", "Qwen2-7B"),
     ("llama3.1-70b", "Llama-3.1-70B"), ("deepseek-v3", "DeepSeek-V3"),
     ("Qwen/Qwen2.5-7B-Instruct", "Qwen2.5-7B"), ("meta-llama/Llama-3.1-8B", "Llama-3.1-8B"),
-    ("QWEN3_8B", "Qwen3-8B"), ("mixtral-8x22b", "Mixtral-8x22B")])
+    ("QWEN3_8B", "Qwen3-8B"), ("mixtral-8x22b", "Mixtral-8x22B"),
+    # Hugging Face ids of RL starting points resolve to their own config, by exact name
+    ("Qwen/Qwen2.5-Math-7B", "Qwen2.5-Math-7B"), ("Qwen/Qwen2.5-Math-1.5B", "Qwen2.5-Math-1.5B"),
+    ("Qwen/Qwen2.5-Math-7B-Instruct", "Qwen2.5-Math-7B"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "DeepSeek-R1-Distill-Qwen-1.5B"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "DeepSeek-R1-Distill-Qwen-32B"),
+    ("Qwen/Qwen3-8B-Base", "Qwen3-8B-Base"), ("Qwen/Qwen3-8B", "Qwen3-8B"),
+    ("Qwen/Qwen3-30B-A3B-Base", "Qwen3-30B-A3B-Base"),
+    ("moonshotai/Moonlight-16B-A3B", "Moonlight-16B-A3B"),
+    ("moonshotai/Moonlight-16B-A3B-Instruct", "Moonlight-16B-A3B")])
 def test_aliases(alias, name):
     assert resolve_model(alias).name == name
+
+
+@pytest.mark.parametrize("hf_id", ["Qwen/Qwen2.5-Coder-7B", "deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
+                                   "Qwen/Qwen2.5-Math-72B", "Qwen/Qwen3-32B-Math"])
+def test_unknown_hf_ids_of_known_architectures_are_an_error_not_a_lookalike(hf_id):
+    with pytest.raises(PlanInputError) as error:
+        resolve_model(hf_id)
+    message = str(error.value)
+    assert hf_id in message and "exact name" in message and "config.json" in message
+
+
+def test_the_new_rl_models_differ_from_their_lookalikes_where_their_configs_do():
+    distill, math = resolve_model("DeepSeek-R1-Distill-Qwen-1.5B"), resolve_model("Qwen2.5-Math-1.5B")
+    assert not distill.tied_embeddings and math.tied_embeddings  # 1.78B vs 1.54B parameters
+    assert round(distill.params.total / 1e9, 2) == 1.78 and round(math.params.total / 1e9, 2) == 1.54
+    moon = resolve_model("moonlight")
+    assert (moon.num_layers, moon.num_experts, moon.moe_top_k, moon.moe_ffn_hidden_size,
+            moon.shared_expert_ffn_hidden_size, moon.num_dense_layers, moon.kv_lora_rank,
+            moon.q_lora_rank, moon.vocab_size) == (27, 64, 6, 1408, 2816, 1, 512, 0, 163840)
+    assert 15.5e9 < moon.params.total < 16.5e9 and 2.5e9 < moon.params.active < 3.5e9  # "16B-A3B"
+    assert builtin_config_dict("Qwen3-8B-Base")["max_position_embeddings"] == 32768
 
 
 def test_unknown_model_names_closest_matches():

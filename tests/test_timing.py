@@ -199,10 +199,17 @@ def test_calibration_file_is_physical_and_used():
 
 
 def test_plan_ranks_fitting_layouts_by_throughput():
-    plan = make_plan(resolve_model("qwen2.5-7b"), cluster(8), GrpoWorkload())
+    """With ties off (tolerance 0) the ranking is strictly the prediction; with the shipped
+    tolerance only the tied head is reordered and the rest keeps that order."""
+    plan = make_plan(resolve_model("qwen2.5-7b"), cluster(8), GrpoWorkload(), tie_tolerance=0)
     fitting = plan.candidates[plan.candidates["fits"] & ~plan.candidates["flag_memory_tight"]]
     assert fitting["step_time_s"].is_monotonic_increasing
     assert fitting.iloc[0]["tokens_per_s_per_gpu"] == fitting["tokens_per_s_per_gpu"].max()
+    assert not plan.candidates["within_error_of_best"].any()
+    tied = make_plan(resolve_model("qwen2.5-7b"), cluster(8), GrpoWorkload())
+    rest = tied.candidates[tied.candidates["fits"] & ~tied.candidates["within_error_of_best"]
+                           & ~tied.candidates["flag_memory_tight"]]
+    assert rest["step_time_s"].is_monotonic_increasing
 
 
 def test_plan_json_has_time_fields(capsys):

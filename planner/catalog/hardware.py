@@ -55,8 +55,9 @@ class GpuSpec:
         return self.memory_bytes / GIB
 
 
-# Sources: NVIDIA data sheets (dense tensor-core rates, i.e. half the "with sparsity" figures),
-# NVML-reported totals seen on the parts, NVLink generation bandwidth halved for one direction,
+# Sources: NVIDIA and AMD data sheets (dense tensor-core rates, i.e. half the "with sparsity"
+# figures), NVML-reported totals seen on the parts, NVLink generation bandwidth halved for one
+# direction,
 # one 200/400/800 Gb/s NIC per GPU for the inter-node figure.  Host bandwidth: PCIe Gen4 x16
 # (~25 GB/s achieved) or Gen5 x16 (~50 GB/s); Grace-Blackwell's NVLink-C2C 900 GB/s (bidir) per
 # superchip, shared by its two GPUs.  Host RAM: DGX/HGX H100, H200, B200 and the H800/H20 HGX
@@ -69,11 +70,23 @@ GPU_CATALOG: tuple[GpuSpec, ...] = (
             host_bandwidth_bytes_per_s=25 * GIGA, host_memory_per_gpu_bytes=128 * GIB,
             aliases=("a100", "a100-80g", "a100-sxm"),
             nvml_names=("A100-SXM4-80GB", "A100 80GB")),
+    # A100 SXM4 40GB (same data sheet): BF16 312 TFLOP/s, HBM2 1,555 GB/s, NVLink3 600 GB/s
+    # (bidir); HDR InfiniBand 200 Gb/s per GPU (DGX A100 40GB).  NVML total 40,960 MiB.
+    GpuSpec("A100-40GB", 40960 * MIB, 312 * TERA, 0.0, 1555 * GIGA, 300 * GIGA, 25 * GIGA, 8,
+            host_bandwidth_bytes_per_s=25 * GIGA, host_memory_per_gpu_bytes=128 * GIB,
+            aliases=("a100-40g", "a100-sxm4-40gb"), nvml_names=("A100-SXM4-40GB", "A100 40GB")),
     # H100 SXM5 data sheet: BF16 989 TFLOP/s, FP8 1,979, HBM3 3.35 TB/s, NVLink4 900 GB/s
     # (bidir); NDR 400 Gb/s per GPU (DGX H100).  NVML total 81,559 MiB.
     GpuSpec("H100-80GB", 81559 * MIB, 989 * TERA, 1979 * TERA, 3350 * GIGA, 450 * GIGA, 50 * GIGA,
             8, host_bandwidth_bytes_per_s=50 * GIGA, aliases=("h100", "h100-sxm", "h100-80g"),
             nvml_names=("H100 80GB", "H100-SXM")),
+    # H100 PCIe data sheet: BF16 756 TFLOP/s dense (1,513 with sparsity), FP8 1,513, HBM2e 80 GB
+    # at 2.0 TB/s; NVLink bridges join only pairs of cards, so collectives across a server's 8
+    # GPUs run over PCIe Gen5 x16 (64 GB/s per direction); 200 Gb/s NIC per GPU typical of
+    # PCIe servers, which ship 1 TB of host RAM for 8 cards.  NVML total 81,559 MiB.
+    GpuSpec("H100-PCIe", 81559 * MIB, 756 * TERA, 1513 * TERA, 2000 * GIGA, 64 * GIGA, 25 * GIGA,
+            8, host_bandwidth_bytes_per_s=50 * GIGA, host_memory_per_gpu_bytes=128 * GIB,
+            aliases=("h100-pcie-80gb", "h100pcie"), nvml_names=("H100 PCIe",)),
     # H800 (export H100): same SXM5 compute and HBM, NVLink cut to 400 GB/s (bidir); DeepSeek-V3
     # report (arXiv 2412.19437 §3.1) quotes ~160 GB/s achieved NVLink and 50 GB/s IB per GPU.
     GpuSpec("H800", 81559 * MIB, 989 * TERA, 1979 * TERA, 3350 * GIGA, 200 * GIGA, 50 * GIGA, 8,
@@ -105,6 +118,19 @@ GPU_CATALOG: tuple[GpuSpec, ...] = (
             72,
             host_bandwidth_bytes_per_s=225 * GIGA, host_memory_per_gpu_bytes=240 * GIB,
             aliases=("gb300-nvl72",), nvml_names=("GB300",)),
+    # AMD Instinct MI300X data sheet: BF16 1,307.4 TFLOP/s dense (2,614.9 with sparsity), FP8
+    # 2,614.9 dense, HBM3 192 GB (8 stacks x 24 GiB) at 5.3 TB/s; Infinity Fabric: 7 links of
+    # 128 GB/s (bidir) to the other 7 GPUs of an 8-GPU platform, 448 GB/s per direction in all
+    # (RCCL's rings use every link); 400 Gb/s NIC per GPU, PCIe Gen5 x16 to the host.  verl runs
+    # on ROCm; NVML does not see AMD parts, so pass --gpu-type.
+    GpuSpec("MI300X", 196608 * MIB, 1307.4 * TERA, 2614.9 * TERA, 5300 * GIGA, 448 * GIGA,
+            50 * GIGA, 8, host_bandwidth_bytes_per_s=50 * GIGA,
+            aliases=("mi300x-192gb", "instinct-mi300x", "mi300"), nvml_names=("MI300X",)),
+    # AMD Instinct MI325X data sheet: the MI300X's compute (BF16 1,307.4 TFLOP/s dense, FP8
+    # 2,614.9) with HBM3E 256 GB (8 x 32 GiB) at 6.0 TB/s; the same Infinity Fabric platform.
+    GpuSpec("MI325X", 262144 * MIB, 1307.4 * TERA, 2614.9 * TERA, 6000 * GIGA, 448 * GIGA,
+            50 * GIGA, 8, host_bandwidth_bytes_per_s=50 * GIGA,
+            aliases=("mi325x-256gb", "instinct-mi325x", "mi325"), nvml_names=("MI325X",)),
     # L40S data sheet: BF16 362 TFLOP/s dense, FP8 733, GDDR6 48 GB at 864 GB/s, no NVLink
     # (PCIe Gen4 x16, 32 GB/s per direction); 100 GbE per GPU typical.  NVML total 46,068 MiB.
     GpuSpec("L40S", 46068 * MIB, 362 * TERA, 733 * TERA, 864 * GIGA, 32 * GIGA, 12.5 * GIGA, 8,

@@ -385,19 +385,26 @@ EXTRA_ALIASES = {
     "qwen3-30b": "Qwen3-30B-A3B",
     "qwen3-moe": "Qwen3-30B-A3B",
     "qwen3-235b": "Qwen3-235B-A22B",
+    "qwen3-30b-base": "Qwen3-30B-A3B-Base",
     "llama3-8b": "Llama-3.1-8B",
     "llama3-70b": "Llama-3.1-70B",
     "llama3-405b": "Llama-3.1-405B",
     "mixtral": "Mixtral-8x7B",
     "dsv3": "DeepSeek-V3",
-    "deepseek-r1": "DeepSeek-V3",
+    "deepseek-r1": "DeepSeek-V3",  # DeepSeek-R1 is DeepSeek-V3's architecture
+    "moonlight": "Moonlight-16B-A3B",
+    "moonlight-16b": "Moonlight-16B-A3B",
 }
+# Released variants that keep their base model's architecture (only fine-tuned weights), so
+# ``Qwen/Qwen2.5-7B-Instruct`` plans as Qwen2.5-7B.  Tried only after an exact match fails, so
+# a variant the catalog ships on its own (``Qwen3-8B-Base``) resolves to its own config.
+SAME_ARCHITECTURE_SUFFIX = re.compile(r"-(instruct|chat|hf|base)$")
 
 
 def _key(text: str) -> str:
-    text = text.strip().lower().split("/")[-1]  # "Qwen/Qwen3-8B" -> "qwen3-8b"
-    text = re.sub(r"-(instruct|base|chat|hf)$", "", text)
-    return re.sub(r"[^a-z0-9]", "", text)
+    """``"Qwen/Qwen2.5-Math-7B"`` -> ``"qwen25math7b"``: the repository name, lower case,
+    without punctuation."""
+    return re.sub(r"[^a-z0-9]", "", text.strip().lower().split("/")[-1])
 
 
 def _catalog_dir():
@@ -412,11 +419,25 @@ def catalog_names() -> tuple[str, ...]:
 
 @cache
 def _alias_index() -> dict[str, str]:
-    index = {_key(name): name for name in catalog_names()}
+    index: dict[str, str] = {}
+    for name in catalog_names():
+        if _key(name) in index:  # two catalog files one name cannot tell apart
+            raise AssertionError(f"catalog names {index[_key(name)]} and {name} collide")
+        index[_key(name)] = name
     for alias, name in EXTRA_ALIASES.items():
         if name in catalog_names():
             index.setdefault(_key(alias), name)
     return index
+
+
+def _lookup(text: str) -> str | None:
+    """Exact name or alias first; then without a same-architecture suffix (``-Instruct``)."""
+    index = _alias_index()
+    found = index.get(_key(text))
+    if found is None:
+        stem = SAME_ARCHITECTURE_SUFFIX.sub("", text.strip().lower().split("/")[-1])
+        found = index.get(_key(stem))
+    return found
 
 
 @cache
@@ -461,7 +482,7 @@ def load_model_config_path(path: Path) -> ModelSpec:
 
 def catalog_name(text: str) -> str | None:
     """The catalog model a name or alias refers to (case and punctuation ignored), or None."""
-    return _alias_index().get(_key(text))
+    return _lookup(text)
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
@@ -469,7 +490,7 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     if not name_or_path.strip():
         raise PlanInputError("--model is empty; give a catalog name or a config.json path")
     check_text("--model", name_or_path, what="a catalog name or a config.json path")
-    found = _alias_index().get(_key(name_or_path))
+    found = _lookup(name_or_path)
     if found is not None:
         return builtin_model(found)
     path = Path(name_or_path).expanduser()
@@ -479,5 +500,8 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     close = difflib.get_close_matches(_key(name_or_path), list(index), n=4, cutoff=0.5)
     hint = ", ".join(dict.fromkeys(index[c] for c in close))
     raise PlanInputError(
-        f"unknown model {name_or_path!r} (not a catalog name nor an existing path); "
-        + (f"closest: {hint}" if hint else "see `plan-parallel models`"))
+        f"unknown model {name_or_path!r}: not a catalog name (models are matched by their "
+        f"exact name, never by a similar one) nor an existing path; pass the model's directory "
+        f"or its config.json"
+        + (f", or one of the closest catalog names: {hint}" if hint
+           else "; `plan-parallel models` lists the catalog"))

@@ -46,9 +46,9 @@ class GrpoWorkload:
     precision: str = "bf16"
     use_kl_loss: bool = True  # GRPO's KL to the reference policy needs the reference model
     max_num_seqs: int = 256  # concurrency cap per engine (rollout.max_num_seqs)
-    # Tokens actually generated per response on average; 0 means half the maximum
-    # (search.batches.DEFAULT_MEAN_RESPONSE_FRACTION).  Time follows it; memory is sized for the
-    # maximum.
+    # Tokens actually generated per response on average; 0 (not given) becomes half the
+    # maximum (search.batches.DEFAULT_MEAN_RESPONSE_FRACTION) when the workload is made, so
+    # every output states the figure the time model used.  Memory is sized for the maximum.
     mean_response_length: int = 0
     # Prompt tokens on average; 0 means the maximum (``prompt_length``).  verl strips the left
     # padding before vLLM and packs without it (use_remove_padding), so time follows the mean
@@ -113,6 +113,8 @@ class GrpoWorkload:
         if self.weight_sync not in WEIGHT_SYNC_PATHS:
             raise PlanInputError(f"weight sync {self.weight_sync!r} is not one of "
                                  f"{', '.join(WEIGHT_SYNC_PATHS)}")
+        if not self.mean_response_length:  # the default, stated: what plan.json records
+            object.__setattr__(self, "mean_response_length", max(1, self.response_length // 2))
         if self.rollout_engine not in ROLLOUT_ENGINES:
             raise PlanInputError(f"rollout engine {self.rollout_engine!r} is not one of "
                                  f"{', '.join(ROLLOUT_ENGINES)}")

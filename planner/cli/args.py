@@ -266,7 +266,12 @@ def _plan_parser(sub) -> None:
     plan.add_argument("--top", type=integer(1, 1 << 30), default=10,
                       help="layouts to show (default 10)")
     plan.add_argument("--no-offload", action="store_true",
-                      help="leave parameter/optimizer offload out of the search")
+                      help="leave every offload (actor parameters, optimizer, CPU optimizer, "
+                           "reference parameters) out of the search")
+    plan.add_argument("--tie-tolerance", type=fraction(0.0, 0.99), metavar="FRACTION",
+                      help="layouts within this step-time ratio of the best are ties, listed "
+                           "simplest first (default: the model's ranking uncertainty from the "
+                           "calibration file; 0 ranks strictly by the prediction)")
     export = plan.add_argument_group("export the chosen layout as a runnable verl job")
     export.add_argument("--write", type=PATH,
                         metavar="DIR", help="write launch script, Hydra config and "

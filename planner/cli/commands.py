@@ -33,7 +33,7 @@ def cmd_plan(args) -> int:
     workload = inputs.workload(args)
     options = inputs.search_options(args, workload)
     plan = make_plan(model, cluster, workload, options, inputs.calibration(args),
-                     inputs.policy(args))
+                     inputs.policy(args), tie_tolerance=args.tie_tolerance)
     fitting = int(plan.candidates["fits"].sum())
     if args.write:
         if not fitting:
@@ -130,11 +130,14 @@ def cmd_estimate(args) -> int:
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args)
     layout = estimate_layout_from_args(args, model, cluster, workload)
+    # No rollout flag: the rollout layout and budget the plan would give this actor layout.
+    choose = workload.kind == "grpo" and all(
+        getattr(args, name) is None for name in ("rollout_tp", "rollout_dp", "rollout_ep"))
     try:
         estimate = estimate_layout(model, cluster, workload, layout,
                                    pick_utilization=args.gpu_memory_utilization is None,
                                    calibration=inputs.calibration(args),
-                                   policy=inputs.policy(args))
+                                   policy=inputs.policy(args), choose_rollout_layout=choose)
     except InvalidLayoutError as error:
         if args.format == "json":
             print(to_json({"valid": False, "layout": layout.to_dict(),
@@ -143,6 +146,11 @@ def cmd_estimate(args) -> int:
         for name, message in error.violations:
             print(f"invalid layout [{name}]: {message}", file=sys.stderr)
         return ExitCode.NO
+    if choose:
+        print(f"note: {estimate.layout.rollout_text()} chosen as the plan would for "
+              f"this actor layout (pin it with --rollout-tp/--rollout-dp/--rollout-ep"
+              f"{'' if args.gpu_memory_utilization is not None else ', --gpu-memory-utilization'}"
+              f")", file=sys.stderr)
     print(to_json({"valid": True, **estimate_dict(estimate)}) if args.format == "json"
           else estimate_text(estimate))
     return ExitCode.OK if estimate.row["fits"] else ExitCode.NO

@@ -134,9 +134,10 @@ def pins(args) -> dict:
 def search_options(args, work) -> SearchOptions:
     """The search space a plan (or a tuning study) explores, from the pins and knobs."""
     pinned = pins(args)
-    if args.no_offload and any(pinned.get(name) for name in ("param_offload",
-                                                             "optimizer_offload")):
-        raise UsageError("--no-offload contradicts --param-offload/--optimizer-offload")
+    if args.no_offload and any(pinned.get(name) for name in ("param_offload", "optimizer_offload",
+                                                             "ref_param_offload")):
+        raise UsageError("--no-offload contradicts --param-offload/--optimizer-offload/"
+                         "--ref-param-offload")
     grpo_only = [name for name in GRPO_ONLY if name in pinned]
     if work.kind == "pretrain" and (grpo_only or args.gpu_memory_utilization is not None):
         flags = ", ".join("--" + name.replace("_", "-") for name in grpo_only)

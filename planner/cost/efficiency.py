@@ -89,6 +89,28 @@ def load_efficiency(gpu: GpuSpec, precision: str, calibration: dict | None = Non
     return replace(Efficiency(), **values)
 
 
+# Used when neither the given calibration nor the shipped file states the ranking uncertainty.
+DEFAULT_RANKING_UNCERTAINTY = 0.0
+UNCERTAINTY_KEY = "ranking_uncertainty"
+
+
+def ranking_uncertainty(calibration: dict | None = None) -> dict:
+    """How far apart two layouts' predicted step times must be for the model to tell them
+    apart: ``{"relative": fraction, "source": text, ...}``.
+
+    ``benchmarks/accuracy.py --write`` measures it on the published layouts (the median error
+    of the predicted throughput ratio of two layouts of one job) and stores it in the
+    calibration file; a user's own calibration without the figure uses the shipped one.
+    """
+    for data in (calibration, _shipped()):
+        entry = (data or {}).get(UNCERTAINTY_KEY)
+        if isinstance(entry, dict) and isinstance(entry.get("relative"), (int, float)) \
+                and not isinstance(entry.get("relative"), bool) \
+                and 0.0 <= entry["relative"] < 1.0:
+            return dict(entry)
+    return {"relative": DEFAULT_RANKING_UNCERTAINTY, "source": "none stated"}
+
+
 def read_calibration(path: Path) -> dict:
     try:
         data = json.loads(Path(path).read_text())
@@ -126,4 +148,6 @@ SHARED = ("gemm_half_rows", "attention", "nvlink", "network", "dp_overlap", "ep_
           "elementwise_passes", "layer_overhead_s", "expert_gemm")
 # Parts with no measurements borrow a measured part of the same architecture.
 DONORS = {"H800": "H100-80GB", "H20-96GB": "H100-80GB", "H200": "H100-80GB",
+          "H100-PCIe": "H100-80GB", "A100-40GB": "A100-80GB",
           "L40S": "A100-80GB", "B300": "B200"}
+# MI300X/MI325X (CDNA3) have no measured part of their architecture: the median of each family.

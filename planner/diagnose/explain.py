@@ -49,7 +49,8 @@ def _summary(row) -> dict:
             "step_time_s": round(float(row["step_time_s"]), 2),
             "tokens_per_s_per_gpu": round(float(row["tokens_per_s_per_gpu"]), 1),
             "peak_memory_gib": round(float(row["peak_bytes"]) / GIB, 1),
-            "time_s": {p: round(float(row[time_column(p)]), 2) for p in PHASES}}
+            "time_s": {p: round(float(row[time_column(p)]), 2) for p in PHASES},
+            "within_error_of_best": bool(row.get("within_error_of_best", False))}
 
 
 def reason(best: dict, other: dict) -> str:
@@ -59,7 +60,12 @@ def reason(best: dict, other: dict) -> str:
     savings = {p: other["time_s"][p] - best["time_s"][p] for p in PHASES}
     phase = max(savings, key=savings.get)
     speedup = other["step_time_s"] / max(best["step_time_s"], 1e-9)
-    if speedup < 0.99:  # the rule's layout is faster: the plan traded speed for headroom
+    if speedup < 0.99:  # the rule's layout is predicted faster
+        if best.get("within_error_of_best"):
+            return (f"{1 / speedup:.2f}x slower than this rule's layout by the prediction, "
+                    f"within the model's ranking uncertainty: the plan prefers the simpler "
+                    f"layout (fewer unwise flags, memory inside the band, fewer offloads and "
+                    f"parallel dimensions); {dominant} dominates the step ({share:.0%})")
         return (f"{1 / speedup:.2f}x slower than this rule's layout, which runs a phase other "
                 f"than generation above the memory policy's tight level; {dominant} dominates "
                 f"the step "

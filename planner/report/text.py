@@ -6,7 +6,9 @@ The JSON shape is a contract later tools rely on::
      "enumerated": N, "valid": N, "fitting": N, "rejected": {rule: count},
      "candidates": [{"rank", "layout": {...}, "fits", "peak_memory_gib", "peak_phase",
                      "memory_utilization", "memory_gib": {phase: gib},
-                     "breakdown_gib": {...}, "rollout": {...}, "flags": [...]}]}
+                     "breakdown_gib": {...}, "rollout": {...}, "flags": [...],
+                     "within_error_of_best"}],
+     "ranking": {"tie_tolerance", "source", "ties", "tie_order"}}
 """
 
 from __future__ import annotations
@@ -21,6 +23,28 @@ from planner.search.layout import LAYOUT_FIELDS, Layout
 from planner.search.rules import UNWISE_FLAGS
 from planner.units import GIB
 
+TIE_ORDER = ("no unwise flags", "peak inside the memory band", "no offload",
+             "fewer parallel dimensions", "smaller TP x PP x CP", "predicted step time")
+
+
+def ranking_dict(plan) -> dict:
+    """How the plan ranks: the tolerance within which layouts are ties and its source."""
+    ties = (int(plan.candidates["within_error_of_best"].sum())
+            if "within_error_of_best" in plan.candidates else 0)
+    return {"tie_tolerance": round(float(plan.tie_tolerance), 4), "source": plan.tie_source,
+            "ties": ties, "tie_order": list(TIE_ORDER)}
+
+
+def ranking_line(plan) -> str | None:
+    if plan.tie_tolerance <= 0 or "step_time_s" not in plan.candidates:
+        return None
+    ties = ranking_dict(plan)["ties"]
+    band = plan.policy.band_text
+    return (f"ranking  {ties:,} layout(s) within {100 * plan.tie_tolerance:.0f}% of the best "
+            f"predicted step time are ties (= in the table; the model's ranking uncertainty, "
+            f"benchmarks/accuracy.py), listed simplest first: no unwise flags, memory inside "
+            f"{band}, no offload, fewer parallel dimensions, smaller TP x PP x CP")
+
 
 def plan_dict(plan, top: int | None) -> dict:
     shown = plan.candidates if top is None else plan.candidates.head(top)
@@ -33,6 +57,7 @@ def plan_dict(plan, top: int | None) -> dict:
         "candidates_scored": int(plan.scored or len(plan.candidates)),
         "fitting": int(plan.candidates["fits"].sum()),
         "rejected": dict(sorted(plan.rejected.items(), key=lambda item: -item[1])),
+        "ranking": ranking_dict(plan),
         "candidates": [candidate_dict(row) for row in shown.to_dict("records")],
     }
 
@@ -45,8 +70,9 @@ def plan_csv(plan, top: int | None) -> str:
     shown = (plan.candidates if top is None else plan.candidates.head(top)).copy()
     for phase in PHASES:  # the CSV shows GiB: people read it in a spreadsheet
         shown[f"mem_{phase}_gib"] = shown[memory_column(phase)] / GIB
-    columns = ["rank", *LAYOUT_FIELDS, "fits", "peak_memory_gib", "peak_phase",
-               "memory_utilization", *[f"mem_{phase}_gib" for phase in PHASES], "unwise_count"]
+    columns = ["rank", *LAYOUT_FIELDS, "fits", "within_error_of_best", "peak_memory_gib",
+               "peak_phase", "memory_utilization", *[f"mem_{phase}_gib" for phase in PHASES],
+               "unwise_count"]
     if "step_time_s" in shown:
         columns += ["step_time_s", "tokens_per_s_per_gpu", "mfu"]
     buffer = io.StringIO()
@@ -55,7 +81,10 @@ def plan_csv(plan, top: int | None) -> str:
 
 
 def _offload(row) -> str:
-    return Layout.from_row(row).offload_text
+    text = Layout.from_row(row).offload_text
+    if float(row.get("optimizer_cpu_fraction", 0) or 0) > 0:  # Megatron's CPU optimizer
+        text = "cpu-optim" if text == "-" else text + "+cpu-optim"
+    return text
 
 
 def format_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
@@ -98,6 +127,9 @@ def plan_table(plan, top: int) -> str:
            if plan.workload.kind == "grpo" else "")
         + f", {int(plan.candidates['fits'].sum()):,} fit in memory",
     ]
+    line = ranking_line(plan)
+    if line:
+        head.append(line)
     rows = []
     has_time = "step_time_s" in fitting
     for record in fitting.to_dict("records"):
@@ -112,8 +144,10 @@ def plan_table(plan, top: int) -> str:
             "step": f"{record.get('step_time_s', 0):.1f}",
             "tps": f"{record.get('tokens_per_s_per_gpu', 0):.0f}",
             "flags": ",".join(name for name in UNWISE_FLAGS if record[flag_column(name)]) or "-",
+            "tie": "=" if record.get("within_error_of_best") else "",
         })
-    columns = [("#", "rank"), ("TP", "tp"), ("PP", "pp"), ("VPP", "vpp"), ("CP", "cp")]
+    columns = [("#", "rank")] + ([("", "tie")] if any(row["tie"] for row in rows) else []) + [
+        ("TP", "tp"), ("PP", "pp"), ("VPP", "vpp"), ("CP", "cp")]
     if model.is_moe:
         columns += [("EP", "ep"), ("ETP", "etp")]
     columns += [("DP", "dp"), ("mbs", "micro_batch"), ("recompute", "recompute")]

@@ -192,6 +192,16 @@ def rollout_options(model: ModelSpec, cluster: ClusterSpec, options: SearchOptio
     return cols
 
 
+def valid_rollouts(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
+                   rollouts: Columns) -> tuple[Columns, dict[str, int]]:
+    """The rollout options vLLM and verl accept, and how many each rule rejected."""
+    rejected: dict[str, int] = {}
+    probe = {**rollouts, "tp": np.ones_like(rollouts["rollout_tp"])}
+    ok = _count(rejected, ROLLOUT_RULES,
+                violations(model, cluster, workload, probe, _rules(ROLLOUT_RULES)), 1)
+    return _take(rollouts, ok), rejected
+
+
 def _cross(left: Columns, right: Columns) -> Columns:
     n_left, n_right = len(next(iter(left.values()))), len(next(iter(right.values())))
     out = {name: np.repeat(values, n_right) for name, values in left.items()}
@@ -209,11 +219,7 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     enumerated = len(parallel["tp"]) * n_knobs * n_rollouts
 
     # Rollout options first: their validity does not depend on the actor.
-    rollout_rejected: dict[str, int] = {}
-    probe = {**rollouts, "tp": np.ones_like(rollouts["rollout_tp"])}
-    rollout_ok = _count(rollout_rejected, ROLLOUT_RULES,
-                        violations(model, cluster, workload, probe, _rules(ROLLOUT_RULES)), 1)
-    rollouts = _take(rollouts, rollout_ok)
+    rollouts, rollout_rejected = valid_rollouts(model, cluster, workload, rollouts)
 
     broken = violations(model, cluster, workload, parallel, _rules(PARALLEL_RULES))
     ok = _count(rejected, PARALLEL_RULES, broken, n_knobs * n_rollouts)
