@@ -19,15 +19,14 @@ from dataclasses import dataclass
 from planner.errors import PlanInputError
 
 PEAK_NAME = "nvidia-smi peak"
-PEAK_MEANING = ("what nvidia-smi shows per GPU at the step's worst moment: PyTorch's reserved "
-                "pool (allocator fragmentation included), the CUDA context and NCCL buffers, "
-                "vLLM's whole preallocated gpu_memory_utilization pool and the actor/reference "
-                "state left resident during rollout; the band judges this")
+PEAK_MEANING = ("reserved memory per GPU at the step's worst moment as nvidia-smi shows it -- "
+                "vLLM's whole gpu_memory_utilization pool, the state left resident during "
+                "rollout, allocator fragmentation, CUDA context and NCCL buffers included; the "
+                "memory band judges it")
 WORKING_SET_NAME = "allocated working set"
-WORKING_SET_MEANING = ("bytes a phase's tensors occupy: weights, gradients, optimizer state, "
-                       "activations, logits; in generate the rollout weights, its profiled "
-                       "activations and the KV blocks of the sequences running at once, not the "
-                       "pool's unused rest")
+WORKING_SET_MEANING = ("what a phase's tensors occupy -- in generate the rollout weights, "
+                       "activations and the KV blocks of the sequences running at once, not "
+                       "the pool's unused rest")
 
 
 @dataclass(frozen=True)
