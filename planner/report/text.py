@@ -17,8 +17,13 @@ import json
 from planner.cost.columns import flag_column, memory_column, time_column, working_set_column
 from planner.phases import PHASES
 from planner.plan import candidate_dict
-from planner.policy import FILL_POLICY, PEAK_MEANING, PEAK_NAME, WORKING_SET_MEANING, \
-    WORKING_SET_NAME
+from planner.policy import (
+    FILL_POLICY,
+    PEAK_MEANING,
+    PEAK_NAME,
+    WORKING_SET_MEANING,
+    WORKING_SET_NAME,
+)
 from planner.search.layout import LAYOUT_FIELDS, Layout
 from planner.search.rules import UNWISE_FLAGS
 from planner.units import GIB
@@ -126,8 +131,8 @@ def headroom_lines(plan, fill_plan=None) -> list[str]:
     capacity = plan.cluster.gpu.memory_bytes
     head = (f"memory band {policy.band_text} of {plan.cluster.gpu.memory_gib:.1f} GiB, judged "
             f"on the {PEAK_NAME}: #1 peaks at {best['peak_memory_gib']:.1f} GiB "
-            f"({100 * best['memory_utilization']:.0f}%, {policy.position(best['memory_utilization'])}"
-            f" the band) in {best['peak_phase']}")
+            f"({100 * best['memory_utilization']:.0f}%, "
+            f"{policy.position(best['memory_utilization'])} the band) in {best['peak_phase']}")
     lines = [head]
     filled = best.get("fill_gpu")
     util = best["layout"]["gpu_memory_utilization"]
