@@ -551,7 +551,7 @@ def test_yaml_input_with_environment_and_unknown_keys(tmp_path):
     from planner.verl.files import write_job
     from planner.verl.library import Entry, plan_entry
 
-    job = plan_entry(Entry("Qwen2.5-7B", "H100-80GB", 8))
+    job, _ = plan_entry(Entry("Qwen2.5-7B", "H100-80GB", 8))
     write_job(job, tmp_path)
     model_dir = tmp_path / "weights"
     model_dir.mkdir()
