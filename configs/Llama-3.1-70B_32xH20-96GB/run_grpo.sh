@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): Llama-3.1-70B on 32 x H20-96GB (4 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP4 PP2 VPP4 CP1 EP1 ETP1 DP4, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload ref, CPU optimizer 100%, stages 0/../0 layers
+# Actor:     TP4 PP2 VPP4 CP1 EP1 ETP1 DP4, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload param+ref, CPU optimizer 100%, stages 0/../0 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP8 DP1 EP1 (4 replica(s) of 8 GPUs), gpu_memory_utilization 0.35
-# Predicted: peak 84.32 GiB of 95.6 GiB (88%) in generate; step 2296.1 s, 107 tokens/s/GPU
+# Predicted: peak 76.78 GiB of 95.6 GiB (80%) in update_actor; step 2302.4 s, 107 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -64,7 +64,7 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
     actor_rollout_ref.actor.megatron.sequence_parallel=True \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
-    actor_rollout_ref.actor.megatron.param_offload=False \
+    actor_rollout_ref.actor.megatron.param_offload=True \
     actor_rollout_ref.actor.megatron.optimizer_offload=False \
     actor_rollout_ref.actor.optim.use_precision_aware_optimizer=True \
     +actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True \

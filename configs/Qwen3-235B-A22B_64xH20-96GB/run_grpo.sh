@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-235B-A22B on 64 x H20-96GB (8 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP2 PP4 VPP6 CP1 EP16 ETP1 DP8, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload param, CPU optimizer 100%, stages 0/../0 layers
-# Reference: the actor's parallel sizes, param offload no
+# Actor:     TP2 PP4 VPP6 CP1 EP16 ETP1 DP8, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload param+ref, CPU optimizer 100%, stages 0/../0 layers
+# Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP4 DP2 EP8 (8 replica(s) of 8 GPUs), gpu_memory_utilization 0.80
-# Predicted: peak 86.65 GiB of 95.6 GiB (91%) in generate; step 737.4 s, 167 tokens/s/GPU
+# Predicted: peak 78.05 GiB of 95.6 GiB (82%) in generate; step 737.7 s, 167 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -72,7 +72,7 @@ python3 -m verl.trainer.main_ppo \
     +actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=True \
     +actor_rollout_ref.actor.megatron.override_transformer_config.account_for_embedding_in_pipeline_split=True \
     +actor_rollout_ref.actor.megatron.override_transformer_config.account_for_loss_in_pipeline_split=True \
-    actor_rollout_ref.ref.megatron.param_offload=False \
+    actor_rollout_ref.ref.megatron.param_offload=True \
     actor_rollout_ref.rollout.name=vllm \
     actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
     actor_rollout_ref.rollout.data_parallel_size=2 \

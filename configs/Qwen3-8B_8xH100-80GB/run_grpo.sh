@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-8B on 8 x H100-80GB (1 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP1 PP1 VPP1 CP1 EP1 ETP1 DP8, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload param+ref, CPU optimizer 100%
+# Actor:     TP1 PP2 VPP2 CP1 EP1 ETP1 DP4, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload param+optim+ref, stages 0/../0 layers
 # Reference: the actor's parallel sizes, param offload yes
 # Rollout:   vLLM TP1 DP1 EP1 (8 replica(s) of 1 GPUs), gpu_memory_utilization 0.80
-# Predicted: peak 70.36 GiB of 79.6 GiB (88%) in update_actor; step 218.4 s, 4501 tokens/s/GPU
+# Predicted: peak 65.30 GiB of 79.6 GiB (82%) in generate; step 221.0 s, 4449 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -57,19 +57,15 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.kl_loss_type=low_var_kl \
     actor_rollout_ref.actor.entropy_coeff=0 \
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 \
-    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1 \
-    actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=null \
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
+    actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2 \
     actor_rollout_ref.actor.megatron.context_parallel_size=1 \
     actor_rollout_ref.actor.megatron.expert_model_parallel_size=1 \
     actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
     actor_rollout_ref.actor.megatron.sequence_parallel=False \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
     actor_rollout_ref.actor.megatron.param_offload=True \
-    actor_rollout_ref.actor.megatron.optimizer_offload=False \
-    actor_rollout_ref.actor.optim.use_precision_aware_optimizer=True \
-    +actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True \
-    +actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=1.0 \
-    +actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=True \
+    actor_rollout_ref.actor.megatron.optimizer_offload=True \
     actor_rollout_ref.ref.megatron.param_offload=True \
     actor_rollout_ref.rollout.name=vllm \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \

@@ -26,7 +26,6 @@ from planner.catalog.models import builtin_model
 from planner.catalog.workload import GrpoWorkload
 from planner.plan import make_plan
 from planner.policy import DEFAULT_POLICY, PEAK_NAME, WORKING_SET_NAME, MemoryPolicy
-from planner.units import GIB
 from planner.verl.export import job_from_plan
 from planner.verl.files import render_config, render_plan_json, render_script
 from planner.verl.keys import CONFIG_FILE, PLAN_FILE, SCRIPT_FILE, VERL_VERSION
