@@ -246,6 +246,8 @@ def mitigations(context: dict) -> tuple[dict, list[Mitigation]]:
     if current is None:
         raise PlanInputError("the job breaks a layout rule; run `plan-parallel validate` and "
                              "fix those first")
+    if in_band(current, policy):
+        return current, []
     over = over_band(current, policy)
     before = set(layout_overrides(model, cluster, workload, layout, config))
     pool_peak = PHASES[int(current["peak_phase"])] == "generate"
@@ -293,6 +295,7 @@ class FixResult:
     data: dict  # the --format json output
     mitigations: tuple[Mitigation, ...]
     context: dict
+    report: dict | None = None  # validate's report of the same job (planner.diagnose.validate)
 
     @property
     def has_fix(self) -> bool:
@@ -313,7 +316,7 @@ def fix_job(job_input: JobInput, top: int = 8) -> FixResult:
             "current": _summary(current, policy), "in_band": in_band(current, policy),
             "mitigations": [{"change": m.name, "kind": m.kind, **_summary(m.row, policy),
                              "overrides": list(m.overrides)} for m in found[:top]]}
-    return FixResult(data=data, mitigations=tuple(found), context=context)
+    return FixResult(data=data, mitigations=tuple(found), context=context, report=report)
 
 
 def write_fix(result: FixResult, directory: Path, force: bool = False) -> list[Path]:
