@@ -176,7 +176,11 @@ def band_problems(out: Path, entries=ENTRIES,
         path = out / entry.directory / PLAN_FILE
         if not path.is_file():
             continue
-        share = json.loads(path.read_text())["prediction"]["memory_utilization"]
+        try:
+            share = float(json.loads(path.read_text())["prediction"]["memory_utilization"])
+        except (ValueError, KeyError, TypeError):
+            problems.append(f"{path}: no predicted memory_utilization to judge")
+            continue
         position = policy.position(share)
         if position == "inside":
             continue
