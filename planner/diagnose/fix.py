@@ -125,7 +125,8 @@ def candidate_changes(layout, model, cluster, over: bool,
     """(description, changed layout, kind) for every single change worth scoring."""
     changes = []
     if over:
-        changes += _utilization_changes(layout, (0.05, 0.10, 0.15, 0.20, 0.30), -1)
+        # every 0.05 step down to 0.10: the listing keeps the highest that is enough
+        changes += _utilization_changes(layout, [0.05 * k for k in range(1, 18)], -1)
         if needs_reference and not layout.ref_param_offload:
             changes.append(("reference offload", replace(layout, ref_param_offload=True),
                             "offload"))
@@ -264,6 +265,10 @@ def mitigations(context: dict) -> tuple[dict, list[Mitigation]]:
             fitting.append(mitigation(name, changed, row, kind))
         elif over:
             partial.append(mitigation(name, changed, row, kind))
+    # Of the gpu_memory_utilization steps keep one: the highest that is enough (the least KV
+    # cache given up), or of those that are not, the one that moves the peak most.
+    fitting = _one_pool_step(fitting, max)
+    partial = _one_pool_step(partial, min) if over else partial
     fitting.sort(key=lambda m: (over and pool_peak and m.kind not in ROLLOUT_KINDS,
                                 m.row["step_time_s"]))
     if fitting or not over:
@@ -271,6 +276,16 @@ def mitigations(context: dict) -> tuple[dict, list[Mitigation]]:
     chain = greedy_chain(context, layout, current)
     partial.sort(key=lambda m: m.row["peak_bytes"])
     return current, ([mitigation(*chain, "chain")] if chain else []) + partial
+
+
+def _one_pool_step(found: list[Mitigation], pick) -> list[Mitigation]:
+    """``found`` with only one ``gpu_memory_utilization`` change: ``pick`` (max or min) by the
+    utilization it sets."""
+    steps = [m for m in found if m.kind == "rollout"]
+    if len(steps) <= 1:
+        return found
+    keep = pick(steps, key=lambda m: m.layout.gpu_memory_utilization)
+    return [m for m in found if m.kind != "rollout" or m is keep]
 
 
 def _summary(row: dict, policy: MemoryPolicy = DEFAULT_POLICY) -> dict:
