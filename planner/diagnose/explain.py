@@ -60,10 +60,8 @@ def reason(best: dict, other: dict) -> str:
     phase = max(savings, key=savings.get)
     speedup = other["step_time_s"] / max(best["step_time_s"], 1e-9)
     if speedup < 0.99:  # the rule's layout is faster: the plan traded speed for headroom
-        return (f"{1 / speedup:.2f}x slower than this rule's layout, which runs a phase other "
-                f"than generation above the memory policy's tight level; {dominant} dominates "
-                f"the step "
-                f"({share:.0%})")
+        return (f"{1 / speedup:.2f}x slower than this rule's layout, whose nvidia-smi peak is "
+                f"above the memory band; {dominant} dominates the step ({share:.0%})")
     if speedup < 1.01:
         return (f"about as fast (within 1%); {dominant} dominates the step "
                 f"({share:.0%})")

@@ -373,9 +373,7 @@ def fix_text(result: FixResult, policy: MemoryPolicy = DEFAULT_POLICY) -> str:
     lines.append(f"mitigations that {direction} the {PEAK_NAME}, best first (predicted):")
     for i, m in enumerate(data["mitigations"], 1):
         alone = "" if m["fits"] else " [not enough alone]"
-        generate = (f"generate {now['generate_s']:.1f} -> {m['generate_s']:.1f} s"
-                    if m["generate_s"] != now["generate_s"] else
-                    f"generate {m['generate_s']:.1f} s")
+        generate = f"generate {now['generate_s']:.1f} -> {m['generate_s']:.1f} s"
         lines.append(f"{i:>2}. {m['change']}{alone}: {PEAK_NAME} {now['peak_memory_gib']:.1f} -> "
                      f"{m['peak_memory_gib']:.1f} GiB ({100 * m['memory_utilization']:.0f}%, "
                      f"{m['peak_phase']}), {generate}, {m['step_time_s']:.1f} s per step, "
