@@ -227,7 +227,7 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
         smallest = plan.candidates.nsmallest(1, "peak_bytes")
         best = smallest.to_dict("records")
         if best:
-            tail.append(f"closest: {PEAK_NAME} {best[0]['peak_bytes'] / GIB:.1f} GiB in "
+            tail.append(f"closest: {best[0]['peak_bytes'] / GIB:.1f} GiB {PEAK_NAME} in "
                         f"{best[0]['peak_phase']} vs {cluster.gpu.memory_gib:.1f} GiB per GPU; "
                         f"add GPUs or use a larger GPU")
     return "\n".join(head) + "\n\n" + body + "\n\n" + "\n".join(tail)
