@@ -10,8 +10,9 @@ codes in :mod:`planner.cli`.
 Ranking (:func:`rank_order`), with the time model (``step_time_s`` present, the normal case):
 
 1. layouts that fit before those that do not;
-2. layouts whose training phases stay below the memory policy's tight level (``memory_tight``)
-   before those that do not: the fixed overheads are estimates and responses vary in length;
+2. layouts whose nvidia-smi peak stays inside the memory policy's band (``memory_tight`` is
+   a peak above the band's top) before those that do not: users hold jobs to the band, the
+   fixed overheads are estimates and responses vary in length;
 3. predicted step time (equivalently tokens/s/GPU) -- the other unwise choices (TP across
    nodes, starved pipelines, CP on short sequences) are priced into it;
 4. lower peak memory (more headroom) breaks ties.
@@ -46,13 +47,14 @@ from planner.cost.columns import (
     memory_column,
     part_column,
     time_column,
+    working_set_column,
 )
 from planner.cost.efficiency import Efficiency, load_efficiency, ranking_uncertainty
 from planner.cost.memory import STAGES, actor_memory, estimate_memory, rollout_memory
 from planner.cost.timing import generate_s, grpo_step, pretrain_step
 from planner.errors import InvalidLayoutError
 from planner.phases import PHASES, TRAINING_PHASES
-from planner.policy import DEFAULT_POLICY, MemoryPolicy
+from planner.policy import DEFAULT_POLICY, FILL_POLICY, MemoryPolicy
 from planner.search.layout import RECOMPUTE, Columns, Layout, distinct
 from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
 from planner.search.space import SearchOptions, build_space, rollout_options, valid_rollouts
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
 
 ROLLOUT_FIELDS = ("rollout_tp", "rollout_dp", "rollout_ep")
 KEEP_NOT_FITTING = 2000  # layouts that do not fit a plan keeps (smallest peak first)
+FILL_ROWS = 50  # best fitting layouts a plan prices the memory band's headroom for
 
 
 @dataclass
@@ -90,10 +93,13 @@ class Plan:
 
 def choose_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                    actor: Columns, rollouts: Columns, utilization: float | None,
-                   efficiency: Efficiency | None = None) -> tuple[Columns, dict]:
+                   efficiency: Efficiency | None = None,
+                   policy: MemoryPolicy = DEFAULT_POLICY) -> tuple[Columns, dict]:
     """Give each actor layout the rollout option that fits beside it and generates fastest
     (predicted by :func:`planner.cost.timing.generate_s`; without an efficiency, the fewest
-    waves).  Returns the actor columns with the chosen rollout, and the actor memory.
+    waves), its ``gpu_memory_utilization`` kept below the memory band's top
+    (:func:`planner.cost.memory.rollout_memory`).  Returns the actor columns with the chosen
+    rollout, and the actor memory.
 
     The choice depends on the actor only through the memory it keeps resident during rollout,
     so it is made once per distinct resident size (micro-batch and recompute do not change it).
@@ -109,7 +115,8 @@ def choose_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     for i in range(len(rollouts["rollout_tp"])):
         option = {name: np.full(n, values[i]) for name, values in rollouts.items()}
         fixed_util = None if utilization is None else np.full(n, utilization)
-        result = rollout_memory(model, cluster, workload, option, resident, fixed_util)
+        result = rollout_memory(model, cluster, workload, option, resident, fixed_util,
+                                policy.high)
         replica = option["rollout_tp"] * option["rollout_dp"]
         if efficiency is not None:
             # fits first, then the predicted generation time.  It depends on the resident
@@ -144,12 +151,9 @@ def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     others by memory alone); their time columns are NaN.
     """
     memory = estimate_memory(model, cluster, workload, cols, pick_utilization=pick_utilization,
-                             actor=actor)
-    training_peak = np.max([memory[memory_column(phase)] for phase in TRAINING_PHASES
-                            if phase in workload.phases], axis=0)
+                             actor=actor, ceiling=policy.high)
     flags = unwise_flags(model, cluster, workload,
-                         {**cols, "train_peak_fraction": training_peak / cluster.gpu.memory_bytes},
-                         policy)
+                         {**cols, "peak_fraction": memory["memory_utilization"]}, policy)
     out = {**cols, **memory}
     efficiency = load_efficiency(cluster.gpu, workload.precision, calibration)
     timed = np.ones(len(cols["tp"]), dtype=bool) if time_all else memory["fits"].astype(bool)
@@ -169,6 +173,34 @@ def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     for name in UNWISE_FLAGS:
         out[flag_column(name)] = flags[name]
     out["unwise_count"] = np.sum([flags[name] for name in UNWISE_FLAGS], axis=0)
+    return out
+
+
+def fill_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, cols: Columns,
+                 efficiency: Efficiency, count: int) -> Columns:
+    """What the memory band's headroom costs the first ``count`` rows: the same layout with
+    the rollout pool grown as far as it would go were the GPU filled (:data:`FILL_POLICY`,
+    never below the row's own pool), its KV-cache tokens, generation time
+    (:func:`planner.cost.timing.generate_s`) and nvidia-smi peak.  Other rows hold NaN."""
+    n = len(cols["tp"])
+    names = ("gpu_memory_utilization_fill", "kv_cache_tokens_per_gpu_fill",
+             "time_generate_s_fill", "peak_bytes_fill")
+    out = {name: np.full(n, np.nan) for name in names}
+    if "generate" not in workload.phases or "time_generate_s" not in cols or count <= 0:
+        return out
+    few = {name: np.asarray(values)[:count] for name, values in cols.items()
+           if np.asarray(values).ndim == 1}
+    resident = few["mem_generate_bytes"] - few["rollout_budget_bytes"]
+    picked = rollout_memory(model, cluster, workload, few, resident, None,
+                            FILL_POLICY.high)["gpu_memory_utilization"]
+    utilization = np.maximum(picked, few["gpu_memory_utilization"])
+    filled = rollout_memory(model, cluster, workload, few, resident, utilization)
+    seconds = generate_s(model, cluster, workload, few, efficiency, filled)["total_s"]
+    others = np.max([few[memory_column(phase)] for phase in TRAINING_PHASES
+                     if phase in workload.phases], axis=0)
+    for name, values in zip(names, (utilization, filled["kv_cache_tokens_per_gpu"], seconds,
+                                    np.maximum(others, filled["mem_generate_bytes"]))):
+        out[name][:count] = values
     return out
 
 
@@ -283,7 +315,7 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     # a pretraining step has no rollout: its one (unused) option needs no timing
     actor, memory = choose_rollout(model, cluster, workload, space.columns, space.rollouts,
                                    options.gpu_memory_utilization,
-                                   efficiency if workload.kind == "grpo" else None)
+                                   efficiency if workload.kind == "grpo" else None, policy)
     scored = score_columns(model, cluster, workload, actor,
                            pick_utilization=options.gpu_memory_utilization is None,
                            calibration=calibration, actor=memory, policy=policy,
@@ -298,6 +330,8 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     order = order[:fitting + KEEP_NOT_FITTING]
     ranked = {name: values[order] for name, values in scored.items()}
     ranked["rank"] = np.arange(1, len(order) + 1)
+    ranked.update(fill_columns(model, cluster, workload, ranked, efficiency,
+                               min(fitting, FILL_ROWS)))
     frame = _frame(ranked)
     return Plan(model=model, cluster=cluster, workload=workload, candidates=frame,
                 enumerated=space.enumerated, valid=space.valid, rejected=space.rejected,
@@ -313,17 +347,20 @@ class Estimate:
     workload: Workload
     layout: Layout
     row: dict  # every cost-model column for this layout
+    policy: MemoryPolicy = DEFAULT_POLICY
 
 
 def with_chosen_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                         cols: Columns, utilization: float | None,
-                        calibration: dict | None = None) -> Columns:
+                        calibration: dict | None = None,
+                        policy: MemoryPolicy = DEFAULT_POLICY) -> Columns:
     """One actor layout with the rollout layout and ``gpu_memory_utilization`` a plan would
     give it (:func:`choose_rollout` over every rollout option vLLM and verl accept)."""
     rollouts, _ = valid_rollouts(model, cluster, workload,
                                  rollout_options(model, cluster, SearchOptions()))
     chosen, _ = choose_rollout(model, cluster, workload, cols, rollouts, utilization,
-                               load_efficiency(cluster.gpu, workload.precision, calibration))
+                               load_efficiency(cluster.gpu, workload.precision, calibration),
+                               policy)
     return chosen
 
 
@@ -344,14 +381,16 @@ def estimate_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     if choose_rollout_layout and workload.kind == "grpo":
         cols = with_chosen_rollout(model, cluster, workload, cols,
                                    None if pick_utilization else layout.gpu_memory_utilization,
-                                   calibration)
+                                   calibration, policy)
         pick_utilization = False  # the choice picked it, as a plan does
     scored = score_columns(model, cluster, workload, cols, pick_utilization,
                            calibration, policy=policy)
+    scored.update(fill_columns(model, cluster, workload, scored,
+                               load_efficiency(cluster.gpu, workload.precision, calibration), 1))
     row = {name: values[0].item() if hasattr(values[0], "item") else values[0]
            for name, values in scored.items()}
     return Estimate(model=model, cluster=cluster, workload=workload,
-                    layout=Layout.from_row(row), row=row)
+                    layout=Layout.from_row(row), row=row, policy=policy)
 
 
 def _plain(value: Any) -> Any:
@@ -377,6 +416,8 @@ def candidate_dict(row: Mapping[str, Any]) -> dict:
         "memory_utilization": round(float(row["memory_utilization"]), 4),
         "memory_gib": {phase: round(float(row[memory_column(phase)]) / GIB, 2)
                        for phase in PHASES},
+        "working_set_gib": {phase: round(float(row[working_set_column(phase)]) / GIB, 2)
+                            for phase in PHASES},
         "breakdown_gib": {part: round(float(row[part_column(part)]) / GIB, 2)
                           for part in BREAKDOWN_PARTS},
         "rollout": {"kv_cache_tokens_per_gpu": int(row["kv_cache_tokens_per_gpu"]),
@@ -389,6 +430,15 @@ def candidate_dict(row: Mapping[str, Any]) -> dict:
         out["within_error_of_best"] = bool(row["within_error_of_best"])
     if "rank" in row:
         out = {"rank": int(row["rank"]), **out}
+    if np.isfinite(float(row.get("time_generate_s_fill", np.nan))):
+        # what the band's headroom costs: the same layout with the rollout pool filling the GPU
+        out["fill_gpu"] = {
+            "gpu_memory_utilization": round(float(row["gpu_memory_utilization_fill"]), 2),
+            "kv_cache_tokens_per_gpu": int(row["kv_cache_tokens_per_gpu_fill"]),
+            "peak_memory_gib": round(float(row["peak_bytes_fill"]) / GIB, 2),
+            "generate_s": round(float(row["time_generate_s_fill"]), 3),
+            "step_time_s": round(float(row["step_time_s"]) - float(row["time_generate_s"])
+                                 + float(row["time_generate_s_fill"]), 3)}
     if "step_time_s" in row and np.isfinite(float(row["step_time_s"])):
         out["step_time_s"] = round(float(row["step_time_s"]), 3)
         if "time_generate_s" in row:

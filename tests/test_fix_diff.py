@@ -58,7 +58,9 @@ def test_fix_lists_fitting_mitigations_and_writes_a_job_that_validates(tmp_path,
 
 def test_fix_orders_single_mitigations_by_step_time(tmp_path, capsys):
     tight = script(tmp_path, micro=4, tp=2, util=0.6)
-    assert main(["fix", tight, "--gpu-type", "h100", "--format", "json"]) == 0
+    # under the fill-the-GPU band more single changes are enough alone
+    assert main(["fix", tight, "--gpu-type", "h100", "--format", "json",
+                 "--memory-band", "0.70-0.95"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert not result["current"]["fits"] and not result["in_band"]
     assert all(m["fits"] for m in result["mitigations"])  # single changes are enough here
@@ -89,3 +91,66 @@ def test_diff_of_identical_jobs(tmp_path, capsys):
     a = script(tmp_path, "a.sh", micro=4, tp=2)
     assert main(["diff", a, a, "--gpu-type", "h100"]) == 0
     assert "no setting differs" in capsys.readouterr().out
+
+
+def _fix(path, *extra):
+    from planner.diagnose.fix import fix_job
+    from planner.diagnose.validate import JobInput
+    from planner.policy import MemoryPolicy
+
+    band = extra[0] if extra else "0.70-0.85"
+    return fix_job(JobInput(inputs=(path,), gpu_type="h100", policy=MemoryPolicy.parse(band)),
+                   top=50)
+
+
+@pytest.mark.parametrize("settings,band,direction", [
+    (dict(micro=4, tp=2, util=0.6), "0.70-0.85", "down"),   # does not fit: update_actor
+    (dict(micro=1, tp=2, util=0.8), "0.70-0.85", "down"),   # the rollout pool sets the peak
+    (dict(micro=1, tp=2, util=0.3), "0.88-0.95", "up"),     # GPUs underused
+    (dict(micro=1, tp=2, util=0.6), "0.50-0.60", "down"),   # a tighter band of the user's
+])
+def test_no_listed_mitigation_leaves_the_judged_peak_unchanged(tmp_path, settings, band,
+                                                               direction):
+    """fix judges the nvidia-smi peak (vLLM's whole pool included) and lists a change only when
+    it moves that peak the needed way -- never recompute for a peak set by the rollout pool."""
+    from planner.diagnose.fix import MIN_MOVE_BYTES
+    from planner.units import GIB
+
+    result = _fix(script(tmp_path, **settings), band)
+    now = result.data["current"]
+    assert not result.data["in_band"] and result.data["mitigations"]
+    for m in result.data["mitigations"]:
+        moved = (now["peak_memory_gib"] - m["peak_memory_gib"]) if direction == "down" \
+            else (m["peak_memory_gib"] - now["peak_memory_gib"])
+        assert moved >= MIN_MOVE_BYTES / GIB - 0.01, m
+
+
+def test_pool_peak_is_fixed_first_by_the_pool_or_what_stays_resident(tmp_path, capsys):
+    path = script(tmp_path, micro=1, tp=2, util=0.8)
+    result = _fix(path)
+    now = result.data["current"]
+    assert now["peak_phase"] == "generate" and now["band_position"] == "above"
+    changes = result.data["mitigations"]
+    assert changes[0]["kind"] in ("rollout", "offload")
+    assert not any(m["change"].startswith("recompute") or m["change"].startswith("micro-batch")
+                   for m in changes)  # they do not touch the pool
+    lowered = [m for m in changes if m["change"].startswith("gpu_memory_utilization")]
+    assert lowered and all(m["generate_s"] >= now["generate_s"] for m in lowered)
+    assert all(m["kv_cache_tokens_per_gpu"] < now["kv_cache_tokens_per_gpu"] for m in lowered)
+    assert main(["fix", path, "--gpu-type", "h100"]) == 0
+    text = capsys.readouterr().out
+    assert "nvidia-smi peak" in text and "above the 70-85% band" in text
+    assert f"generate {now['generate_s']:.1f} -> " in text
+
+
+def test_fix_and_validate_judge_the_same_quantity(tmp_path):
+    """validate warns about exactly the jobs fix wants to change, with the same number."""
+    for util in (0.3, 0.5, 0.8):
+        result = _fix(script(tmp_path, micro=1, tp=2, util=util))
+        report = result.report
+        band_warnings = [f for f in report["findings"] if f["check"] == "memory"
+                         and ("band" in f["message"] or "will not fit" in f["message"])]
+        assert report["memory"]["peak_memory_gib"] == result.data["current"]["peak_memory_gib"]
+        assert report["memory"]["memory_band"]["position"] == \
+            result.data["current"]["band_position"]
+        assert bool(band_warnings) == (not result.data["in_band"]), util

@@ -31,7 +31,8 @@ def test_plan_report_embeds_figures(tmp_path, capsys):
     page = out.read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) == 3 and all(base64.b64decode(i)[:4] == PNG_MAGIC for i in images)
-    assert "Best layouts" in page and "tokens_per_s_per_gpu" in page
+    assert "Best layouts" in page and "tok/s/GPU" in page
+    assert "<th>nvidia-smi peak</th>" in page and "<th>allocated working set</th>" in page
     assert sorted(p.name for p in (tmp_path / "png").iterdir()) == [
         "memory_breakdown.png", "pareto.png", "phase_times.png"]
     # nothing a user wrote is overwritten without asking

@@ -13,6 +13,7 @@ from planner.cli.args import UsageError
 from planner.cli.codes import ExitCode
 from planner.errors import InvalidLayoutError, NoFitError
 from planner.plan import estimate_layout, make_plan
+from planner.policy import FILL_POLICY
 from planner.report.text import (
     estimate_dict,
     estimate_text,
@@ -54,7 +55,11 @@ def cmd_plan(args) -> int:
     elif args.format == "csv":
         print(plan_csv(plan, args.top), end="")
     else:
-        print(plan_table(plan, args.top))
+        policy = inputs.policy(args)
+        # the same search were the GPU filled prices the band's headroom (a second search)
+        fill_plan = None if policy.fills_gpu or not fitting or workload.kind != "grpo" else \
+            make_plan(model, cluster, workload, options, inputs.calibration(args), FILL_POLICY)
+        print(plan_table(plan, args.top, fill_plan))
     return ExitCode.OK if fitting else ExitCode.NO
 
 

@@ -19,6 +19,11 @@ def memory_column(phase: str) -> str:
     return f"mem_{phase}_bytes"
 
 
+def working_set_column(phase: str) -> str:
+    """Allocated working set per GPU of ``phase`` (the tensors alone) on its worst rank."""
+    return f"alloc_{phase}_bytes"
+
+
 def time_column(phase: str) -> str:
     """Seconds per step spent in ``phase``."""
     return f"time_{phase}_s"
@@ -48,7 +53,8 @@ def flag_column(flag: str) -> str:
 # Scalar columns: name -> what it holds.
 SCHEMA = {
     "fits": "bool: every phase fits in GPU memory and the KV cache holds a sequence",
-    "peak_bytes": "peak bytes per GPU over the phases the workload runs",
+    "peak_bytes": "nvidia-smi peak bytes per GPU over the phases the workload runs (what the "
+                  "memory band judges)",
     "peak_phase": "index into planner.phases.PHASES of the phase that sets the peak",
     "peak_stage": "index into cost.memory.STAGES of the pipeline rank that sets the peak",
     "memory_utilization": "peak_bytes / GPU memory",
@@ -63,7 +69,15 @@ SCHEMA = {
     "mfu": "actor-update model FLOPs utilisation (verl perf/mfu/actor)",
     "dominant_phase": "index into PHASES of the longest phase",
     "unwise_count": "number of unwise flags set",
-    **{memory_column(phase): f"peak bytes per GPU in {phase}" for phase in PHASES},
+    "gpu_memory_utilization_fill": "the rollout pool's gpu_memory_utilization were the GPU "
+                                   "filled (memory band 0.70-0.95), same layout",
+    "kv_cache_tokens_per_gpu_fill": "KV-cache tokens per GPU at that pool",
+    "time_generate_s_fill": "seconds of generation at that pool",
+    "peak_bytes_fill": "nvidia-smi peak at that pool",
+    **{memory_column(phase): f"nvidia-smi peak bytes per GPU in {phase} (reserved pool, "
+                             f"context, NCCL, vLLM's whole pool)" for phase in PHASES},
+    **{working_set_column(phase): f"allocated working set per GPU in {phase}"
+       for phase in PHASES},
     **{time_column(phase): f"seconds per step in {phase}" for phase in PHASES},
     **{part_column(part): f"bytes of {part} on the peak rank" for part in BREAKDOWN_PARTS},
     **{breakdown_column(phase, part): f"{part[:-2]} seconds of {phase}"

@@ -42,7 +42,7 @@ import numpy as np
 from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
-from planner.cost.columns import memory_column, part_column
+from planner.cost.columns import memory_column, part_column, working_set_column
 from planner.phases import PHASES, TRAINING_PHASES
 from planner.search.batches import log_prob_batches, update_batches
 from planner.search.layout import (
@@ -593,6 +593,7 @@ def actor_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                   - MASTER_WEIGHT_BYTES)
     frag = 1 + FRAGMENTATION_FRACTION
     stages, phases = [], {phase: [] for phase in PHASES}
+    allocated = {phase: [] for phase in PHASES}  # the same without fragmentation and overheads
     for c in cores:
         weights, grads = c["weights"], c["grads"]
         optimizer = c["optimizer_state"] * (1 - on_host)
@@ -612,31 +613,55 @@ def actor_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
         s["host"] = (np.where(param_off, weights, 0) + np.where(optim_off, optimizer, 0)
                      + np.where(ref_off & needs_ref, weights, 0)
                      + on_host * c["optimizer_params"] * host_state + HOST_WORKER_BYTES)
-        # verl loads offloaded params and optimizer state back before the update.
-        phases["update_actor"].append(weights + grads + optimizer + s["ref_weights"]
-                                      + frag * (c["train_activations"] + c["train_logits"])
-                                      + fixed)
-        phases["old_log_prob"].append(weights + kept_grads + kept_optimizer + s["ref_weights"]
-                                      + frag * (c["forward"] + c["actor_logits"]) + fixed)
-        phases["ref"].append(s["resident_in_rollout"] - s["ref_weights"] + weights
-                             + frag * (c["forward"] + c["ref_logits"]))
-        # Actor weights are on the GPU while they are copied into the rollout engine.
-        phases["weight_sync"].append(weights + kept_grads + kept_optimizer + s["ref_weights"]
-                                     + WEIGHT_SYNC_BUCKET_BYTES + fixed)
-        phases["generate"].append(s["resident_in_rollout"])
+        resident_state = s["resident_in_rollout"] - fixed
+        # Per phase: (state held, transient tensors).  What nvidia-smi shows adds the
+        # allocator's fragmentation on the transients and the fixed overheads; the allocated
+        # working set is the tensors alone.
+        held = {
+            # verl loads offloaded params and optimizer state back before the update.
+            "update_actor": (weights + grads + optimizer + s["ref_weights"],
+                             c["train_activations"] + c["train_logits"]),
+            "old_log_prob": (weights + kept_grads + kept_optimizer + s["ref_weights"],
+                             c["forward"] + c["actor_logits"]),
+            "ref": (resident_state - s["ref_weights"] + weights, c["forward"] + c["ref_logits"]),
+            # Actor weights are on the GPU while they are copied into the rollout engine.
+            "weight_sync": (weights + kept_grads + kept_optimizer + s["ref_weights"],
+                            WEIGHT_SYNC_BUCKET_BYTES),
+            "generate": (resident_state, 0.0),
+        }
+        for phase, (state, transient) in held.items():
+            spread = frag if phase in ("update_actor", "old_log_prob", "ref") else 1.0
+            phases[phase].append(state + spread * transient + fixed)
+            allocated[phase].append(state + transient)
         stages.append(s)
-    return {"phases": phases, "stages": stages}
+    return {"phases": phases, "allocated": allocated, "stages": stages}
+
+
+def pick_utilization(wanted_fraction, resident_bytes, capacity: float,
+                     ceiling: float) -> np.ndarray:
+    """``gpu_memory_utilization`` for a pool of ``wanted_fraction`` of the GPU beside
+    ``resident_bytes``: rounded up to 0.05, at least 0.30, never more than keeps the resident
+    state plus the pool below ``ceiling`` of the GPU (the memory band's top) nor beyond the
+    5% left free beside the pool, nor above 0.90."""
+    wanted = np.ceil(_f(wanted_fraction) / UTILIZATION_STEP - 1e-9) * UTILIZATION_STEP
+    free = min(ceiling, 1 - ROLLOUT_HEADROOM_FRACTION) - resident_bytes / capacity
+    room = np.floor(free / UTILIZATION_STEP + 1e-9) * UTILIZATION_STEP
+    return np.clip(np.minimum(np.maximum(wanted, UTILIZATION_MIN), room),
+                   UTILIZATION_STEP, UTILIZATION_MAX)
 
 
 def rollout_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                    cols: Columns, resident_bytes: np.ndarray,
-                   utilization: np.ndarray | None = None) -> Columns:
+                   utilization: np.ndarray | None = None,
+                   ceiling: float = 1 - ROLLOUT_HEADROOM_FRACTION) -> Columns:
     """The rollout engine beside ``resident_bytes`` of actor and reference state.
 
     vLLM claims ``gpu_memory_utilization * capacity`` (its v1 engine refuses to start when that
     much is not free) and fills what its weights and profiled activations leave with KV cache.
-    With ``utilization=None`` it is picked: enough KV for the replica's whole batch (at most
-    ``max_num_seqs`` running), rounded up to 0.05, never more than fits beside the resident state.
+    With ``utilization=None`` it is picked (:func:`pick_utilization`): enough KV for the
+    replica's whole batch (at most ``max_num_seqs`` running), kept with the resident state
+    below ``ceiling`` of the GPU (the memory policy's band top); where that leaves no room for
+    one sequence, as much as fits beside the resident state.
     """
     capacity = float(cluster.gpu.memory_bytes)
     seq = workload.sequence_length
@@ -652,21 +677,28 @@ def rollout_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
         wanted_kv = (np.minimum(seqs_per_attention_rank, workload.max_num_seqs) * kv_per_seq
                      * kv_per_token)
         wanted = (weights + reserve + wanted_kv) / capacity
-        wanted = np.ceil(wanted / UTILIZATION_STEP - 1e-9) * UTILIZATION_STEP
-        free = (1 - ROLLOUT_HEADROOM_FRACTION) - resident_bytes / capacity
-        room = np.floor(free / UTILIZATION_STEP + 1e-9) * UTILIZATION_STEP
-        utilization = np.clip(np.minimum(np.maximum(wanted, UTILIZATION_MIN), room),
-                              UTILIZATION_STEP, UTILIZATION_MAX)
+        utilization = pick_utilization(wanted, resident_bytes, capacity, ceiling)
+        # Below the band's top there may be no room for one sequence: then the pool takes what
+        # fits (the layout is over the band, and ranked after those inside it).
+        one_seq = (weights + reserve + kv_per_seq * kv_per_token) / capacity
+        starved = np.round(utilization, 2) < one_seq - 1e-9
+        if ceiling < 1 - ROLLOUT_HEADROOM_FRACTION and starved.any():
+            filled = pick_utilization(wanted, resident_bytes, capacity,
+                                      1 - ROLLOUT_HEADROOM_FRACTION)
+            utilization = np.where(starved, filled, utilization)
     utilization = np.round(_f(utilization), 2)
     budget = utilization * capacity
     kv_cache = np.maximum(budget - weights - reserve, 0)
     kv_tokens = np.floor(kv_cache / kv_per_token)
     concurrent = np.minimum(np.floor(kv_tokens / kv_per_seq), workload.max_num_seqs)
+    # The KV blocks of the sequences that run at once (a rank never runs more than it has).
+    kv_in_use = np.minimum(concurrent, seqs_per_attention_rank) * kv_per_seq * kv_per_token
     return {
         "gpu_memory_utilization": utilization,
         "rollout_budget_bytes": budget,
         "mem_generate_bytes": resident_bytes + budget,
         "rollout_weights_bytes": weights,
+        "rollout_working_bytes": weights + reserve + np.minimum(kv_in_use, kv_cache),
         "kv_cache_bytes": kv_cache,
         "kv_cache_tokens_per_gpu": kv_tokens,
         "rollout_concurrent_seqs": concurrent,
@@ -693,11 +725,17 @@ def argmax_rows(arrays) -> tuple[np.ndarray, np.ndarray]:
 
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                     cols: Columns, pick_utilization: bool = False,
-                    actor: dict | None = None) -> Columns:
+                    actor: dict | None = None,
+                    ceiling: float = 1 - ROLLOUT_HEADROOM_FRACTION) -> Columns:
     """Memory columns for every layout in ``cols`` (bytes unless named otherwise).
 
+    Per phase two quantities (:mod:`planner.policy`): ``mem_<phase>_bytes``, what nvidia-smi
+    shows (reserved pool with fragmentation, CUDA context, NCCL buffers, vLLM's whole pool),
+    and ``alloc_<phase>_bytes``, the allocated working set (the tensors alone; in generate the
+    KV blocks of the sequences running at once).  ``peak_bytes`` is the largest of the first.
+
     ``pick_utilization``: choose ``gpu_memory_utilization`` per layout (see
-    :func:`rollout_memory`) instead of reading it from ``cols``.
+    :func:`rollout_memory`, below ``ceiling`` of the GPU) instead of reading it from ``cols``.
     """
     capacity = float(cluster.gpu.memory_bytes)
     # ``actor``: a result of actor_memory for these rows (it ignores the rollout columns), as the
@@ -706,18 +744,22 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
     phase_stages = {phase: list(values) for phase, values in actor["phases"].items()}
     resident = np.max(phase_stages["generate"], axis=0)
     out = rollout_memory(model, cluster, workload, cols, resident,
-                         None if pick_utilization else cols["gpu_memory_utilization"])
+                         None if pick_utilization else cols["gpu_memory_utilization"], ceiling)
+    allocated = {phase: list(values) for phase, values in actor["allocated"].items()}
     phase_stages["generate"] = [stage + out["mem_generate_bytes"] - resident
                                 for stage in phase_stages["generate"]]
+    allocated["generate"] = [stage + out["rollout_working_bytes"]
+                             for stage in allocated["generate"]]
     if getattr(workload, "free_cache_engine", True):
         # vLLM wakes its weights for the sync (sleep level 2 drops them otherwise).
-        phase_stages["weight_sync"] = [stage + out["rollout_weights_bytes"]
-                                       for stage in phase_stages["weight_sync"]]
+        for table in (phase_stages, allocated):
+            table["weight_sync"] = [stage + out["rollout_weights_bytes"]
+                                    for stage in table["weight_sync"]]
     else:
         # Without sleep mode the engine keeps its whole budget through training.
         for phase in TRAINING_PHASES:
-            phase_stages[phase] = [stage + out["rollout_budget_bytes"]
-                                   for stage in phase_stages[phase]]
+            for table in (phase_stages, allocated):
+                table[phase] = [stage + out["rollout_budget_bytes"] for stage in table[phase]]
     worst = {phase: argmax_rows(phase_stages[phase]) for phase in PHASES}
     phases = {phase: worst[phase][1] for phase in PHASES}
     # The phases the workload runs set the peak (a pretraining step has only the update).
@@ -729,6 +771,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
         out["rollout_fits"] = np.ones_like(out["rollout_fits"])
     for phase in PHASES:
         out[memory_column(phase)] = phases[phase]
+        out[working_set_column(phase)] = np.max(allocated[phase], axis=0)
     stages = actor["stages"]
     for part in ("weights", "grads", "optimizer", "train_activations", "train_logits",
                  "ref_weights"):

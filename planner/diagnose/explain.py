@@ -66,10 +66,8 @@ def reason(best: dict, other: dict) -> str:
                     f"within the model's ranking uncertainty: the plan prefers the simpler "
                     f"layout (fewer unwise flags, memory inside the band, fewer offloads and "
                     f"parallel dimensions); {dominant} dominates the step ({share:.0%})")
-        return (f"{1 / speedup:.2f}x slower than this rule's layout, which runs a phase other "
-                f"than generation above the memory policy's tight level; {dominant} dominates "
-                f"the step "
-                f"({share:.0%})")
+        return (f"{1 / speedup:.2f}x slower than this rule's layout, whose nvidia-smi peak is "
+                f"above the memory band; {dominant} dominates the step ({share:.0%})")
     if speedup < 1.01:
         return (f"about as fast (within 1%); {dominant} dominates the step "
                 f"({share:.0%})")

@@ -1,23 +1,28 @@
-"""``plan-parallel fix PATH``: what to change when a verl job will not fit, or wastes memory.
+"""``plan-parallel fix PATH``: what to change when a verl job will not fit, or sits outside the
+memory band.
 
-Reads the job as ``validate`` does (launch script, Hydra YAML or overrides).  When its predicted
-peak is over the GPU or outside the memory policy's band (:mod:`planner.policy`, 70-85% by
-default), it tries the mitigations users reach for, one change at a time, each scored by the
-planner's memory and time models:
+Reads the job as ``validate`` does (launch script, Hydra YAML or overrides) and judges the same
+quantity against the same band: the job's nvidia-smi peak (:data:`planner.policy.PEAK_NAME`:
+reserved memory, vLLM's whole ``gpu_memory_utilization`` pool and the state resident during
+rollout included) against the memory policy's band (:mod:`planner.policy`, 70-85% by
+default).  Outside it, it tries the mitigations users reach for, one change at a time, each
+scored by the planner's memory and time models:
 
-* over the band (a phase other than generation above the band, or a training phase above the
-  tight level): smaller micro-batch (static batches) or token budget (dynamic batches);
-  selective, then full recomputation; optimizer offload, Megatron's CPU optimizer, parameter
-  (and reference) offload; a lower rollout ``gpu_memory_utilization``; larger TP, PP, EP or CP
-  (DP shrinks to keep the world size);
+* over the band (or not fitting): a lower rollout ``gpu_memory_utilization``; offloading what
+  stays resident during rollout (reference, optimizer, parameters); Megatron's CPU optimizer;
+  smaller micro-batch (static batches) or token budget (dynamic batches); selective, then full
+  recomputation; larger TP, PP, EP or CP (DP shrinks to keep the world size);
 * under the band: the reverse -- larger micro-batch or token budget, less recomputation, less
   offload, the optimizer back on the GPU, a higher ``gpu_memory_utilization``, less model
   parallelism.
 
-Mitigations that break a rule are dropped; the rest are listed cheapest first by predicted step
-time, with predicted peak memory, utilisation and the exact Hydra overrides to apply.
-``--write DIR`` writes the best one as a runnable job (the planner's export of the fixed layout,
-keeping the input's own overrides that the fix does not touch).
+A change is listed only when it moves the judged peak in the needed direction (by at least
+:data:`MIN_MOVE_BYTES`): recompute never appears for a peak set by the rollout pool.  When the
+pool sets the peak, the changes that shrink it or what stays resident beside it come first, each
+with its predicted generation time; otherwise changes are cheapest first by predicted step time.
+Mitigations that break a rule are dropped.  ``--write DIR`` writes the best one as a runnable job
+(the planner's export of the fixed layout, keeping the input's own overrides that the fix does
+not touch).
 
 ``precision`` is not offered: the memory model keeps BF16 weights and FP32 optimizer state for
 every precision (FP8 training in Megatron keeps BF16/FP32 copies too), so it would promise
@@ -29,34 +34,39 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from planner.cost.columns import flag_column, memory_column
+from planner.cost.columns import time_column, working_set_column
 from planner.diagnose.validate import JobInput, dry_run
 from planner.errors import InvalidLayoutError, PlanInputError
-from planner.phases import PHASES, TRAINING_PHASES
+from planner.phases import PHASES
 from planner.plan import candidate_dict, estimate_layout
-from planner.policy import DEFAULT_POLICY, MemoryPolicy
+from planner.policy import DEFAULT_POLICY, PEAK_NAME, WORKING_SET_NAME, MemoryPolicy
 from planner.units import GIB
 from planner.verl.export import ExportedJob, job_overrides, override_key
 from planner.verl.files import write_job
 from planner.verl.keys import get
 
-# The rollout engine fills its gpu_memory_utilization budget on purpose, so the band's top
-# applies to the other phases (as validate's checks do); under-use looks at the overall peak.
-
-
-def band_share(row: dict) -> float:
-    """Peak of the phases the band applies to, as a fraction of GPU memory."""
-    return max(row[memory_column(phase)] for phase in TRAINING_PHASES) / row["peak_bytes"] \
-        * row["memory_utilization"]
+# A change that moves the judged peak by less than this is not a mitigation: it would print as
+# "88.7 GiB -> 88.7 GiB".
+MIN_MOVE_BYTES = 0.1 * GIB
+# Changes aimed at the rollout pool and at what stays resident beside it during generation.
+ROLLOUT_KINDS = ("rollout", "offload")
 
 
 def over_band(row: dict, policy: MemoryPolicy = DEFAULT_POLICY) -> bool:
-    return (not row["fits"]) or band_share(row) > policy.high \
-        or bool(row[flag_column("memory_tight")])
+    """Does not fit, or its nvidia-smi peak is above the band."""
+    return (not row["fits"]) or policy.position(row["memory_utilization"]) == "above"
 
 
 def in_band(row: dict, policy: MemoryPolicy = DEFAULT_POLICY) -> bool:
-    return not over_band(row, policy) and row["memory_utilization"] >= policy.low
+    return bool(row["fits"]) and policy.position(row["memory_utilization"]) == "inside"
+
+
+def moves_peak(row: dict, current: dict, over: bool) -> bool:
+    """The change moves the judged peak (nvidia-smi) the needed way: down when over the band,
+    up when under it."""
+    moved = current["peak_bytes"] - row["peak_bytes"] if over \
+        else row["peak_bytes"] - current["peak_bytes"]
+    return moved >= MIN_MOVE_BYTES
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,7 @@ class Mitigation:
     layout: object  # planner.search.layout.Layout
     row: dict  # the cost model's columns for the layout
     overrides: tuple[str, ...]
+    kind: str = "layout"  # rollout, offload, batch, recompute, parallel, or a chain
 
     @property
     def fits(self) -> bool:
@@ -79,7 +90,7 @@ def _halvings(value: int) -> list[int]:
     return out
 
 
-def _batch_changes(layout, smaller: bool) -> list[tuple[str, object]]:
+def _batch_changes(layout, smaller: bool) -> list[tuple[str, object, str]]:
     """Smaller (larger) micro-batches: with static batches the micro-batch size, with dynamic
     batches the token budgets (``ppo_max_token_len_per_gpu`` and, when set apart, the log-prob
     one); a budget below the longest sequence breaks a rule and is dropped when scored."""
@@ -87,41 +98,55 @@ def _batch_changes(layout, smaller: bool) -> list[tuple[str, object]]:
     if not layout.dynamic_batch:
         sizes = _halvings(layout.micro_batch) if smaller else \
             [layout.micro_batch * int(f) for f in factors]
-        return [(f"micro-batch {layout.micro_batch} -> {mbs}", replace(layout, micro_batch=mbs))
-                for mbs in sizes]
+        return [(f"micro-batch {layout.micro_batch} -> {mbs}", replace(layout, micro_batch=mbs),
+                 "batch") for mbs in sizes]
     out = []
     for factor in factors:
         budget = int(layout.max_token_len * factor)
         log_prob = int(layout.log_prob_max_token_len * factor)
         out.append((f"token budget {layout.max_token_len} -> {budget} per GPU",
-                    replace(layout, max_token_len=budget, log_prob_max_token_len=log_prob)))
+                    replace(layout, max_token_len=budget, log_prob_max_token_len=log_prob),
+                    "batch"))
     return out
 
 
-def candidate_changes(layout, model, cluster, over: bool) -> list[tuple[str, object]]:
-    """(description, changed layout) for every single change worth scoring."""
+def _utilization_changes(layout, steps, sign: int) -> list[tuple[str, object, str]]:
+    out = []
+    for step in steps:
+        util = round(layout.gpu_memory_utilization + sign * step, 2)
+        if 0.1 <= util <= 0.95:
+            out.append((f"gpu_memory_utilization {layout.gpu_memory_utilization} -> {util}",
+                        replace(layout, gpu_memory_utilization=util), "rollout"))
+    return out
+
+
+def candidate_changes(layout, model, cluster, over: bool,
+                      needs_reference: bool = True) -> list[tuple[str, object, str]]:
+    """(description, changed layout, kind) for every single change worth scoring."""
     changes = []
     if over:
+        # every 0.05 step down to 0.10: the listing keeps the highest that is enough
+        changes += _utilization_changes(layout, [0.05 * k for k in range(1, 18)], -1)
+        if needs_reference and not layout.ref_param_offload:
+            changes.append(("reference offload", replace(layout, ref_param_offload=True),
+                            "offload"))
+        if not layout.optimizer_offload and layout.optimizer_cpu_fraction < 1:
+            changes.append(("optimizer offload", replace(layout, optimizer_offload=True),
+                            "offload"))
+        if not layout.param_offload:
+            changes.append(("parameter offload (actor and reference)",
+                            replace(layout, param_offload=True, ref_param_offload=True),
+                            "offload"))
+        if layout.optimizer_cpu_fraction < 1 and layout.distributed_optimizer:
+            changes.append(("Megatron CPU optimizer (optimizer_offload_fraction 1)",
+                            replace(layout, optimizer_cpu_fraction=1.0,
+                                    optimizer_offload=False), "offload"))
         changes += _batch_changes(layout, smaller=True)
         for level in ("selective", "full"):
             if ("none", "selective", "full").index(level) > ("none", "selective", "full").index(
                     layout.recompute):
                 changes.append((f"recompute {layout.recompute} -> {level}",
-                                replace(layout, recompute=level)))
-        if not layout.optimizer_offload and layout.optimizer_cpu_fraction < 1:
-            changes.append(("optimizer offload", replace(layout, optimizer_offload=True)))
-        if layout.optimizer_cpu_fraction < 1 and layout.distributed_optimizer:
-            changes.append(("Megatron CPU optimizer (optimizer_offload_fraction 1)",
-                            replace(layout, optimizer_cpu_fraction=1.0,
-                                    optimizer_offload=False)))
-        if not layout.param_offload:
-            changes.append(("parameter offload (actor and reference)",
-                            replace(layout, param_offload=True, ref_param_offload=True)))
-        for step in (0.05, 0.10, 0.15, 0.20, 0.30):
-            util = round(layout.gpu_memory_utilization - step, 2)
-            if util >= 0.1:
-                changes.append((f"gpu_memory_utilization {layout.gpu_memory_utilization} -> "
-                                f"{util}", replace(layout, gpu_memory_utilization=util)))
+                                replace(layout, recompute=level), "recompute"))
         for field in ("tp", "pp", "cp") + (("ep",) if model.is_moe else ()):
             bigger = getattr(layout, field) * 2
             changed = replace(layout, **{field: bigger})
@@ -130,25 +155,24 @@ def candidate_changes(layout, model, cluster, over: bool) -> list[tuple[str, obj
                 if field == "tp":
                     changed = replace(changed, sequence_parallel=True)
             if changed.dp >= 1:
-                changes.append((f"{field.upper()} {getattr(layout, field)} -> {bigger}", changed))
+                changes.append((f"{field.upper()} {getattr(layout, field)} -> {bigger}", changed,
+                                "parallel"))
     else:
         changes += _batch_changes(layout, smaller=False)
         if layout.recompute != "none":
             changes.append((f"recompute {layout.recompute} -> none",
-                            replace(layout, recompute="none")))
+                            replace(layout, recompute="none"), "recompute"))
         if layout.param_offload or layout.ref_param_offload:
             changes.append(("no parameter offload",
-                            replace(layout, param_offload=False, ref_param_offload=False)))
+                            replace(layout, param_offload=False, ref_param_offload=False),
+                            "offload"))
         if layout.optimizer_offload:
-            changes.append(("no optimizer offload", replace(layout, optimizer_offload=False)))
+            changes.append(("no optimizer offload", replace(layout, optimizer_offload=False),
+                            "offload"))
         if layout.optimizer_cpu_fraction > 0:
             changes.append(("optimizer on the GPU (no CPU optimizer)",
-                            replace(layout, optimizer_cpu_fraction=0.0)))
-        for step in (0.05, 0.10, 0.20):
-            util = round(layout.gpu_memory_utilization + step, 2)
-            if util <= 0.95:
-                changes.append((f"gpu_memory_utilization {layout.gpu_memory_utilization} -> "
-                                f"{util}", replace(layout, gpu_memory_utilization=util)))
+                            replace(layout, optimizer_cpu_fraction=0.0), "offload"))
+        changes += _utilization_changes(layout, (0.05, 0.10, 0.20), +1)
         for field in ("tp", "pp", "cp"):
             value = getattr(layout, field)
             if value > 1 and value % 2 == 0:
@@ -156,7 +180,8 @@ def candidate_changes(layout, model, cluster, over: bool) -> list[tuple[str, obj
                                 replace(layout, **{field: value // 2, "dp": layout.dp * 2},
                                         sequence_parallel=(layout.tp // 2 > 1
                                                            if field == "tp"
-                                                           else layout.sequence_parallel))))
+                                                           else layout.sequence_parallel)),
+                                "parallel"))
     return changes
 
 
@@ -177,10 +202,11 @@ def layout_overrides(model, cluster, workload, layout, config: dict) -> list[str
 def _single_changes(context, layout, over):
     model, cluster, workload = context["model"], context["cluster"], context["workload"]
     policy = context.get("policy", DEFAULT_POLICY)
-    for name, changed in candidate_changes(layout, model, cluster, over):
+    for name, changed, kind in candidate_changes(layout, model, cluster, over,
+                                                 getattr(workload, "needs_reference", True)):
         row = score(model, cluster, workload, changed, policy)
         if row is not None:
-            yield name, changed, row
+            yield name, changed, row, kind
 
 
 def greedy_chain(context, layout, row, max_steps: int = 6):
@@ -192,10 +218,10 @@ def greedy_chain(context, layout, row, max_steps: int = 6):
         if not over_band(row, policy):
             break
         best, best_value = None, 0.0
-        for name, changed, new in _single_changes(context, layout, over=True):
+        for name, changed, new, _ in _single_changes(context, layout, over=True):
             saved = row["peak_bytes"] - new["peak_bytes"]
             cost = max(new["step_time_s"] - row["step_time_s"], 0.0) + 1e-3
-            if saved > 0 and saved / cost > best_value:
+            if saved >= MIN_MOVE_BYTES and saved / cost > best_value:
                 best, best_value = (name, changed, new), saved / cost
         if best is None:
             return None
@@ -205,11 +231,14 @@ def greedy_chain(context, layout, row, max_steps: int = 6):
 
 
 def mitigations(context: dict) -> tuple[dict, list[Mitigation]]:
-    """The job's own prediction and the scored changes, cheapest first.
+    """The job's own prediction and the scored changes, best first.
 
-    Single changes that fit come first (by predicted step time); when none does, the greedy
-    chain of changes that makes it fit is offered instead, followed by the single changes that
-    help but are not enough alone (``fits`` False).
+    Only changes that move the nvidia-smi peak the needed way are kept (:func:`moves_peak`).
+    Single changes that bring it into the band come first: when the rollout pool sets the
+    peak, those aimed at the pool and at what stays resident beside it (kinds
+    :data:`ROLLOUT_KINDS`) lead; then by predicted step time.  When none is enough, the
+    greedy chain of changes that is comes first, followed by the single changes that help but
+    are not enough alone (``fits`` False).
     """
     model, cluster = context["model"], context["cluster"]
     workload, layout, config = context["workload"], context["layout"], context["config"]
@@ -218,31 +247,57 @@ def mitigations(context: dict) -> tuple[dict, list[Mitigation]]:
     if current is None:
         raise PlanInputError("the job breaks a layout rule; run `plan-parallel validate` and "
                              "fix those first")
+    if in_band(current, policy):
+        return current, []
     over = over_band(current, policy)
     before = set(layout_overrides(model, cluster, workload, layout, config))
+    pool_peak = PHASES[int(current["peak_phase"])] == "generate"
 
-    def mitigation(name, changed, row):
+    def mitigation(name, changed, row, kind):
         after = layout_overrides(model, cluster, workload, changed, config)
-        return Mitigation(name, changed, row, tuple(o for o in after if o not in before))
+        return Mitigation(name, changed, row, tuple(o for o in after if o not in before), kind)
 
     fitting, partial = [], []
-    for name, changed, row in _single_changes(context, layout, over):
+    for name, changed, row, kind in _single_changes(context, layout, over):
+        if not moves_peak(row, current, over):
+            continue
         if row["fits"] and not over_band(row, policy):
-            fitting.append(mitigation(name, changed, row))
-        elif over and row["peak_bytes"] < current["peak_bytes"]:
-            partial.append(mitigation(name, changed, row))
-    fitting.sort(key=lambda m: (bool(m.row[flag_column("memory_tight")]), m.row["step_time_s"]))
+            fitting.append(mitigation(name, changed, row, kind))
+        elif over:
+            partial.append(mitigation(name, changed, row, kind))
+    # Of the gpu_memory_utilization steps keep one: the highest that is enough (the least KV
+    # cache given up), or of those that are not, the one that moves the peak most.
+    fitting = _one_pool_step(fitting, max)
+    partial = _one_pool_step(partial, min) if over else partial
+    fitting.sort(key=lambda m: (over and pool_peak and m.kind not in ROLLOUT_KINDS,
+                                m.row["step_time_s"]))
     if fitting or not over:
         return current, fitting
     chain = greedy_chain(context, layout, current)
     partial.sort(key=lambda m: m.row["peak_bytes"])
-    return current, ([mitigation(*chain)] if chain else []) + partial
+    return current, ([mitigation(*chain, "chain")] if chain else []) + partial
 
 
-def _summary(row: dict) -> dict:
+def _one_pool_step(found: list[Mitigation], pick) -> list[Mitigation]:
+    """``found`` with only one ``gpu_memory_utilization`` change: ``pick`` (max or min) by the
+    utilization it sets."""
+    steps = [m for m in found if m.kind == "rollout"]
+    if len(steps) <= 1:
+        return found
+    keep = pick(steps, key=lambda m: m.layout.gpu_memory_utilization)
+    return [m for m in found if m.kind != "rollout" or m is keep]
+
+
+def _summary(row: dict, policy: MemoryPolicy = DEFAULT_POLICY) -> dict:
+    phase = PHASES[int(row["peak_phase"])]
     return {"fits": bool(row["fits"]), "peak_memory_gib": round(row["peak_bytes"] / GIB, 2),
             "memory_utilization": round(float(row["memory_utilization"]), 4),
-            "peak_phase": PHASES[int(row["peak_phase"])],
+            "band_position": policy.position(float(row["memory_utilization"])),
+            "peak_phase": phase,
+            "working_set_gib": round(float(row[working_set_column(phase)]) / GIB, 2),
+            "gpu_memory_utilization": round(float(row["gpu_memory_utilization"]), 2),
+            "kv_cache_tokens_per_gpu": int(row["kv_cache_tokens_per_gpu"]),
+            "generate_s": round(float(row[time_column("generate")]), 2),
             "step_time_s": round(float(row["step_time_s"]), 2),
             "tokens_per_s_per_gpu": round(float(row["tokens_per_s_per_gpu"]), 1)}
 
@@ -255,6 +310,7 @@ class FixResult:
     data: dict  # the --format json output
     mitigations: tuple[Mitigation, ...]
     context: dict
+    report: dict | None = None  # validate's report of the same job (planner.diagnose.validate)
 
     @property
     def has_fix(self) -> bool:
@@ -270,11 +326,12 @@ def fix_job(job_input: JobInput, top: int = 8) -> FixResult:
         raise PlanInputError("cannot read a layout from the job: "
                              + ("; ".join(errors[:2]) or "see `plan-parallel validate`"))
     current, found = mitigations(context)
-    data = {"current": _summary(current), "in_band": in_band(current, job_input.policy),
-            "band": [job_input.policy.low, job_input.policy.high],
-            "mitigations": [{"change": m.name, **_summary(m.row), "overrides": list(m.overrides)}
-                            for m in found[:top]]}
-    return FixResult(data=data, mitigations=tuple(found), context=context)
+    policy = job_input.policy
+    data = {"judges": PEAK_NAME, "band": [policy.low, policy.high],
+            "current": _summary(current, policy), "in_band": in_band(current, policy),
+            "mitigations": [{"change": m.name, "kind": m.kind, **_summary(m.row, policy),
+                             "overrides": list(m.overrides)} for m in found[:top]]}
+    return FixResult(data=data, mitigations=tuple(found), context=context, report=report)
 
 
 def write_fix(result: FixResult, directory: Path, force: bool = False) -> list[Path]:
@@ -298,23 +355,28 @@ def write_fix(result: FixResult, directory: Path, force: bool = False) -> list[P
 def fix_text(result: FixResult, policy: MemoryPolicy = DEFAULT_POLICY) -> str:
     data = result.data
     now = data["current"]
-    lines = [f"now: peak {now['peak_memory_gib']:.1f} GiB ({100 * now['memory_utilization']:.0f}%)"
-             f" in {now['peak_phase']}, {'fits' if now['fits'] else 'does NOT fit'}, "
-             f"{now['step_time_s']:.1f} s per step, {now['tokens_per_s_per_gpu']:.0f} "
-             f"tokens/s/GPU"]
+    lines = [f"now: {PEAK_NAME} {now['peak_memory_gib']:.1f} GiB "
+             f"({100 * now['memory_utilization']:.0f}%, {now['band_position']} the "
+             f"{policy.band_text} band) in {now['peak_phase']}, {WORKING_SET_NAME} "
+             f"{now['working_set_gib']:.1f} GiB; {'fits' if now['fits'] else 'does NOT fit'}, "
+             f"generate {now['generate_s']:.1f} s, {now['step_time_s']:.1f} s per step, "
+             f"{now['tokens_per_s_per_gpu']:.0f} tokens/s/GPU"]
     if data["in_band"]:
-        lines.append(f"within the {policy.band_text} band: nothing to fix")
+        lines.append(f"the {PEAK_NAME} is within the {policy.band_text} band: nothing to fix")
         return "\n".join(lines)
-    if not result.has_fix:
-        lines.append("no change or chain of changes makes it fit; try `plan-parallel --model ... "
-                     "--gpus ...` for a new layout")
-        return "\n".join(lines)
-    lines.append("mitigations, cheapest first (predicted):")
+    if not data["mitigations"] or not result.has_fix:
+        lines.append("no change or chain of changes brings it into the band; try "
+                     "`plan-parallel --model ... --gpus ...` for a new layout")
+        if not data["mitigations"]:
+            return "\n".join(lines)
+    direction = "lower" if now["band_position"] != "below" or not now["fits"] else "raise"
+    lines.append(f"mitigations that {direction} the {PEAK_NAME}, best first (predicted):")
     for i, m in enumerate(data["mitigations"], 1):
         alone = "" if m["fits"] else " [not enough alone]"
-        lines.append(f"{i:>2}. {m['change']}{alone}: peak {m['peak_memory_gib']:.1f} GiB "
-                     f"({100 * m['memory_utilization']:.0f}%, {m['peak_phase']}), "
-                     f"{m['step_time_s']:.1f} s per step, {m['tokens_per_s_per_gpu']:.0f} "
-                     f"tokens/s/GPU")
+        generate = f"generate {now['generate_s']:.1f} -> {m['generate_s']:.1f} s"
+        lines.append(f"{i:>2}. {m['change']}{alone}: {PEAK_NAME} {now['peak_memory_gib']:.1f} -> "
+                     f"{m['peak_memory_gib']:.1f} GiB ({100 * m['memory_utilization']:.0f}%, "
+                     f"{m['peak_phase']}), {generate}, {m['step_time_s']:.1f} s per step, "
+                     f"{m['tokens_per_s_per_gpu']:.0f} tokens/s/GPU")
         lines += [f"      {override}" for override in m["overrides"]]
     return "\n".join(lines)

@@ -38,7 +38,7 @@ from planner.diagnose.validate_report import module_rows
 from planner.errors import InvalidLayoutError, PlanInputError, ResourceLimitError
 from planner.phases import PHASES
 from planner.plan import candidate_dict, estimate_layout
-from planner.policy import DEFAULT_POLICY, MemoryPolicy
+from planner.policy import DEFAULT_POLICY, PEAK_NAME, MemoryPolicy
 from planner.units import GIB
 from planner.verl.checks import (
     backend_findings,
@@ -206,6 +206,8 @@ PHASE_ADVICE = {
 
 
 def memory_findings(estimate, policy: MemoryPolicy = DEFAULT_POLICY) -> list:
+    """Memory errors and warnings: the job does not fit, or its :data:`PEAK_NAME` sits outside
+    the policy's band (``fix`` judges the same quantity against the same band)."""
     row, gpu = estimate.row, estimate.cluster.gpu
     capacity = gpu.memory_bytes / GIB
     peak = row["peak_bytes"] / GIB
@@ -220,23 +222,23 @@ def memory_findings(estimate, policy: MemoryPolicy = DEFAULT_POLICY) -> list:
                            f"actor_rollout_ref.rollout.gpu_memory_utilization "
                            f"({estimate.layout.gpu_memory_utilization}) or the rollout TP",
                            ("actor_rollout_ref.rollout.gpu_memory_utilization",)))
+    where = (f"predicted {PEAK_NAME} {peak:.1f} GiB ({100 * share:.0f}% of {capacity:.1f} GiB) "
+             f"in {phase} ({stage} pipeline stage)")
     if peak > capacity:
-        out.append(Finding("memory", f"will not fit: predicted peak {peak:.1f} GiB in {phase} "
-                           f"({stage} pipeline stage) exceeds the {capacity:.1f} GiB of a "
-                           f"{gpu.name}; try {PHASE_ADVICE[phase]}, or a layout from "
+        out.append(Finding("memory", f"will not fit: {where} exceeds the GPU; try "
+                           f"{PHASE_ADVICE[phase]}, or a layout from "
                            f"`plan-parallel --model {estimate.model.name} --gpus "
                            f"{estimate.cluster.num_gpus} --gpu-type {gpu.name}`"))
+    elif policy.position(share) == "above":
+        out.append(Finding("memory", f"{where} is above the {policy.band_text} band: a longer "
+                           f"response or fragmentation may run it out of memory; try "
+                           f"{PHASE_ADVICE[phase]} (`plan-parallel fix` scores each)", (),
+                           "warning"))
     elif policy.position(share) == "below":
-        out.append(Finding("memory", f"GPUs underused: predicted peak {peak:.1f} GiB in {phase} "
-                           f"is {100 * share:.0f}% of {capacity:.1f} GiB, below the "
+        out.append(Finding("memory", f"GPUs underused: {where} is below the "
                            f"{policy.band_text} band; less model "
                            f"parallelism or offload, larger micro-batches or a higher "
                            f"gpu_memory_utilization would use them", (), "warning"))
-    if row.get("flag_memory_tight") and peak <= capacity:
-        out.append(Finding("memory", f"a training phase peaks above {100 * policy.tight:.0f}% of "
-                           f"{capacity:.1f} GiB; "
-                           f"longer responses or fragmentation may run it out of memory",
-                           (), "warning"))
     domain = estimate.cluster.fast_domain_gpus
     lay = estimate.layout
     for flag, key, size in (("tp_across_nodes", "actor.megatron.tensor_model_parallel_size",
@@ -360,7 +362,10 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
             memory = candidate_dict(estimate.row)
             report["memory"] = {key: memory[key] for key in (
                 "fits", "peak_memory_gib", "peak_phase", "peak_stage", "memory_utilization",
-                "memory_gib", "breakdown_gib", "rollout")}
+                "memory_gib", "working_set_gib", "breakdown_gib", "rollout")}
+            report["memory"]["memory_band"] = {
+                "low": job_input.policy.low, "high": job_input.policy.high, "judges": PEAK_NAME,
+                "position": job_input.policy.position(memory["memory_utilization"])}
             for key in ("step_time_s", "tokens_per_s_per_gpu"):
                 if key in memory:
                     report["memory"][key] = memory[key]

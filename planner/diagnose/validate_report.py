@@ -7,6 +7,7 @@ output); this module only lays it out for people.
 from __future__ import annotations
 
 from planner.cost.columns import memory_column
+from planner.policy import PEAK_NAME, WORKING_SET_NAME
 from planner.report.text import format_table
 from planner.units import GIB
 
@@ -69,7 +70,7 @@ def summary_table(modules: dict) -> str:
         rows.append(cells)
     columns = [("module", "module"), ("TP", "tp"), ("PP", "pp"), ("VPP", "vpp"), ("CP", "cp"),
                ("EP", "ep"), ("ETP", "etp"), ("DP", "dp"), ("micro", "micro_batch"),
-               ("offload", "offload"), ("peak GiB", "peak"), ("util", "util")]
+               ("offload", "offload"), (f"{PEAK_NAME} GiB", "peak"), ("util", "util")]
     return format_table(rows, columns)
 
 
@@ -85,11 +86,16 @@ def render_text(report: dict) -> str:
         lines += ["", summary_table(report["modules"])]
     memory = report["memory"]
     if memory:
-        lines += ["", f"predicted peak {memory['peak_memory_gib']:.2f} GiB "
-                      f"({100 * memory['memory_utilization']:.0f}%) in {memory['peak_phase']} "
-                      f"({memory['peak_stage']} pipeline stage); phases (GiB): "
-                      + "  ".join(f"{phase} {gib:.1f}"
-                                  for phase, gib in memory["memory_gib"].items())]
+        band = memory["memory_band"]
+        lines += ["", f"predicted {PEAK_NAME} {memory['peak_memory_gib']:.2f} GiB "
+                      f"({100 * memory['memory_utilization']:.0f}%, {band['position']} the "
+                      f"{100 * band['low']:.0f}-{100 * band['high']:.0f}% band) in "
+                      f"{memory['peak_phase']} ({memory['peak_stage']} pipeline stage)",
+                  f"{PEAK_NAME} per phase (GiB):       "
+                  + "  ".join(f"{phase} {gib:.1f}" for phase, gib in memory["memory_gib"].items()),
+                  f"{WORKING_SET_NAME} per phase (GiB): "
+                  + "  ".join(f"{phase} {gib:.1f}"
+                              for phase, gib in memory["working_set_gib"].items())]
     findings = report["findings"]
     if findings:
         lines.append("")

@@ -21,8 +21,10 @@ from planner.catalog.models import resolve_model
 from planner.catalog.workload import GRPO_LIMITS, GrpoWorkload
 from planner.errors import PlanInputError
 from planner.plan import make_plan
-from planner.policy import DEFAULT_POLICY, MemoryPolicy
+from planner.policy import DEFAULT_POLICY, PEAK_NAME, WORKING_SET_NAME, MemoryPolicy
 from planner.report import plots
+from planner.report.text import legend_lines, peak_cell, working_set_bytes
+from planner.search.layout import Layout
 from planner.units import GIB
 from planner.verl.keys import PLAN_FILE
 from trials.sweep import SWEEP_FILE, open_study, read_json, study_setting
@@ -61,17 +63,32 @@ def _img(name: str, png: bytes, png_dir: Path | None) -> str:
     return f'<figure><img alt="{name}" src="data:image/png;base64,{data}"/></figure>'
 
 
-def candidate_table(candidates, top: int = TOP) -> str:
-    columns = ["rank", "tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch", "recompute",
-               "param_offload", "optimizer_offload", "rollout_tp", "rollout_dp", "rollout_ep",
-               "gpu_memory_utilization", "step_time_s", "tokens_per_s_per_gpu", "peak_phase",
-               "dominant_phase"]
-    shown = candidates[candidates["fits"]].head(top).copy()
-    shown["peak GiB"] = (shown["peak_bytes"] / GIB).round(1)
-    shown["step_time_s"] = shown["step_time_s"].round(1)
-    shown["tokens_per_s_per_gpu"] = shown["tokens_per_s_per_gpu"].round(0)
-    return shown[[c for c in columns if c in shown] + ["peak GiB"]].to_html(index=False,
-                                                                            border=0)
+def candidate_table(candidates, capacity_bytes: float, top: int = TOP) -> str:
+    """The best fitting layouts in columns that fit the page: the actor layout in one cell, the
+    rollout in another, the two memory quantities by their names."""
+    shown = candidates[candidates["fits"]].head(top)
+    rows = []
+    for row in shown.to_dict("records"):
+        layout = Layout.from_row(row)
+        rows.append({
+            "#": row["rank"],
+            "actor layout": plots.layout_label(row),
+            "recompute": row["recompute"],
+            "offload": layout.offload_text,
+            "rollout (vLLM)": f"TP{layout.rollout_tp} DP{layout.rollout_dp} "
+                              f"EP{layout.rollout_ep} @ {layout.gpu_memory_utilization:.2f}",
+            "step s": f"{row['step_time_s']:.1f}",
+            "tok/s/GPU": f"{row['tokens_per_s_per_gpu']:.0f}",
+            PEAK_NAME: peak_cell(row, capacity_bytes),
+            "in phase": row["peak_phase"],
+            WORKING_SET_NAME: f"{working_set_bytes(row) / GIB:.1f} GiB",
+        })
+    if not rows:
+        return "<p>no layout fits in GPU memory</p>"
+    head = "".join(f"<th>{html.escape(name)}</th>" for name in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(value))}</td>"
+                                    for value in row.values()) + "</tr>" for row in rows)
+    return f'<table class="candidates"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def render(plan, trials=None, png_dir: Path | None = None, title: str = "") -> str:
@@ -82,10 +99,14 @@ def render(plan, trials=None, png_dir: Path | None = None, title: str = "") -> s
                 f"{html.escape(plan.cluster.gpu.name)}; {html.escape(plan.workload.describe())}."
                 f" {plan.enumerated:,} layouts searched, {plan.valid:,} valid, "
                 f"{int(candidates['fits'].sum()):,} actor layouts fit.</p>",
-                "<h2>Best layouts (predicted)</h2>", candidate_table(candidates),
+                "<h2>Best layouts (predicted)</h2>",
+                candidate_table(candidates, plan.cluster.gpu.memory_bytes),
+                "<p class='legend'>" + "<br/>".join(
+                    html.escape(line) for line in legend_lines(plan.policy)) + "</p>",
                 "<h2>Memory vs throughput</h2>",
                 _img("pareto", plots.to_png(plots.pareto_figure(
-                    candidates, trials, plan.cluster.gpu.memory_gib)), png_dir)]
+                    candidates, trials, plan.cluster.gpu.memory_gib,
+                    band=(plan.policy.low, plan.policy.high))), png_dir)]
     if len(top):
         sections += ["<h2>Memory of the top layouts</h2>",
                      _img("memory_breakdown", plots.to_png(plots.memory_breakdown_figure(
@@ -101,9 +122,13 @@ def render(plan, trials=None, png_dir: Path | None = None, title: str = "") -> s
                      _img("predicted_vs_measured",
                           plots.to_png(plots.predicted_vs_measured_figure(trials)), png_dir),
                      trials.to_html(index=False, border=0, na_rep="-")]
+    # tables fit the page: fixed width, cells wrap instead of widening the page
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;font-size:12px}td,th{padding:3px 6px;"
-             "border-bottom:1px solid #ddd;text-align:right}img{max-width:100%}")
+             "table{border-collapse:collapse;font-size:12px;width:100%;table-layout:fixed;"
+             "overflow-wrap:anywhere}td,th{padding:3px 6px;border-bottom:1px solid #ddd;"
+             "text-align:right;vertical-align:top}table.candidates th:nth-child(2),"
+             "table.candidates td:nth-child(2){width:22%;text-align:left}"
+             ".legend{font-size:11px;color:#555}img{max-width:100%}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>"
             f"{html.escape(title or 'plan-parallel report')}</title><style>{style}</style>"
             f"</head><body>{''.join(sections)}</body></html>")

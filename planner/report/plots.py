@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from planner.cost.columns import memory_column, time_column
 from planner.extras import require
 from planner.phases import PHASES
+from planner.policy import PEAK_NAME
 from planner.units import GIB
 
 if TYPE_CHECKING:
@@ -66,13 +67,19 @@ def pareto_front(memory, throughput):
 
 
 def pareto_figure(candidates: "pd.DataFrame", trials: "pd.DataFrame | None" = None,
-                  capacity_gib: float | None = None, sample: int = 4000):
-    """Predicted peak memory vs predicted throughput of fitting candidates, with the Pareto
-    front, and measured trials on top when given."""
+                  capacity_gib: float | None = None, sample: int = 4000,
+                  band: tuple[float, float] | None = None):
+    """Predicted nvidia-smi peak vs predicted throughput of fitting candidates, with the Pareto
+    front, the memory band (``band``: fractions of ``capacity_gib``) shaded, and measured
+    trials on top when given."""
     plt = _pyplot()
     fitting = candidates[candidates["fits"]]
     shown = fitting.sample(min(sample, len(fitting)), random_state=0) if len(fitting) else fitting
     figure, axes = plt.subplots(figsize=(7.5, 4.8))
+    if band and capacity_gib:
+        low, high = band
+        axes.axvspan(low * capacity_gib, high * capacity_gib, color="#2a9d8f", alpha=0.12,
+                     label=f"memory band {100 * low:.0f}-{100 * high:.0f}%")
     axes.scatter(shown["peak_bytes"] / GIB, shown["tokens_per_s_per_gpu"], s=6, alpha=0.35,
                  color="#8ab6d6", label=f"candidates that fit ({len(fitting):,})")
     if len(fitting):
@@ -90,7 +97,7 @@ def pareto_figure(candidates: "pd.DataFrame", trials: "pd.DataFrame | None" = No
     if capacity_gib:
         axes.axvline(capacity_gib, color="grey", linestyle="--", linewidth=1,
                      label=f"GPU memory ({capacity_gib:.0f} GiB)")
-    axes.set_xlabel("peak memory per GPU (GiB)")
+    axes.set_xlabel(f"{PEAK_NAME} per GPU (GiB)")
     axes.set_ylabel("throughput (tokens/s/GPU)")
     axes.set_title("Memory vs throughput")
     axes.grid(alpha=0.3)

@@ -16,9 +16,16 @@ from __future__ import annotations
 import io
 import json
 
-from planner.cost.columns import flag_column, memory_column, time_column
+from planner.cost.columns import flag_column, memory_column, time_column, working_set_column
 from planner.phases import PHASES
 from planner.plan import candidate_dict
+from planner.policy import (
+    FILL_POLICY,
+    PEAK_MEANING,
+    PEAK_NAME,
+    WORKING_SET_MEANING,
+    WORKING_SET_NAME,
+)
 from planner.search.layout import LAYOUT_FIELDS, Layout
 from planner.search.rules import UNWISE_FLAGS
 from planner.units import GIB
@@ -58,8 +65,16 @@ def plan_dict(plan, top: int | None) -> dict:
         "fitting": int(plan.candidates["fits"].sum()),
         "rejected": dict(sorted(plan.rejected.items(), key=lambda item: -item[1])),
         "ranking": ranking_dict(plan),
-        "candidates": [candidate_dict(row) for row in shown.to_dict("records")],
+        "memory_band": band_dict(plan.policy),
+        "candidates": [{**candidate_dict(row),
+                        "band_position": plan.policy.position(float(row["memory_utilization"]))}
+                       for row in shown.to_dict("records")],
     }
+
+
+def band_dict(policy) -> dict:
+    """The memory policy as the JSON outputs carry it: the band and the quantity it judges."""
+    return {"low": policy.low, "high": policy.high, "judges": PEAK_NAME}
 
 
 def to_json(data: dict) -> str:
@@ -70,9 +85,10 @@ def plan_csv(plan, top: int | None) -> str:
     shown = (plan.candidates if top is None else plan.candidates.head(top)).copy()
     for phase in PHASES:  # the CSV shows GiB: people read it in a spreadsheet
         shown[f"mem_{phase}_gib"] = shown[memory_column(phase)] / GIB
+        shown[f"working_set_{phase}_gib"] = shown[working_set_column(phase)] / GIB
     columns = ["rank", *LAYOUT_FIELDS, "fits", "within_error_of_best", "peak_memory_gib",
                "peak_phase", "memory_utilization", *[f"mem_{phase}_gib" for phase in PHASES],
-               "unwise_count"]
+               *[f"working_set_{phase}_gib" for phase in PHASES], "unwise_count"]
     if "step_time_s" in shown:
         columns += ["step_time_s", "tokens_per_s_per_gpu", "mfu"]
     buffer = io.StringIO()
@@ -110,9 +126,81 @@ def phase_lines(fitting, count: int) -> list[str]:
     return lines
 
 
-def plan_table(plan, top: int) -> str:
+def peak_cell(row, capacity_bytes: float) -> str:
+    """``64.6 GiB 81%``: the nvidia-smi peak and its share of the GPU."""
+    return f"{row['peak_bytes'] / GIB:.1f} GiB {100 * row['peak_bytes'] / capacity_bytes:.0f}%"
+
+
+def working_set_bytes(row) -> float:
+    """The allocated working set of the phase that sets the nvidia-smi peak."""
+    phase = row["peak_phase"] if isinstance(row["peak_phase"], str) \
+        else PHASES[int(row["peak_phase"])]
+    return float(row[working_set_column(phase)])
+
+
+def legend_lines(policy) -> list[str]:
+    """What the two memory quantities are, and the band the first is judged against."""
+    return [f"{PEAK_NAME}: {PEAK_MEANING} ({policy.band_text}: --memory-band "
+            f"{policy.option_text}; {FILL_POLICY.option_text} fills the GPU)",
+            f"{WORKING_SET_NAME}: {WORKING_SET_MEANING} (the peak's phase)"]
+
+
+def _seconds_change(new: float, old: float) -> str:
+    return f"{new - old:+.1f} s, {100 * (new - old) / old:+.1f}%"
+
+
+def headroom_lines(plan, fill_plan=None) -> list[str]:
+    """What the band's headroom costs the best layout: its rollout pool and KV cache against
+    the same layout's pool filling the GPU, and the best layout were the GPU filled."""
+    if not len(plan.fitting) or "generate" not in plan.workload.phases:
+        return []
+    best = candidate_dict(plan.fitting.iloc[0])
+    policy = plan.policy
+    capacity = plan.cluster.gpu.memory_bytes
+    head = (f"memory band {policy.band_text} of {plan.cluster.gpu.memory_gib:.1f} GiB, judged "
+            f"on the {PEAK_NAME}: #1 peaks at {best['peak_memory_gib']:.1f} GiB "
+            f"({100 * best['memory_utilization']:.0f}%, "
+            f"{policy.position(best['memory_utilization'])} the band) in {best['peak_phase']}")
+    lines = [head]
+    filled = best.get("fill_gpu")
+    util = best["layout"]["gpu_memory_utilization"]
+    kv = best["rollout"]["kv_cache_tokens_per_gpu"]
+    if filled and not policy.fills_gpu:
+        if filled["gpu_memory_utilization"] > util:
+            lines.append(
+                f"cost of the headroom, same layout: rollout gpu_memory_utilization {util:.2f} "
+                f"holds {kv:,} KV tokens/GPU; filling the GPU, "
+                f"{filled['gpu_memory_utilization']:.2f} would hold "
+                f"{filled['kv_cache_tokens_per_gpu']:,} ({PEAK_NAME} "
+                f"{filled['peak_memory_gib']:.1f} GiB): generate "
+                f"{best['time_s']['generate']:.1f} s -> {filled['generate_s']:.1f} s, step "
+                f"{_seconds_change(filled['step_time_s'], best['step_time_s'])}")
+        else:
+            lines.append(
+                f"cost of the headroom, same layout: none in generation -- rollout "
+                f"gpu_memory_utilization {util:.2f} already holds the KV cache of every "
+                f"sequence a rank runs at once ({kv:,} tokens/GPU, "
+                f"{best['rollout']['concurrent_seqs']} sequences); filling the GPU would not "
+                f"speed it up")
+    if fill_plan is not None and len(fill_plan.fitting):
+        other = candidate_dict(fill_plan.fitting.iloc[0])
+        layout = Layout.from_row(fill_plan.fitting.iloc[0].to_dict())
+        text = layout.actor_text(moe=plan.model.is_moe)
+        lines.append(
+            f"filling the GPU (--memory-band {FILL_POLICY.option_text}), the best layout would "
+            f"be {text}; {layout.rollout_text()}: {other['step_time_s']:.1f} s per step "
+            f"({_seconds_change(other['step_time_s'], best['step_time_s'])} vs #1) at "
+            f"{other['peak_memory_gib']:.1f} GiB "
+            f"({100 * other['peak_memory_gib'] * GIB / capacity:.0f}%) in {other['peak_phase']}")
+    return lines
+
+
+def plan_table(plan, top: int, fill_plan=None) -> str:
+    """The ranked table; ``fill_plan``, the same search under the fill-the-GPU band, prices
+    the memory band's headroom."""
     fitting = plan.fitting.head(top)
     model, cluster = plan.model, plan.cluster
+    capacity = cluster.gpu.memory_bytes
     p = model.params
     head = [
         f"model    {model.name}: {p.total / 1e9:.2f}B params ({p.active / 1e9:.2f}B active), "
@@ -125,7 +213,9 @@ def plan_table(plan, top: int) -> str:
         + (f" ({plan.scored or len(plan.candidates):,} actor layouts, rollout chosen per "
            f"layout)"
            if plan.workload.kind == "grpo" else "")
-        + f", {int(plan.candidates['fits'].sum()):,} fit in memory",
+        + f", {int(plan.candidates['fits'].sum()):,} fit in memory, "
+        + f"{int((plan.fitting['memory_utilization'] <= plan.policy.high + 1e-9).sum()):,} "
+        + f"with the {PEAK_NAME} at most {100 * plan.policy.high:.0f}%",
     ]
     line = ranking_line(plan)
     if line:
@@ -139,8 +229,8 @@ def plan_table(plan, top: int) -> str:
             "rollout": f"{record['rollout_tp']}/{record['rollout_dp']}/{record['rollout_ep']}",
             "util": f"{record['gpu_memory_utilization']:.2f}",
             "offload": _offload(record),
-            "peak": f"{record['peak_bytes'] / GIB:.1f}",
-            "mem": f"{100 * record['memory_utilization']:.0f}%",
+            "peak": peak_cell(record, capacity),
+            "working": f"{working_set_bytes(record) / GIB:.1f} GiB",
             "step": f"{record.get('step_time_s', 0):.1f}",
             "tps": f"{record.get('tokens_per_s_per_gpu', 0):.0f}",
             "flags": ",".join(name for name in UNWISE_FLAGS if record[flag_column(name)]) or "-",
@@ -155,20 +245,22 @@ def plan_table(plan, top: int) -> str:
         columns += [("offload", "offload"), ("rollout TP/DP/EP", "rollout"), ("util", "util")]
     if has_time:
         columns += [("step s", "step"), ("tok/s/GPU", "tps")]
-    columns += [("peak GiB", "peak"), ("mem", "mem"), ("peak phase", "peak_phase"),
-                ("flags", "flags")]
+    columns += [(PEAK_NAME, "peak"), ("in phase", "peak_phase"),
+                (WORKING_SET_NAME, "working"), ("flags", "flags")]
     body = format_table(rows, columns) if rows else "no layout fits in GPU memory"
     rejected = ", ".join(f"{name} {count:,}" for name, count in
                          sorted(plan.rejected.items(), key=lambda item: -item[1]))
     tail = phase_lines(fitting, 3)
     if tail:
         tail = ["phase times of the best layouts:"] + tail + [""]
+    if rows:
+        tail += headroom_lines(plan, fill_plan) + legend_lines(plan.policy) + [""]
     tail.append(f"rejected: {rejected}" if rejected else "rejected: none")
     if not rows:
         smallest = plan.candidates.nsmallest(1, "peak_bytes")
         best = smallest.to_dict("records")
         if best:
-            tail.append(f"closest: {best[0]['peak_bytes'] / GIB:.1f} GiB peak in "
+            tail.append(f"closest: {best[0]['peak_bytes'] / GIB:.1f} GiB {PEAK_NAME} in "
                         f"{best[0]['peak_phase']} vs {cluster.gpu.memory_gib:.1f} GiB per GPU; "
                         f"add GPUs or use a larger GPU")
     return "\n".join(head) + "\n\n" + body + "\n\n" + "\n".join(tail)
@@ -176,28 +268,33 @@ def plan_table(plan, top: int) -> str:
 
 def estimate_dict(estimate) -> dict:
     return {"model": estimate.model.name, "cluster": estimate.cluster.to_dict(),
-            "workload": estimate.workload.to_dict(), **candidate_dict(estimate.row)}
+            "workload": estimate.workload.to_dict(), "memory_band": band_dict(estimate.policy),
+            **candidate_dict(estimate.row),
+            "band_position": estimate.policy.position(float(estimate.row["memory_utilization"]))}
 
 
 def estimate_text(estimate) -> str:
     data = estimate_dict(estimate)
+    policy = estimate.policy
     lines = [
         f"{estimate.model.name} on {estimate.cluster.num_gpus} x {estimate.cluster.gpu.name}: "
         f"{estimate.layout.actor_text()}"
         + (f"; {estimate.layout.rollout_text()}"
            if "generate" in estimate.workload.phases else ""),
-        f"fits: {'yes' if data['fits'] else 'NO'} - peak {data['peak_memory_gib']:.2f} GiB "
-        f"({100 * data['memory_utilization']:.0f}% of "
-        f"{estimate.cluster.gpu.memory_gib:.1f} GiB) in {data['peak_phase']} "
-        f"({data['peak_stage']} pipeline stage)",
+        f"fits: {'yes' if data['fits'] else 'NO'} - {PEAK_NAME} {data['peak_memory_gib']:.2f} "
+        f"GiB ({100 * data['memory_utilization']:.0f}% of "
+        f"{estimate.cluster.gpu.memory_gib:.1f} GiB, {data['band_position']} the "
+        f"{policy.band_text} band) in {data['peak_phase']} ({data['peak_stage']} pipeline stage)",
         "",
     ]
     phases = estimate.workload.phases
     rollout_parts = ("ref_weights", "rollout_weights", "kv_cache")
     lines += [
-        "phase peaks (GiB):  " + "  ".join(f"{phase} {gib:.2f}"
-                                           for phase, gib in data["memory_gib"].items()
-                                           if phase in phases),
+        f"{PEAK_NAME} per phase (GiB):       " + "  ".join(
+            f"{phase} {gib:.2f}" for phase, gib in data["memory_gib"].items() if phase in phases),
+        f"{WORKING_SET_NAME} per phase (GiB): " + "  ".join(
+            f"{phase} {gib:.2f}" for phase, gib in data["working_set_gib"].items()
+            if phase in phases),
         "breakdown (GiB):    " + "  ".join(f"{part} {gib:.2f}"
                                            for part, gib in data["breakdown_gib"].items()
                                            if "generate" in phases or part not in rollout_parts),
@@ -206,6 +303,14 @@ def estimate_text(estimate) -> str:
         lines.append(f"rollout:            {data['rollout']['kv_cache_tokens_per_gpu']:,} KV "
                      f"tokens per GPU, {data['rollout']['concurrent_seqs']} sequences at once, "
                      f"{data['rollout']['seqs_per_rank']} per rank")
+        filled = data.get("fill_gpu")
+        if filled and filled["gpu_memory_utilization"] > estimate.layout.gpu_memory_utilization:
+            lines.append(f"filling the GPU:    gpu_memory_utilization "
+                         f"{filled['gpu_memory_utilization']:.2f}, "
+                         f"{filled['kv_cache_tokens_per_gpu']:,} KV tokens per GPU, {PEAK_NAME} "
+                         f"{filled['peak_memory_gib']:.2f} GiB: generate "
+                         f"{data['time_s']['generate']:.2f} -> {filled['generate_s']:.2f} s, "
+                         f"step {data['step_time_s']:.2f} -> {filled['step_time_s']:.2f} s")
     if "time_s" in data:
         lines.append("time (s):           " + "  ".join(
             f"{phase} {sec:.2f} ({100 * data['time_share'][phase]:.0f}%)"

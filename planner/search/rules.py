@@ -291,9 +291,9 @@ def unwise_flags(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                  cols: Columns, policy: MemoryPolicy = DEFAULT_POLICY) -> dict[str, np.ndarray]:
     """Legal layouts that are slow for a known reason; the ranking penalises each flag.
 
-    ``memory_tight``: a phase other than generation (update, log-prob, weight sync) above the
-    policy's tight level -- the model's fixed overheads are estimates, and verl's responses vary
-    in length step to step (the rollout fills its budget on purpose)."""
+    ``memory_tight``: the nvidia-smi peak (``peak_fraction`` of the GPU, any phase, vLLM's
+    pool included) above the memory policy's band -- users hold jobs to the band, the model's
+    fixed overheads are estimates, and verl's responses vary in length step to step."""
     domain = cluster.fast_domain_gpus
     m = update_batches(workload, cols).count
     return {
@@ -304,7 +304,7 @@ def unwise_flags(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
         & (workload.sequence_length // cols["cp"] < SHORT_SEQUENCE_PER_CP_TOKENS),
         # fewer micro-batches than stages leaves the 1F1B pipeline mostly idle
         "pipeline_starved": (cols["pp"] > 1) & (m < cols["pp"]),
-        # a training-phase peak this close to capacity OOMs on a long response or fragmentation
-        "memory_tight": np.zeros(len(cols["tp"]), dtype=bool) if "train_peak_fraction" not in cols
-        else cols["train_peak_fraction"] > policy.tight,
+        # a peak above the band OOMs on a long response or fragmentation
+        "memory_tight": np.zeros(len(cols["tp"]), dtype=bool) if "peak_fraction" not in cols
+        else cols["peak_fraction"] > policy.high + 1e-9,
     }

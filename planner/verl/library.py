@@ -4,9 +4,14 @@
 directory
 per pair, ``configs/<model>_<gpus>x<gpu>/`` with ``run_grpo.sh``, ``grpo.yaml`` and ``plan.json``
 (the files ``plan-parallel ... --write`` writes for the top-ranked layout), and
-``configs/README.md``, an index table.  ``--check`` compares instead of writing (exit 1 on any
-difference).  A test checks that the committed files are what the current planner produces and
-that each one passes ``plan-parallel validate``.
+``configs/README.md``, an index table.  Every config is planned under the default memory policy
+(:data:`planner.policy.DEFAULT_POLICY`): its nvidia-smi peak sits inside the band, or its README
+row states why not, a reason the plan itself proves (no layout fits below the band's top; or
+the fastest layout is below the band and every layout that uses more memory is slower).
+``--check`` compares instead of writing and enforces the policy on the committed files (exit 1
+on any difference or on a config outside the band without a reason).  A test checks that the
+committed files are what the current planner produces and that each one passes
+``plan-parallel validate``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import builtin_model
 from planner.catalog.workload import GrpoWorkload
 from planner.plan import make_plan
+from planner.policy import DEFAULT_POLICY, PEAK_NAME, WORKING_SET_NAME, MemoryPolicy
 from planner.verl.export import job_from_plan
 from planner.verl.files import render_config, render_plan_json, render_script
 from planner.verl.keys import CONFIG_FILE, PLAN_FILE, SCRIPT_FILE, VERL_VERSION
@@ -62,19 +68,53 @@ ENTRIES = (
 )
 
 
-def plan_entry(entry: Entry):
-    """The exported job for the entry's top-ranked layout."""
+def plan_entry(entry: Entry, policy: MemoryPolicy = DEFAULT_POLICY):
+    """The exported job for the entry's top-ranked layout, and the reason it sits outside the
+    memory band (``""`` inside; ``None`` when the plan cannot justify it)."""
     cluster = ClusterSpec(get_gpu(entry.gpu), entry.gpus, min(8, entry.gpus))
-    plan = make_plan(builtin_model(entry.model), cluster, entry.workload)
-    return job_from_plan(plan, 1)
+    plan = make_plan(builtin_model(entry.model), cluster, entry.workload, policy=policy)
+    job = job_from_plan(plan, 1)
+    return job, band_reason(plan, job.prediction, policy)
+
+
+def band_reason(plan, prediction: dict, policy: MemoryPolicy = DEFAULT_POLICY) -> str | None:
+    """Why the top layout's nvidia-smi peak is outside the band, as the plan proves it: ``""``
+    inside the band, ``None`` when nothing justifies it."""
+    share = prediction["memory_utilization"]
+    position = policy.position(share)
+    fitting = plan.fitting
+    if position == "inside":
+        return ""
+    if position == "above":
+        lowest = float(fitting["memory_utilization"].min())
+        if lowest > policy.high:
+            return (f"no layout fits below {100 * policy.high:.0f}%: the lowest {PEAK_NAME} "
+                    f"is {100 * lowest:.0f}%")
+        return None
+    using = fitting[fitting["memory_utilization"] >= policy.low]
+    if not len(using):
+        return f"no layout reaches {100 * policy.low:.0f}%"
+    fastest = float(using["step_time_s"].min())
+    if fastest > prediction["step_time_s"]:
+        return (f"the fastest layout; every layout using more memory is slower (best "
+                f"{fastest:.0f} s)")
+    return None
 
 
 def layout_text(job) -> str:
     return job.layout.actor_text(moe=job.model.is_moe)
 
 
-def index_text(jobs: list[tuple[Entry, object]]) -> str:
-    workloads = sorted({entry.workload.describe() for entry, _ in jobs})
+def band_cell(prediction: dict, reason: str | None, policy: MemoryPolicy) -> str:
+    position = policy.position(prediction["memory_utilization"])
+    if position == "inside":
+        return "inside"
+    return f"{position}: {reason}" if reason else f"{position}, no reason"
+
+
+def index_text(jobs: list[tuple[Entry, object, str | None]],
+               policy: MemoryPolicy = DEFAULT_POLICY) -> str:
+    workloads = sorted({entry.workload.describe() for entry, _, _ in jobs})
     lines = [
         "# Recommended verl GRPO configs (Megatron backend)",
         "",
@@ -86,20 +126,26 @@ def index_text(jobs: list[tuple[Entry, object]]) -> str:
         "`--config-path/--config-name`) and `plan.json` (layout and predictions).",
         "",
         "Workload: " + "; ".join(workloads) + ".",
-        "Peak memory is per GPU in the most demanding GRPO phase; throughput is the predicted "
-        "tokens (prompt + response) per second per GPU.",
+        f"Memory policy: the {PEAK_NAME} (what nvidia-smi shows: vLLM's whole "
+        f"`gpu_memory_utilization` pool and the state resident during rollout included) sits in "
+        f"the {policy.band_text} band, or the band column says why not "
+        f"(`python -m planner.verl.library --check` enforces it).  The {WORKING_SET_NAME} is "
+        f"what the tensors of that phase occupy.  Throughput is the predicted tokens "
+        f"(prompt + response) per second per GPU.",
         "",
-        "| model | GPUs | layout | rollout (vLLM) | peak memory | throughput | step time | "
-        "config |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| model | GPUs | layout | rollout (vLLM) | {PEAK_NAME} | {WORKING_SET_NAME} | "
+        f"band {policy.band_text} | throughput | step time | config |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for entry, job in jobs:
+    for entry, job, reason in jobs:
         lay, pred = job.layout, job.prediction
         lines.append(
             f"| {entry.model} | {entry.gpus} x {entry.gpu} | {layout_text(job)} | "
             f"TP{lay.rollout_tp} DP{lay.rollout_dp} EP{lay.rollout_ep}, util "
             f"{lay.gpu_memory_utilization:.2f} | {pred['peak_memory_gib']:.1f} GiB "
             f"({100 * pred['memory_utilization']:.0f}%, {pred['peak_phase']}) | "
+            f"{pred['working_set_gib'][pred['peak_phase']]:.1f} GiB | "
+            f"{band_cell(pred, reason, policy)} | "
             f"{pred['tokens_per_s_per_gpu']:.0f} tok/s/GPU | {pred['step_time_s']:.0f} s | "
             f"[{entry.directory}]({entry.directory}/) |")
     return "\n".join(lines) + "\n"
@@ -109,13 +155,43 @@ def render_library(entries=ENTRIES) -> dict[str, str]:
     """Every library file, relative path -> text."""
     files, jobs = {}, []
     for entry in entries:
-        job = plan_entry(entry)
-        jobs.append((entry, job))
+        job, reason = plan_entry(entry)
+        jobs.append((entry, job, reason))
         files[f"{entry.directory}/{SCRIPT_FILE}"] = render_script(job)
         files[f"{entry.directory}/{CONFIG_FILE}"] = render_config(job)
         files[f"{entry.directory}/{PLAN_FILE}"] = render_plan_json(job)
     files[INDEX_FILE] = index_text(jobs)
     return files
+
+
+def band_problems(out: Path, entries=ENTRIES,
+                  policy: MemoryPolicy = DEFAULT_POLICY) -> list[str]:
+    """Committed configs outside the memory band whose README row gives no reason."""
+    import json
+
+    index = out / INDEX_FILE
+    rows = index.read_text().splitlines() if index.is_file() else []
+    problems = []
+    for entry in entries:
+        path = out / entry.directory / PLAN_FILE
+        if not path.is_file():
+            continue
+        try:
+            share = float(json.loads(path.read_text())["prediction"]["memory_utilization"])
+        except (ValueError, KeyError, TypeError):
+            problems.append(f"{path}: no predicted memory_utilization to judge")
+            continue
+        position = policy.position(share)
+        if position == "inside":
+            continue
+        row = next((line for line in rows if f"]({entry.directory}/)" in line), "")
+        cells = [cell.strip() for cell in row.split("|")]
+        if not any(cell.startswith(f"{position}: ") and len(cell) > len(position) + 2
+                   for cell in cells):
+            problems.append(f"{entry.directory}: {PEAK_NAME} {100 * share:.0f}% is {position} "
+                            f"the {policy.band_text} band and its {INDEX_FILE} row gives no "
+                            f"reason")
+    return problems
 
 
 def differences(out: Path, files: dict[str, str]) -> list[str]:
@@ -156,7 +232,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     files = render_library()
     if args.check:
-        problems = differences(out, files)
+        problems = differences(out, files) + band_problems(out)
         for problem in problems:
             print(problem, file=sys.stderr)
         return 1 if problems else 0
