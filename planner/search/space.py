@@ -45,6 +45,11 @@ BATCH_RULES = ("batch_divides_dp", "mini_batch_divides_dp", "micro_batch_divides
 ROLLOUT_RULES = ("rollout_tp_divides_heads", "rollout_tp_kv_heads", "rollout_world",
                  "rollout_ep", "rollout_dp_moe_only")
 assert set(PARALLEL_RULES + BATCH_RULES + ROLLOUT_RULES) == {rule.name for rule in RULES}
+# the parallel rules RULES lists before the pipeline split, which do not read the split columns
+SPLIT_FREE_RULES = ("world_size", "tp_divides_heads", "tp_divides_query_groups",
+                    "tp_divides_ffn")
+SPLIT_RULES = tuple(name for name in PARALLEL_RULES if name not in SPLIT_FREE_RULES)
+assert [rule.name for rule in RULES][:len(SPLIT_FREE_RULES)] == list(SPLIT_FREE_RULES)
 
 
 @dataclass(frozen=True)
@@ -97,20 +102,23 @@ class SearchSpace:
 
 
 def _count(rejected: dict[str, int], names: tuple[str, ...], broken: dict[str, np.ndarray],
-           weight: int) -> np.ndarray:
-    """Add each layout to the first rule it breaks (times ``weight``); return the valid mask."""
+           weight: "int | np.ndarray") -> np.ndarray:
+    """Add each layout to the first rule it breaks (times ``weight``, one for all or one per
+    layout); return the valid mask."""
     rules = tuple(rule for rule in RULES if rule.name in names)
     stack = {rule.name: broken[rule.name] for rule in rules}
     order = [rule.name for rule in rules]
     first = first_violation(stack, order)
     for index, name in enumerate(order):
-        count = int((first == index).sum())
+        count = int(np.sum(np.where(first == index, weight, 0)))
         if count:
-            rejected[name] = rejected.get(name, 0) + count * weight
+            rejected[name] = rejected.get(name, 0) + count
     return first < 0
 
 
-def parallel_options(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions) -> Columns:
+def parallel_grid(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions) -> Columns:
+    """Every combination of the parallel sizes (TP, PP, VPP, CP, EP, ETP) and the DP they
+    leave, before the ways of splitting the layers are added."""
     world = cluster.num_gpus
     sizes = divisors(world)
     fixed = dict(options.fixed)
@@ -127,7 +135,18 @@ def parallel_options(model: ModelSpec, cluster: ClusterSpec, options: SearchOpti
             grid[name] = [value]
     cols = _grid(**grid)
     cols["dp"] = world // (cols["tp"] * cols["pp"] * cols["cp"])
-    return _with_split_candidates(model, cols)
+    return cols
+
+
+def parallel_options(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions) -> Columns:
+    return _with_split_candidates(model, parallel_grid(model, cluster, options))
+
+
+def _split_counts(model: ModelSpec, pp: np.ndarray) -> np.ndarray:
+    """How many split candidates each PP value gets (:func:`_with_split_candidates`)."""
+    sizes, which = np.unique(pp, return_inverse=True)
+    return np.array([len(split_candidates(model.num_layers, int(size))) for size in sizes],
+                    dtype=np.int64)[which.reshape(-1)]
 
 
 def _with_split_candidates(model: ModelSpec, cols: Columns) -> Columns:
@@ -202,11 +221,9 @@ def _cross(left: Columns, right: Columns) -> Columns:
 def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                 options: SearchOptions = SearchOptions()) -> SearchSpace:
     rejected: dict[str, int] = {}
-    parallel = parallel_options(model, cluster, options)
     knobs = knob_options(options, workload)
     rollouts = rollout_options(model, cluster, options)
     n_knobs, n_rollouts = len(knobs["micro_batch"]), len(rollouts["rollout_tp"])
-    enumerated = len(parallel["tp"]) * n_knobs * n_rollouts
 
     # Rollout options first: their validity does not depend on the actor.
     rollout_rejected: dict[str, int] = {}
@@ -215,8 +232,18 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                         violations(model, cluster, workload, probe, _rules(ROLLOUT_RULES)), 1)
     rollouts = _take(rollouts, rollout_ok)
 
-    broken = violations(model, cluster, workload, parallel, _rules(PARALLEL_RULES))
-    ok = _count(rejected, PARALLEL_RULES, broken, n_knobs * n_rollouts)
+    # The rules ahead of the split in RULES' order do not depend on it: rejecting those rows
+    # before the split candidates are added gives the same counts at a fraction of the rows
+    # (most combinations of divisors break world_size).
+    grid = parallel_grid(model, cluster, options)
+    weight = _split_counts(model, grid["pp"]) * (n_knobs * n_rollouts)
+    broken = violations(model, cluster, workload, grid, _rules(SPLIT_FREE_RULES))
+    ok = _count(rejected, SPLIT_FREE_RULES, broken, weight)
+    parallel = _with_split_candidates(model, _take(grid, ok))
+    enumerated = int(weight.sum())
+
+    broken = violations(model, cluster, workload, parallel, _rules(SPLIT_RULES))
+    ok = _count(rejected, SPLIT_RULES, broken, n_knobs * n_rollouts)
     parallel = _take(parallel, ok)
 
     actor = _cross(parallel, knobs)
