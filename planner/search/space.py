@@ -71,6 +71,17 @@ class SearchOptions:
     gpu_memory_utilization: float | None = None  # None: picked per layout
     # Pin any layout field to one value, e.g. {"tp": 4}; used by `estimate`-style queries.
     fixed: tuple[tuple[str, int], ...] = ()
+    # Explicit combinations instead of the grids above (a sizing sweep's probes and refinements,
+    # planner.sizing): knob_rows are KNOB_FIELDS tuples (recompute by name), parallel_rows
+    # PARALLEL_FIELDS tuples (each with its layer split).  None: the grids.
+    knob_rows: tuple[tuple, ...] | None = None
+    parallel_rows: tuple[tuple, ...] | None = None
+
+
+KNOB_FIELDS = ("micro_batch", "recompute", "param_offload", "optimizer_offload",
+               "ref_param_offload", "optimizer_cpu_fraction")
+PARALLEL_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "first_stage_layers",
+                   "last_stage_layers", "account_embedding", "account_loss")
 
 
 def divisors(n: int) -> list[int]:
@@ -81,6 +92,11 @@ def _grid(**options) -> Columns:
     names = list(options)
     mesh = np.meshgrid(*[np.asarray(options[name]) for name in names], indexing="ij")
     return {name: axis.ravel() for name, axis in zip(names, mesh)}
+
+
+def _rows(names: tuple[str, ...], rows: tuple[tuple, ...]) -> Columns:
+    return {name: np.array([row[i] for row in rows]) if rows else np.zeros(0, dtype=np.int64)
+            for i, name in enumerate(names)}
 
 
 def _take(cols: Columns, mask: np.ndarray) -> Columns:
@@ -118,8 +134,15 @@ def _count(rejected: dict[str, int], names: tuple[str, ...], broken: dict[str, n
 
 def parallel_grid(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions) -> Columns:
     """Every combination of the parallel sizes (TP, PP, VPP, CP, EP, ETP) and the DP they
-    leave, before the ways of splitting the layers are added."""
+    leave, before the ways of splitting the layers are added (``options.parallel_rows``: those
+    rows, splits included)."""
     world = cluster.num_gpus
+    if options.parallel_rows is not None:
+        cols = _rows(PARALLEL_FIELDS, options.parallel_rows)
+        for name in ("account_embedding", "account_loss"):
+            cols[name] = cols[name].astype(bool)
+        cols["dp"] = world // np.maximum(cols["tp"] * cols["pp"] * cols["cp"], 1)
+        return cols
     sizes = divisors(world)
     fixed = dict(options.fixed)
     grid = dict(
@@ -144,9 +167,12 @@ def parallel_options(model: ModelSpec, cluster: ClusterSpec, options: SearchOpti
 
 def _split_counts(model: ModelSpec, pp: np.ndarray) -> np.ndarray:
     """How many split candidates each PP value gets (:func:`_with_split_candidates`)."""
-    sizes, which = np.unique(pp, return_inverse=True)
-    return np.array([len(split_candidates(model.num_layers, int(size))) for size in sizes],
-                    dtype=np.int64)[which.reshape(-1)]
+    if len(pp) == 0:
+        return np.zeros(0, dtype=np.int64)
+    table = np.zeros(int(pp.max()) + 1, dtype=np.int64)
+    for size in np.flatnonzero(np.bincount(pp)):
+        table[size] = len(split_candidates(model.num_layers, int(size)))
+    return table[pp]
 
 
 def _with_split_candidates(model: ModelSpec, cols: Columns) -> Columns:
@@ -176,6 +202,20 @@ def knob_options(options: SearchOptions, workload=None) -> Columns:
     left to park."""
     fixed = dict(options.fixed)
     needs_reference = getattr(workload, "needs_reference", True)
+    if options.knob_rows is not None:
+        cols = _rows(KNOB_FIELDS, tuple(dict.fromkeys(options.knob_rows)))
+        cols["recompute"] = np.array([RECOMPUTE.index(r) for r in cols["recompute"]],
+                                     dtype=np.int64)
+        for name in ("param_offload", "optimizer_offload", "ref_param_offload"):
+            cols[name] = cols[name].astype(bool)
+        cols["optimizer_cpu_fraction"] = cols["optimizer_cpu_fraction"].astype(np.float64)
+        keep = np.ones(len(cols["micro_batch"]), dtype=bool)
+        for name, value in fixed.items():
+            if name in cols:
+                keep &= cols[name] == value
+        if not needs_reference:
+            keep &= ~cols["ref_param_offload"]
+        return _take(cols, keep)
     grid = dict(
         micro_batch=list(options.micro_batches),
         recompute=[RECOMPUTE.index(r) for r in options.recompute],
@@ -236,10 +276,12 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     # before the split candidates are added gives the same counts at a fraction of the rows
     # (most combinations of divisors break world_size).
     grid = parallel_grid(model, cluster, options)
-    weight = _split_counts(model, grid["pp"]) * (n_knobs * n_rollouts)
+    explicit = options.parallel_rows is not None  # rows that carry their split already
+    weight = (np.ones_like(grid["pp"]) if explicit
+              else _split_counts(model, grid["pp"])) * (n_knobs * n_rollouts)
     broken = violations(model, cluster, workload, grid, _rules(SPLIT_FREE_RULES))
     ok = _count(rejected, SPLIT_FREE_RULES, broken, weight)
-    parallel = _with_split_candidates(model, _take(grid, ok))
+    parallel = _take(grid, ok) if explicit else _with_split_candidates(model, _take(grid, ok))
     enumerated = int(weight.sum())
 
     broken = violations(model, cluster, workload, parallel, _rules(SPLIT_RULES))

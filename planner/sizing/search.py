@@ -1,0 +1,139 @@
+"""The best layout for one GPU type and GPU count, cheap enough to sweep dozens of counts.
+
+A plan (:func:`planner.plan.make_plan`) crosses every parallel layout with every combination of
+the per-GPU knobs (micro-batch, recompute, the three offloads, the CPU optimizer: 144 with the
+default options) and scores them all.  A sizing sweep needs one answer per count -- the best
+layout that fits, or the closest miss -- so it asks the plan twice, on smaller spaces:
+
+1. **probe**: every parallel layout with a few knob settings (:func:`probe_knobs`): no recompute
+   or offload at each micro-batch (the fastest training), the optimizer and reference parked
+   during the rollout (more KV cache), everything parked, and the most frugal settings;
+2. **refine**: the :data:`REFINE` best parallel layouts of the probe with every knob setting.
+
+Every probe row is among the refined rows and keeps its score (the rollout is chosen per
+layout), so the answer is never worse than the best probe, and it is the full plan's answer
+whenever the plan's best parallel layout ranks among the probe's top :data:`REFINE`
+(``benchmarks/sizing_speed.py --check`` compares the two).
+
+When no probe fits, the frugal settings alone decide: micro-batch 1, full recompute, every
+offload combination over every parallel layout.  Memory falls with each of them (a smaller
+micro-batch or token budget, fewer activations kept, less state resident), so a count where
+none of those fits has no layout that fits, and the one with the smallest peak is the plan's
+closest miss.  Tests compare both with full plans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from planner.catalog.hardware import ClusterSpec
+from planner.catalog.models import ModelSpec
+from planner.plan import Plan, Workload, make_plan
+from planner.policy import DEFAULT_POLICY, MemoryPolicy
+from planner.search.layout import RECOMPUTE
+from planner.search.space import PARALLEL_FIELDS, SearchOptions
+
+REFINE = 16  # parallel layouts of the probe that get every knob setting
+
+
+@dataclass(frozen=True)
+class CountResult:
+    """One GPU type and count: the best layout that fits, or why none does."""
+
+    cluster: ClusterSpec
+    valid: int  # layouts that obey every rule (in the spaces searched; 0: none at this count)
+    best: dict | None  # the best fitting layout's cost-model row (plan columns), None if none
+    closest: dict | None  # when none fits: the layout with the smallest peak (its row)
+    scored: int  # actor layouts scored over both stages
+    rejected: dict[str, int] = field(default_factory=dict)  # of the probe space, by rule
+
+    @property
+    def fits(self) -> bool:
+        return self.best is not None
+
+
+def _pinned(options: SearchOptions, name: str, values: tuple) -> tuple:
+    fixed = dict(options.fixed)
+    return (fixed[name],) if name in fixed else tuple(values)
+
+
+def _knob_values(options: SearchOptions) -> dict[str, tuple]:
+    return {
+        "micro_batch": _pinned(options, "micro_batch", options.micro_batches),
+        "recompute": tuple(sorted(options.recompute, key=RECOMPUTE.index)),
+        "param_offload": _pinned(options, "param_offload", sorted(options.offload)),
+        "optimizer_offload": _pinned(options, "optimizer_offload", sorted(options.offload)),
+        "ref_param_offload": _pinned(options, "ref_param_offload",
+                                     sorted(options.ref_param_offload)),
+        "optimizer_cpu_fraction": tuple(sorted(options.optimizer_cpu_fraction)),
+    }
+
+
+def probe_knobs(options: SearchOptions) -> tuple[tuple, ...]:
+    """The knob settings of the probe stage (:data:`KNOB_FIELDS` tuples), drawn from the values
+    ``options`` allows."""
+    v = _knob_values(options)
+    mbs, fastest, frugal = v["micro_batch"], v["recompute"][0], v["recompute"][-1]
+    middle = mbs[len(mbs) // 2]
+    no_p, all_p = v["param_offload"][0], v["param_offload"][-1]
+    no_o, all_o = v["optimizer_offload"][0], v["optimizer_offload"][-1]
+    no_r, all_r = v["ref_param_offload"][0], v["ref_param_offload"][-1]
+    gpu_optimizer, cpu_optimizer = v["optimizer_cpu_fraction"][0], v["optimizer_cpu_fraction"][-1]
+    rows = [(mb, fastest, no_p, no_o, no_r, gpu_optimizer) for mb in mbs]
+    rows += [(middle, fastest, no_p, all_o, all_r, gpu_optimizer),
+             (middle, fastest, all_p, all_o, all_r, gpu_optimizer),
+             (mbs[0], frugal, all_p, all_o, all_r, gpu_optimizer),
+             (mbs[0], frugal, all_p, no_o, all_r, cpu_optimizer)]
+    return tuple(dict.fromkeys(rows))
+
+
+def frugal_knobs(options: SearchOptions) -> tuple[tuple, ...]:
+    """The smallest micro-batch and the most recompute with every offload combination: the
+    settings that decide whether anything fits."""
+    v = _knob_values(options)
+    return tuple((v["micro_batch"][0], v["recompute"][-1], p, o, r, cpu)
+                 for p in v["param_offload"] for o in v["optimizer_offload"]
+                 for r in v["ref_param_offload"] for cpu in v["optimizer_cpu_fraction"])
+
+
+def _plain(value):
+    return value.item() if hasattr(value, "item") else value
+
+
+def _parallel_rows(plan: Plan, count: int) -> tuple[tuple, ...]:
+    """The first ``count`` distinct parallel layouts (with their split) among the plan's fitting
+    layouts, best first."""
+    distinct = plan.fitting[list(PARALLEL_FIELDS)].drop_duplicates().head(count)
+    return tuple(tuple(_plain(value) for value in row)
+                 for row in distinct.itertuples(index=False, name=None))
+
+
+def _first(plan: Plan) -> dict | None:
+    records = plan.candidates.head(1).to_dict("records")
+    return records[0] if records else None
+
+
+def best_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                options: SearchOptions = SearchOptions(), calibration: dict | None = None,
+                policy: MemoryPolicy = DEFAULT_POLICY, refine: int = REFINE) -> CountResult:
+    """The best layout that fits ``cluster``, or the closest miss (see the module docstring)."""
+    def plan(knobs=None, parallel=None) -> Plan:
+        return make_plan(model, cluster, workload,
+                         replace(options, knob_rows=knobs, parallel_rows=parallel),
+                         calibration, policy)
+
+    probe = plan(knobs=probe_knobs(options))
+    scored = probe.scored
+    if not len(probe.fitting):
+        frugal = plan(knobs=frugal_knobs(options))
+        scored += frugal.scored
+        if not len(frugal.fitting):
+            closest = min((p for p in (probe, frugal) if len(p.candidates)),
+                          key=lambda p: float(p.candidates["peak_bytes"].iloc[0]), default=None)
+            return CountResult(cluster=cluster, valid=max(probe.valid, frugal.valid), best=None,
+                               closest=None if closest is None else _first(closest),
+                               scored=scored, rejected=probe.rejected)
+        probe = frugal
+    refined = plan(parallel=_parallel_rows(probe, refine))
+    return CountResult(cluster=cluster, valid=probe.valid, best=_first(refined), closest=None,
+                       scored=scored + refined.scored, rejected=probe.rejected)
