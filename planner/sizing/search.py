@@ -34,6 +34,7 @@ from planner.search.layout import RECOMPUTE
 from planner.search.space import PARALLEL_FIELDS, SearchOptions
 
 REFINE = 16  # parallel layouts of the probe that get every knob setting
+VPP_REFINE = 4  # of them, the pipelined ones that also get every VPP
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,8 @@ def probe_knobs(options: SearchOptions) -> tuple[tuple, ...]:
     no_r, all_r = v["ref_param_offload"][0], v["ref_param_offload"][-1]
     gpu_optimizer, cpu_optimizer = v["optimizer_cpu_fraction"][0], v["optimizer_cpu_fraction"][-1]
     rows = [(mb, fastest, no_p, no_o, no_r, gpu_optimizer) for mb in mbs]
+    rows += [(mb, fastest, all_p, all_o, all_r, gpu_optimizer) for mb in mbs]
     rows += [(middle, fastest, no_p, all_o, all_r, gpu_optimizer),
-             (middle, fastest, all_p, all_o, all_r, gpu_optimizer),
              (mbs[0], frugal, all_p, all_o, all_r, gpu_optimizer),
              (mbs[0], frugal, all_p, no_o, all_r, cpu_optimizer)]
     return tuple(dict.fromkeys(rows))
@@ -108,6 +109,21 @@ def _parallel_rows(plan: Plan, count: int) -> tuple[tuple, ...]:
                  for row in distinct.itertuples(index=False, name=None))
 
 
+VPP = PARALLEL_FIELDS.index("vpp")
+PP = PARALLEL_FIELDS.index("pp")
+
+
+def _with_vpp(rows: tuple[tuple, ...], options: SearchOptions, count: int) -> tuple[tuple, ...]:
+    """``rows`` and, for the first ``count`` of them with a pipeline, every other VPP the options
+    allow (the rules drop the ones that do not divide the stages)."""
+    if "vpp" in dict(options.fixed):
+        return rows
+    piped = [row for row in rows if row[PP] > 1][:count]
+    extra = [row[:VPP] + (vpp,) + row[VPP + 1:] for row in piped for vpp in options.vpp
+             if vpp != row[VPP]]
+    return tuple(dict.fromkeys(rows + tuple(extra)))
+
+
 def _first(plan: Plan) -> dict | None:
     records = plan.candidates.head(1).to_dict("records")
     return records[0] if records else None
@@ -117,12 +133,14 @@ def best_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                 options: SearchOptions = SearchOptions(), calibration: dict | None = None,
                 policy: MemoryPolicy = DEFAULT_POLICY, refine: int = REFINE) -> CountResult:
     """The best layout that fits ``cluster``, or the closest miss (see the module docstring)."""
-    def plan(knobs=None, parallel=None) -> Plan:
+    def plan(knobs=None, parallel=None, vpp=options.vpp) -> Plan:
         return make_plan(model, cluster, workload,
-                         replace(options, knob_rows=knobs, parallel_rows=parallel),
+                         replace(options, knob_rows=knobs, parallel_rows=parallel, vpp=vpp),
                          calibration, policy)
 
-    probe = plan(knobs=probe_knobs(options))
+    # VPP only adds activation memory (Megatron's interleaving penalty) and trims the update's
+    # bubble: the probe leaves it at 1, the refinement tries the others
+    probe = plan(knobs=probe_knobs(options), vpp=(1,))
     scored = probe.scored
     if not len(probe.fitting):
         frugal = plan(knobs=frugal_knobs(options))
@@ -134,6 +152,6 @@ def best_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                                closest=None if closest is None else _first(closest),
                                scored=scored, rejected=probe.rejected)
         probe = frugal
-    refined = plan(parallel=_parallel_rows(probe, refine))
+    refined = plan(parallel=_with_vpp(_parallel_rows(probe, refine), options, VPP_REFINE))
     return CountResult(cluster=cluster, valid=probe.valid, best=_first(refined), closest=None,
                        scored=scored + refined.scored, rejected=probe.rejected)
