@@ -76,12 +76,14 @@ class SearchOptions:
     # PARALLEL_FIELDS tuples (each with its layer split).  None: the grids.
     knob_rows: tuple[tuple, ...] | None = None
     parallel_rows: tuple[tuple, ...] | None = None
+    rollout_rows: tuple[tuple, ...] | None = None  # ROLLOUT_FIELDS tuples
 
 
 KNOB_FIELDS = ("micro_batch", "recompute", "param_offload", "optimizer_offload",
                "ref_param_offload", "optimizer_cpu_fraction")
 PARALLEL_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "first_stage_layers",
                    "last_stage_layers", "account_embedding", "account_loss")
+ROLLOUT_FIELDS = ("rollout_tp", "rollout_dp", "rollout_ep")
 
 
 def divisors(n: int) -> list[int]:
@@ -243,9 +245,10 @@ def rollout_options(model: ModelSpec, cluster: ClusterSpec, options: SearchOptio
             eps = {1, tp * dp} if model.is_moe else {1}
             for ep in sorted(eps):
                 combos.append((tp, dp, ep))
-    cols = {name: np.array(values) for name, values in
-            zip(("rollout_tp", "rollout_dp", "rollout_ep"), zip(*combos))}
-    for name in ("rollout_tp", "rollout_dp", "rollout_ep"):
+    if options.rollout_rows is not None:
+        combos = list(dict.fromkeys(options.rollout_rows))
+    cols = _rows(ROLLOUT_FIELDS, tuple(combos))
+    for name in ROLLOUT_FIELDS:
         if name in fixed:
             cols = _take(cols, cols[name] == fixed[name])
     return cols

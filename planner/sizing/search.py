@@ -31,7 +31,7 @@ from planner.catalog.models import ModelSpec
 from planner.plan import Plan, Workload, make_plan
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import RECOMPUTE
-from planner.search.space import PARALLEL_FIELDS, SearchOptions
+from planner.search.space import PARALLEL_FIELDS, ROLLOUT_FIELDS, SearchOptions
 
 REFINE = 16  # parallel layouts of the probe that get every knob setting
 VPP_REFINE = 4  # of them, the pipelined ones that also get every VPP
@@ -101,12 +101,21 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else value
 
 
-def _parallel_rows(plan: Plan, count: int) -> tuple[tuple, ...]:
-    """The first ``count`` distinct parallel layouts (with their split) among the plan's fitting
-    layouts, best first."""
-    distinct = plan.fitting[list(PARALLEL_FIELDS)].drop_duplicates().head(count)
+def _rows(frame) -> tuple[tuple, ...]:
     return tuple(tuple(_plain(value) for value in row)
-                 for row in distinct.itertuples(index=False, name=None))
+                 for row in frame.itertuples(index=False, name=None))
+
+
+def _top(plan: Plan, count: int) -> tuple[tuple[tuple, ...], tuple[tuple, ...]]:
+    """The first ``count`` distinct parallel layouts (with their split) among the plan's fitting
+    layouts, best first, and the rollout options the plan chose for any of their layouts."""
+    fits = plan.candidates["fits"].to_numpy(dtype=bool)
+    fitting = plan.candidates[list(PARALLEL_FIELDS + ROLLOUT_FIELDS)][fits]
+    parallel = fitting[list(PARALLEL_FIELDS)]
+    top = parallel.drop_duplicates().head(count)
+    chosen = fitting[parallel.merge(top, how="left", indicator=True)["_merge"]
+                     .eq("both").to_numpy()]
+    return _rows(top), _rows(chosen[list(ROLLOUT_FIELDS)].drop_duplicates())
 
 
 VPP = PARALLEL_FIELDS.index("vpp")
@@ -125,17 +134,20 @@ def _with_vpp(rows: tuple[tuple, ...], options: SearchOptions, count: int) -> tu
 
 
 def _first(plan: Plan) -> dict | None:
-    records = plan.candidates.head(1).to_dict("records")
-    return records[0] if records else None
+    frame = plan.candidates
+    if not len(frame):
+        return None
+    return {name: _plain(frame[name].iat[0]) for name in frame.columns}
 
 
 def best_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                 options: SearchOptions = SearchOptions(), calibration: dict | None = None,
                 policy: MemoryPolicy = DEFAULT_POLICY, refine: int = REFINE) -> CountResult:
     """The best layout that fits ``cluster``, or the closest miss (see the module docstring)."""
-    def plan(knobs=None, parallel=None, vpp=options.vpp) -> Plan:
+    def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp) -> Plan:
         return make_plan(model, cluster, workload,
-                         replace(options, knob_rows=knobs, parallel_rows=parallel, vpp=vpp),
+                         replace(options, knob_rows=knobs, parallel_rows=parallel,
+                                 rollout_rows=rollouts, vpp=vpp),
                          calibration, policy)
 
     # VPP only adds activation memory (Megatron's interleaving penalty) and trims the update's
@@ -152,6 +164,7 @@ def best_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                                closest=None if closest is None else _first(closest),
                                scored=scored, rejected=probe.rejected)
         probe = frugal
-    refined = plan(parallel=_with_vpp(_parallel_rows(probe, refine), options, VPP_REFINE))
+    parallel, rollouts = _top(probe, refine)
+    refined = plan(parallel=_with_vpp(parallel, options, VPP_REFINE), rollouts=rollouts)
     return CountResult(cluster=cluster, valid=probe.valid, best=_first(refined), closest=None,
                        scored=scored + refined.scored, rejected=probe.rejected)
