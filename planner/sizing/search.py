@@ -30,7 +30,7 @@ from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.plan import Plan, Workload, make_plan
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
-from planner.search.layout import RECOMPUTE
+from planner.search.layout import RECOMPUTE, unique_rows
 from planner.search.space import PARALLEL_FIELDS, ROLLOUT_FIELDS, SearchOptions
 
 REFINE = 16  # parallel layouts of the probe that get every knob setting
@@ -101,21 +101,19 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else value
 
 
-def _rows(frame) -> tuple[tuple, ...]:
-    return tuple(tuple(_plain(value) for value in row)
-                 for row in frame.itertuples(index=False, name=None))
-
-
 def _top(plan: Plan, count: int) -> tuple[tuple[tuple, ...], tuple[tuple, ...]]:
     """The first ``count`` distinct parallel layouts (with their split) among the plan's fitting
     layouts, best first, and the rollout options the plan chose for any of their layouts."""
-    fits = plan.candidates["fits"].to_numpy(dtype=bool)
-    fitting = plan.candidates[list(PARALLEL_FIELDS + ROLLOUT_FIELDS)][fits]
-    parallel = fitting[list(PARALLEL_FIELDS)]
-    top = parallel.drop_duplicates().head(count)
-    chosen = fitting[parallel.merge(top, how="left", indicator=True)["_merge"]
-                     .eq("both").to_numpy()]
-    return _rows(top), _rows(chosen[list(ROLLOUT_FIELDS)].drop_duplicates())
+    frame = plan.candidates
+    fits = frame["fits"].to_numpy(dtype=bool)
+    cols = {name: frame[name].to_numpy()[fits] for name in PARALLEL_FIELDS + ROLLOUT_FIELDS}
+    shapes, inverse = unique_rows(cols, PARALLEL_FIELDS)  # in order of appearance: best first
+    top = [tuple(_plain(shapes[name][i]) for name in PARALLEL_FIELDS)
+           for i in range(min(count, len(shapes["tp"])))]
+    chosen = {name: cols[name][inverse < count] for name in ("tp",) + ROLLOUT_FIELDS}
+    rollouts, _ = unique_rows(chosen, ROLLOUT_FIELDS)
+    return tuple(top), tuple(tuple(_plain(rollouts[name][i]) for name in ROLLOUT_FIELDS)
+                             for i in range(len(rollouts["rollout_tp"])))
 
 
 VPP = PARALLEL_FIELDS.index("vpp")
@@ -137,7 +135,7 @@ def _first(plan: Plan) -> dict | None:
     frame = plan.candidates
     if not len(frame):
         return None
-    return {name: _plain(frame[name].iat[0]) for name in frame.columns}
+    return {name: _plain(value) for name, value in frame.iloc[0].items()}
 
 
 def best_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
