@@ -116,7 +116,7 @@ def test_explicit_rows_score_like_the_full_space():
 @pytest.mark.parametrize("model", ["qwen3-30b", "llama3.1-70b", "qwen2.5-32b"])
 def test_a_gpu_with_more_memory_never_needs_more_gpus(model):
     names = ("l40s", "a100", "h100", "h20", "h200", "b200", "b300")
-    sizing = sweep(model, names, GpuCounts(counts=(1, 2, 4, 8, 16, 32)))
+    sizing = sweep(model, names, SMALL_COUNTS)
     smallest = {summary.gpu: summary.smallest_fit or math.inf for summary in sizing.types}
     gpus = [get_gpu(name) for name in names]
     for small in gpus:

@@ -33,7 +33,7 @@ from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import RECOMPUTE, unique_rows
 from planner.search.space import PARALLEL_FIELDS, ROLLOUT_FIELDS, SearchOptions
 
-REFINE = 16  # parallel layouts of the probe that get every knob setting
+REFINE = 12  # parallel layouts of the probe that get every knob setting
 VPP_REFINE = 4  # of them, the pipelined ones that also get every VPP
 
 
@@ -60,7 +60,7 @@ def _pinned(options: SearchOptions, name: str, values: tuple) -> tuple:
 
 def _knob_values(options: SearchOptions) -> dict[str, tuple]:
     return {
-        "micro_batch": _pinned(options, "micro_batch", options.micro_batches),
+        "micro_batch": _pinned(options, "micro_batch", sorted(options.micro_batches)),
         "recompute": tuple(sorted(options.recompute, key=RECOMPUTE.index)),
         "param_offload": _pinned(options, "param_offload", sorted(options.offload)),
         "optimizer_offload": _pinned(options, "optimizer_offload", sorted(options.offload)),
@@ -80,7 +80,7 @@ def probe_knobs(options: SearchOptions) -> tuple[tuple, ...]:
     no_o, all_o = v["optimizer_offload"][0], v["optimizer_offload"][-1]
     no_r, all_r = v["ref_param_offload"][0], v["ref_param_offload"][-1]
     gpu_optimizer, cpu_optimizer = v["optimizer_cpu_fraction"][0], v["optimizer_cpu_fraction"][-1]
-    rows = [(mb, fastest, no_p, no_o, no_r, gpu_optimizer) for mb in mbs]
+    rows = [(mb, fastest, no_p, no_o, no_r, gpu_optimizer) for mb in mbs[len(mbs) // 2:]]
     rows += [(mb, fastest, all_p, all_o, all_r, gpu_optimizer) for mb in mbs]
     rows += [(middle, fastest, no_p, all_o, all_r, gpu_optimizer),
              (mbs[0], frugal, all_p, all_o, all_r, gpu_optimizer),
@@ -152,10 +152,10 @@ def best_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     # bubble: the probe leaves it at 1, the refinement tries the others
     probe = plan(knobs=probe_knobs(options), vpp=(1,))
     scored = probe.scored
-    if not len(probe.fitting):
+    if not probe.candidates["fits"].any():
         frugal = plan(knobs=frugal_knobs(options))
         scored += frugal.scored
-        if not len(frugal.fitting):
+        if not frugal.candidates["fits"].any():
             closest = min((p for p in (probe, frugal) if len(p.candidates)),
                           key=lambda p: float(p.candidates["peak_bytes"].iloc[0]), default=None)
             return CountResult(cluster=cluster, valid=max(probe.valid, frugal.valid), best=None,
