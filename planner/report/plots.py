@@ -216,6 +216,7 @@ def sizing_figure(rows: list[dict], currency: str = "$"):
     run's cost (GPU-hours without prices) against GPU count, one line per GPU type, with the
     fastest, cheapest, knee and smallest fitting points marked."""
     plt = _pyplot()
+    ticker = require("matplotlib.ticker", "the report's figures")
     figure, (time_axes, cost_axes) = plt.subplots(1, 2, figsize=(11, 4.4))
     priced = any(row["cost"] is not None for row in rows)
     value = "cost" if priced else "gpu_hours"
@@ -241,14 +242,22 @@ def sizing_figure(rows: list[dict], currency: str = "$"):
     for mark, (marker, size) in SIZING_MARKERS.items():  # legend entries for the marks
         time_axes.scatter([], [], marker=marker, s=size, color="white", edgecolors="black",
                           label=mark)
+    counts = sorted({row["num_gpus"] for row in rows if row["fits"]})
     for axes in (time_axes, cost_axes):
         axes.set_xscale("log", base=2)
         axes.set_yscale("log")
         axes.set_xlabel("GPUs")
         axes.grid(alpha=0.3, which="both")
+        if counts:  # label the counts themselves: the doublings of the smallest, if enough
+            doublings = [c for c in counts if (c // counts[0]) & (c // counts[0] - 1) == 0
+                         and c % counts[0] == 0]
+            shown = doublings if len(doublings) >= 3 else counts[::-(-len(counts) // 8)]
+            axes.set_xticks(shown, [str(count) for count in shown])
+            axes.xaxis.set_minor_locator(ticker.NullLocator())
     time_axes.set_ylabel("step time (s)")
     time_axes.set_title("Step time of the best layout")
     cost_axes.set_ylabel(f"cost of the run ({currency})" if priced else "GPU-hours of the run")
     cost_axes.set_title("Cost of the run" if priced else "GPU-hours of the run (no prices)")
     time_axes.legend(fontsize=8)
+    figure.tight_layout()
     return figure

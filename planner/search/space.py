@@ -211,7 +211,14 @@ def knob_options(options: SearchOptions, workload=None) -> Columns:
         for name in ("param_offload", "optimizer_offload", "ref_param_offload"):
             cols[name] = cols[name].astype(bool)
         cols["optimizer_cpu_fraction"] = cols["optimizer_cpu_fraction"].astype(np.float64)
+        # only the values the options allow (a pretraining step has no offload), and the pins
+        allowed = {"recompute": [RECOMPUTE.index(r) for r in options.recompute],
+                   "param_offload": options.offload, "optimizer_offload": options.offload,
+                   "ref_param_offload": options.ref_param_offload,
+                   "optimizer_cpu_fraction": options.optimizer_cpu_fraction}
         keep = np.ones(len(cols["micro_batch"]), dtype=bool)
+        for name, values in allowed.items():
+            keep &= np.isin(cols[name], [fixed.get(name, v) for v in values])
         for name, value in fixed.items():
             if name in cols:
                 keep &= cols[name] == value
