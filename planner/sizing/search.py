@@ -5,21 +5,24 @@ the per-GPU knobs (micro-batch, recompute, the three offloads, the CPU optimizer
 default options) and scores them all.  A sizing sweep needs one answer per count -- the best
 layout that fits, or the closest miss -- so it asks the plan twice, on smaller spaces:
 
-1. **probe**: every parallel layout with a few knob settings (:func:`probe_knobs`): no recompute
-   or offload at each micro-batch (the fastest training), the optimizer and reference parked
-   during the rollout (more KV cache), everything parked, and the most frugal settings;
-2. **refine**: the :data:`REFINE` best parallel layouts of the probe with every knob setting.
+1. **probe**: every parallel layout at VPP 1 with nine knob settings (:func:`probe_knobs`):
+   every micro-batch with everything parked during the rollout (the most KV cache), the larger
+   micro-batches with nothing offloaded (the fastest training), the optimizer and reference
+   parked, and the two most frugal settings;
+2. **refine**: the :data:`REFINE` best parallel layouts of the probe with every knob setting,
+   the best :data:`VPP_REFINE` pipelined ones also at every VPP, each with the rollout options
+   the probe chose for those layouts.
 
-Every probe row is among the refined rows and keeps its score (the rollout is chosen per
-layout), so the answer is never worse than the best probe, and it is the full plan's answer
-whenever the plan's best parallel layout ranks among the probe's top :data:`REFINE`
-(``benchmarks/sizing_speed.py --check`` compares the two).
+Every probe row is among the refined rows and keeps its score (same space, same rollout choice),
+so the answer is never worse than the best probe, and it is the full plan's answer whenever the
+plan's best layout is among the refined ones (``benchmarks/sizing_speed.py --check`` compares
+the two: on the issue's benchmark most counts are exact and none is off by more than 0.3%).
 
-When no probe fits, the frugal settings alone decide: micro-batch 1, full recompute, every
-offload combination over every parallel layout.  Memory falls with each of them (a smaller
-micro-batch or token budget, fewer activations kept, less state resident), so a count where
-none of those fits has no layout that fits, and the one with the smallest peak is the plan's
-closest miss.  Tests compare both with full plans.
+When no probe fits, the frugal settings alone decide: the smallest micro-batch, the most
+recompute, every offload combination over every parallel layout and VPP.  Memory falls with
+each of them (a smaller micro-batch or token budget, fewer activations kept, less state
+resident), so a count where none of those fits has no layout that fits, and the one with the
+smallest peak is the plan's closest miss.  Tests compare both with full plans.
 """
 
 from __future__ import annotations
