@@ -181,6 +181,10 @@ def _with_split_candidates(model: ModelSpec, cols: Columns) -> Columns:
     """Each parallel combination once per way of splitting the layers over its PP
     (:func:`planner.search.pipeline.split_candidates`); the rules reject the ways megatron-core
     refuses."""
+    if len(cols["pp"]) == 0:  # every combination broke a rule ahead of the split
+        empty = np.zeros(0, dtype=np.int64)
+        return {**cols, "first_stage_layers": empty, "last_stage_layers": empty,
+                "account_embedding": empty.astype(bool), "account_loss": empty.astype(bool)}
     sizes = np.unique(cols["pp"])
     tables = [np.array(split_candidates(model.num_layers, int(pp)), dtype=np.int64).reshape(-1, 4)
               for pp in sizes]
