@@ -9,11 +9,12 @@ Layers (each module may import its own layer and those below it, never above)::
     2 search    layouts, rules, the search space
     3 cost      memory, time, FLOPs, efficiency, columns
     4 plan      space -> cost -> ranking
-    5 verl      keys, config, jobs, scripts, export, library
-    6 trials    Optuna studies, launchers (a sibling package)
-    7 report    text/JSON/CSV, HTML, plots
-    8 diagnose  validate, fix, diff, explain, profile
-    9 cli       argument parsing, exit codes
+    5 sizing    GPU counts and types, prices, the sweep over them (plans per count)
+    6 verl      keys, config, jobs, scripts, export, library
+    7 trials    Optuna studies, launchers (a sibling package)
+    8 report    text/JSON/CSV, HTML, plots
+    9 diagnose  validate, fix, diff, explain, profile
+   10 cli       argument parsing, exit codes
 
 Checks: no import cycle between modules (imports inside functions count too), no import of a
 higher layer, and nothing but ``planner.cli`` (and ``planner.__main__``) imports ``planner.cli``.
@@ -30,8 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("planner", "trials")
-LAYERS = ("base", "catalog", "search", "cost", "plan", "verl", "trials", "report", "diagnose",
-          "cli")
+LAYERS = ("base", "catalog", "search", "cost", "plan", "sizing", "verl", "trials", "report",
+          "diagnose", "cli")
 BASE = {"planner", "planner.errors", "planner.bounds", "planner.units", "planner.phases",
         "planner.policy", "planner.extras", "planner.versions"}
 

@@ -302,7 +302,8 @@ if __name__ == "__main__":
 
 # (typical value, sigma of the log, bounds): HBM streaming at decode ~60-80% of the datasheet
 # (vLLM/SGLang decode benchmarks); tens of microseconds per layer of graph replay and ~1-3 ms of
-# scheduling per step (vLLM v1), ~ms more to broadcast each step to TP workers; sub-millisecond per exported tensor; seconds of fixed costs.
+# scheduling per step (vLLM v1), ~ms more to broadcast each step to TP workers;
+# sub-millisecond per exported tensor; seconds of fixed costs.
 RL_PRIORS = {"decode_hbm": (0.7, 0.3, (0.2, 0.95)),
              "decode_layer_s": (20e-6, 1.0, (2e-6, 60e-6)),
              "decode_step_s": (2.5e-3, 1.0, (1e-4, 20e-3)),
@@ -311,8 +312,8 @@ RL_PRIORS = {"decode_hbm": (0.7, 0.3, (0.2, 0.95)),
              "bucketed_tensor_s": (0.1e-3, 1.5, (1e-7, 5e-3)),
              "sync_fixed_s": (1.5, 1.0, (0.1, 20.0)),
              "step_fixed_s": (3.0, 1.0, (0.1, 30.0))}
-RL_SHARED = ("decode_layer_s", "decode_step_s", "decode_tp_step_s", "sync_tensor_s", "bucketed_tensor_s",
-             "sync_fixed_s", "step_fixed_s")
+RL_SHARED = ("decode_layer_s", "decode_step_s", "decode_tp_step_s", "sync_tensor_s",
+             "bucketed_tensor_s", "sync_fixed_s", "step_fixed_s")
 RL_BY_GPU = ("decode_hbm",)
 MAX_LOG_ERROR = float(np.log(10.0))  # an infeasible (infinite) prediction counts as 10x off
 

@@ -33,7 +33,7 @@ def test_the_script_prints_the_graph_by_layer():
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "import_graph.py")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert "0 base" in result.stdout and "9 cli" in result.stdout
+    assert "0 base" in result.stdout and "10 cli" in result.stdout
     assert "0 problem(s)" in result.stderr
 
 

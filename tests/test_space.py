@@ -186,3 +186,23 @@ def test_deepseek_v3_on_1024_gpus_produces_a_plan():
     best = plan.candidates.iloc[0]
     assert best["fits"]
     assert best["ep"] > 1 or best["pp"] > 1  # 671B parameters never fit without them
+
+
+def test_a_space_that_breaks_the_leading_rules_is_empty_and_counted():
+    """Combinations that break a rule ahead of the layer split are rejected before the split
+    candidates are added; when none is left the space is empty and the counts still add up."""
+    space = build_space(resolve_model("qwen3-8b"), cluster(24), GrpoWorkload(),
+                        SearchOptions(fixed=(("tp", 3),)))
+    assert len(space) == 0
+    assert space.enumerated == space.valid + sum(space.rejected.values())
+    assert space.rejected["tp_divides_heads"] > 0
+
+
+def test_counts_add_up_for_a_highly_composite_gpu_count():
+    options = SearchOptions(micro_batches=(1,), recompute=("none",), offload=(False,),
+                            ref_param_offload=(False,), optimizer_cpu_fraction=(0.0,))
+    space = build_space(resolve_model("qwen3-30b"), cluster(120), GrpoWorkload(), options)
+    assert len(space) > 0
+    assert space.enumerated == space.valid + sum(space.rejected.values())
+    # every split candidate of every combination is enumerated once
+    assert space.rejected["world_size"] > space.rejected["pipeline_split"] > 0

@@ -19,7 +19,8 @@ MODEL = resolve_model("qwen2.5-7b")
 BASE = Layout(tp=2, dp=4, micro_batch=2, rollout_tp=2, gpu_memory_utilization=0.5)
 
 
-def row(layout=BASE, workload=GrpoWorkload(), model=MODEL, gpus=8):
+def row(layout=BASE, workload=None, model=MODEL, gpus=8):
+    workload = GrpoWorkload() if workload is None else workload
     return estimate_layout(model, cluster(gpus), workload, layout).row
 
 

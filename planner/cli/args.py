@@ -96,22 +96,67 @@ def _shown(text: str, limit: int = 40) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
-def cluster_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+def gpu_counts(text: str):
+    """An argparse type: a GPU count (int), or a sizing sweep's range, list or ``auto`` (the
+    text, read by :func:`planner.sizing.counts.parse_counts` once the node size is known)."""
+    cleaned = str(text).strip()
+    if cleaned.lower() == "auto" or "," in cleaned or "-" in cleaned.lstrip("-+"):
+        return cleaned
+    return integer(1, MAX_GPUS)(text)
+
+
+gpu_counts.__name__ = "GPU count, range or list"
+
+
+def cluster_args(parser: argparse.ArgumentParser, required: bool = True,
+                 sweep: bool = False) -> None:
     group = parser.add_argument_group("model and cluster")
     group.add_argument("--model", type=NAME, required=required,
                        help="catalog name or alias (qwen3-30b, llama3.1-70b, deepseek-v3, ...) "
                             "or a local model directory / config.json")
-    group.add_argument("--gpus", type=integer(1, MAX_GPUS),
-                       help=f"number of GPUs, 1..{MAX_GPUS:,} (default: the local GPUs NVML "
-                            f"reports)")
-    group.add_argument("--gpu-type", type=NAME,
-                       help="GPU catalog name (h100, h200, h20, b200, ...); "
-                                          "default: detected through NVML, else H100-80GB")
+    if sweep:
+        group.add_argument("--gpus", type=gpu_counts,
+                           help=f"number of GPUs, 1..{MAX_GPUS:,} (default: the local GPUs "
+                                f"NVML reports); a range (8-256: every count of whole nodes), "
+                                f"a list (8,16,32) or auto sizes the cluster")
+        group.add_argument("--gpu-type", type=NAME,
+                           help="GPU catalog name (h100, h200, h20, b200, ...), or a list "
+                                "(h100,h200,h20) to size the cluster; default: detected through "
+                                "NVML, else H100-80GB")
+    else:
+        group.add_argument("--gpus", type=integer(1, MAX_GPUS),
+                           help=f"number of GPUs, 1..{MAX_GPUS:,} (default: the local GPUs NVML "
+                                f"reports)")
+        group.add_argument("--gpu-type", type=NAME,
+                           help="GPU catalog name (h100, h200, h20, b200, ...); default: "
+                                "detected through NVML, else H100-80GB")
     group.add_argument("--gpus-per-node", type=integer(1, MAX_GPUS_PER_NODE),
                        help="GPUs per node (default 8, or the detected count)")
     group.add_argument("--host-memory-gib", type=fraction(1, 1 << 20),
                        help="host RAM per node in GiB (default: the GPU type's typical server, "
                             "e.g. 2048 for 8 x H100); offload and the CPU optimizer must fit")
+
+
+def sizing_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "size the cluster (with a range or list of --gpus or --gpu-type, or any flag below)")
+    prices = group.add_mutually_exclusive_group()
+    prices.add_argument("--price", metavar="GPU=PRICE,...",
+                        help="price of one GPU-hour per GPU type, e.g. h100=2.5,h200=3.4 "
+                             "(nothing is built in; without prices, GPU-hours but no cost)")
+    prices.add_argument("--prices", metavar="FILE",
+                        help="the same as a TOML or JSON table: h100 = 2.5 (optionally under "
+                             "[prices], with currency = \"$\")")
+    group.add_argument("--steps", type=integer(1, 1 << 30),
+                       help="training steps of the run (default 100)")
+    group.add_argument("--epochs", type=integer(1, 1 << 20),
+                       help="epochs over --dataset-prompts instead of --steps")
+    group.add_argument("--dataset-prompts", type=integer(1, 1 << 40),
+                       help="prompts in the training set (verl runs floor(prompts / "
+                            "--train-batch-size) steps per epoch)")
+    group.add_argument("--min-scaling", type=fraction(1.0, 16.0, inclusive_low=False),
+                       default=1.5, help="a doubling of GPUs past the knee speeds the step up "
+                                         "less than this (default 1.5)")
 
 
 def memory_band_args(parser: argparse.ArgumentParser) -> None:
@@ -257,11 +302,14 @@ def job_input_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan_parser(sub) -> None:
-    plan = sub.add_parser("plan", help="rank every valid layout (the default command)")
-    cluster_args(plan)
+    plan = sub.add_parser("plan", help="rank every valid layout (the default command); with "
+                                       "a range of --gpus or a list of --gpu-type, size the "
+                                       "cluster")
+    cluster_args(plan, sweep=True)
     workload_args(plan)
     layout_args(plan, required=False)
     memory_band_args(plan)
+    sizing_args(plan)
     output_args(plan, ("table", "json", "csv"))
     plan.add_argument("--top", type=integer(1, 1 << 30), default=10,
                       help="layouts to show (default 10)")
@@ -367,9 +415,10 @@ def _report_parser(sub) -> None:
     parser.add_argument("--png-dir", type=PATH,
                         default=None, help="also write the figures as PNG files")
     parser.add_argument("--force", action="store_true", help="overwrite an existing report")
-    cluster_args(parser, required=False)
+    cluster_args(parser, required=False, sweep=True)
     workload_args(parser)
     memory_band_args(parser)
+    sizing_args(parser)
 
 
 def _tune_parser(sub) -> None:

@@ -11,6 +11,7 @@ from planner.catalog.models import builtin_model, catalog_names, resolve_model
 from planner.cli import inputs
 from planner.cli.args import UsageError
 from planner.cli.codes import ExitCode
+from planner.cli.sizing import cmd_size, sizing_requested
 from planner.errors import InvalidLayoutError, NoFitError
 from planner.plan import estimate_layout, make_plan
 from planner.policy import FILL_POLICY
@@ -29,6 +30,8 @@ from planner.verl.files import write_plan_job
 
 
 def cmd_plan(args) -> int:
+    if sizing_requested(args):
+        return cmd_size(args)
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args)

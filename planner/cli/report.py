@@ -8,9 +8,16 @@ from planner.catalog.models import resolve_model
 from planner.cli import inputs
 from planner.cli.args import UsageError
 from planner.cli.codes import ExitCode
+from planner.cli.sizing import sizing_from_args, sizing_requested
 from planner.errors import NoFitError, PlanInputError
 from planner.plan import make_plan
-from planner.report.html import load_trials, plan_from_sweep, write_report
+from planner.report.html import (
+    load_trials,
+    plan_from_sweep,
+    write_report,
+    write_sizing_report,
+)
+from planner.search.space import SearchOptions
 
 
 def cmd_report(args) -> int:
@@ -25,6 +32,12 @@ def cmd_report(args) -> int:
         if (sweep / "trials.csv").exists():
             trials = load_trials(sweep / "trials.csv")
         output = Path(args.html) if args.html else sweep / "report.html"
+    elif args.model and sizing_requested(args):
+        sizing = sizing_from_args(args, SearchOptions())
+        written = write_sizing_report(sizing, Path(args.html or "report.html"),
+                                      Path(args.png_dir) if args.png_dir else None, args.force)
+        print(f"wrote {written}")
+        return ExitCode.OK if any(row.fits for row in sizing.rows) else ExitCode.NO
     elif args.model:
         plan = make_plan(resolve_model(args.model), inputs.resolve_cluster(args),
                          inputs.workload(args), calibration=calibration, policy=policy)

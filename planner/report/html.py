@@ -135,7 +135,47 @@ def render(plan, trials=None, png_dir: Path | None = None, title: str = "") -> s
 
 
 FIGURES = ("pareto", "memory_breakdown", "phase_times", "trial_history", "outcomes",
-           "predicted_vs_measured")
+           "predicted_vs_measured", "sizing")
+
+
+def render_sizing(sizing, png_dir: Path | None = None, title: str = "") -> str:
+    """A sizing sweep (:mod:`planner.sizing`): the marked points in words, step time and cost
+    against GPU count, and the table of every GPU type and count."""
+    import pandas as pd
+
+    from planner.report.sizing import layout_text, sizing_dict, summary_lines
+
+    data = sizing_dict(sizing)
+    currency = sizing.prices.currency if sizing.prices else "$"
+    table = pd.DataFrame([{
+        "GPU": row["gpu"], "GPUs": row["num_gpus"], "nodes": row["num_nodes"],
+        "step s": None if row["step_time_s"] is None else round(row["step_time_s"], 1),
+        "tokens/s/GPU": None if row["tokens_per_s_per_gpu"] is None
+        else round(row["tokens_per_s_per_gpu"]),
+        "run h": None if row["run_hours"] is None else round(row["run_hours"], 2),
+        "GPU-hours": None if row["gpu_hours"] is None else round(row["gpu_hours"], 1),
+        f"cost ({currency})": None if row["cost"] is None else round(row["cost"], 2),
+        "marks": ", ".join(row["marks"]),
+        "best layout / why none fits": layout_text(sized.layout, sizing.model.is_moe)
+        if sized.layout is not None else (sized.blocked or {}).get("reason", ""),
+    } for row, sized in zip(data["rows"], sizing.rows)])
+    sections = [f"<h1>{html.escape(title or 'plan-parallel: sizing')}</h1>",
+                f"<p>{html.escape(sizing.model.name)}; "
+                f"{html.escape(sizing.workload.describe())}; run: {html.escape(sizing.run.text)}"
+                f".</p>",
+                "<ul>" + "".join(f"<li>{html.escape(line)}</li>"
+                                 for line in summary_lines(sizing)) + "</ul>",
+                "<h2>Step time and cost against GPU count</h2>",
+                _img("sizing", plots.to_png(plots.sizing_figure(data["rows"], currency)),
+                     png_dir),
+                "<h2>Every GPU type and count</h2>",
+                table.to_html(index=False, border=0, na_rep="-")]
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;font-size:12px}td,th{padding:3px 6px;"
+             "border-bottom:1px solid #ddd;text-align:right}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>"
+            f"{html.escape(title or 'plan-parallel: sizing')}</title><style>{style}</style>"
+            f"</head><body>{''.join(sections)}</body></html>")
 
 
 def plan_from_sweep(sweep: Path, calibration: dict | None = None,
@@ -168,17 +208,32 @@ def plan_from_sweep(sweep: Path, calibration: dict | None = None,
     return make_plan(*setting, calibration=calibration, policy=policy)
 
 
-def write_report(plan, output: Path, trials=None, png_dir: Path | None = None,
-                 force: bool = False) -> Path:
-    """Render and write the report; never overwrite without ``force``."""
+def _check_outputs(output: Path, png_dir: Path | None, force: bool) -> None:
     if output.exists() and not force:
         raise PlanInputError(f"{output} exists; pass --force to overwrite it")
     if png_dir is not None and not force and png_dir.is_dir() and any(
             (png_dir / f"{name}.png").exists() for name in FIGURES):
         raise PlanInputError(f"{png_dir} already holds report figures; pass --force to "
                              f"overwrite them")
+
+
+def write_report(plan, output: Path, trials=None, png_dir: Path | None = None,
+                 force: bool = False) -> Path:
+    """Render and write the report; never overwrite without ``force``."""
+    _check_outputs(output, png_dir, force)
     page = render(plan, trials, png_dir,
                   title=f"plan-parallel: {plan.model.name} on {plan.cluster.num_gpus} x "
                         f"{plan.cluster.gpu.name}")
     output.write_text(page)
+    return output
+
+
+def write_sizing_report(sizing, output: Path, png_dir: Path | None = None,
+                        force: bool = False) -> Path:
+    """Render and write a sizing report; never overwrite without ``force``."""
+    _check_outputs(output, png_dir, force)
+    types = ", ".join(summary.gpu for summary in sizing.types)
+    output.write_text(render_sizing(sizing, png_dir,
+                                    title=f"plan-parallel: sizing {sizing.model.name} on "
+                                          f"{types}"))
     return output

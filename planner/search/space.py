@@ -45,6 +45,11 @@ BATCH_RULES = ("batch_divides_dp", "mini_batch_divides_dp", "micro_batch_divides
 ROLLOUT_RULES = ("rollout_tp_divides_heads", "rollout_tp_kv_heads", "rollout_world",
                  "rollout_ep", "rollout_dp_moe_only")
 assert set(PARALLEL_RULES + BATCH_RULES + ROLLOUT_RULES) == {rule.name for rule in RULES}
+# the parallel rules RULES lists before the pipeline split, which do not read the split columns
+SPLIT_FREE_RULES = ("world_size", "tp_divides_heads", "tp_divides_query_groups",
+                    "tp_divides_ffn")
+SPLIT_RULES = tuple(name for name in PARALLEL_RULES if name not in SPLIT_FREE_RULES)
+assert [rule.name for rule in RULES][:len(SPLIT_FREE_RULES)] == list(SPLIT_FREE_RULES)
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,19 @@ class SearchOptions:
     gpu_memory_utilization: float | None = None  # None: picked per layout
     # Pin any layout field to one value, e.g. {"tp": 4}; used by `estimate`-style queries.
     fixed: tuple[tuple[str, int], ...] = ()
+    # Explicit combinations instead of the grids above (a sizing sweep's probes and refinements,
+    # planner.sizing): knob_rows are KNOB_FIELDS tuples (recompute by name), parallel_rows
+    # PARALLEL_FIELDS tuples (each with its layer split).  None: the grids.
+    knob_rows: tuple[tuple, ...] | None = None
+    parallel_rows: tuple[tuple, ...] | None = None
+    rollout_rows: tuple[tuple, ...] | None = None  # ROLLOUT_FIELDS tuples
+
+
+KNOB_FIELDS = ("micro_batch", "recompute", "param_offload", "optimizer_offload",
+               "ref_param_offload", "optimizer_cpu_fraction")
+PARALLEL_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "first_stage_layers",
+                   "last_stage_layers", "account_embedding", "account_loss")
+ROLLOUT_FIELDS = ("rollout_tp", "rollout_dp", "rollout_ep")
 
 
 def divisors(n: int) -> list[int]:
@@ -76,6 +94,11 @@ def _grid(**options) -> Columns:
     names = list(options)
     mesh = np.meshgrid(*[np.asarray(options[name]) for name in names], indexing="ij")
     return {name: axis.ravel() for name, axis in zip(names, mesh)}
+
+
+def _rows(names: tuple[str, ...], rows: tuple[tuple, ...]) -> Columns:
+    return {name: np.array([row[i] for row in rows]) if rows else np.zeros(0, dtype=np.int64)
+            for i, name in enumerate(names)}
 
 
 def _take(cols: Columns, mask: np.ndarray) -> Columns:
@@ -97,21 +120,31 @@ class SearchSpace:
 
 
 def _count(rejected: dict[str, int], names: tuple[str, ...], broken: dict[str, np.ndarray],
-           weight: int) -> np.ndarray:
-    """Add each layout to the first rule it breaks (times ``weight``); return the valid mask."""
+           weight: "int | np.ndarray") -> np.ndarray:
+    """Add each layout to the first rule it breaks (times ``weight``, one for all or one per
+    layout); return the valid mask."""
     rules = tuple(rule for rule in RULES if rule.name in names)
     stack = {rule.name: broken[rule.name] for rule in rules}
     order = [rule.name for rule in rules]
     first = first_violation(stack, order)
     for index, name in enumerate(order):
-        count = int((first == index).sum())
+        count = int(np.sum(np.where(first == index, weight, 0)))
         if count:
-            rejected[name] = rejected.get(name, 0) + count * weight
+            rejected[name] = rejected.get(name, 0) + count
     return first < 0
 
 
-def parallel_options(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions) -> Columns:
+def parallel_grid(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions) -> Columns:
+    """Every combination of the parallel sizes (TP, PP, VPP, CP, EP, ETP) and the DP they
+    leave, before the ways of splitting the layers are added (``options.parallel_rows``: those
+    rows, splits included)."""
     world = cluster.num_gpus
+    if options.parallel_rows is not None:
+        cols = _rows(PARALLEL_FIELDS, options.parallel_rows)
+        for name in ("account_embedding", "account_loss"):
+            cols[name] = cols[name].astype(bool)
+        cols["dp"] = world // np.maximum(cols["tp"] * cols["pp"] * cols["cp"], 1)
+        return cols
     sizes = divisors(world)
     fixed = dict(options.fixed)
     grid = dict(
@@ -127,13 +160,31 @@ def parallel_options(model: ModelSpec, cluster: ClusterSpec, options: SearchOpti
             grid[name] = [value]
     cols = _grid(**grid)
     cols["dp"] = world // (cols["tp"] * cols["pp"] * cols["cp"])
-    return _with_split_candidates(model, cols)
+    return cols
+
+
+def parallel_options(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions) -> Columns:
+    return _with_split_candidates(model, parallel_grid(model, cluster, options))
+
+
+def _split_counts(model: ModelSpec, pp: np.ndarray) -> np.ndarray:
+    """How many split candidates each PP value gets (:func:`_with_split_candidates`)."""
+    if len(pp) == 0:
+        return np.zeros(0, dtype=np.int64)
+    table = np.zeros(int(pp.max()) + 1, dtype=np.int64)
+    for size in np.flatnonzero(np.bincount(pp)):
+        table[size] = len(split_candidates(model.num_layers, int(size)))
+    return table[pp]
 
 
 def _with_split_candidates(model: ModelSpec, cols: Columns) -> Columns:
     """Each parallel combination once per way of splitting the layers over its PP
     (:func:`planner.search.pipeline.split_candidates`); the rules reject the ways megatron-core
     refuses."""
+    if len(cols["pp"]) == 0:  # every combination broke a rule ahead of the split
+        empty = np.zeros(0, dtype=np.int64)
+        return {**cols, "first_stage_layers": empty, "last_stage_layers": empty,
+                "account_embedding": empty.astype(bool), "account_loss": empty.astype(bool)}
     sizes = np.unique(cols["pp"])
     tables = [np.array(split_candidates(model.num_layers, int(pp)), dtype=np.int64).reshape(-1, 4)
               for pp in sizes]
@@ -157,6 +208,27 @@ def knob_options(options: SearchOptions, workload=None) -> Columns:
     left to park."""
     fixed = dict(options.fixed)
     needs_reference = getattr(workload, "needs_reference", True)
+    if options.knob_rows is not None:
+        cols = _rows(KNOB_FIELDS, tuple(dict.fromkeys(options.knob_rows)))
+        cols["recompute"] = np.array([RECOMPUTE.index(r) for r in cols["recompute"]],
+                                     dtype=np.int64)
+        for name in ("param_offload", "optimizer_offload", "ref_param_offload"):
+            cols[name] = cols[name].astype(bool)
+        cols["optimizer_cpu_fraction"] = cols["optimizer_cpu_fraction"].astype(np.float64)
+        # only the values the options allow (a pretraining step has no offload), and the pins
+        allowed = {"recompute": [RECOMPUTE.index(r) for r in options.recompute],
+                   "param_offload": options.offload, "optimizer_offload": options.offload,
+                   "ref_param_offload": options.ref_param_offload,
+                   "optimizer_cpu_fraction": options.optimizer_cpu_fraction}
+        keep = np.ones(len(cols["micro_batch"]), dtype=bool)
+        for name, values in allowed.items():
+            keep &= np.isin(cols[name], [fixed.get(name, v) for v in values])
+        for name, value in fixed.items():
+            if name in cols:
+                keep &= cols[name] == value
+        if not needs_reference:
+            keep &= ~cols["ref_param_offload"]
+        return _take(cols, keep)
     grid = dict(
         micro_batch=list(options.micro_batches),
         recompute=[RECOMPUTE.index(r) for r in options.recompute],
@@ -184,9 +256,10 @@ def rollout_options(model: ModelSpec, cluster: ClusterSpec, options: SearchOptio
             eps = {1, tp * dp} if model.is_moe else {1}
             for ep in sorted(eps):
                 combos.append((tp, dp, ep))
-    cols = {name: np.array(values) for name, values in
-            zip(("rollout_tp", "rollout_dp", "rollout_ep"), zip(*combos))}
-    for name in ("rollout_tp", "rollout_dp", "rollout_ep"):
+    if options.rollout_rows is not None:
+        combos = list(dict.fromkeys(options.rollout_rows))
+    cols = _rows(ROLLOUT_FIELDS, tuple(combos))
+    for name in ROLLOUT_FIELDS:
         if name in fixed:
             cols = _take(cols, cols[name] == fixed[name])
     return cols
@@ -212,17 +285,27 @@ def _cross(left: Columns, right: Columns) -> Columns:
 def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                 options: SearchOptions = SearchOptions()) -> SearchSpace:
     rejected: dict[str, int] = {}
-    parallel = parallel_options(model, cluster, options)
     knobs = knob_options(options, workload)
     rollouts = rollout_options(model, cluster, options)
     n_knobs, n_rollouts = len(knobs["micro_batch"]), len(rollouts["rollout_tp"])
-    enumerated = len(parallel["tp"]) * n_knobs * n_rollouts
 
     # Rollout options first: their validity does not depend on the actor.
     rollouts, rollout_rejected = valid_rollouts(model, cluster, workload, rollouts)
 
-    broken = violations(model, cluster, workload, parallel, _rules(PARALLEL_RULES))
-    ok = _count(rejected, PARALLEL_RULES, broken, n_knobs * n_rollouts)
+    # The rules ahead of the split in RULES' order do not depend on it: rejecting those rows
+    # before the split candidates are added gives the same counts at a fraction of the rows
+    # (most combinations of divisors break world_size).
+    grid = parallel_grid(model, cluster, options)
+    explicit = options.parallel_rows is not None  # rows that carry their split already
+    weight = (np.ones_like(grid["pp"]) if explicit
+              else _split_counts(model, grid["pp"])) * (n_knobs * n_rollouts)
+    broken = violations(model, cluster, workload, grid, _rules(SPLIT_FREE_RULES))
+    ok = _count(rejected, SPLIT_FREE_RULES, broken, weight)
+    parallel = _take(grid, ok) if explicit else _with_split_candidates(model, _take(grid, ok))
+    enumerated = int(weight.sum())
+
+    broken = violations(model, cluster, workload, parallel, _rules(SPLIT_RULES))
+    ok = _count(rejected, SPLIT_RULES, broken, n_knobs * n_rollouts)
     parallel = _take(parallel, ok)
 
     actor = _cross(parallel, knobs)

@@ -1,0 +1,171 @@
+"""The best layout for one GPU type and GPU count, cheap enough to sweep dozens of counts.
+
+A plan (:func:`planner.plan.make_plan`) crosses every parallel layout with every combination of
+the per-GPU knobs (micro-batch, recompute, the three offloads, the CPU optimizer: 144 with the
+default options) and scores them all.  A sizing sweep needs one answer per count -- the best
+layout that fits, or the closest miss -- so it asks the plan twice, on smaller spaces:
+
+1. **probe**: every parallel layout at VPP 1 with nine knob settings (:func:`probe_knobs`):
+   every micro-batch with everything parked during the rollout (the most KV cache), the larger
+   micro-batches with nothing offloaded (the fastest training), the optimizer and reference
+   parked, and the two most frugal settings;
+2. **refine**: the :data:`REFINE` best parallel layouts of the probe with every knob setting,
+   the best :data:`VPP_REFINE` pipelined ones also at every VPP, each with the rollout options
+   the probe chose for those layouts.
+
+Every probe row is among the refined rows and keeps its score (same space, same rollout choice),
+so the answer is never worse than the best probe, and it is the full plan's answer whenever the
+plan's best layout is among the refined ones (``benchmarks/sizing_speed.py --check`` compares
+the two: on the issue's benchmark most counts are exact and none is off by more than 0.3%).
+
+When no probe fits, the frugal settings alone decide: the smallest micro-batch, the most
+recompute, every offload combination over every parallel layout and VPP.  Memory falls with
+each of them (a smaller micro-batch or token budget, fewer activations kept, less state
+resident), so a count where none of those fits has no layout that fits, and the one with the
+smallest peak is the plan's closest miss.  Tests compare both with full plans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from planner.catalog.hardware import ClusterSpec
+from planner.catalog.models import ModelSpec
+from planner.plan import Plan, Workload, make_plan
+from planner.policy import DEFAULT_POLICY, MemoryPolicy
+from planner.search.layout import RECOMPUTE, unique_rows
+from planner.search.space import PARALLEL_FIELDS, ROLLOUT_FIELDS, SearchOptions
+
+REFINE = 12  # parallel layouts of the probe that get every knob setting
+VPP_REFINE = 4  # of them, the pipelined ones that also get every VPP
+
+
+@dataclass(frozen=True)
+class CountResult:
+    """One GPU type and count: the best layout that fits, or why none does."""
+
+    cluster: ClusterSpec
+    valid: int  # layouts that obey every rule (in the spaces searched; 0: none at this count)
+    best: dict | None  # the best fitting layout's cost-model row (plan columns), None if none
+    closest: dict | None  # when none fits: the layout with the smallest peak (its row)
+    scored: int  # actor layouts scored over both stages
+    rejected: dict[str, int] = field(default_factory=dict)  # of the probe space, by rule
+
+    @property
+    def fits(self) -> bool:
+        return self.best is not None
+
+
+def _pinned(options: SearchOptions, name: str, values: tuple) -> tuple:
+    fixed = dict(options.fixed)
+    return (fixed[name],) if name in fixed else tuple(values)
+
+
+def _knob_values(options: SearchOptions) -> dict[str, tuple]:
+    return {
+        "micro_batch": _pinned(options, "micro_batch", sorted(options.micro_batches)),
+        "recompute": tuple(sorted(options.recompute, key=RECOMPUTE.index)),
+        "param_offload": _pinned(options, "param_offload", sorted(options.offload)),
+        "optimizer_offload": _pinned(options, "optimizer_offload", sorted(options.offload)),
+        "ref_param_offload": _pinned(options, "ref_param_offload",
+                                     sorted(options.ref_param_offload)),
+        "optimizer_cpu_fraction": tuple(sorted(options.optimizer_cpu_fraction)),
+    }
+
+
+def probe_knobs(options: SearchOptions) -> tuple[tuple, ...]:
+    """The knob settings of the probe stage (:data:`KNOB_FIELDS` tuples), drawn from the values
+    ``options`` allows."""
+    v = _knob_values(options)
+    mbs, fastest, frugal = v["micro_batch"], v["recompute"][0], v["recompute"][-1]
+    middle = mbs[len(mbs) // 2]
+    no_p, all_p = v["param_offload"][0], v["param_offload"][-1]
+    no_o, all_o = v["optimizer_offload"][0], v["optimizer_offload"][-1]
+    no_r, all_r = v["ref_param_offload"][0], v["ref_param_offload"][-1]
+    gpu_optimizer, cpu_optimizer = v["optimizer_cpu_fraction"][0], v["optimizer_cpu_fraction"][-1]
+    rows = [(mb, fastest, no_p, no_o, no_r, gpu_optimizer) for mb in mbs[len(mbs) // 2:]]
+    rows += [(mb, fastest, all_p, all_o, all_r, gpu_optimizer) for mb in mbs]
+    rows += [(middle, fastest, no_p, all_o, all_r, gpu_optimizer),
+             (mbs[0], frugal, all_p, all_o, all_r, gpu_optimizer),
+             (mbs[0], frugal, all_p, no_o, all_r, cpu_optimizer)]
+    return tuple(dict.fromkeys(rows))
+
+
+def frugal_knobs(options: SearchOptions) -> tuple[tuple, ...]:
+    """The smallest micro-batch and the most recompute with every offload combination: the
+    settings that decide whether anything fits."""
+    v = _knob_values(options)
+    return tuple((v["micro_batch"][0], v["recompute"][-1], p, o, r, cpu)
+                 for p in v["param_offload"] for o in v["optimizer_offload"]
+                 for r in v["ref_param_offload"] for cpu in v["optimizer_cpu_fraction"])
+
+
+def _plain(value):
+    return value.item() if hasattr(value, "item") else value
+
+
+def _top(plan: Plan, count: int) -> tuple[tuple[tuple, ...], tuple[tuple, ...]]:
+    """The first ``count`` distinct parallel layouts (with their split) among the plan's fitting
+    layouts, best first, and the rollout options the plan chose for any of their layouts."""
+    frame = plan.candidates
+    fits = frame["fits"].to_numpy(dtype=bool)
+    cols = {name: frame[name].to_numpy()[fits] for name in PARALLEL_FIELDS + ROLLOUT_FIELDS}
+    shapes, inverse = unique_rows(cols, PARALLEL_FIELDS)  # in order of appearance: best first
+    top = [tuple(_plain(shapes[name][i]) for name in PARALLEL_FIELDS)
+           for i in range(min(count, len(shapes["tp"])))]
+    chosen = {name: cols[name][inverse < count] for name in ("tp",) + ROLLOUT_FIELDS}
+    rollouts, _ = unique_rows(chosen, ROLLOUT_FIELDS)
+    return tuple(top), tuple(tuple(_plain(rollouts[name][i]) for name in ROLLOUT_FIELDS)
+                             for i in range(len(rollouts["rollout_tp"])))
+
+
+VPP = PARALLEL_FIELDS.index("vpp")
+PP = PARALLEL_FIELDS.index("pp")
+
+
+def _with_vpp(rows: tuple[tuple, ...], options: SearchOptions, count: int) -> tuple[tuple, ...]:
+    """``rows`` and, for the first ``count`` of them with a pipeline, every other VPP the options
+    allow (the rules drop the ones that do not divide the stages)."""
+    if "vpp" in dict(options.fixed):
+        return rows
+    piped = [row for row in rows if row[PP] > 1][:count]
+    extra = [row[:VPP] + (vpp,) + row[VPP + 1:] for row in piped for vpp in options.vpp
+             if vpp != row[VPP]]
+    return tuple(dict.fromkeys(rows + tuple(extra)))
+
+
+def _first(plan: Plan) -> dict | None:
+    frame = plan.candidates
+    if not len(frame):
+        return None
+    return {name: _plain(value) for name, value in frame.iloc[0].items()}
+
+
+def best_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                options: SearchOptions = SearchOptions(), calibration: dict | None = None,
+                policy: MemoryPolicy = DEFAULT_POLICY, refine: int = REFINE) -> CountResult:
+    """The best layout that fits ``cluster``, or the closest miss (see the module docstring)."""
+    def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp) -> Plan:
+        return make_plan(model, cluster, workload,
+                         replace(options, knob_rows=knobs, parallel_rows=parallel,
+                                 rollout_rows=rollouts, vpp=vpp),
+                         calibration, policy)
+
+    # VPP only adds activation memory (Megatron's interleaving penalty) and trims the update's
+    # bubble: the probe leaves it at 1, the refinement tries the others
+    probe = plan(knobs=probe_knobs(options), vpp=(1,))
+    scored = probe.scored
+    if not probe.candidates["fits"].any():
+        frugal = plan(knobs=frugal_knobs(options))
+        scored += frugal.scored
+        if not frugal.candidates["fits"].any():
+            closest = min((p for p in (probe, frugal) if len(p.candidates)),
+                          key=lambda p: float(p.candidates["peak_bytes"].iloc[0]), default=None)
+            return CountResult(cluster=cluster, valid=max(probe.valid, frugal.valid), best=None,
+                               closest=None if closest is None else _first(closest),
+                               scored=scored, rejected=probe.rejected)
+        probe = frugal
+    parallel, rollouts = _top(probe, refine)
+    refined = plan(parallel=_with_vpp(parallel, options, VPP_REFINE), rollouts=rollouts)
+    return CountResult(cluster=cluster, valid=probe.valid, best=_first(refined), closest=None,
+                       scored=scored + refined.scored, rejected=probe.rejected)
