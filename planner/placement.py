@@ -152,9 +152,12 @@ def trainer_search_options(options: SearchOptions) -> SearchOptions:
 
 
 def best_trainer(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                 options: SearchOptions, eff: Efficiency) -> dict | None:
+                 options: SearchOptions, eff: Efficiency,
+                 policy: MemoryPolicy = DEFAULT_POLICY) -> dict | None:
     """The actor layout on the trainer pool that fits and trains fastest (training phases plus
-    its share of the sync: the model-parallel gather), or None when none fits."""
+    its share of the sync: the model-parallel gather), or None when none fits.  As in
+    :func:`planner.plan.rank_order`, layouts whose peak stays below the policy's tight level
+    come first."""
     space = build_space(model, cluster, workload, trainer_search_options(options))
     cols = space.columns
     if not len(cols["tp"]):
@@ -171,7 +174,8 @@ def best_trainer(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     train = sum(times[time_column(phase)] for phase in TRAINING_PHASES_ASYNC) + eff.step_fixed_s
     gather = weight_sync_s(model, cluster, workload, sub, eff)["comm_s"]
     peak = mem["trainer_peak_bytes"][fits]
-    order = np.lexsort((peak, train + gather))
+    tight = peak / cluster.gpu.memory_bytes > policy.tight
+    order = np.lexsort((peak, train + gather, tight))
     i = int(order[0])
     row = {name: values[i] for name, values in sub.items() if name not in ROLLOUT_FIELDS}
     return {"layout": row, "train_s": float(train[i]),
@@ -335,7 +339,8 @@ def split_candidate(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
 def plan_split_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
                     options: SearchOptions = SearchOptions(), calibration: dict | None = None,
                     async_options: AsyncOptions = AsyncOptions(),
-                    cache: dict | None = None) -> ModePlan:
+                    cache: dict | None = None,
+                    policy: MemoryPolicy = DEFAULT_POLICY) -> ModePlan:
     """The best layouts of every legal split for an asynchronous mode, fastest split first."""
     if mode not in ASYNC_MODES:
         raise ValueError(mode)
@@ -356,7 +361,7 @@ def plan_split_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
                                                                                 rollout_gpus)
         key = ("trainer", trainer_gpus)
         if key not in cache:
-            cache[key] = best_trainer(model, t_cluster, work, options, eff)
+            cache[key] = best_trainer(model, t_cluster, work, options, eff, policy)
         trainer = cache[key]
         rkey = ("rollout", rollout_gpus, streaming)
         if rkey not in cache:
@@ -394,7 +399,7 @@ def plan_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mo
                                     for row in shown.to_dict("records")],
                         sync_plan=plan, splits_tried=1)
     return plan_split_mode(model, cluster, workload, mode, options, calibration, async_options,
-                           cache)
+                           cache, policy)
 
 
 def plan_best(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,

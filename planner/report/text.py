@@ -33,8 +33,18 @@ def plan_dict(plan, top: int | None) -> dict:
         "candidates_scored": int(plan.scored or len(plan.candidates)),
         "fitting": int(plan.candidates["fits"].sum()),
         "rejected": dict(sorted(plan.rejected.items(), key=lambda item: -item[1])),
-        "candidates": [candidate_dict(row) for row in shown.to_dict("records")],
+        "candidates": [_with_placement(candidate_dict(row), plan.cluster.num_gpus)
+                       for row in shown.to_dict("records")],
     }
+
+
+def _with_placement(candidate: dict, gpus: int) -> dict:
+    """A colocated candidate's mode and placement (``--mode`` plans, planner/placement.py):
+    both pools are the whole cluster."""
+    head = {"rank": candidate.pop("rank")} if "rank" in candidate else {}
+    return {**head, "mode": "sync",
+            "placement": {"trainer_gpus": gpus, "rollout_gpus": gpus, "colocated": True},
+            **candidate}
 
 
 def to_json(data: dict) -> str:

@@ -12,6 +12,18 @@ VERL_VERSION = target_verl_version()  # the ``verl==`` pin of plan-parallel's ``
 ENTRY_MODULE = "verl.trainer.main_ppo"
 ENTRY_FILE = "verl/trainer/main_ppo.py"
 ROOT_CONFIG = "ppo_trainer"
+# Training modes (planner/placement.py): the entry point each runs and the Hydra config it
+# composes (its package and root config name).  The asynchronous trainers live under
+# verl.experimental and need separate rollout/trainer pools (hybrid_engine off).
+MODE_ENTRY = {"sync": ENTRY_MODULE,
+              "one-step-off": "verl.experimental.one_step_off_policy.main_ppo",
+              "fully-async": "verl.experimental.fully_async_policy.fully_async_main"}
+MODE_CONFIG = {"sync": ("verl.trainer.config", ROOT_CONFIG),
+               "one-step-off": ("verl.experimental.one_step_off_policy.config",
+                                "one_step_off_ppo_trainer"),
+               "fully-async": ("verl.experimental.fully_async_policy.config",
+                               "fully_async_ppo_trainer")}
+ASYNC_TRAINING = "async_training"
 
 ACTOR = "actor_rollout_ref.actor"
 MEGATRON = f"{ACTOR}.megatron"
