@@ -244,6 +244,9 @@ def job_input_args(parser: argparse.ArgumentParser) -> None:
                                         "config.json (catalog name or config.json)")
     parser.add_argument("--gpu-type", help="GPU catalog name (default: detected through NVML, "
                                            "else H100-80GB)")
+    parser.add_argument("--gpus", type=integer(1, 1 << 20), default=None,
+                        help="asynchronous jobs: the cluster the trainer and rollout pools must "
+                             "add up to")
     memory_band_args(parser)
 
 

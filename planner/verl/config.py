@@ -28,7 +28,13 @@ from typing import Any, Sequence
 from planner.errors import MissingExtraError, PlanInputError
 from planner.verl.export import override_key
 from planner.verl.findings import Finding
-from planner.verl.keys import RETIRED_KEYS, ROOT_CONFIG, TRANSFORMER_CONFIG_KEY, VERL_VERSION
+from planner.verl.keys import (
+    MODE_CONFIG,
+    RETIRED_KEYS,
+    ROOT_CONFIG,
+    TRANSFORMER_CONFIG_KEY,
+    VERL_VERSION,
+)
 
 
 class ComposeError(Exception):
@@ -52,6 +58,12 @@ def verl_config_dir() -> Path:
                                 f"{VERL_VERSION}, which is not installed; pip install "
                                 f"'plan-parallel[verl]'", extra="verl")
     return Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
+
+
+def mode_config_dir(mode: str) -> Path:
+    """The config directory of a training mode's entry point (``keys.MODE_CONFIG``)."""
+    package = MODE_CONFIG[mode][0]
+    return verl_config_dir().parents[1] / Path(*package.split(".")[1:])
 
 
 def verl_trainer_dir() -> Path:
@@ -176,6 +188,17 @@ def compose(overrides: Sequence[str], config_dir: Path | None = None,
 def base_config(model_engine: str = "megatron"):
     """verl's defaults for the backend, the reference for keys a config file adds."""
     return _compose_once([f"model_engine={model_engine}"], verl_config_dir(), ROOT_CONFIG)
+
+
+@functools.cache
+def mode_base_config(model_engine: str, mode: str):
+    """The defaults of a training mode's root config (``keys.MODE_CONFIG``)."""
+    if mode == "sync":
+        return base_config(model_engine)
+    overrides = [f"model_engine={model_engine}"]
+    if mode == "one-step-off":  # its searchpath is file://verl/trainer/config (verl's checkout)
+        overrides.append("hydra.searchpath=[pkg://verl.trainer.config]")
+    return _compose_once(overrides, mode_config_dir(mode), MODE_CONFIG[mode][1])
 
 
 def _target_fields(target: str) -> set[str] | None:
