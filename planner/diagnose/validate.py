@@ -50,12 +50,11 @@ from planner.verl.checks import (
 from planner.verl.config import (
     ComposeError,
     added_keys,
-    base_config,
     compose,
     installed_verl_version,
-    to_plain,
     mode_base_config,
     mode_config_dir,
+    to_plain,
     verl_checks,
     verl_config_dir,
     verl_trainer_dir,

@@ -70,7 +70,8 @@ def mode_table(plan: ModePlan, top: int) -> str:
     lines.append(f"mode     {plan.mode}: {ENTRY_TEXT[plan.mode]}")
     if plan.mode == "fully-async":
         o = plan.async_options
-        lines.append(f"         staleness_threshold {o.staleness_threshold:g}, parameter sync every "
+        lines.append(f"         staleness_threshold {o.staleness_threshold:g}, parameter sync "
+                     f"every "
                      f"{o.trigger_for(plan.workload)} mini-batch(es), partial rollout "
                      f"{'on' if o.partial_rollout else 'off'}")
     lines.append(f"splits   {plan.splits_tried} tried, {len(plan.candidates)} fit")

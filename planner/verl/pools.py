@@ -102,7 +102,8 @@ def pool_findings(config: dict, mode: str, pools: Pools, cluster_gpus: int | Non
                            (f"{ROLLOUT}.tensor_model_parallel_size", "rollout.nnodes")))
     if not get(config, f"{ROLLOUT}.calculate_log_probs", False):
         out.append(Finding("pools", f"{mode} trains on the rollout's log-probs: set "
-                           f"{ROLLOUT}.calculate_log_probs=True", (f"{ROLLOUT}.calculate_log_probs",)))
+                           f"{ROLLOUT}.calculate_log_probs=True",
+                           (f"{ROLLOUT}.calculate_log_probs",)))
     if mode == "one-step-off" and get(config, f"{ROLLOUT}.free_cache_engine", False):
         out.append(Finding("pools", f"one-step-off syncs parameters into a running engine: set "
                            f"{ROLLOUT}.free_cache_engine=False", (f"{ROLLOUT}.free_cache_engine",)))
