@@ -113,9 +113,10 @@ def steady_state(mode: str, generate, train, sync, *, mini_batches_per_step: flo
     else:
         raise ValueError(f"mode {mode!r}: the steady state of separate pools is for "
                          f"one-step-off and fully-async")
+    with np.errstate(invalid="ignore"):  # an infeasible pool (infinite time): idle NaN
+        idle = {"rollout_idle": 1 - g / step, "trainer_idle": 1 - t / step}
     return {"step_time_s": step, "boundary_s": boundary, "sync_per_step_s": s * syncs,
-            "rollout_idle": 1 - g / step, "trainer_idle": 1 - t / step,
-            "rollout_bound": g >= t}
+            **idle, "rollout_bound": g >= t}
 
 
 def staleness(mode: str, staleness_threshold: float = 0.0) -> dict:
