@@ -161,3 +161,20 @@ def test_best_mode_prints_every_mode_with_speedup(capsys):
         assert mode in text
     assert "vs sync" in text and "1.00x" in text and "change the algorithm" in text
     assert AsyncOptions().trigger_for(WORK) == 4
+
+
+@pytest.mark.parametrize("mode", ["one-step-off", "fully-async"])
+def test_async_yaml_and_script_both_validate(tmp_path, capsys, mode):
+    pytest.importorskip("verl")
+    out = tmp_path / mode
+    assert main(["--model", "qwen3-8b", "--gpus", "16", "--gpu-type", "h100",
+                 "--train-batch-size", "256", "--rollout-n", "8", "--mini-batch-size", "64",
+                 "--micro-batch", "1", "--mode", mode, "--write", str(out)]) == 0
+    capsys.readouterr()
+    for name in ("run_grpo.sh", "grpo.yaml"):
+        code = main(["validate", str(out / name), "--gpu-type", "h100", "--gpus", "16",
+                     "--format", "json"])
+        report = json.loads(capsys.readouterr().out)
+        assert code == 0, (name, report["findings"])
+        assert report["mode"] == mode
+        assert report["placement"]["trainer_gpus"] + report["placement"]["rollout_gpus"] == 16

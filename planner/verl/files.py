@@ -34,7 +34,7 @@ from planner.verl.keys import (
     CONFIG_FILE,
     EXPORTED_FILES,
     LAUNCH_VARIABLES,
-    MODE_CONFIG,
+    MODE_CONFIG_KEYS,
     MODE_ENTRY,
     PATH_VARIABLES,
     SCRIPT_FILE,
@@ -170,9 +170,16 @@ def _oc_default(default: str) -> str:
 def config_body(job: ExportedJob) -> dict:
     """The YAML body: the overrides as a nested mapping (``model_engine`` goes to defaults)."""
     body: dict = {}
+    # an asynchronous mode's root-config keys first (keys.MODE_CONFIG_KEYS); overrides win
+    for key, value in MODE_CONFIG_KEYS.get(job.mode, {}).items():
+        node = body
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
     for override, name, default in launch_overrides(job):
         key = override_key(override)
-        if key == "model_engine":
+        if key == "model_engine" or key.startswith("hydra."):  # the head says those
             continue
         if override.startswith("~"):
             raise PlanInputError(f"--override {override!r} deletes a key; a deletion cannot be "
@@ -200,11 +207,8 @@ def render_config(job: ExportedJob) -> str:
         f"--config-name={CONFIG_FILE[:-5]} [key=value ...]",
         "# Paths come from $MODEL_PATH, $TRAIN_FILES and $VAL_FILES when set.",
     ]
-    package, root = MODE_CONFIG[job.mode]
-    searchpath = [f"pkg://{package}"] + (["pkg://verl.trainer.config"]
-                                         if package != "verl.trainer.config" else [])
-    head = {"hydra": {"searchpath": searchpath},
-            "defaults": [root, {"override model_engine": "megatron"}, "_self_"]}
+    head = {"hydra": {"searchpath": ["pkg://verl.trainer.config"]},
+            "defaults": ["ppo_trainer", {"override model_engine": "megatron"}, "_self_"]}
     text = yaml.safe_dump(head, sort_keys=False, default_flow_style=False)
     body = yaml.safe_dump(config_body(job), sort_keys=False, default_flow_style=False,
                           width=100)

@@ -43,6 +43,10 @@ def mode_overrides(mode: str, cluster: ClusterSpec, candidate: dict) -> list[str
         f"{ROLLOUT}.calculate_log_probs=True",
         "algorithm.rollout_correction.bypass_mode=True",
     ]
+    if mode == "one-step-off":
+        # its root config finds ppo_trainer through file://verl/trainer/config, which resolves
+        # only inside a verl checkout; the installed package works from anywhere
+        out.append("hydra.searchpath=[pkg://verl.trainer.config]")
     if mode == "fully-async":
         settings = candidate["async_training"]
         out += [
