@@ -52,7 +52,7 @@ def layer_of(module: str) -> int:
     if module == "planner.__main__":
         return LAYERS.index("cli")
     second = module.split(".")[1]
-    if second == "plan":
+    if second in ("plan", "placement"):
         return LAYERS.index("plan")
     return LAYERS.index(second)
 

@@ -226,6 +226,26 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
                       help="rollout.enable_prefix_caching: the n samples share a prompt's KV")
 
 
+def mode_args(parser: argparse.ArgumentParser) -> None:
+    """``--mode`` and verl's asynchronous-training settings (planner/placement.py)."""
+    group = parser.add_argument_group("training mode: colocated or separate rollout/trainer pools")
+    group.add_argument("--mode", choices=("sync", "one-step-off", "fully-async", "best"),
+                       default="sync",
+                       help="sync: colocated hybrid engine (default); one-step-off / "
+                            "fully-async: verl.experimental's separate pools; best: all side "
+                            "by side")
+    group.add_argument("--staleness-threshold", type=fraction(0.0, 16.0), default=0.1,
+                       help="fully-async: async_training.staleness_threshold (default 0.1)")
+    group.add_argument("--trigger-parameter-sync-step", type=integer(0, 1 << 20), default=0,
+                       help="fully-async: mini-batch updates between parameter syncs "
+                            "(default 0: train-batch-size / mini-batch-size)")
+    group.add_argument("--partial-rollout", action=argparse.BooleanOptionalAction, default=True,
+                       help="fully-async: async_training.partial_rollout (default on)")
+    group.add_argument("--trainer-gpus", type=integer(1, 1 << 20), action="append", default=[],
+                       help="trainer pool size to try (repeatable; default: every whole-node "
+                            "split)")
+
+
 LAYOUT_INTS = (("tp", "tensor parallel", MAX_PARALLEL), ("pp", "pipeline parallel", MAX_LAYERS),
                ("vpp", "virtual pipeline stages per rank", MAX_VPP),
                ("cp", "context parallel", MAX_PARALLEL), ("ep", "expert parallel", MAX_PARALLEL),
@@ -298,6 +318,9 @@ def job_input_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-type", type=NAME,
                         help="GPU catalog name (default: detected through NVML, "
                                            "else H100-80GB)")
+    parser.add_argument("--gpus", type=integer(1, 1 << 20), default=None,
+                        help="asynchronous jobs: the cluster the trainer and rollout pools must "
+                             "add up to")
     memory_band_args(parser)
 
 
@@ -320,6 +343,7 @@ def _plan_parser(sub) -> None:
                       help="layouts within this step-time ratio of the best are ties, listed "
                            "simplest first (default: the model's ranking uncertainty from the "
                            "calibration file; 0 ranks strictly by the prediction)")
+    mode_args(plan)
     export = plan.add_argument_group("export the chosen layout as a runnable verl job")
     export.add_argument("--write", type=PATH,
                         metavar="DIR", help="write launch script, Hydra config and "

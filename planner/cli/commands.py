@@ -32,6 +32,10 @@ from planner.verl.files import write_plan_job
 def cmd_plan(args) -> int:
     if sizing_requested(args):
         return cmd_size(args)
+    if getattr(args, "mode", "sync") != "sync":
+        from planner.cli.modes import cmd_plan_mode
+
+        return cmd_plan_mode(args)
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args)

@@ -19,7 +19,8 @@ from planner.diagnose.validate_report import render_text
 
 def job_input(args, paths: list[str]) -> JobInput:
     return JobInput(inputs=tuple(paths), sets=tuple(args.set), model=args.model,
-                    gpu_type=args.gpu_type, policy=inputs.policy(args))
+                    gpu_type=args.gpu_type, policy=inputs.policy(args),
+                    gpus=getattr(args, "gpus", None))
 
 
 def _json(data) -> None:

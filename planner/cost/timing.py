@@ -392,6 +392,13 @@ def decode_step_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload
             "total_s": roofline + tp_allreduce + ep_alltoall + launches + fixed}
 
 
+def rollout_concurrency(workload: GrpoWorkload, kv_tokens) -> np.ndarray:
+    """Sequences a rollout rank runs at once: what its KV cache holds at the mean sequence
+    length, capped by ``max_num_seqs`` (vLLM's scheduler), at least one."""
+    prompt, r_mean = mean_prompt_length(workload), mean_response_length(workload)
+    return np.clip(np.floor(_f(kv_tokens) / (prompt + r_mean)), 1, workload.max_num_seqs)
+
+
 def generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, cols: Columns,
                eff: Efficiency, memory: Columns) -> dict[str, np.ndarray]:
     """Rollout generation time of the slowest replica (all replicas get equal shares).
@@ -424,8 +431,8 @@ def generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, c
     prefill = prefill_flops / (rtp * peak * gemm_efficiency(eff, prompts * prompt))
     kv_tokens = _f(memory["kv_cache_tokens_per_gpu"])
     holds_one = kv_tokens >= workload.sequence_length
-    concurrency = np.clip(np.floor(kv_tokens / (prompt + r_mean)), 1, workload.max_num_seqs)
-    concurrency = np.minimum(concurrency, seqs)  # a rank never runs more than it was given
+    concurrency = np.minimum(rollout_concurrency(workload, kv_tokens),
+                             seqs)  # a rank never runs more than it was given
     tail = longest_response(r_mean, r_max, seqs)
     steps = np.maximum(tail, seqs * r_mean / concurrency + (tail - r_mean))
     batch = np.maximum(seqs * r_mean / steps, 1.0)

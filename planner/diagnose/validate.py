@@ -51,9 +51,10 @@ from planner.verl.checks import (
 from planner.verl.config import (
     ComposeError,
     added_keys,
-    base_config,
     compose,
     installed_verl_version,
+    mode_base_config,
+    mode_config_dir,
     read_yaml_document,
     target_findings,
     to_plain,
@@ -63,7 +64,15 @@ from planner.verl.config import (
 )
 from planner.verl.findings import Finding
 from planner.verl.job import layout_of, read_job, workload_of
-from planner.verl.keys import ROOT_CONFIG, VERL_VERSION, get
+from planner.verl.keys import MODE_CONFIG, ROOT_CONFIG, VERL_VERSION, get
+from planner.verl.pools import (
+    PACKAGE_SEARCHPATH,
+    job_mode,
+    pool_findings,
+    pool_memory,
+    pools_of,
+    with_step_batch,
+)
 from planner.verl.script import expand_override, read_launch_script
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -132,7 +141,7 @@ def read_input(inputs: list[str], environ: dict[str, str]):
         return "yaml", str(path), path.resolve().parent, path.stem, extra, [], ()
     command = read_launch_script(path, environ)
     notes = list(command.notes)
-    config_dir = verl_config_dir()
+    config_dir = verl_config_dir() if command.mode == "sync" else mode_config_dir(command.mode)
     if command.config_path:
         given = Path(command.config_path)
         config_dir = given if given.is_absolute() else verl_trainer_dir() / given
@@ -141,7 +150,7 @@ def read_input(inputs: list[str], environ: dict[str, str]):
                 f"{path.name} line {command.line}: --config-path {command.config_path} is not a "
                 f"directory (Hydra resolves a relative path against {verl_trainer_dir()}; use "
                 f"an absolute path)")
-    name = command.config_name or ROOT_CONFIG
+    name = command.config_name or MODE_CONFIG[command.mode][1]
     for suffix in YAML_SUFFIXES:
         name = name[:-len(suffix)] if name.endswith(suffix) else name
     return ("script", str(path), config_dir, name, [*command.overrides, *extra], notes,
@@ -274,6 +283,7 @@ class JobInput:
     model: str | None = None
     gpu_type: str | None = None
     policy: MemoryPolicy = DEFAULT_POLICY
+    gpus: int | None = None  # the cluster an asynchronous job's pools must add up to
 
 
 def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
@@ -301,6 +311,10 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
         report["would_launch"] = not any(f.level == "error" for f in findings)
         return report
 
+    if (config_dir.name == "config" and config_dir.parent.name == "one_step_off_policy"
+            and not any(item.startswith("hydra.searchpath") for item in overrides)):
+        # its config finds ppo_trainer through file://verl/trainer/config (verl's checkout)
+        overrides = [*overrides, PACKAGE_SEARCHPATH]
     with _environment(sets):
         try:
             config, unknown = compose(overrides, config_dir, config_name)
@@ -311,7 +325,7 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
         plain = to_plain(config)
         engine = get(plain, "model_engine", "megatron")
         reported = {key for finding in unknown for key in finding.keys}
-        findings += [f for f in added_keys(config, base_config(engine))
+        findings += [f for f in added_keys(config, mode_base_config(engine, job_mode(plain)))
                      if not set(f.keys) & reported]
         unknown_names = {key.rsplit(".", 1)[-1] for f in findings if f.check == "unknown_key"
                          for key in f.keys}
@@ -324,6 +338,12 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
     findings += backend_findings(plain)
     if engine != "megatron":
         return finish()
+    mode = job_mode(plain)
+    report["mode"] = mode
+    original = plain
+    if mode != "sync":
+        # fully-async's data.train_batch_size is 0: a step is what one parameter version trains
+        plain = with_step_batch(plain)
     job, problems = read_job(plain)
     findings += problems
     if job is None:
@@ -338,6 +358,12 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
         notes.append(gpu_note)
     cluster = ClusterSpec(gpu, job.world, job.gpus_per_node)
     report["model"], report["cluster"] = model.name, cluster.to_dict()
+    pools = None
+    if mode != "sync":
+        pools = pools_of(plain, cluster)
+        findings += pool_findings(original, mode, pools, job_input.gpus)
+        report["placement"] = {"trainer_gpus": pools.trainer.num_gpus,
+                               "rollout_gpus": pools.rollout.num_gpus, "colocated": False}
     estimate, layout = None, None
     try:
         workload = workload_of(job)
@@ -349,7 +375,17 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
         context.update(model=model, cluster=cluster, workload=workload, layout=layout,
                        config=plain, overrides=overrides)
         shape = model_findings(plain, job, model, cluster, workload, layout)
+        if pools is not None:  # the rollout lives on its own pool: its rules are checked there
+            shape = [f for f in shape if not f.check.startswith("rollout")]
         findings += shape
+        if pools is not None:
+            if not any(f.level == "error" for f in findings):
+                memory, pool_problems = pool_memory(model, pools, workload, layout,
+                                                    job_input.policy)
+                findings += pool_problems
+                report["memory"] = memory
+            report["modules"] = module_rows(job, layout, None)
+            return finish()
         if not any(f.level == "error" for f in shape):
             try:
                 estimate = estimate_layout(model, cluster, workload, layout,

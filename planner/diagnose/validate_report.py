@@ -84,8 +84,22 @@ def render_text(report: dict) -> str:
                      f"({cluster['num_nodes']} node(s) x {cluster['gpus_per_node']})")
     if report["modules"]:
         lines += ["", summary_table(report["modules"])]
+    placement = report.get("placement")
+    if placement:
+        lines.append(f"mode {report.get('mode')}: trainer pool {placement['trainer_gpus']} GPUs "
+                     f"(the cluster above), rollout pool {placement['rollout_gpus']} GPUs")
     memory = report["memory"]
-    if memory:
+    if memory and placement:
+        trainer, rollout = memory["trainer"], memory["rollout"]
+        lines += ["", f"trainer pool: predicted peak {trainer['peak_memory_gib']:.2f} GiB "
+                      f"({100 * trainer['memory_utilization']:.0f}%) in {trainer['peak_phase']}; "
+                      f"phases (GiB): " + "  ".join(f"{phase} {gib:.1f}" for phase, gib
+                                                    in trainer["memory_gib"].items()),
+                  f"rollout pool: vLLM alone at gpu_memory_utilization "
+                  f"{rollout['gpu_memory_utilization']}: peak {rollout['peak_memory_gib']:.2f} "
+                  f"GiB ({100 * rollout['memory_utilization']:.0f}%), "
+                  f"{rollout['kv_cache_tokens_per_gpu']:,} KV tokens per GPU"]
+    elif memory:
         band = memory["memory_band"]
         lines += ["", f"predicted {PEAK_NAME} {memory['peak_memory_gib']:.2f} GiB "
                       f"({100 * memory['memory_utilization']:.0f}%, {band['position']} the "

@@ -66,8 +66,10 @@ def plan_dict(plan, top: int | None) -> dict:
         "rejected": dict(sorted(plan.rejected.items(), key=lambda item: -item[1])),
         "ranking": ranking_dict(plan),
         "memory_band": band_dict(plan.policy),
-        "candidates": [{**candidate_dict(row),
-                        "band_position": plan.policy.position(float(row["memory_utilization"]))}
+        "candidates": [_with_placement({**candidate_dict(row),
+                                        "band_position": plan.policy.position(
+                                            float(row["memory_utilization"]))},
+                                       plan.cluster.num_gpus)
                        for row in shown.to_dict("records")],
     }
 
@@ -75,6 +77,15 @@ def plan_dict(plan, top: int | None) -> dict:
 def band_dict(policy) -> dict:
     """The memory policy as the JSON outputs carry it: the band and the quantity it judges."""
     return {"low": policy.low, "high": policy.high, "judges": PEAK_NAME}
+
+
+def _with_placement(candidate: dict, gpus: int) -> dict:
+    """A colocated candidate's mode and placement (``--mode`` plans, planner/placement.py):
+    both pools are the whole cluster."""
+    head = {"rank": candidate.pop("rank")} if "rank" in candidate else {}
+    return {**head, "mode": "sync",
+            "placement": {"trainer_gpus": gpus, "rollout_gpus": gpus, "colocated": True},
+            **candidate}
 
 
 def to_json(data: dict) -> str:

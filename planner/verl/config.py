@@ -29,7 +29,13 @@ from planner.bounds import MAX_JSON_DEPTH, json_depth, read_text, shown
 from planner.errors import MissingExtraError, PlanInputError, ResourceLimitError
 from planner.verl.export import override_key
 from planner.verl.findings import Finding
-from planner.verl.keys import RETIRED_KEYS, ROOT_CONFIG, TRANSFORMER_CONFIG_KEY, VERL_VERSION
+from planner.verl.keys import (
+    MODE_CONFIG,
+    RETIRED_KEYS,
+    ROOT_CONFIG,
+    TRANSFORMER_CONFIG_KEY,
+    VERL_VERSION,
+)
 
 
 class ComposeError(Exception):
@@ -117,6 +123,10 @@ def _children(node) -> list:
     if isinstance(node, yaml.SequenceNode):
         return list(node.value)
     return []
+def mode_config_dir(mode: str) -> Path:
+    """The config directory of a training mode's entry point (``keys.MODE_CONFIG``)."""
+    package = MODE_CONFIG[mode][0]
+    return verl_config_dir().parents[1] / Path(*package.split(".")[1:])
 
 
 def verl_trainer_dir() -> Path:
@@ -248,6 +258,17 @@ def compose(overrides: Sequence[str], config_dir: Path | None = None,
 def base_config(model_engine: str = "megatron"):
     """verl's defaults for the backend, the reference for keys a config file adds."""
     return _compose_once([f"model_engine={model_engine}"], verl_config_dir(), ROOT_CONFIG)
+
+
+@functools.cache
+def mode_base_config(model_engine: str, mode: str):
+    """The defaults of a training mode's root config (``keys.MODE_CONFIG``)."""
+    if mode == "sync":
+        return base_config(model_engine)
+    overrides = [f"model_engine={model_engine}"]
+    if mode == "one-step-off":  # its searchpath is file://verl/trainer/config (verl's checkout)
+        overrides.append("hydra.searchpath=[pkg://verl.trainer.config]")
+    return _compose_once(overrides, mode_config_dir(mode), MODE_CONFIG[mode][1])
 
 
 def _target_fields(target: str) -> set[str] | None:

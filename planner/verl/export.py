@@ -368,6 +368,10 @@ class ExportedJob:
     train_files: str | None = None
     val_files: str | None = None
     extra: tuple[str, ...] = field(default_factory=tuple)
+    # training mode (planner/placement.py): "sync" is verl.trainer.main_ppo; the asynchronous
+    # modes run on the trainer pool (``cluster``) with ``mode_overrides`` (pools, async keys)
+    mode: str = "sync"
+    mode_overrides: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         # Every name written into run_grpo.sh (also in its comments) and grpo.yaml: a newline
@@ -386,7 +390,8 @@ class ExportedJob:
         """The job's overrides with ``values`` for MODEL_PATH, TRAIN_FILES and VAL_FILES."""
         return job_overrides(self.model, self.cluster, self.workload, self.layout,
                              model_path=values["MODEL_PATH"], train_files=values["TRAIN_FILES"],
-                             val_files=values["VAL_FILES"], extra=self.extra)
+                             val_files=values["VAL_FILES"],
+                             extra=(*self.mode_overrides, *self.extra))
 
 
 def job_from_plan(plan, rank: int = 1, *, model_path: str | None = None,

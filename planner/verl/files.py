@@ -32,9 +32,10 @@ from planner.verl.export import (
 )
 from planner.verl.keys import (
     CONFIG_FILE,
-    ENTRY_MODULE,
     EXPORTED_FILES,
     LAUNCH_VARIABLES,
+    MODE_CONFIG_KEYS,
+    MODE_ENTRY,
     PATH_VARIABLES,
     SCRIPT_FILE,
     VERL_VERSION,
@@ -76,6 +77,8 @@ def describe(job: ExportedJob) -> list[str]:
 
     lay, cluster, pred = job.layout, job.cluster, job.prediction
     replica = lay.rollout_tp * lay.rollout_dp
+    placement = pred.get("placement", {})
+    rollout_gpus = placement.get("rollout_gpus", cluster.num_gpus)
     lines = [
         f"GRPO with verl {VERL_VERSION} (Megatron backend): {job.model.name} on "
         f"{cluster.num_gpus} x {cluster.gpu.name} ({cluster.num_nodes} node(s) x "
@@ -89,13 +92,23 @@ def describe(job: ExportedJob) -> list[str]:
         f"Reference: the actor's parallel sizes, param offload "
         f"{'yes' if lay.ref_param_offload else 'no'}",
         f"Rollout:   vLLM TP{lay.rollout_tp} DP{lay.rollout_dp} EP{lay.rollout_ep} "
-        f"({cluster.num_gpus // replica} replica(s) of {replica} GPUs), "
+        f"({rollout_gpus // replica} replica(s) of {replica} GPUs), "
         f"gpu_memory_utilization {lay.gpu_memory_utilization:.2f}",
         f"Predicted: peak {pred['peak_memory_gib']:.2f} GiB of {cluster.gpu.memory_gib:.1f} GiB "
         f"({100 * pred['memory_utilization']:.0f}%) in {pred['peak_phase']}"
         + (f"; step {pred['step_time_s']:.1f} s, {pred['tokens_per_s_per_gpu']:.0f} "
            f"tokens/s/GPU" if "step_time_s" in pred else ""),
     ]
+    if job.mode != "sync":
+        lines[0] = (f"GRPO with verl {VERL_VERSION} (Megatron backend), {job.mode} "
+                    f"({MODE_ENTRY[job.mode]}): {job.model.name}; trainer pool "
+                    f"{cluster.num_gpus} x {cluster.gpu.name} ({cluster.num_nodes} node(s) x "
+                    f"{min(cluster.gpus_per_node, cluster.num_gpus)}), rollout pool "
+                    f"{rollout_gpus} GPUs")
+        lines[-1] = lines[-1].replace("Predicted: peak", "Predicted: trainer peak")
+        lines.append(f"Off-policy: samples lag the policy by up to "
+                     f"{pred.get('staleness', {}).get('max_versions_behind', 1)} parameter "
+                     f"version(s); the algorithm differs from synchronous GRPO")
     return lines
 
 
@@ -134,7 +147,7 @@ def render_script(job: ExportedJob) -> str:
         lines.append(f"# {why}")
         lines.append(f'export {name}="${{{name}:-{value}}}"' if overridable
                      else f"export {name}={value}")
-    lines += ["", f"python3 -m {ENTRY_MODULE} \\"]
+    lines += ["", f"python3 -m {MODE_ENTRY[job.mode]} \\"]
     for override, name, _ in items:
         if name:
             key_part = override.split("=", 1)[0]
@@ -157,9 +170,16 @@ def _oc_default(default: str) -> str:
 def config_body(job: ExportedJob) -> dict:
     """The YAML body: the overrides as a nested mapping (``model_engine`` goes to defaults)."""
     body: dict = {}
+    # an asynchronous mode's root-config keys first (keys.MODE_CONFIG_KEYS); overrides win
+    for key, value in MODE_CONFIG_KEYS.get(job.mode, {}).items():
+        node = body
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
     for override, name, default in launch_overrides(job):
         key = override_key(override)
-        if key == "model_engine":
+        if key == "model_engine" or key.startswith("hydra."):  # the head says those
             continue
         if override.startswith("~"):
             raise PlanInputError(f"--override {override!r} deletes a key; a deletion cannot be "
@@ -183,7 +203,7 @@ def render_config(job: ExportedJob) -> str:
     header += [
         "#",
         "# Launch (Hydra wants an absolute --config-path):",
-        f"#   python3 -m {ENTRY_MODULE} --config-path=\"$(pwd)/DIR\" "
+        f"#   python3 -m {MODE_ENTRY[job.mode]} --config-path=\"$(pwd)/DIR\" "
         f"--config-name={CONFIG_FILE[:-5]} [key=value ...]",
         "# Paths come from $MODEL_PATH, $TRAIN_FILES and $VAL_FILES when set.",
     ]
@@ -207,6 +227,7 @@ def plan_json_data(job: ExportedJob) -> dict:
         "cluster": job.cluster.to_dict(),
         "workload": job.workload.to_dict(),
         "rank": job.rank,
+        **({"mode": job.mode} if job.mode != "sync" else {}),
         "layout": job.layout.to_dict(),
         "prediction": prediction,
         "files": {"script": SCRIPT_FILE, "config": CONFIG_FILE},

@@ -18,7 +18,7 @@ from typing import Mapping
 
 from planner.bounds import read_text
 from planner.errors import PlanInputError
-from planner.verl.keys import ENTRY_FILE, ENTRY_MODULE
+from planner.verl.keys import ENTRY_FILE, ENTRY_MODULE, MODE_ENTRY
 from planner.verl.shell import NAME, Shell
 
 
@@ -32,15 +32,28 @@ class LaunchCommand:
     line: int = 0
     notes: tuple[str, ...] = ()  # what was not run or not understood, for the report
     problems: tuple[str, ...] = ()  # why bash itself would fail (a CRLF file), errors
+    mode: str = "sync"  # the training mode its entry point runs (keys.MODE_ENTRY)
+
+
+ENTRY_FILES = {mode: module.replace(".", "/") + ".py" for mode, module in MODE_ENTRY.items()}
+assert ENTRY_FILES["sync"] == ENTRY_FILE
+
+
+def _entry(words: list[str]) -> tuple[int, str] | None:
+    """Where the verl command's entry point is and the mode it runs: ``-m`` a module of
+    ``MODE_ENTRY`` (main_ppo, or the asynchronous trainers), or a path to its file."""
+    for index, word in enumerate(words):
+        for mode, module in MODE_ENTRY.items():
+            if word == module and index > 0 and words[index - 1] == "-m":
+                return index, mode
+            if word.endswith(ENTRY_FILES[mode]):
+                return index, mode
+    return None
 
 
 def _entry_index(words: list[str]) -> int | None:
-    for index, word in enumerate(words):
-        if word == ENTRY_MODULE and index > 0 and words[index - 1] == "-m":
-            return index
-        if word.endswith(ENTRY_FILE):
-            return index
-    return None
+    found = _entry(words)
+    return None if found is None else found[0]
 
 
 _VALUE_FLAGS = {"--config-path": "config_path", "-cp": "config_path",
@@ -76,20 +89,23 @@ def parse_launch_script(text: str, environ: Mapping[str, str],
     env = dict(environ)
     taint: dict[str, set[str]] = {}
     shell = Shell(text, env, taint, source)
-    found = []
+    found, modes = [], []
     for line, words in shell.commands():
         values = [value for word in words for value in word.values()]
-        index = _entry_index(values)
-        if index is None:
+        entry = _entry(values)
+        if entry is None:
             continue
+        index, mode = entry
         arguments, taints = [], []
         for word in words:
             for value in word.values():
                 arguments.append(value)
                 taints.append(word.taint)
         found.append((line, arguments[index + 1:], taints[index + 1:]))
+        modes.append(mode)
     if not found:
-        raise PlanInputError(f"{source} has no `python3 -m {ENTRY_MODULE}` command; "
+        raise PlanInputError(f"{source} has no `python3 -m {ENTRY_MODULE}` command (nor "
+                             f"{' / '.join(MODE_ENTRY[m] for m in MODE_ENTRY if m != 'sync')}); "
                              f"validate reads verl launch scripts, Hydra YAML files or "
                              f"`-- key=value ...` overrides")
     if len(found) > 1:
@@ -116,7 +132,8 @@ def parse_launch_script(text: str, environ: Mapping[str, str],
     notes += [f"{ENTRY_MODULE} argument --{name.replace('_', '-')} {value} ignored"
               for name, value in flags.items() if name in ("config_dir", "cfg", "package")]
     return LaunchCommand(overrides=tuple(overrides), config_path=flags.get("config_path"),
-                         config_name=flags.get("config_name"), line=line, notes=tuple(notes))
+                         config_name=flags.get("config_name"), line=line, notes=tuple(notes),
+                         mode=modes[0])
 
 
 def read_launch_script(path: Path, environ: Mapping[str, str]) -> LaunchCommand:

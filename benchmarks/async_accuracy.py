@@ -1,0 +1,142 @@
+"""Predicted vs measured steady-state steps of the published 1-step-off-policy GRPO runs.
+
+    python benchmarks/async_accuracy.py
+
+The non-colocated rows of ``grpo_runs.csv`` (NeMo RL v0.4/v0.5 ``*-async-1off`` recipes, their
+generation/training split in ``colocated``: "no (16 gen / 16 train)") are read with
+:mod:`rl_data`'s parsing (the row as a colocated case on the training GPUs), then predicted with
+planner/cost/pools.py: generation on the rollout pool, training on the trainer pool, the
+parameter sync between them, ``max(G, T) + S``.  Each is paired with the colocated row of the
+same release, model, GPU and workload; the predicted async/sync speed-up is printed next to the
+measured one (target: within 20%).  Nothing is fitted here: the time model's constants are
+planner/cost/calibration.json's.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from calibration_data import default_path  # noqa: E402
+from rl_data import CSV_NAME, Skip, case_from_row, predict_rl  # noqa: E402
+
+from planner.cost.efficiency import load_efficiency  # noqa: E402
+from planner.cost.memory import rollout_memory  # noqa: E402
+from planner.cost.pools import pool_sync_s, steady_state  # noqa: E402
+from planner.cost.timing import generate_s  # noqa: E402
+from planner.placement import (  # noqa: E402
+    ROLLOUT_RESIDENT_BYTES,
+    pool_cluster,
+    standalone_utilization,
+)
+from planner.plan import estimate_layout  # noqa: E402
+
+SPLIT = re.compile(r"(\d+)\s*gen\s*/\s*(\d+)\s*train")
+TARGET = 0.20
+
+
+def is_async(row: dict) -> bool:
+    return (row["category"] == "rl_step" and row["colocated"].lower().startswith("no")
+            and "off-policy" in row["sync_mode"])
+
+
+def pair_key(row: dict) -> tuple:
+    return (row["framework_version"], row["model"], row["gpu_type"], row["train_batch_prompts"],
+            row["n_per_prompt"], row["max_total_len"], "fp8" in row["source_section"].lower())
+
+
+def async_case(row: dict):
+    """The row as (case on the training GPUs, generation GPUs); raises Skip."""
+    split = SPLIT.search(row["colocated"])
+    if not split:
+        raise Skip(f"split not stated ({row['colocated']})")
+    generation, training = int(split.group(1)), int(split.group(2))
+    colocated = {**row, "colocated": "yes", "sync_mode": "on-policy (sync)",
+                 "gpu_count": str(training)}
+    return case_from_row(colocated), generation
+
+
+def predict_async(case, generation_gpus: int) -> dict:
+    """Steady-state step of a 1-step-off run: its parts and the total."""
+    trainer = case.cluster
+    whole = replace(trainer, num_gpus=trainer.num_gpus + generation_gpus)
+    rollout = pool_cluster(whole, generation_gpus)
+    workload = case.workload
+    eff = load_efficiency(trainer.gpu, workload.precision)
+    row = estimate_layout(case.model, trainer, workload, case.layout).row
+    train = (row["time_old_log_prob_s"] + row["time_ref_s"] + row["time_update_actor_s"]
+             + eff.step_fixed_s)
+    cols = case.layout.to_columns()
+    memory = rollout_memory(case.model, rollout, workload, cols,
+                            np.array([ROLLOUT_RESIDENT_BYTES]),
+                            np.array([standalone_utilization(rollout)]))
+    generate = float(generate_s(case.model, rollout, workload, cols, eff, memory)["total_s"][0])
+    parts = pool_sync_s(case.model, whole, trainer, workload, cols, eff)
+    sync = float(parts["total_s"][0])
+    state = steady_state("one-step-off", generate, train, sync)
+    return {"step": float(state["step_time_s"]), "generate": generate, "train": float(train),
+            "sync": sync, "sync_parts": {k: round(float(v[0]), 1) for k, v in parts.items()},
+            "bottleneck": "rollout" if bool(state["rollout_bound"]) else "trainer"}
+
+
+def main() -> None:
+    with open(default_path(CSV_NAME), newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    sync_rows = {}
+    for row in rows:
+        if row["category"] == "rl_step" and row["colocated"].lower().startswith("yes") \
+                and "off-policy" not in row["sync_mode"]:
+            sync_rows.setdefault(pair_key(row), row)
+    print(f"{'row':>4} {'model':16} {'GPU':9} {'gen+train':>9} {'measured':>8} {'predicted':>9} "
+          f"{'error':>6}  {'gen':>6} {'train':>6} {'sync':>5} bound   | {'sync row':>8} "
+          f"{'meas x':>6} {'pred x':>6} {'x err':>6}")
+    errors, ratio_errors, skipped = [], [], {}
+    for row in rows:
+        if not is_async(row):
+            continue
+        try:
+            case, generation = async_case(row)
+            predicted = predict_async(case, generation)
+        except Skip as reason:
+            skipped[str(reason)] = skipped.get(str(reason), 0) + 1
+            continue
+        measured = float(row["step_time_s"])
+        error = predicted["step"] / measured - 1
+        errors.append(error)
+        line = (f"{row['row_id']:>4} {case.model.name[:16]:16} {case.cluster.gpu.name[:9]:9} "
+                f"{generation:>4}+{case.cluster.num_gpus:<4} {measured:8.1f} "
+                f"{predicted['step']:9.1f} {100 * error:+5.0f}%  {predicted['generate']:6.1f} "
+                f"{predicted['train']:6.1f} {predicted['sync']:5.1f} {predicted['bottleneck']:7}")
+        partner = sync_rows.get(pair_key(row))
+        if partner is not None:
+            try:
+                sync_case = case_from_row(partner)
+            except Skip:
+                partner = None
+        if partner is not None:
+            sync_pred = predict_rl([sync_case])[0]["step"]
+            measured_x = float(partner["step_time_s"]) / measured
+            predicted_x = sync_pred / predicted["step"]
+            ratio_error = predicted_x / measured_x - 1
+            ratio_errors.append(ratio_error)
+            line += (f" | {partner['row_id']:>8} {measured_x:6.2f} {predicted_x:6.2f} "
+                     f"{100 * ratio_error:+5.0f}%")
+        print(line)
+    errors, ratio_errors = np.abs(errors), np.abs(ratio_errors)
+    print(f"\n{len(errors)} async rows: step MAPE {100 * errors.mean():.1f}%, "
+          f"within 20%: {int((errors <= TARGET).sum())}/{len(errors)}")
+    print(f"{len(ratio_errors)} async/sync pairs: speed-up MAPE {100 * ratio_errors.mean():.1f}%, "
+          f"within ±20%: {int((ratio_errors <= TARGET).sum())}/{len(ratio_errors)}")
+    print(f"skipped: {skipped}")
+
+
+if __name__ == "__main__":
+    main()

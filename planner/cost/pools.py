@@ -1,0 +1,133 @@
+"""Steady-state time of a GRPO step when rollout and training run on separate GPU pools.
+
+verl's asynchronous trainers (``verl.experimental.one_step_off_policy`` and
+``verl.experimental.fully_async_policy``; NeMo RL's 1-step-off-policy GRPO) give generation its
+own pool of GPUs and the actor its own, so the two phases overlap instead of taking turns on the
+same GPUs.  Everything here is built from :mod:`planner.cost.timing`'s phase models (same
+formulas, same calibration), evaluated on the pool that runs the phase:
+
+* rollout pool: :func:`~planner.cost.timing.generate_s` on the rollout pool's GPUs (one-step-off
+  waits for the batch's longest response, as the colocated engine does).  Fully-async with
+  partial rollout streams: sequences interrupted by a parameter sync resume with the new weights,
+  so no rank waits for the long tail and the pool runs at its steady concurrency,
+  ``S * R_mean / c`` decode steps of :func:`~planner.cost.timing.decode_step_s` at batch ``c``
+  (verl fully_async_policy README: "partial rollout ... removes the long-tail");
+* trainer pool: the log-prob, reference and update phases of
+  :func:`~planner.cost.timing.grpo_step` on the trainer pool's GPUs, plus the per-step fixed
+  costs (reward, advantages, data movement);
+* parameter sync between pools: the actor's model-parallel all-gather and vLLM's weight load
+  (:func:`~planner.cost.timing.weight_sync_s`, its per-tensor or bucketed latency), plus the
+  transfer of the full bf16 weights from the trainer pool to the rollout pool: a pipelined NCCL
+  broadcast moves every byte once over each receiver's link (``bytes / bandwidth``, independent
+  of the receivers; NCCL tests' broadcast bus bandwidth), the network unless both pools share one
+  NVLink domain.
+
+Steady state (one step = one ``train_batch_size`` of prompts):
+
+* one-step-off: generation of step k+1 overlaps training of step k, then both wait for the
+  weights: ``max(G, T) + S``;
+* fully-async: the trainer consumes mini-batches as they arrive and syncs every
+  ``trigger_parameter_sync_step`` of them; the rollouter may run ``staleness_threshold`` of a
+  cycle ahead, which hides the pool that waits at a cycle boundary (the last mini-batch's update,
+  or the first mini-batch's generation): ``max(G, T) + min(G, T) / k * max(0, 1 - s * k)`` per
+  cycle of ``k`` mini-batches, plus the sync.
+
+The idle fraction of a pool is ``1 - busy / step``; the bottleneck is the busier pool.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.catalog.hardware import ClusterSpec
+from planner.catalog.models import ModelSpec
+from planner.catalog.workload import GrpoWorkload
+from planner.cost.efficiency import Efficiency
+from planner.cost.memory import WEIGHT_BYTES
+from planner.cost.timing import (
+    decode_step_s,
+    generate_s,
+    link_bandwidth,
+    rollout_concurrency,
+    weight_sync_s,
+)
+from planner.search.batches import mean_prompt_length, mean_response_length
+from planner.search.layout import Columns
+
+MODES = ("sync", "one-step-off", "fully-async")
+
+
+def _f(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def streaming_generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
+                         cols: Columns, eff: Efficiency, memory: Columns) -> dict[str, np.ndarray]:
+    """Generation time of one step's sequences on a pool that streams (partial rollout): the
+    prefill of :func:`generate_s` plus ``S * R_mean / c`` decode steps at the full running
+    batch ``c`` -- no long-tail wave (interrupted sequences continue after the sync)."""
+    whole = generate_s(model, cluster, workload, cols, eff, memory)
+    rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
+    replicas = np.maximum(np.floor(cluster.num_gpus / (rtp * rdp)), 1)
+    seqs = workload.sequences_per_step / replicas / rdp  # per attention rank
+    concurrency = rollout_concurrency(workload, memory["kv_cache_tokens_per_gpu"])
+    r_mean = mean_response_length(workload)
+    steps = seqs * r_mean / concurrency
+    step = decode_step_s(model, cluster, workload, cols, eff, concurrency,
+                         mean_prompt_length(workload) + r_mean / 2)
+    decode = np.where(whole["kv_holds_sequence"], steps * step["total_s"], np.inf)
+    return {"total_s": whole["prefill_s"] + decode, "prefill_s": whole["prefill_s"],
+            "decode_s": decode, "decode_steps": steps, "decode_batch": concurrency}
+
+
+def pool_sync_s(model: ModelSpec, whole: ClusterSpec, trainer: ClusterSpec,
+                workload: GrpoWorkload, cols: Columns, eff: Efficiency) -> dict[str, np.ndarray]:
+    """Parameter sync from the trainer pool to the rollout pool, by part (``cols``: the actor's
+    layout with the rollout pool's rollout fields)."""
+    local = weight_sync_s(model, trainer, workload, cols, eff)
+    total_bytes = float(model.params.total * WEIGHT_BYTES)
+    span = np.full(len(local["comm_s"]), whole.num_gpus)
+    broadcast = total_bytes / link_bandwidth(whole, eff, span)
+    return {"gather_s": local["comm_s"], "broadcast_s": broadcast, "load_s": local["compute_s"],
+            "latency_s": local["latency_s"],
+            "total_s": local["comm_s"] + broadcast + local["compute_s"] + local["latency_s"]}
+
+
+def steady_state(mode: str, generate, train, sync, *, mini_batches_per_step: float = 1.0,
+                 trigger_parameter_sync_step: int = 1,
+                 staleness_threshold: float = 0.0) -> dict[str, np.ndarray]:
+    """Seconds per step, idle fractions of both pools and the bottleneck pool, from the pool
+    times of one step (generation ``G``, training ``T``, one parameter sync ``S``)."""
+    g, t, s = _f(generate), _f(train), _f(sync)
+    if mode == "one-step-off":
+        step = np.maximum(g, t) + s
+        syncs = np.ones_like(step)
+        boundary = np.zeros_like(step)
+    elif mode == "fully-async":
+        k = float(trigger_parameter_sync_step)
+        cycles = mini_batches_per_step / k  # parameter syncs per step
+        hidden = min(1.0, staleness_threshold * k)
+        boundary = np.minimum(g, t) / mini_batches_per_step * (1 - hidden) * cycles
+        syncs = np.full_like(g, cycles)
+        step = np.maximum(g, t) + boundary + s * cycles
+    else:
+        raise ValueError(f"mode {mode!r}: the steady state of separate pools is for "
+                         f"one-step-off and fully-async")
+    with np.errstate(invalid="ignore"):  # an infeasible pool (infinite time): idle NaN
+        idle = {"rollout_idle": 1 - g / step, "trainer_idle": 1 - t / step}
+    return {"step_time_s": step, "boundary_s": boundary, "sync_per_step_s": s * syncs,
+            **idle, "rollout_bound": g >= t}
+
+
+def staleness(mode: str, staleness_threshold: float = 0.0) -> dict:
+    """What an off-policy mode does to the algorithm: how many parameter versions a sample
+    can lag the policy it trains (at most), and the share of samples that lag."""
+    if mode == "sync":
+        return {"max_versions_behind": 0, "stale_sample_fraction": 0.0, "off_policy": False}
+    if mode == "one-step-off":
+        return {"max_versions_behind": 1, "stale_sample_fraction": 1.0, "off_policy": True}
+    # verl fully_async_rollouter: at most required_samples * (1 + staleness) * trigger samples
+    # are generated per parameter version; with partial rollout a sequence may span versions
+    return {"max_versions_behind": 1 + int(np.ceil(staleness_threshold)),
+            "stale_sample_fraction": round(staleness_threshold / (1 + staleness_threshold), 4),
+            "off_policy": True}
