@@ -174,7 +174,7 @@ def best_trainer(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     train = sum(times[time_column(phase)] for phase in TRAINING_PHASES_ASYNC) + eff.step_fixed_s
     gather = weight_sync_s(model, cluster, workload, sub, eff)["comm_s"]
     peak = mem["trainer_peak_bytes"][fits]
-    tight = peak / cluster.gpu.memory_bytes > policy.tight
+    tight = peak / cluster.gpu.memory_bytes > policy.high
     order = np.lexsort((peak, train + gather, tight))
     i = int(order[0])
     row = {name: values[i] for name, values in sub.items() if name not in ROLLOUT_FIELDS}

@@ -12,9 +12,14 @@ def test_explain_dense_7b(capsys):
     rules = {entry["rule"]: entry for entry in data["rules_of_thumb"]}
     thumb = rules["7B: TP2 x PP2"]
     assert thumb["layout"]["tp"] == 2 and thumb["layout"]["pp"] == 2
-    # the plan is the fastest layout overall, so never slower than the best TP2 x PP2 one
-    assert data["chosen"]["step_time_s"] <= thumb["step_time_s"]
-    assert "faster" in thumb["verdict"] or "as fast" in thumb["verdict"]
+    # the plan's layout is the fastest or a simpler one within the model's ranking uncertainty
+    # of the fastest, so never slower than the best TP2 x PP2 one beyond that uncertainty
+    from planner.cost.efficiency import ranking_uncertainty
+
+    tolerance = float(ranking_uncertainty()["relative"])
+    assert data["chosen"]["step_time_s"] <= thumb["step_time_s"] * (1 + tolerance)
+    assert ("faster" in thumb["verdict"] or "as fast" in thumb["verdict"]
+            or "within the model's ranking uncertainty" in thumb["verdict"])
     assert "breaks a rule" in rules["TP = GPUs per node (8)"]["verdict"]  # 28 heads, TP 8
     assert "FP32 would double weights" in rules["BF16, not FP32"]["verdict"]
 

@@ -65,7 +65,8 @@ def cmd_plan(args) -> int:
         policy = inputs.policy(args)
         # the same search were the GPU filled prices the band's headroom (a second search)
         fill_plan = None if policy.fills_gpu or not fitting or workload.kind != "grpo" else \
-            make_plan(model, cluster, workload, options, inputs.calibration(args), FILL_POLICY)
+            make_plan(model, cluster, workload, options, inputs.calibration(args), FILL_POLICY,
+                      tie_tolerance=0.0)
         print(plan_table(plan, args.top, fill_plan))
     return ExitCode.OK if fitting else ExitCode.NO
 

@@ -144,12 +144,14 @@ def _first(plan: Plan) -> dict | None:
 def best_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                 options: SearchOptions = SearchOptions(), calibration: dict | None = None,
                 policy: MemoryPolicy = DEFAULT_POLICY, refine: int = REFINE) -> CountResult:
-    """The best layout that fits ``cluster``, or the closest miss (see the module docstring)."""
+    """The best layout that fits ``cluster``, or the closest miss (see the module docstring).
+    Best is the fastest by the prediction (plans ranked with no tie tolerance): sizing compares
+    counts and GPU types by step time, so it must not trade speed for simplicity."""
     def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp) -> Plan:
         return make_plan(model, cluster, workload,
                          replace(options, knob_rows=knobs, parallel_rows=parallel,
                                  rollout_rows=rollouts, vpp=vpp),
-                         calibration, policy)
+                         calibration, policy, tie_tolerance=0.0)
 
     # VPP only adds activation memory (Megatron's interleaving penalty) and trims the update's
     # bubble: the probe leaves it at 1, the refinement tries the others

@@ -147,9 +147,9 @@ def pool_memory(model, pools: Pools, workload, layout,
         findings.append(Finding("memory", f"trainer pool will not fit: predicted peak "
                                 f"{peak / GIB:.1f} GiB in {phase} exceeds the "
                                 f"{capacity / GIB:.1f} GiB of a {name}"))
-    elif peak / capacity > policy.tight:
+    elif peak / capacity > policy.high:
         findings.append(Finding("memory", f"trainer pool: {phase} peaks at {peak / GIB:.1f} GiB, "
-                                f"above {100 * policy.tight:.0f}% of {capacity / GIB:.1f} GiB",
+                                f"above {100 * policy.high:.0f}% of {capacity / GIB:.1f} GiB",
                                 (), "warning"))
     kv = int(rollout["kv_cache_tokens_per_gpu"][0])
     if not bool(rollout["rollout_fits"][0]):
