@@ -29,7 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 PROMPT = "$ plan-parallel "
 ELLIPSIS = "..."
-BLOCK = re.compile(r"^```text\n(\$ plan-parallel [^\n]*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+# the command may continue over lines ending in a backslash, as a shell reads it
+BLOCK = re.compile(r"^```text\n(\$ plan-parallel (?:[^\n]*\\\n)*[^\n]*)\n(.*?)^```$",
+                   re.MULTILINE | re.DOTALL)
 # modules that detect the local GPUs through NVML (imported by name there)
 NVML_USERS = ("planner.cli.inputs", "planner.diagnose.validate")
 # where installed packages live differs per machine: shown as <site-packages>
@@ -45,7 +47,7 @@ class Example:
 
     @property
     def argv(self) -> list[str]:
-        return shlex.split(self.command[len(PROMPT):])
+        return shlex.split(self.command[len(PROMPT):].replace("\\\n", " "), comments=True)
 
     def shape(self) -> tuple[int, int] | None:
         """(first, last) line counts kept around a ``...`` line, or None for a whole output."""

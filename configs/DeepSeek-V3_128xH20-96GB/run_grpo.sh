@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): DeepSeek-V3 on 128 x H20-96GB (16 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP8 PP1 VPP1 CP1 EP128 ETP1 DP16, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute none, offload param+ref, CPU optimizer 100%
-# Reference: the actor's parallel sizes, param offload yes
-# Rollout:   vLLM TP4 DP8 EP32 (4 replica(s) of 32 GPUs), gpu_memory_utilization 0.70
-# Predicted: peak 78.38 GiB of 95.6 GiB (82%) in update_actor; step 708.5 s, 87 tokens/s/GPU
+# Actor:     TP8 PP4 VPP1 CP1 EP32 ETP1 DP4, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute none, offload -, CPU optimizer 100%, stages 16/../0 layers
+# Reference: the actor's parallel sizes, param offload no
+# Rollout:   vLLM TP4 DP32 EP128 (1 replica(s) of 128 GPUs), gpu_memory_utilization 0.35
+# Predicted: peak 80.19 GiB of 95.6 GiB (84%) in generate; step 760.3 s, 81 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -57,25 +57,26 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.kl_loss_type=low_var_kl \
     actor_rollout_ref.actor.entropy_coeff=0 \
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8 \
-    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1 \
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=4 \
     actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=null \
     actor_rollout_ref.actor.megatron.context_parallel_size=1 \
-    actor_rollout_ref.actor.megatron.expert_model_parallel_size=128 \
+    actor_rollout_ref.actor.megatron.expert_model_parallel_size=32 \
     actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
     actor_rollout_ref.actor.megatron.sequence_parallel=True \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
-    actor_rollout_ref.actor.megatron.param_offload=True \
+    actor_rollout_ref.actor.megatron.param_offload=False \
     actor_rollout_ref.actor.megatron.optimizer_offload=False \
     actor_rollout_ref.actor.optim.use_precision_aware_optimizer=True \
     +actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True \
     +actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=1.0 \
     +actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=True \
-    actor_rollout_ref.ref.megatron.param_offload=True \
+    +actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=16 \
+    actor_rollout_ref.ref.megatron.param_offload=False \
     actor_rollout_ref.rollout.name=vllm \
     actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
-    actor_rollout_ref.rollout.data_parallel_size=8 \
-    actor_rollout_ref.rollout.expert_parallel_size=32 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.7 \
+    actor_rollout_ref.rollout.data_parallel_size=32 \
+    actor_rollout_ref.rollout.expert_parallel_size=128 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.35 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=256 \
     actor_rollout_ref.rollout.max_num_batched_tokens=8192 \

@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-235B-A22B on 64 x H100-80GB (8 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP1 PP8 VPP4 CP1 EP8 ETP1 DP8, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute selective core_attn+layernorm+moe_act, offload param+ref, CPU optimizer 100%, stages 0/../0 layers
-# Reference: the actor's parallel sizes, param offload yes
-# Rollout:   vLLM TP1 DP64 EP64 (1 replica(s) of 64 GPUs), gpu_memory_utilization 0.55
-# Predicted: peak 65.48 GiB of 79.6 GiB (82%) in update_actor; step 203.2 s, 605 tokens/s/GPU
+# Actor:     TP1 PP16 VPP1 CP1 EP4 ETP1 DP4, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute selective core_attn+layernorm+moe_act, offload -, CPU optimizer 100%, stages 0/../0 layers
+# Reference: the actor's parallel sizes, param offload no
+# Rollout:   vLLM TP1 DP64 EP64 (1 replica(s) of 64 GPUs), gpu_memory_utilization 0.45
+# Predicted: peak 67.64 GiB of 79.6 GiB (85%) in generate; step 264.0 s, 466 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -57,14 +57,14 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.kl_loss_type=low_var_kl \
     actor_rollout_ref.actor.entropy_coeff=0 \
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 \
-    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=8 \
-    actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=4 \
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=16 \
+    actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=null \
     actor_rollout_ref.actor.megatron.context_parallel_size=1 \
-    actor_rollout_ref.actor.megatron.expert_model_parallel_size=8 \
+    actor_rollout_ref.actor.megatron.expert_model_parallel_size=4 \
     actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
     actor_rollout_ref.actor.megatron.sequence_parallel=False \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
-    actor_rollout_ref.actor.megatron.param_offload=True \
+    actor_rollout_ref.actor.megatron.param_offload=False \
     actor_rollout_ref.actor.megatron.optimizer_offload=False \
     actor_rollout_ref.actor.optim.use_precision_aware_optimizer=True \
     +actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True \
@@ -75,12 +75,12 @@ python3 -m verl.trainer.main_ppo \
     +actor_rollout_ref.actor.megatron.override_transformer_config.moe_grouped_gemm=True \
     +actor_rollout_ref.actor.megatron.override_transformer_config.account_for_embedding_in_pipeline_split=True \
     +actor_rollout_ref.actor.megatron.override_transformer_config.account_for_loss_in_pipeline_split=True \
-    actor_rollout_ref.ref.megatron.param_offload=True \
+    actor_rollout_ref.ref.megatron.param_offload=False \
     actor_rollout_ref.rollout.name=vllm \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.data_parallel_size=64 \
     actor_rollout_ref.rollout.expert_parallel_size=64 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.55 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.45 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=256 \
     actor_rollout_ref.rollout.max_num_batched_tokens=8192 \

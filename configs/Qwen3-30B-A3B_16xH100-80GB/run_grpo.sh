@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-30B-A3B on 16 x H100-80GB (2 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP1 PP2 VPP1 CP1 EP8 ETP1 DP8, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload optim, stages 0/../0 layers
+# Actor:     TP1 PP2 VPP1 CP1 EP8 ETP1 DP8, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload -, stages 0/../0 layers
 # Reference: the actor's parallel sizes, param offload no
-# Rollout:   vLLM TP1 DP8 EP8 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.55
-# Predicted: peak 64.63 GiB of 79.6 GiB (81%) in generate; step 106.3 s, 4625 tokens/s/GPU
+# Rollout:   vLLM TP1 DP8 EP8 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.30
+# Predicted: peak 66.05 GiB of 79.6 GiB (83%) in generate; step 142.6 s, 3447 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -65,13 +65,13 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.megatron.sequence_parallel=False \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
     actor_rollout_ref.actor.megatron.param_offload=False \
-    actor_rollout_ref.actor.megatron.optimizer_offload=True \
+    actor_rollout_ref.actor.megatron.optimizer_offload=False \
     actor_rollout_ref.ref.megatron.param_offload=False \
     actor_rollout_ref.rollout.name=vllm \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.data_parallel_size=8 \
     actor_rollout_ref.rollout.expert_parallel_size=8 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.55 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.3 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=256 \
     actor_rollout_ref.rollout.max_num_batched_tokens=8192 \

@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-32B on 16 x H100-80GB (2 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
-# Actor:     TP2 PP4 VPP1 CP1 EP1 ETP1 DP2, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload ref, CPU optimizer 100%, stages 0/../0 layers
-# Reference: the actor's parallel sizes, param offload yes
-# Rollout:   vLLM TP4 DP1 EP1 (4 replica(s) of 4 GPUs), gpu_memory_utilization 0.50
-# Predicted: peak 65.38 GiB of 79.6 GiB (82%) in generate; step 434.2 s, 1132 tokens/s/GPU
+# Actor:     TP4 PP4 VPP1 CP1 EP1 ETP1 DP1, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload -, stages 0/../0 layers
+# Reference: the actor's parallel sizes, param offload no
+# Rollout:   vLLM TP8 DP1 EP1 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.30
+# Predicted: peak 65.43 GiB of 79.6 GiB (82%) in generate; step 516.1 s, 952 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -56,7 +56,7 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.kl_loss_coef=0.001 \
     actor_rollout_ref.actor.kl_loss_type=low_var_kl \
     actor_rollout_ref.actor.entropy_coeff=0 \
-    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
     actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=4 \
     actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=null \
     actor_rollout_ref.actor.megatron.context_parallel_size=1 \
@@ -66,16 +66,12 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
     actor_rollout_ref.actor.megatron.param_offload=False \
     actor_rollout_ref.actor.megatron.optimizer_offload=False \
-    actor_rollout_ref.actor.optim.use_precision_aware_optimizer=True \
-    +actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True \
-    +actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=1.0 \
-    +actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=True \
-    actor_rollout_ref.ref.megatron.param_offload=True \
+    actor_rollout_ref.ref.megatron.param_offload=False \
     actor_rollout_ref.rollout.name=vllm \
-    actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=8 \
     actor_rollout_ref.rollout.data_parallel_size=1 \
     actor_rollout_ref.rollout.expert_parallel_size=1 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.3 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=256 \
     actor_rollout_ref.rollout.max_num_batched_tokens=8192 \
