@@ -113,6 +113,11 @@ def test_bad_input(case, tmp_path, monkeypatch, capsys):
     code = main(argv)
     elapsed = time.monotonic() - start
     out, err = capsys.readouterr()
+    if code == 2 and "which is not installed" in err and (
+            case["exit"] != 2 or case["message"].lower() not in err.lower()):
+        # the base install (`pip install .`): the command needs an extra to read this input
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        pytest.skip(err.strip())
     assert code == case["exit"], f"exit {code}, expected {case['exit']}\n{out[-2000:]}\n{err}"
     assert "Traceback" not in out + err
     assert case["message"].lower() in (out + err).lower(), f"{out[-2000:]}\n{err}"

@@ -107,6 +107,7 @@ def test_cli_names(capsys, value):
 @FAST
 @given(value=st.text(max_size=30))
 def test_tune_durations(value):
+    pytest.importorskip("optuna", reason="plan-parallel[tune] is not installed")
     from planner.cli.tune import parse_duration
 
     result = answers_or_input_error(parse_duration, value, "--stop-grace", limit_s=600)

@@ -200,6 +200,8 @@ PAIRS = [
 @pytest.mark.parametrize("workload", ["grpo", "pretrain"])
 def test_every_command_with_every_workload(tmp_path, capsys, argv, grpo_code, pretrain_code,
                                            workload):
+    if argv[0] == "tune":
+        pytest.importorskip("optuna", reason="plan-parallel[tune] is not installed")
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     code, out, err = run(capsys, *argv, "--model", "qwen3-8b", "--gpus", "8", "--gpu-type",
                          "h100", "--workload", workload)

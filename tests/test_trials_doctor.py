@@ -4,6 +4,7 @@ check, whether this machine can run verl trials -- and how to fix what it cannot
 import sys
 from types import SimpleNamespace
 
+import pytest
 from fixtures.tuning import job_files, tune_argv
 
 from planner.cli.main import main
@@ -130,6 +131,7 @@ def test_doctor_command(tmp_path, capsys):
 
 
 def test_tune_runs_the_checks_before_its_first_trial(tmp_path, capsys):
+    pytest.importorskip("optuna", reason="plan-parallel[tune] is not installed")
     argv = tune_argv(tmp_path, trials=1)
     argv[argv.index("--model-path") + 1] = str(tmp_path / "missing-model")
     assert main(argv) == 2
