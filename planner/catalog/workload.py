@@ -159,15 +159,10 @@ class GrpoWorkload:
             skipped.add(Phase.OLD_LOG_PROB.value)
         return tuple(phase for phase in PHASES if phase not in skipped)
 
-    @property
-    def mean_response_tokens(self) -> int:
-        """Tokens generated per response on average (half the maximum when not given)."""
-        return self.mean_response_length or self.response_length // 2
-
     def describe(self) -> str:
         return (f"GRPO: {self.train_batch_size} prompts x n={self.rollout_n}, prompt "
                 f"{self.prompt_length} + response {self.response_length} tokens (mean "
-                f"{self.mean_response_tokens}), mini-batch {self.mini_batch_size}, "
+                f"{self.mean_response_length}), mini-batch {self.mini_batch_size}, "
                 f"{self.precision}")
 
     def to_dict(self) -> dict:
