@@ -19,7 +19,7 @@ trainer skips the old-log-prob pass.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -151,6 +151,42 @@ def trainer_search_options(options: SearchOptions) -> SearchOptions:
     return replace(options, offload=(False,), optimizer_cpu_fraction=(0.0,), fixed=fixed)
 
 
+def trainer_times(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
+                  cols: Columns, memory: Columns, eff: Efficiency) -> Columns:
+    """The actor layouts ``cols`` on the trainer pool, one row each: the training phases'
+    seconds (:data:`TRAINING_PHASES_ASYNC` plus the step's fixed costs) and the trainer's share
+    of the parameter sync (the model-parallel gather), with the layouts' trainer memory
+    (``memory``: :func:`trainer_memory` of the same rows).  The one evaluation of an actor
+    layout on a trainer pool: :func:`best_trainer` runs it on the layouts that fit, ``estimate
+    --mode`` (:func:`estimate_split`) on the one given."""
+    n = len(cols["tp"])
+    rows = {**cols, **{name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS},
+            "gpu_memory_utilization": np.full(n, 0.5)}
+    times = grpo_step(model, cluster, workload, rows, memory["memory"], eff)
+    train = sum(times[time_column(phase)] for phase in TRAINING_PHASES_ASYNC) + eff.step_fixed_s
+    return {"rows": rows, "train_s": train,
+            "gather_s": weight_sync_s(model, cluster, workload, rows, eff)["comm_s"],
+            "phase_s": {phase: times[time_column(phase)] for phase in TRAINING_PHASES_ASYNC},
+            "fixed_s": float(eff.step_fixed_s), "peak_bytes": memory["trainer_peak_bytes"],
+            "peak_phase": memory["trainer_peak_phase"], "fits": memory["trainer_fits"]}
+
+
+def trainer_entry(scored: Columns, i: int) -> dict:
+    """Row ``i`` of :func:`trainer_times` as the trainer pool's part of a split candidate."""
+    return {"layout": {name: values[i] for name, values in scored["rows"].items()
+                       if name not in ROLLOUT_FIELDS},
+            "train_s": float(scored["train_s"][i]),
+            "phase_s": {phase: float(values[i]) for phase, values in scored["phase_s"].items()},
+            "fixed_s": scored["fixed_s"],
+            "peak_bytes": float(scored["peak_bytes"][i]),
+            "peak_phase": str(scored["peak_phase"][i]),
+            "fits": bool(scored["fits"][i])}
+
+
+def _take(cols: Columns, keep: np.ndarray) -> Columns:
+    return {name: values[keep] for name, values in cols.items()}
+
+
 def best_trainer(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                  options: SearchOptions, eff: Efficiency,
                  policy: MemoryPolicy = DEFAULT_POLICY) -> dict | None:
@@ -166,24 +202,13 @@ def best_trainer(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     fits = mem["trainer_fits"]
     if not fits.any():
         return None
-    sub = {name: values[fits] for name, values in cols.items()}
-    sub.update({name: np.ones(len(sub["tp"]), dtype=np.int64) for name in ROLLOUT_FIELDS})
-    sub["gpu_memory_utilization"] = np.full(len(sub["tp"]), 0.5)
-    sub_mem = {name: values[fits] for name, values in mem["memory"].items()}
-    times = grpo_step(model, cluster, workload, sub, sub_mem, eff)
-    train = sum(times[time_column(phase)] for phase in TRAINING_PHASES_ASYNC) + eff.step_fixed_s
-    gather = weight_sync_s(model, cluster, workload, sub, eff)["comm_s"]
-    peak = mem["trainer_peak_bytes"][fits]
+    fitting = {**_take({k: v for k, v in mem.items() if k != "memory"}, fits),
+               "memory": _take(mem["memory"], fits)}
+    scored = trainer_times(model, cluster, workload, _take(cols, fits), fitting, eff)
+    peak = scored["peak_bytes"]
     tight = peak / cluster.gpu.memory_bytes > policy.high
-    order = np.lexsort((peak, train + gather, tight))
-    i = int(order[0])
-    row = {name: values[i] for name, values in sub.items() if name not in ROLLOUT_FIELDS}
-    return {"layout": row, "train_s": float(train[i]),
-            "phase_s": {phase: float(times[time_column(phase)][i])
-                        for phase in TRAINING_PHASES_ASYNC},
-            "fixed_s": float(eff.step_fixed_s),
-            "peak_bytes": float(peak[i]),
-            "peak_phase": str(mem["trainer_peak_phase"][fits][i]),
+    order = np.lexsort((peak, scored["train_s"] + scored["gather_s"], tight))
+    return {**trainer_entry(scored, int(order[0])),
             "fitting_layouts": int(fits.sum()), "layouts": int(len(fits))}
 
 
@@ -269,15 +294,18 @@ def sync_candidate(plan: Plan, row: dict) -> dict:
     return {**({"rank": out.pop("rank")} if "rank" in out else {}), **extra, **out}
 
 
-def _round(value: float, digits: int = 3) -> float:
-    return round(float(value), digits)
+def _round(value: float, digits: int = 3) -> float | None:
+    """Rounded for JSON; None for a time a pool that does not fit has not got (inf, NaN)."""
+    value = float(value)
+    return round(value, digits) if np.isfinite(value) else None
 
 
 def split_candidate(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
                     trainer: dict, rollout: dict, trainer_cluster: ClusterSpec,
                     rollout_cluster: ClusterSpec, eff: Efficiency,
                     async_options: AsyncOptions) -> dict:
-    """One split's prediction in the JSON contract."""
+    """One split's prediction in the JSON contract.  ``trainer``: :func:`trainer_entry` of the
+    trainer pool's layout; ``rollout``: a row of :func:`rollout_pool`."""
     layout_row = {**trainer["layout"], **{name: rollout[name] for name in ROLLOUT_FIELDS},
                   "gpu_memory_utilization": rollout["gpu_memory_utilization"]}
     layout = Layout.from_row(layout_row)
@@ -292,6 +320,7 @@ def split_candidate(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
     tokens = workload.sequences_per_step * mean_sequence_length(workload)
     generated = workload.sequences_per_step * mean_response_length(workload)
     capacity = cluster.gpu.memory_bytes
+    trainer_fits, rollout_fits = bool(trainer["fits"]), bool(rollout["fits"])
     out = {
         "mode": mode,
         "placement": {"trainer_gpus": trainer_cluster.num_gpus,
@@ -299,7 +328,7 @@ def split_candidate(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
                       "trainer_nodes": trainer_cluster.num_nodes,
                       "rollout_nodes": rollout_cluster.num_nodes},
         "layout": layout.to_dict(),
-        "fits": True,
+        "fits": trainer_fits and rollout_fits,
         "step_time_s": _round(step),
         "time_s": {"generate": _round(rollout["generate_s"]), "train": _round(trainer["train_s"]),
                    "param_sync": _round(state["sync_per_step_s"]),
@@ -316,7 +345,7 @@ def split_candidate(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
                         "peak_phase": trainer["peak_phase"],
                         "time_s": {**{k: _round(v) for k, v in trainer["phase_s"].items()},
                                    "step_fixed": _round(trainer["fixed_s"])},
-                        "fits": True},
+                        "fits": trainer_fits},
             "rollout": {"gpus": rollout_cluster.num_gpus,
                         "peak_memory_gib": round(rollout["rollout_peak_bytes"] / GIB, 2),
                         "memory_utilization": round(rollout["rollout_peak_bytes"] / capacity, 4),
@@ -324,7 +353,7 @@ def split_candidate(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
                         "kv_cache_tokens_per_gpu": int(rollout["kv_cache_tokens_per_gpu"]),
                         "concurrent_seqs": int(rollout["rollout_concurrent_seqs"]),
                         "generated_tokens_per_s": round(generated / rollout["generate_s"], 1),
-                        "fits": True},
+                        "fits": rollout_fits},
         },
         "tokens_per_s_per_gpu": round(tokens / (step * cluster.num_gpus), 1),
     }
@@ -334,6 +363,44 @@ def split_candidate(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
                                  "require_batches": 1,
                                  "partial_rollout": async_options.partial_rollout}
     return out
+
+
+def split_clusters(cluster: ClusterSpec, trainer_gpus: int) -> tuple[ClusterSpec, ClusterSpec]:
+    """The trainer and rollout pools of a split; an illegal split is an input error."""
+    rollout_gpus = cluster.num_gpus - trainer_gpus
+    problems = split_problems(cluster, trainer_gpus, rollout_gpus)
+    if problems:
+        raise PlanInputError("; ".join(problems))
+    return pool_cluster(cluster, trainer_gpus), pool_cluster(cluster, rollout_gpus)
+
+
+def split_candidates(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
+                     splits: list[int], trainer_for: Callable[[ClusterSpec], dict | None],
+                     rollout_for: Callable[[ClusterSpec], dict | None], eff: Efficiency,
+                     async_options: AsyncOptions) -> tuple[list[dict], list[str]]:
+    """Every split's candidate (:func:`split_candidate`) in the order of ``splits``, and a note
+    per split where ``trainer_for`` (the trainer pool's entry) or ``rollout_for`` (the rollout
+    pool's) found nothing that fits."""
+    candidates, notes = [], []
+    for trainer_gpus in splits:
+        t_cluster, r_cluster = split_clusters(cluster, trainer_gpus)
+        trainer, rollout = trainer_for(t_cluster), rollout_for(r_cluster)
+        if trainer is None or rollout is None:
+            notes.append(f"{trainer_gpus} trainer + {r_cluster.num_gpus} rollout GPUs: "
+                         f"{'the actor fits no layout' if trainer is None else ''}"
+                         f"{' and ' if trainer is None and rollout is None else ''}"
+                         f"{'no rollout layout fits' if rollout is None else ''}")
+            continue
+        candidates.append(split_candidate(model, cluster, workload, mode, trainer, rollout,
+                                          t_cluster, r_cluster, eff, async_options))
+    return candidates, notes
+
+
+def _ranked(candidates: list[dict]) -> list[dict]:
+    """Fastest split first; ties go to the larger rollout pool."""
+    candidates = sorted(candidates, key=lambda c: (c["step_time_s"],
+                                                    -c["placement"]["rollout_gpus"]))
+    return [{"rank": rank, **c} for rank, c in enumerate(candidates, start=1)]
 
 
 def plan_split_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
@@ -351,37 +418,23 @@ def plan_split_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
     splits = list(async_options.trainer_gpus) or pool_splits(cluster)
     cache = {} if cache is None else cache
     streaming = mode == "fully-async" and async_options.partial_rollout
-    candidates, notes = [], []
-    for trainer_gpus in splits:
-        rollout_gpus = cluster.num_gpus - trainer_gpus
-        problems = split_problems(cluster, trainer_gpus, rollout_gpus)
-        if problems:
-            raise PlanInputError("; ".join(problems))
-        t_cluster, r_cluster = pool_cluster(cluster, trainer_gpus), pool_cluster(cluster,
-                                                                                rollout_gpus)
-        key = ("trainer", trainer_gpus)
+
+    def trainer_for(pool: ClusterSpec) -> dict | None:
+        key = ("trainer", pool.num_gpus)
         if key not in cache:
-            cache[key] = best_trainer(model, t_cluster, work, options, eff, policy)
-        trainer = cache[key]
-        rkey = ("rollout", rollout_gpus, streaming)
-        if rkey not in cache:
-            cache[rkey] = best_rollout(rollout_pool(model, r_cluster, work, options, eff,
-                                                    streaming))
-        rollout = cache[rkey]
-        if trainer is None or rollout is None:
-            notes.append(f"{trainer_gpus} trainer + {rollout_gpus} rollout GPUs: "
-                         f"{'the actor fits no layout' if trainer is None else ''}"
-                         f"{' and ' if trainer is None and rollout is None else ''}"
-                         f"{'no rollout layout fits' if rollout is None else ''}")
-            continue
-        candidates.append(split_candidate(model, cluster, work, mode, trainer, rollout,
-                                          t_cluster, r_cluster, eff, async_options))
-    candidates.sort(key=lambda c: (c["step_time_s"], -c["placement"]["rollout_gpus"]))
-    for rank, candidate in enumerate(candidates, start=1):
-        candidate["rank"] = rank
-    candidates = [{"rank": c.pop("rank"), **c} for c in candidates]
+            cache[key] = best_trainer(model, pool, work, options, eff, policy)
+        return cache[key]
+
+    def rollout_for(pool: ClusterSpec) -> dict | None:
+        key = ("rollout", pool.num_gpus, streaming)
+        if key not in cache:
+            cache[key] = best_rollout(rollout_pool(model, pool, work, options, eff, streaming))
+        return cache[key]
+
+    candidates, notes = split_candidates(model, cluster, work, mode, splits, trainer_for,
+                                         rollout_for, eff, async_options)
     return ModePlan(mode=mode, model=model, cluster=cluster, workload=work,
-                    candidates=candidates, async_options=async_options,
+                    candidates=_ranked(candidates), async_options=async_options,
                     splits_tried=len(splits), notes=notes)
 
 
