@@ -45,12 +45,13 @@ from planner.cost.pools import (
     streaming_generate_s,
 )
 from planner.cost.timing import generate_s, grpo_step, weight_sync_s
-from planner.errors import PlanInputError
+from planner.errors import InvalidLayoutError, NoFitError, PlanInputError
 from planner.plan import ROLLOUT_FIELDS, Plan, candidate_dict, make_plan
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.batches import mean_response_length, mean_sequence_length
 from planner.search.layout import Columns, Layout
 from planner.search.rules import RULES, violations
+from planner.search.rules import explain as broken_rules
 from planner.search.space import ROLLOUT_RULES, SearchOptions, build_space, rollout_options
 from planner.units import GIB
 
@@ -253,13 +254,17 @@ def rollout_pool(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
             "rollout_peak_bytes": memory["mem_generate_bytes"], "fits": fits}
 
 
+def rollout_entry(pool: Columns, i: int) -> dict:
+    """Row ``i`` of :func:`rollout_pool` as the rollout pool's part of a split candidate."""
+    return {name: values[i].item() if hasattr(values[i], "item") else values[i]
+            for name, values in pool.items()}
+
+
 def best_rollout(pool: Columns) -> dict | None:
     if not len(pool["rollout_tp"]) or not np.isfinite(pool["generate_s"]).any():
         return None
     replica = pool["rollout_tp"] * pool["rollout_dp"]
-    i = int(np.lexsort((replica, pool["generate_s"]))[0])
-    return {name: values[i].item() if hasattr(values[i], "item") else values[i]
-            for name, values in pool.items()}
+    return rollout_entry(pool, int(np.lexsort((replica, pool["generate_s"]))[0]))
 
 
 # --- one mode ---------------------------------------------------------------------------------
@@ -436,6 +441,114 @@ def plan_split_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
     return ModePlan(mode=mode, model=model, cluster=cluster, workload=work,
                     candidates=_ranked(candidates), async_options=async_options,
                     splits_tried=len(splits), notes=notes)
+
+
+# --- one actor layout on the splits (estimate --mode) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class SplitEstimate:
+    """``estimate --mode one-step-off|fully-async``: one actor layout on the splits tried."""
+
+    mode: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    workload: GrpoWorkload  # as the asynchronous recipes run it (:func:`async_workload`)
+    candidate: dict  # the split reported, in the JSON contract of a plan candidate
+    splits: tuple[dict, ...]  # every split scored, the reported one first
+    rollout_chosen: bool  # the rollout pool's layout was chosen (no rollout flag given)
+    async_options: AsyncOptions
+    notes: tuple[str, ...] = ()
+
+
+def pool_layout(layout: Layout, gpus: int) -> Layout:
+    """The actor layout on a pool of ``gpus``: data parallelism takes what TP*PP*CP leave (as
+    ``estimate`` sizes it on the whole cluster; a layout that does not divide the pool breaks
+    the ``world_size`` rule)."""
+    return replace(layout, dp=max(gpus // (layout.tp * layout.pp * layout.cp), 1))
+
+
+def split_layout_problems(model: ModelSpec, trainer: ClusterSpec, rollout: ClusterSpec,
+                          workload: GrpoWorkload, layout: Layout,
+                          pin_rollout: bool) -> list[tuple[str, str]]:
+    """The rules (:mod:`planner.search.rules`) ``layout`` breaks on a split: the actor's on the
+    trainer pool, the rollout's (when pinned) on the rollout pool, as (rule, message)."""
+    actor = {**pool_layout(layout, trainer.num_gpus).to_dict(),
+             **{name: 1 for name in ROLLOUT_FIELDS}}
+    found = [(name, f"trainer pool of {trainer.num_gpus} GPUs: {message}")
+             for name, message in broken_rules(model, trainer, workload, actor)
+             if name not in ROLLOUT_RULES]
+    if pin_rollout:
+        found += [(name, f"rollout pool of {rollout.num_gpus} GPUs: {message}")
+                  for name, message in broken_rules(model, rollout, workload, layout.to_dict())
+                  if name in ROLLOUT_RULES]
+    return found
+
+
+def _split_summary(candidate: dict) -> dict:
+    return {"trainer_gpus": candidate["placement"]["trainer_gpus"],
+            "rollout_gpus": candidate["placement"]["rollout_gpus"],
+            "fits": candidate["fits"], "step_time_s": candidate["step_time_s"],
+            "bottleneck": candidate["bottleneck"],
+            "rollout": {name: candidate["layout"][name] for name in ROLLOUT_FIELDS}}
+
+
+def estimate_split(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
+                   layout: Layout, pin_rollout: bool, options: SearchOptions = SearchOptions(),
+                   calibration: dict | None = None,
+                   async_options: AsyncOptions = AsyncOptions()) -> SplitEstimate:
+    """Score one actor layout on separate pools: on each split tried (``trainer_gpus``, or
+    every legal split) the actor on the trainer pool (memory and time as :func:`best_trainer`
+    scores a layout) and the rollout on the rollout pool (``layout``'s rollout TP/DP/EP when
+    ``pin_rollout``, else the fastest that fits, as a plan picks it; ``gpu_memory_utilization``
+    from ``options`` or the standalone pool's).  Reports the fastest split that fits (else the
+    fastest); splits where the layout breaks a rule are skipped with a note, and when it breaks
+    one on every split, :class:`InvalidLayoutError` lists them all."""
+    if mode not in ASYNC_MODES:
+        raise ValueError(mode)
+    if workload.kind != "grpo":
+        raise PlanInputError(f"--mode {mode} plans GRPO; --workload pretrain has no rollout")
+    work = async_workload(workload)
+    eff = load_efficiency(cluster.gpu, workload.precision, calibration)
+    streaming = mode == "fully-async" and async_options.partial_rollout
+    legal, broken, notes = [], [], []
+    for trainer_gpus in list(async_options.trainer_gpus) or pool_splits(cluster):
+        t_cluster, r_cluster = split_clusters(cluster, trainer_gpus)
+        problems = split_layout_problems(model, t_cluster, r_cluster, work, layout, pin_rollout)
+        broken += problems
+        if problems:
+            notes.append(f"{trainer_gpus} trainer + {r_cluster.num_gpus} rollout GPUs: the "
+                         f"layout breaks {', '.join(dict.fromkeys(n for n, _ in problems))}")
+        else:
+            legal.append(trainer_gpus)
+    if not legal:
+        raise InvalidLayoutError(broken)
+    if pin_rollout:
+        options = replace(options, fixed=tuple((name, getattr(layout, name))
+                                               for name in ROLLOUT_FIELDS))
+
+    def trainer_for(pool: ClusterSpec) -> dict:
+        actor = pool_layout(layout, pool.num_gpus).to_columns()
+        memory = trainer_memory(model, pool, work, actor)
+        return trainer_entry(trainer_times(model, pool, work, actor, memory, eff), 0)
+
+    def rollout_for(pool: ClusterSpec) -> dict | None:
+        rows = rollout_pool(model, pool, work, options, eff, streaming)
+        if not pin_rollout:
+            return best_rollout(rows)
+        return rollout_entry(rows, 0) if len(rows["rollout_tp"]) else None
+
+    candidates, more = split_candidates(model, cluster, work, mode, legal, trainer_for,
+                                        rollout_for, eff, async_options)
+    if not candidates:
+        raise NoFitError(f"{layout.actor_text(model.is_moe)}: {'; '.join(more)}")
+    candidates.sort(key=lambda c: (not c["fits"], c["step_time_s"] is None,
+                                   c["step_time_s"] or 0.0, -c["placement"]["rollout_gpus"]))
+    return SplitEstimate(mode=mode, model=model, cluster=cluster, workload=work,
+                         candidate=candidates[0],
+                         splits=tuple(_split_summary(c) for c in candidates),
+                         rollout_chosen=not pin_rollout, async_options=async_options,
+                         notes=tuple(notes + more))
 
 
 def plan_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,

@@ -226,14 +226,13 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
                       help="rollout.enable_prefix_caching: the n samples share a prompt's KV")
 
 
-def mode_args(parser: argparse.ArgumentParser) -> None:
+def mode_args(parser: argparse.ArgumentParser, what: str = "best: all side by side") -> None:
     """``--mode`` and verl's asynchronous-training settings (planner/placement.py)."""
     group = parser.add_argument_group("training mode: colocated or separate rollout/trainer pools")
     group.add_argument("--mode", choices=("sync", "one-step-off", "fully-async", "best"),
                        default="sync",
-                       help="sync: colocated hybrid engine (default); one-step-off / "
-                            "fully-async: verl.experimental's separate pools; best: all side "
-                            "by side")
+                       help=f"sync: colocated hybrid engine (default); one-step-off / "
+                            f"fully-async: verl.experimental's separate pools; {what}")
     group.add_argument("--staleness-threshold", type=fraction(0.0, 16.0), default=0.1,
                        help="fully-async: async_training.staleness_threshold (default 0.1)")
     group.add_argument("--trigger-parameter-sync-step", type=integer(0, 1 << 20), default=0,
@@ -367,6 +366,9 @@ def _estimate_parser(sub) -> None:
     layout_args(estimate, required=True)
     memory_band_args(estimate)
     output_args(estimate, ("table", "json"))
+    mode_args(estimate, "the layout on separate pools: the actor layout above on the trainer "
+                        "pool, the rollout flags (or the best rollout layout) on the rollout "
+                        "pool; best is for plan and explain")
 
 
 def _validate_parser(sub) -> None:

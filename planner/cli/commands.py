@@ -138,7 +138,25 @@ def estimate_layout_from_args(args, model, cluster, workload) -> Layout:
                   gpu_memory_utilization=given(args.gpu_memory_utilization, 0.6))
 
 
+def print_invalid(args, layout: Layout, error: InvalidLayoutError) -> int:
+    """A layout that breaks rules: every rule on stderr (and JSON on stdout), exit code 1."""
+    if args.format == "json":
+        print(to_json({"valid": False, "layout": layout.to_dict(),
+                       "violations": [{"rule": name, "message": message}
+                                      for name, message in error.violations]}))
+    for name, message in error.violations:
+        print(f"invalid layout [{name}]: {message}", file=sys.stderr)
+    return ExitCode.NO
+
+
 def cmd_estimate(args) -> int:
+    if args.mode != "sync":
+        from planner.cli.modes import cmd_estimate_mode
+
+        return cmd_estimate_mode(args)
+    if args.trainer_gpus:
+        raise UsageError(f"--trainer-gpus {args.trainer_gpus[0]} sizes the trainer pool of "
+                         f"--mode one-step-off or fully-async; sync colocates both on every GPU")
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args)
@@ -152,13 +170,7 @@ def cmd_estimate(args) -> int:
                                    calibration=inputs.calibration(args),
                                    policy=inputs.policy(args), choose_rollout_layout=choose)
     except InvalidLayoutError as error:
-        if args.format == "json":
-            print(to_json({"valid": False, "layout": layout.to_dict(),
-                           "violations": [{"rule": name, "message": message}
-                                          for name, message in error.violations]}))
-        for name, message in error.violations:
-            print(f"invalid layout [{name}]: {message}", file=sys.stderr)
-        return ExitCode.NO
+        return print_invalid(args, layout, error)
     if choose:
         print(f"note: {estimate.layout.rollout_text()} chosen as the plan would for "
               f"this actor layout (pin it with --rollout-tp/--rollout-dp/--rollout-ep"
