@@ -421,6 +421,8 @@ def _explain_parser(sub) -> None:
     workload_args(parser)
     memory_band_args(parser)
     parser.add_argument("--format", choices=("table", "json"), default="table")
+    mode_args(parser, "the chosen split in words (bottleneck, idle, neighbouring splits, "
+                      "sync share, staleness); best: which mode wins and by how much")
 
 
 def _profile_parser(sub) -> None:

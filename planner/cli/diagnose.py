@@ -8,6 +8,7 @@ from pathlib import Path
 
 from planner.catalog.models import resolve_model
 from planner.cli import inputs
+from planner.cli.args import UsageError
 from planner.cli.codes import ExitCode
 from planner.diagnose.diff import compare, diff_text
 from planner.diagnose.explain import explain, explain_text
@@ -63,12 +64,39 @@ def cmd_diff(args) -> int:
 
 
 def cmd_explain(args) -> int:
+    if args.mode != "sync":
+        return cmd_explain_mode(args)
+    if args.trainer_gpus:
+        raise UsageError(f"--trainer-gpus {args.trainer_gpus[0]} sizes the trainer pool of "
+                         f"--mode one-step-off, fully-async or best; sync colocates both on "
+                         f"every GPU")
     result = explain(resolve_model(args.model), inputs.resolve_cluster(args),
                      inputs.workload(args), inputs.calibration(args), inputs.policy(args))
     if args.format == "json":
         _json(result)
     else:
         print(explain_text(result))
+    return ExitCode.OK
+
+
+def cmd_explain_mode(args) -> int:
+    """``explain --mode one-step-off|fully-async|best``: the chosen split or mode in words."""
+    from planner.cli.modes import async_options
+    from planner.diagnose.explain_modes import explain_best, explain_mode, explain_mode_text
+
+    model, cluster, workload = (resolve_model(args.model), inputs.resolve_cluster(args),
+                                inputs.workload(args))
+    if workload.kind != "grpo":
+        raise UsageError(f"explain --mode {args.mode} compares GRPO plans; --workload pretrain "
+                         f"has no rollout")
+    common = dict(calibration=inputs.calibration(args), policy=inputs.policy(args),
+                  async_options=async_options(args))
+    result = (explain_best(model, cluster, workload, **common) if args.mode == "best"
+              else explain_mode(model, cluster, workload, args.mode, **common))
+    if args.format == "json":
+        _json(result)
+    else:
+        print(explain_mode_text(result))
     return ExitCode.OK
 
 
