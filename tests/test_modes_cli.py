@@ -1,0 +1,164 @@
+"""``estimate --mode`` and ``explain --mode`` (planner/placement.py estimate_split,
+planner/diagnose/explain_modes.py): one layout on separate pools, and the chosen split or mode
+in words.  Small cases only (Qwen2.5-7B, 16-24 GPUs): the mode search of a large cluster takes
+tens of seconds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.cli.main import main
+from planner.placement import AsyncOptions, estimate_split, plan_mode
+from planner.search.layout import Layout
+from planner.search.space import SearchOptions
+
+GRPO = ["--train-batch-size", "128", "--rollout-n", "8", "--mini-batch-size", "32",
+        "--response-length", "2048", "--gpu-type", "h100", "--model", "qwen2.5-7b"]
+WORK = GrpoWorkload(train_batch_size=128, rollout_n=8, prompt_length=1024, response_length=2048,
+                    mini_batch_size=32)
+MODEL = resolve_model("qwen2.5-7b")
+H100 = get_gpu("h100")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *argv: str) -> tuple[int, dict]:
+    code, out, _ = run(capsys, *argv, "--format", "json")
+    return code, json.loads(out)
+
+
+def test_estimate_mode_sync_is_todays_estimate(capsys):
+    layout = ["estimate", *GRPO, "--gpus", "16", "--tp", "2", "--micro-batch", "2"]
+    today = run(capsys, *layout, "--format", "json")
+    assert run(capsys, *layout, "--format", "json", "--mode", "sync") == today
+    assert today[0] == 0 and json.loads(today[1])["valid"]
+    assert run(capsys, *layout, "--mode", "sync") == run(capsys, *layout)
+
+
+def test_estimate_one_step_off_on_a_given_split(capsys):
+    code, data = run_json(capsys, "estimate", *GRPO, "--gpus", "16", "--tp", "2", "--pp", "2",
+                          "--mode", "one-step-off", "--trainer-gpus", "8")
+    assert code == 0 and data["valid"] and data["fits"]
+    assert data["mode"] == "one-step-off"
+    assert data["placement"] == {"trainer_gpus": 8, "rollout_gpus": 8, "colocated": False,
+                                 "trainer_nodes": 1, "rollout_nodes": 1}
+    lay = data["layout"]
+    assert (lay["tp"], lay["pp"], lay["dp"]) == (2, 2, 2)  # DP of the 8-GPU trainer pool
+    times = data["time_s"]
+    assert data["step_time_s"] == pytest.approx(
+        max(times["generate"], times["train"]) + times["param_sync"], abs=2e-3)
+    assert times["param_sync"] == pytest.approx(data["param_sync_s"]["total"], abs=1e-3)
+    trainer, rollout = data["pools"]["trainer"], data["pools"]["rollout"]
+    assert trainer["time_s"]["update_actor"] > 0 and trainer["gpus"] == rollout["gpus"] == 8
+    assert 0 < trainer["peak_memory_gib"] < 79.7 and 0 < rollout["peak_memory_gib"] < 79.7
+    assert data["bottleneck"] in ("trainer", "rollout")
+    assert data["staleness"]["max_versions_behind"] == 1
+    assert [s["trainer_gpus"] for s in data["splits"]] == [8]
+
+
+def test_estimate_reproduces_the_plans_split_candidate():
+    """The plan's best split, its layout estimated on the same split with the same rollout,
+    is the same candidate: plan and estimate share one evaluation of a layout."""
+    cluster = ClusterSpec(H100, 16, 8)
+    for mode in ("one-step-off", "fully-async"):
+        best = dict(plan_mode(MODEL, cluster, WORK, mode).best)
+        best.pop("rank")
+        layout = Layout(**best["layout"])
+        estimate = estimate_split(MODEL, cluster, WORK, mode, layout, pin_rollout=True,
+                                  options=SearchOptions(
+                                      gpu_memory_utilization=layout.gpu_memory_utilization),
+                                  async_options=AsyncOptions(trainer_gpus=(8,)))
+        assert estimate.candidate == best
+
+
+def test_estimate_without_trainer_gpus_reports_the_fastest_split(capsys):
+    args = ["estimate", *GRPO, "--gpus", "24", "--tp", "2", "--pp", "2", "--mode",
+            "fully-async"]
+    each = {}
+    for gpus in (8, 16):
+        code, data = run_json(capsys, *args, "--trainer-gpus", str(gpus))
+        assert code == 0 and data["fits"]
+        each[gpus] = data
+    code, out, err = run(capsys, *args, "--format", "json")
+    chosen = json.loads(out)
+    fastest = min(each, key=lambda gpus: each[gpus]["step_time_s"])
+    assert code == 0
+    assert chosen["placement"] == each[fastest]["placement"]
+    assert chosen["step_time_s"] == each[fastest]["step_time_s"]
+    assert sorted(s["step_time_s"] for s in chosen["splits"]) == sorted(
+        each[gpus]["step_time_s"] for gpus in each)
+    assert f"{fastest} trainer + {24 - fastest} rollout GPUs is the fastest of the 2" in err
+    assert "chosen as the plan would" in err  # no rollout flag: the rollout pool's best
+
+
+def test_estimate_layout_must_divide_the_trainer_pool(capsys):
+    """TP4 x PP4 divides the 16-GPU cluster but not an 8-GPU trainer pool."""
+    args = ["estimate", *GRPO, "--gpus", "16", "--tp", "4", "--pp", "4"]
+    assert run_json(capsys, *args)[1]["valid"]
+    code, out, err = run(capsys, *args, "--mode", "one-step-off", "--trainer-gpus", "8",
+                         "--format", "json")
+    data = json.loads(out)
+    assert code == 1 and data["valid"] is False
+    assert data["layout"]["dp"] == 1
+    assert any(v["rule"] == "world_size" and "trainer pool of 8 GPUs" in v["message"]
+               for v in data["violations"])
+    assert "invalid layout [world_size]: trainer pool of 8 GPUs" in err
+
+
+def test_explain_one_step_off_names_bottleneck_and_neighbours(capsys):
+    args = ["explain", *GRPO, "--gpus", "24", "--mode", "one-step-off"]
+    code, data = run_json(capsys, *args)
+    assert code == 0
+    chosen = data["chosen"]
+    pool = data["bottleneck"]["pool"]
+    assert pool == chosen["bottleneck"]
+    assert data["bottleneck"]["busy_s"] >= data["bottleneck"]["other_pool_busy_s"]
+    assert data["param_sync"]["share_of_step"] == pytest.approx(
+        chosen["time_s"]["param_sync"] / chosen["step_time_s"], abs=1e-3)
+    trainer_gpus = chosen["placement"]["trainer_gpus"]
+    assert [n["trainer_gpus"] for n in data["neighbours"]] == [trainer_gpus - 8,
+                                                              trainer_gpus + 8]
+    scored = [n for n in data["neighbours"] if "step_time_s" in n]
+    assert scored and all(n["step_time_s"] >= chosen["step_time_s"] for n in scored)
+    assert "change the algorithm" in data["caveat"]
+    code, text, _ = run(capsys, *args)
+    assert f"bottleneck: the {pool} pool" in text
+    assert "one node less for the trainer" in text and "one node more for the trainer" in text
+    assert "x slower" in text and "staleness" in text and "change the algorithm" in text
+
+
+def test_explain_best_names_the_winner_and_its_speedup(capsys):
+    code, data = run_json(capsys, "explain", *GRPO, "--gpus", "16", "--mode", "best")
+    assert code == 0
+    steps = {m["mode"]: m["step_time_s"] for m in data["modes"]}
+    assert data["winner"] == min(steps, key=steps.get)
+    assert data["speedup_vs_sync"] == pytest.approx(steps["sync"] / steps[data["winner"]],
+                                                    abs=1e-3)
+    code, text, _ = run(capsys, "explain", *GRPO, "--gpus", "16", "--mode", "best")
+    assert f"{data['winner']} wins" in text and "speed-up over sync" in text
+    assert "change the algorithm" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["estimate", "--tp", "2", "--mode", "one-step-off", "--trainer-gpus", "16"],
+     "each pool needs at least one GPU"),
+    (["estimate", "--tp", "2", "--mode", "one-step-off", "--trainer-gpus", "12"],
+     "trainer pool of 12 GPUs is not whole nodes of 8"),
+    (["estimate", "--tp", "2", "--mode", "best"], "--mode best compares"),
+    (["estimate", "--tp", "2", "--trainer-gpus", "8"], "--trainer-gpus 8 sizes the trainer"),
+    (["explain", "--mode", "fully-async", "--trainer-gpus", "20"], "not whole nodes"),
+    (["explain", "--trainer-gpus", "8"], "sync colocates"),
+])
+def test_bad_mode_input_is_one_line_and_exit_2(capsys, argv, message):
+    code, out, err = run(capsys, *argv, *GRPO, "--gpus", "16")
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message in err
