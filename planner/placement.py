@@ -379,7 +379,7 @@ def split_clusters(cluster: ClusterSpec, trainer_gpus: int) -> tuple[ClusterSpec
     return pool_cluster(cluster, trainer_gpus), pool_cluster(cluster, rollout_gpus)
 
 
-def split_candidates(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
+def score_splits(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
                      splits: list[int], trainer_for: Callable[[ClusterSpec], dict | None],
                      rollout_for: Callable[[ClusterSpec], dict | None], eff: Efficiency,
                      async_options: AsyncOptions) -> tuple[list[dict], list[str]]:
@@ -436,7 +436,7 @@ def plan_split_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
             cache[key] = best_rollout(rollout_pool(model, pool, work, options, eff, streaming))
         return cache[key]
 
-    candidates, notes = split_candidates(model, cluster, work, mode, splits, trainer_for,
+    candidates, notes = score_splits(model, cluster, work, mode, splits, trainer_for,
                                          rollout_for, eff, async_options)
     return ModePlan(mode=mode, model=model, cluster=cluster, workload=work,
                     candidates=_ranked(candidates), async_options=async_options,
@@ -538,7 +538,7 @@ def estimate_split(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
             return best_rollout(rows)
         return rollout_entry(rows, 0) if len(rows["rollout_tp"]) else None
 
-    candidates, more = split_candidates(model, cluster, work, mode, legal, trainer_for,
+    candidates, more = score_splits(model, cluster, work, mode, legal, trainer_for,
                                         rollout_for, eff, async_options)
     if not candidates:
         raise NoFitError(f"{layout.actor_text(model.is_moe)}: {'; '.join(more)}")
