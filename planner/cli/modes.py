@@ -121,5 +121,5 @@ def cmd_estimate_mode(args) -> int:
               f"{'' if args.gpu_memory_utilization is not None else ', --gpu-memory-utilization'}"
               f")", file=sys.stderr)
     print(to_json(split_estimate_dict(estimate)) if args.format == "json"
-          else split_estimate_text(estimate))
+          else split_estimate_text(estimate, inputs.policy(args)))
     return ExitCode.OK if candidate["fits"] else ExitCode.NO

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from planner.placement import OFF_POLICY_NOTE, ModePlan, SplitEstimate, best_table_rows
 from planner.plan import ROLLOUT_FIELDS
-from planner.policy import PEAK_NAME
+from planner.policy import DEFAULT_POLICY, PEAK_NAME, MemoryPolicy
 from planner.report.text import format_table
 from planner.search.layout import Layout
 
@@ -147,18 +147,23 @@ def split_estimate_dict(estimate: SplitEstimate) -> dict:
             "note": OFF_POLICY_NOTE}
 
 
-def _pool_lines(candidate: dict, capacity_gib: float) -> list[str]:
+def _band(fraction: float, policy: MemoryPolicy) -> str:
+    return f"{policy.position(fraction)} the {policy.band_text} band"
+
+
+def _pool_lines(candidate: dict, capacity_gib: float, policy: MemoryPolicy) -> list[str]:
     trainer, rollout = candidate["pools"]["trainer"], candidate["pools"]["rollout"]
     times = candidate["time_s"]
     sync = candidate["param_sync_s"]
     lines = [
         f"trainer pool  {trainer['gpus']} GPUs: {PEAK_NAME} {trainer['peak_memory_gib']:.2f} GiB "
-        f"({100 * trainer['memory_utilization']:.0f}% of {capacity_gib:.1f} GiB) in "
+        f"({100 * trainer['memory_utilization']:.0f}% of {capacity_gib:.1f} GiB, "
+        f"{_band(trainer['memory_utilization'], policy)}) in "
         f"{trainer['peak_phase']}{'' if trainer['fits'] else ' - does NOT fit'}; train "
         f"{_seconds(times['train'])} s = " + " + ".join(
             f"{phase} {seconds:.2f}" for phase, seconds in trainer["time_s"].items()),
         f"rollout pool  {rollout['gpus']} GPUs: {PEAK_NAME} {rollout['peak_memory_gib']:.2f} GiB "
-        f"({100 * rollout['memory_utilization']:.0f}%) at gpu_memory_utilization "
+        f"({100 * rollout['memory_utilization']:.0f}%, vLLM's pool) at gpu_memory_utilization "
         f"{rollout['gpu_memory_utilization']:.2f}{'' if rollout['fits'] else ' - does NOT fit'}"
         f"; {rollout['kv_cache_tokens_per_gpu']:,} KV tokens per GPU, "
         f"{rollout['concurrent_seqs']} sequences at once, generate {_seconds(times['generate'])} "
@@ -195,7 +200,7 @@ def _split_row(split: dict, reported: bool) -> dict:
             "rtp": "/".join(str(split["rollout"][name]) for name in ROLLOUT_FIELDS)}
 
 
-def split_estimate_text(estimate: SplitEstimate) -> str:
+def split_estimate_text(estimate: SplitEstimate, policy: MemoryPolicy = DEFAULT_POLICY) -> str:
     """``estimate --mode`` as text: the reported split in words and per pool, its row of the
     plan table, and every split scored when there were several (the reported one marked)."""
     c = estimate.candidate
@@ -213,7 +218,7 @@ def split_estimate_text(estimate: SplitEstimate) -> str:
                      f"sync every {o['trigger_parameter_sync_step']} mini-batch(es), partial "
                      f"rollout {'on' if o['partial_rollout'] else 'off'}")
     lines += [f"fits: {'yes' if c['fits'] else 'NO'}", ""]
-    lines += _pool_lines(c, estimate.cluster.gpu.memory_gib)
+    lines += _pool_lines(c, estimate.cluster.gpu.memory_gib, policy)
     lines += ["", format_table([{**_row(c), "rank": "-"}], COLUMNS[1:])]
     if len(estimate.splits) > 1:
         lines += ["", "splits scored for this actor layout (* reported):",
