@@ -1,4 +1,5 @@
-"""Handlers of ``plan``, ``estimate``, ``models`` and ``gpus``: arguments in, printed answer and
+"""Handlers of ``plan``, ``estimate`` (``--mode one-step-off|fully-async``: the layout on
+separate pools, planner/placement.py), ``models`` and ``gpus``: arguments in, printed answer and
 exit code out."""
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def cmd_plan(args) -> int:
     return ExitCode.OK if fitting else ExitCode.NO
 
 
+ROLLOUT_FLAGS = ("rollout_tp", "rollout_dp", "rollout_ep")  # the rollout layout's flags (dests)
 # layout field -> the estimate flag that sets it (for messages)
 FIELD_FLAGS = {"pipeline_layout": "--pipeline-layout",
                "account_embedding": "--account-for-embedding-in-pipeline-split",
@@ -151,8 +153,6 @@ def print_invalid(args, layout: Layout, error: InvalidLayoutError) -> int:
 
 def cmd_estimate(args) -> int:
     if args.mode != "sync":
-        from planner.cli.modes import cmd_estimate_mode
-
         return cmd_estimate_mode(args)
     if args.trainer_gpus:
         raise UsageError(f"--trainer-gpus {args.trainer_gpus[0]} sizes the trainer pool of "
@@ -162,8 +162,8 @@ def cmd_estimate(args) -> int:
     workload = inputs.workload(args)
     layout = estimate_layout_from_args(args, model, cluster, workload)
     # No rollout flag: the rollout layout and budget the plan would give this actor layout.
-    choose = workload.kind == "grpo" and all(
-        getattr(args, name) is None for name in ("rollout_tp", "rollout_dp", "rollout_ep"))
+    choose = workload.kind == "grpo" and all(getattr(args, name) is None
+                                             for name in ROLLOUT_FLAGS)
     try:
         estimate = estimate_layout(model, cluster, workload, layout,
                                    pick_utilization=args.gpu_memory_utilization is None,
@@ -179,6 +179,56 @@ def cmd_estimate(args) -> int:
     print(to_json({"valid": True, **estimate_dict(estimate)}) if args.format == "json"
           else estimate_text(estimate))
     return ExitCode.OK if estimate.row["fits"] else ExitCode.NO
+
+
+def cmd_estimate_mode(args) -> int:
+    """``estimate --mode one-step-off|fully-async``: the actor layout on the trainer pool, the
+    rollout flags (or the best rollout layout, said on stderr) on the rollout pool, on the split
+    ``--trainer-gpus`` gives or the fastest legal split.  ``--mode best`` is refused: it
+    compares the modes' best plans, which a single layout has not got."""
+    from planner.cli.modes import async_options
+    from planner.placement import estimate_split, pool_layout
+    from planner.report.modes import split_estimate_dict, split_estimate_text
+    from planner.search.space import SearchOptions
+
+    if args.mode == "best":
+        raise UsageError("--mode best compares each mode's best plan: use it with plan or "
+                         "explain; estimate takes --mode sync, one-step-off or fully-async")
+    model = resolve_model(args.model)
+    cluster = inputs.resolve_cluster(args)
+    workload = inputs.workload(args)
+    if workload.kind != "grpo":
+        raise UsageError(f"--mode {args.mode} estimates GRPO; --workload pretrain has no "
+                         f"rollout")
+    layout = estimate_layout_from_args(args, model, cluster, workload)
+    pin = any(getattr(args, name) is not None for name in ROLLOUT_FLAGS)
+    settings = async_options(args)
+    try:
+        estimate = estimate_split(model, cluster, workload, args.mode, layout, pin,
+                                  SearchOptions(gpu_memory_utilization=args.gpu_memory_utilization),
+                                  inputs.calibration(args), settings)
+    except InvalidLayoutError as error:
+        shown = pool_layout(layout, settings.trainer_gpus[0]) \
+            if len(settings.trainer_gpus) == 1 else layout
+        return print_invalid(args, shown, error)
+    candidate = estimate.candidate
+    placement = candidate["placement"]
+    if not settings.trainer_gpus or len(settings.trainer_gpus) > 1:
+        print(f"note: {placement['trainer_gpus']} trainer + {placement['rollout_gpus']} rollout "
+              f"GPUs is the fastest of the {len(estimate.splits)} split(s) scored for this "
+              f"layout{'' if candidate['fits'] else ' (none fits)'} (pin one with "
+              f"--trainer-gpus)", file=sys.stderr)
+    if estimate.rollout_chosen:
+        lay = candidate["layout"]
+        print(f"note: rollout TP{lay['rollout_tp']} DP{lay['rollout_dp']} EP{lay['rollout_ep']} "
+              f"at gpu_memory_utilization {lay['gpu_memory_utilization']:.2f} chosen as the plan "
+              f"would for the {placement['rollout_gpus']}-GPU rollout pool (pin it with "
+              f"--rollout-tp/--rollout-dp/--rollout-ep"
+              f"{'' if args.gpu_memory_utilization is not None else ', --gpu-memory-utilization'}"
+              f")", file=sys.stderr)
+    print(to_json(split_estimate_dict(estimate)) if args.format == "json"
+          else split_estimate_text(estimate, inputs.policy(args)))
+    return ExitCode.OK if candidate["fits"] else ExitCode.NO
 
 
 def cmd_models(args) -> int:
