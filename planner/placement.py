@@ -8,6 +8,9 @@ when the cluster spans nodes (verl's ``trainer.nnodes``/``rollout.nnodes`` resou
 then, per split, the actor's Megatron layout on the trainer pool (the same search space and cost
 model as ``plan``) and the rollout engine's TP/DP/EP on the rollout pool, each checked for memory
 on its own pool, and predicts the steady-state step with :mod:`planner.cost.pools`.
+:func:`estimate_split` scores one given actor layout the same way (``estimate --mode``): both go
+through :func:`trainer_times` (an actor layout on a trainer pool) and :func:`score_splits` (the
+splits, each pool's entry, the steady state).
 
 Separate pools have no colocation pressure: the trainer keeps its parameters and optimizer state
 resident (no parameter/optimizer offload is searched) and vLLM takes what the GPU leaves after
@@ -203,8 +206,8 @@ def best_trainer(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     fits = mem["trainer_fits"]
     if not fits.any():
         return None
-    fitting = {**_take({k: v for k, v in mem.items() if k != "memory"}, fits),
-               "memory": _take(mem["memory"], fits)}
+    fitting = {**_take({name: values for name, values in mem.items() if name != "memory"}, fits),
+               "memory": _take(mem["memory"], fits)}  # trainer_memory of the fitting rows
     scored = trainer_times(model, cluster, workload, _take(cols, fits), fitting, eff)
     peak = scored["peak_bytes"]
     tight = peak / cluster.gpu.memory_bytes > policy.high
@@ -380,9 +383,9 @@ def split_clusters(cluster: ClusterSpec, trainer_gpus: int) -> tuple[ClusterSpec
 
 
 def score_splits(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
-                     splits: list[int], trainer_for: Callable[[ClusterSpec], dict | None],
-                     rollout_for: Callable[[ClusterSpec], dict | None], eff: Efficiency,
-                     async_options: AsyncOptions) -> tuple[list[dict], list[str]]:
+                 splits: list[int], trainer_for: Callable[[ClusterSpec], dict | None],
+                 rollout_for: Callable[[ClusterSpec], dict | None], eff: Efficiency,
+                 async_options: AsyncOptions) -> tuple[list[dict], list[str]]:
     """Every split's candidate (:func:`split_candidate`) in the order of ``splits``, and a note
     per split where ``trainer_for`` (the trainer pool's entry) or ``rollout_for`` (the rollout
     pool's) found nothing that fits."""
@@ -437,7 +440,7 @@ def plan_split_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
         return cache[key]
 
     candidates, notes = score_splits(model, cluster, work, mode, splits, trainer_for,
-                                         rollout_for, eff, async_options)
+                                     rollout_for, eff, async_options)
     return ModePlan(mode=mode, model=model, cluster=cluster, workload=work,
                     candidates=_ranked(candidates), async_options=async_options,
                     splits_tried=len(splits), notes=notes)
@@ -524,8 +527,8 @@ def estimate_split(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
     if not legal:
         raise InvalidLayoutError(broken)
     if pin_rollout:
-        options = replace(options, fixed=tuple((name, getattr(layout, name))
-                                               for name in ROLLOUT_FIELDS))
+        options = replace(options, fixed=options.fixed + tuple(
+            (name, getattr(layout, name)) for name in ROLLOUT_FIELDS))
 
     def trainer_for(pool: ClusterSpec) -> dict:
         actor = pool_layout(layout, pool.num_gpus).to_columns()
@@ -539,7 +542,7 @@ def estimate_split(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
         return rollout_entry(rows, 0) if len(rows["rollout_tp"]) else None
 
     candidates, more = score_splits(model, cluster, work, mode, legal, trainer_for,
-                                        rollout_for, eff, async_options)
+                                    rollout_for, eff, async_options)
     if not candidates:
         raise NoFitError(f"{layout.actor_text(model.is_moe)}: {'; '.join(more)}")
     candidates.sort(key=lambda c: (not c["fits"], c["step_time_s"] is None,
