@@ -30,17 +30,20 @@ from rl_data import CSV_NAME, Skip, case_from_row, predict_rl  # noqa: E402
 
 from planner.cost.efficiency import load_efficiency  # noqa: E402
 from planner.cost.memory import rollout_memory  # noqa: E402
-from planner.cost.pools import pool_sync_s, steady_state  # noqa: E402
-from planner.cost.timing import generate_s  # noqa: E402
-from planner.placement import (  # noqa: E402
-    ROLLOUT_RESIDENT_BYTES,
-    pool_cluster,
-    standalone_utilization,
-)
+from planner.cost.pools import pool_sync_s, steady_state, streaming_generate_s  # noqa: E402
+from planner.placement import ROLLOUT_RESIDENT_BYTES, pool_cluster  # noqa: E402
+from planner.errors import InvalidLayoutError  # noqa: E402
 from planner.plan import estimate_layout  # noqa: E402
 
 SPLIT = re.compile(r"(\d+)\s*gen\s*/\s*(\d+)\s*train")
 TARGET = 0.20
+# What every NeMo RL ``*-async-1off.yaml`` performance recipe sets (examples/configs/recipes/llm/
+# performance/): ``policy.generation.vllm_cfg.gpu_memory_utilization: 0.8`` on the generation
+# pool, and ``grpo.async_grpo.in_flight_weight_updates: true`` -- the refit does not wait for
+# the generations in flight and the collector starts the next step's prompt groups as soon as
+# the new weights land, so the rollout pool streams (no per-step long tail), as verl's
+# fully-async partial rollout does.
+NEMO_ASYNC_UTILIZATION = 0.8
 
 
 def is_async(row: dict) -> bool:
@@ -61,30 +64,62 @@ def async_case(row: dict):
     generation, training = int(split.group(1)), int(split.group(2))
     colocated = {**row, "colocated": "yes", "sync_mode": "on-policy (sync)",
                  "gpu_count": str(training)}
-    return case_from_row(colocated), generation
+    case = case_from_row(colocated)
+    if "fp8" in row["source_section"].lower():  # "FP8 (gen FP8, train FP8)" tables
+        case = replace(case, workload=replace(case.workload, precision="fp8",
+                                              rollout_precision="fp8"))
+    return case, generation
 
 
-def predict_async(case, generation_gpus: int) -> dict:
-    """Steady-state step of a 1-step-off run: its parts and the total."""
-    trainer = case.cluster
-    whole = replace(trainer, num_gpus=trainer.num_gpus + generation_gpus)
-    rollout = pool_cluster(whole, generation_gpus)
+def predict_async(case, generation_gpus: int, trainer_gpus: int | None = None) -> dict:
+    """Steady-state step of a 1-step-off run: its parts and the total.  ``trainer_gpus``
+    (default: the run's own) moves the split of the run's GPUs, the actor's data parallelism
+    following it."""
+    published = case.cluster
+    whole = replace(published, num_gpus=published.num_gpus + generation_gpus)
+    trainer_gpus = trainer_gpus or published.num_gpus
+    trainer = pool_cluster(whole, trainer_gpus)
+    rollout = pool_cluster(whole, whole.num_gpus - trainer_gpus)
+    layout = case.layout
+    model_parallel = layout.tp * layout.pp * layout.cp
+    if trainer_gpus % model_parallel:
+        raise InvalidLayoutError([("split", f"{model_parallel} does not divide {trainer_gpus}")])
+    layout = replace(layout, dp=trainer_gpus // model_parallel)
     workload = case.workload
     eff = load_efficiency(trainer.gpu, workload.precision)
-    row = estimate_layout(case.model, trainer, workload, case.layout).row
+    row = estimate_layout(case.model, trainer, workload, layout).row
     train = (row["time_old_log_prob_s"] + row["time_ref_s"] + row["time_update_actor_s"]
              + eff.step_fixed_s)
-    cols = case.layout.to_columns()
+    cols = layout.to_columns()
     memory = rollout_memory(case.model, rollout, workload, cols,
                             np.array([ROLLOUT_RESIDENT_BYTES]),
-                            np.array([standalone_utilization(rollout)]))
-    generate = float(generate_s(case.model, rollout, workload, cols, eff, memory)["total_s"][0])
+                            np.array([NEMO_ASYNC_UTILIZATION]))
+    generate = float(streaming_generate_s(case.model, rollout, workload, cols, eff,
+                                          memory)["total_s"][0])
     parts = pool_sync_s(case.model, whole, trainer, workload, cols, eff)
     sync = float(parts["total_s"][0])
     state = steady_state("one-step-off", generate, train, sync)
     return {"step": float(state["step_time_s"]), "generate": generate, "train": float(train),
             "sync": sync, "sync_parts": {k: round(float(v[0]), 1) for k, v in parts.items()},
             "bottleneck": "rollout" if bool(state["rollout_bound"]) else "trainer"}
+
+
+def best_split(case, generation_gpus: int) -> dict:
+    """The whole-node split of the run's GPUs that the model predicts fastest, with the run's
+    own actor and rollout layouts (the actor's DP follows the trainer pool)."""
+    gpus_per_node = case.cluster.gpus_per_node
+    total = case.cluster.num_gpus + generation_gpus
+    steps = {}
+    for trainer_gpus in range(gpus_per_node, total, gpus_per_node):
+        try:
+            steps[trainer_gpus] = predict_async(case, generation_gpus, trainer_gpus)["step"]
+        except InvalidLayoutError:
+            continue
+    best = min(steps, key=steps.get)
+    return {"trainer_gpus": best, "step": steps[best],
+            "published_step": steps[case.cluster.num_gpus],
+            "nodes_off": abs(best - case.cluster.num_gpus) // gpus_per_node,
+            "splits": len(steps)}
 
 
 def main() -> None:
@@ -98,7 +133,7 @@ def main() -> None:
     print(f"{'row':>4} {'model':16} {'GPU':9} {'gen+train':>9} {'measured':>8} {'predicted':>9} "
           f"{'error':>6}  {'gen':>6} {'train':>6} {'sync':>5} bound   | {'sync row':>8} "
           f"{'meas x':>6} {'pred x':>6} {'x err':>6}")
-    errors, ratio_errors, skipped = [], [], {}
+    errors, ratio_errors, skipped, splits = [], [], {}, []
     for row in rows:
         if not is_async(row):
             continue
@@ -108,6 +143,7 @@ def main() -> None:
         except Skip as reason:
             skipped[str(reason)] = skipped.get(str(reason), 0) + 1
             continue
+        splits.append((row, case, generation, best_split(case, generation)))
         measured = float(row["step_time_s"])
         error = predicted["step"] / measured - 1
         errors.append(error)
@@ -136,6 +172,18 @@ def main() -> None:
     print(f"{len(ratio_errors)} async/sync pairs: speed-up MAPE {100 * ratio_errors.mean():.1f}%, "
           f"within ±20%: {int((ratio_errors <= TARGET).sum())}/{len(ratio_errors)}")
     print(f"skipped: {skipped}")
+    print(f"\nbest whole-node split with each run's own layouts ({'row':>4}: published trainer "
+          f"GPUs -> the model's best, predicted steps)")
+    near = 0
+    for row, case, generation, best in splits:
+        near += best["nodes_off"] <= 1
+        print(f"{row['row_id']:>4} {case.model.name[:16]:16} {case.cluster.gpu.name[:9]:9} "
+              f"trainer {case.cluster.num_gpus:>3} -> {best['trainer_gpus']:>3} of "
+              f"{case.cluster.num_gpus + generation:<3} ({best['nodes_off']} nodes off, "
+              f"{best['splits']} legal splits): "
+              f"{best['published_step']:6.1f} -> {best['step']:6.1f} s")
+    print(f"best split within one node of the published one: {near}/{len(splits)}; the others "
+          f"are faster by the model's own prediction")
 
 
 if __name__ == "__main__":

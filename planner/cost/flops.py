@@ -47,6 +47,17 @@ def linear_params_per_token(model: ModelSpec) -> dict[str, float]:
     }
 
 
+def active_linear_params_per_token(model: ModelSpec) -> float:
+    """Matmul parameters one token passes through in the whole model (every layer, the routed
+    experts it is sent to, the output layer): ``2 x`` this is a token's forward matmul FLOPs."""
+    linear = linear_params_per_token(model)
+    dense_layers = model.num_layers - model.num_moe_layers
+    return (model.num_layers * linear["attention"] + dense_layers * linear["dense_mlp"]
+            + model.num_moe_layers * (linear["router"] + linear["routed_experts"]
+                                      + linear["shared_experts"])
+            + linear["output_layer"])
+
+
 def attention_core_flops_per_layer(model: ModelSpec, seq_len_squared) -> np.ndarray:
     """Causal core attention forward FLOPs of one layer for sequences with sum of s^2 given."""
     if model.is_mla:

@@ -20,7 +20,8 @@ formulas, same calibration), evaluated on the pool that runs the phase:
   transfer of the full bf16 weights from the trainer pool to the rollout pool: a pipelined NCCL
   broadcast moves every byte once over each receiver's link (``bytes / bandwidth``, independent
   of the receivers; NCCL tests' broadcast bus bandwidth), the network unless both pools share one
-  NVLink domain.
+  NVLink domain.  verl's per-tensor sync runs the stages one after the other (their sum);
+  NeMo RL's bucketed refit double-buffers them (the slowest stage sets the pace).
 
 Steady state (one step = one ``train_batch_size`` of prompts):
 
@@ -70,7 +71,12 @@ def streaming_generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoW
     rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
     replicas = np.maximum(np.floor(cluster.num_gpus / (rtp * rdp)), 1)
     seqs = workload.sequences_per_step / replicas / rdp  # per attention rank
-    concurrency = rollout_concurrency(workload, memory["kv_cache_tokens_per_gpu"])
+    # in flight at once: what the KV cache holds, at most one step's sequences (the staleness
+    # bound admits no more: NeMo RL's collector semaphore is num_prompts_per_step *
+    # max_trajectory_age_steps prompt groups, async_utils.py; verl's rollouter stops at
+    # required_samples * (1 + staleness_threshold))
+    concurrency = np.minimum(rollout_concurrency(workload, memory["kv_cache_tokens_per_gpu"]),
+                             np.maximum(seqs, 1.0))
     r_mean = mean_response_length(workload)
     steps = seqs * r_mean / concurrency
     step = decode_step_s(model, cluster, workload, cols, eff, concurrency,
@@ -88,9 +94,18 @@ def pool_sync_s(model: ModelSpec, whole: ClusterSpec, trainer: ClusterSpec,
     total_bytes = float(model.params.total * WEIGHT_BYTES)
     span = np.full(len(local["comm_s"]), whole.num_gpus)
     broadcast = total_bytes / link_bandwidth(whole, eff, span)
-    return {"gather_s": local["comm_s"], "broadcast_s": broadcast, "load_s": local["compute_s"],
-            "latency_s": local["latency_s"],
-            "total_s": local["comm_s"] + broadcast + local["compute_s"] + local["latency_s"]}
+    gather, load, latency = local["comm_s"], local["compute_s"], local["latency_s"]
+    if workload.weight_sync == "bucketed":
+        # NeMo RL's packed_broadcast_producer (nemo_rl/utils/packed_tensor.py) packs tensors
+        # into buffers on two CUDA streams: the broadcast of buffer N overlaps the gather and
+        # packing of buffer N+1, so the slowest of the three stages sets the pace
+        total = np.maximum(np.maximum(gather, broadcast), latency) + load
+    else:
+        # verl's per-tensor sync gathers, broadcasts and loads one tensor after the other
+        # (one_step_off_policy / fully_async_policy sync_rollout_weights)
+        total = gather + broadcast + load + latency
+    return {"gather_s": gather, "broadcast_s": broadcast, "load_s": load,
+            "latency_s": latency, "total_s": total}
 
 
 def steady_state(mode: str, generate, train, sync, *, mini_batches_per_step: float = 1.0,

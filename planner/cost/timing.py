@@ -67,6 +67,7 @@ from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cost.columns import TIME_PARTS, breakdown_column, time_column
 from planner.cost.efficiency import Efficiency, load_efficiency
 from planner.cost.flops import (
+    active_linear_params_per_token,
     attention_core_flops_per_layer,
     linear_params_per_token,
     training_flops,
@@ -346,12 +347,7 @@ def decode_step_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload
     gpu = cluster.gpu
     rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
     batch = _f(batch)
-    linear = linear_params_per_token(model)
-    active_linear = (model.num_layers * linear["attention"]
-                     + (model.num_layers - model.num_moe_layers) * linear["dense_mlp"]
-                     + model.num_moe_layers * (linear["router"] + linear["routed_experts"]
-                                               + linear["shared_experts"])
-                     + linear["output_layer"])
+    active_linear = active_linear_params_per_token(model)
     peak = gpu.peak_flops(workload.precision if workload.precision == "fp8" else "bf16")
     weights = rollout_weight_bytes(model, cols, workload)
     if model.is_moe:
@@ -415,12 +411,7 @@ def generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, c
     r_mean = mean_response_length(workload)
     replicas = np.maximum(np.floor(cluster.num_gpus / (rtp * rdp)), 1)
     seqs = np.ceil(workload.sequences_per_step / replicas / rdp)  # per attention rank
-    linear = linear_params_per_token(model)
-    active_linear = (model.num_layers * linear["attention"]
-                     + (model.num_layers - model.num_moe_layers) * linear["dense_mlp"]
-                     + model.num_moe_layers * (linear["router"] + linear["routed_experts"]
-                                               + linear["shared_experts"])
-                     + linear["output_layer"])
+    active_linear = active_linear_params_per_token(model)
     peak = gpu.peak_flops(workload.precision if workload.precision == "fp8" else "bf16")
     # prefill: compute-bound forward over the prompts, split over the rollout TP group; with
     # prefix caching the n samples of a prompt share one prefill
