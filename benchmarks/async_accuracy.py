@@ -31,8 +31,8 @@ from rl_data import CSV_NAME, Skip, case_from_row, predict_rl  # noqa: E402
 from planner.cost.efficiency import load_efficiency  # noqa: E402
 from planner.cost.memory import rollout_memory  # noqa: E402
 from planner.cost.pools import pool_sync_s, steady_state, streaming_generate_s  # noqa: E402
-from planner.placement import ROLLOUT_RESIDENT_BYTES, pool_cluster  # noqa: E402
 from planner.errors import InvalidLayoutError  # noqa: E402
+from planner.placement import ROLLOUT_RESIDENT_BYTES, pool_cluster  # noqa: E402
 from planner.plan import estimate_layout  # noqa: E402
 
 SPLIT = re.compile(r"(\d+)\s*gen\s*/\s*(\d+)\s*train")

@@ -29,14 +29,16 @@ import numpy as np
 from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
-from planner.cost.columns import memory_column, time_column
+from planner.cost.columns import time_column
 from planner.cost.efficiency import Efficiency, load_efficiency
 from planner.cost.memory import (
     CUDA_CONTEXT_BYTES,
+    HOST_NODE_BYTES,
     NCCL_BUFFER_BYTES,
     ROLLOUT_HEADROOM_FRACTION,
     UTILIZATION_MAX,
     UTILIZATION_STEP,
+    actor_memory,
     estimate_memory,
     rollout_memory,
 )
@@ -126,24 +128,28 @@ def async_workload(workload: GrpoWorkload) -> GrpoWorkload:
 def trainer_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                    cols: Columns) -> Columns:
     """Per-GPU memory of the trainer pool: the training phases the step runs and the weight
-    gather of the sync (no rollout engine on these GPUs)."""
-    memory = estimate_memory(model, cluster, workload,
-                             {**cols, **{name: np.ones(len(cols["tp"]), dtype=np.int64)
-                                         for name in ROLLOUT_FIELDS},
-                              "gpu_memory_utilization": np.full(len(cols["tp"]), 0.5)})
+    gather of the sync -- the actor's state and transients alone (:func:`actor_memory`): no
+    rollout engine, KV pool or rollout weights live on these GPUs.  ``phase_bytes`` holds each
+    phase's nvidia-smi peak; ``memory`` the full memory columns the time model reads."""
+    rows = {**cols, **{name: np.ones(len(cols["tp"]), dtype=np.int64) for name in ROLLOUT_FIELDS},
+            "gpu_memory_utilization": np.full(len(cols["tp"]), 0.5)}
+    actor = actor_memory(model, cluster, workload, rows)
     ran = [phase for phase in TRAINING_PHASES_ASYNC if phase in workload.phases]
-    phases = {phase: memory[memory_column(phase)] for phase in ran}
-    # the gather for the sync holds the actor state and a transfer bucket (weight_sync's
-    # actor part; no rollout weights on the trainer's GPUs)
-    phases["weight_sync"] = memory[memory_column("weight_sync")]
+    # the gather for the sync holds the actor state and a transfer bucket
+    phases = {phase: np.max(actor["phases"][phase], axis=0) for phase in (*ran, "weight_sync")}
     names = list(phases)
     stacked = np.stack([phases[name] for name in names])
     peak = stacked.max(axis=0)
     capacity = float(cluster.gpu.memory_bytes)
+    # host memory as estimate_memory counts it: the busiest stage's worker on every GPU
+    host_per_node = (np.max([stage["host"] for stage in actor["stages"]], axis=0)
+                     * min(cluster.gpus_per_node, cluster.num_gpus) + HOST_NODE_BYTES)
     return {"trainer_peak_bytes": peak,
             "trainer_peak_phase": np.array(names)[stacked.argmax(axis=0)],
-            "trainer_fits": (peak <= capacity) & memory["host_fits"].astype(bool),
-            "memory": memory}
+            "trainer_fits": (peak <= capacity)
+            & (host_per_node <= cluster.host_memory_per_node_bytes),
+            "phase_bytes": phases,
+            "memory": estimate_memory(model, cluster, workload, rows, actor=actor)}
 
 
 def trainer_search_options(options: SearchOptions) -> SearchOptions:
@@ -206,8 +212,10 @@ def best_trainer(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     fits = mem["trainer_fits"]
     if not fits.any():
         return None
-    fitting = {**_take({name: values for name, values in mem.items() if name != "memory"}, fits),
-               "memory": _take(mem["memory"], fits)}  # trainer_memory of the fitting rows
+    nested = ("memory", "phase_bytes")
+    fitting = {**_take({name: values for name, values in mem.items() if name not in nested},
+                       fits),
+               **{name: _take(mem[name], fits) for name in nested}}  # of the fitting rows
     scored = trainer_times(model, cluster, workload, _take(cols, fits), fitting, eff)
     peak = scored["peak_bytes"]
     tight = peak / cluster.gpu.memory_bytes > policy.high

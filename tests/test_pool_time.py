@@ -97,3 +97,23 @@ def test_published_one_step_off_runs():
     # Qwen3-30B-A3B on 32 H100, both releases
     assert abs(speedup_error("8", "7")) < 0.10
     assert abs(speedup_error("19", "18")) < 0.10
+
+
+def test_the_trainer_pool_holds_no_rollout_engine():
+    """Separate pools: no KV pool or rollout weights beside the actor (the trainer's peak does
+    not move with the rollout's settings, and is the actor's own phase peak)."""
+    from planner.cost.memory import actor_memory
+    from planner.placement import async_workload, trainer_memory
+
+    model = resolve_model("qwen2.5-7b")
+    pool = ClusterSpec(H100, 8, 8)
+    work = async_workload(WORK)  # free_cache_engine off, as verl's async recipes run
+    cols = Layout(tp=2, pp=1, dp=4, rollout_tp=1, gpu_memory_utilization=0.9).to_columns()
+    held = trainer_memory(model, pool, work, cols)
+    freed = trainer_memory(model, pool, dataclasses.replace(work, free_cache_engine=True), cols)
+    assert float(held["trainer_peak_bytes"][0]) == float(freed["trainer_peak_bytes"][0])
+    actor = actor_memory(model, pool, work, cols)
+    assert float(held["trainer_peak_bytes"][0]) == max(
+        float(np.max(actor["phases"][phase], axis=0)[0])
+        for phase in ("ref", "update_actor", "weight_sync"))
+    assert bool(held["trainer_fits"][0])

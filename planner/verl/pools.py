@@ -17,7 +17,6 @@ from planner.catalog.hardware import ClusterSpec
 from planner.cost.memory import rollout_memory
 from planner.placement import (
     ROLLOUT_RESIDENT_BYTES,
-    TRAINING_PHASES_ASYNC,
     split_problems,
     trainer_memory,
 )
@@ -163,10 +162,8 @@ def pool_memory(model, pools: Pools, workload, layout,
         "fits": not any(f.level == "error" for f in findings),
         "trainer": {"gpus": pools.trainer.num_gpus, "peak_memory_gib": round(peak / GIB, 2),
                     "memory_utilization": round(peak / capacity, 4), "peak_phase": phase,
-                    "memory_gib": {p: round(float(trainer["memory"][f"mem_{p}_bytes"][0]) / GIB,
-                                            2)
-                                   for p in (*TRAINING_PHASES_ASYNC, "weight_sync")
-                                   if p in workload.phases}},
+                    "memory_gib": {p: round(float(values[0]) / GIB, 2)
+                                   for p, values in trainer["phase_bytes"].items()}},
         "rollout": {"gpus": pools.rollout.num_gpus, "peak_memory_gib": round(rollout_peak / GIB,
                                                                              2),
                     "memory_utilization": round(rollout_peak / capacity, 4),
