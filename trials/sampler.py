@@ -31,8 +31,9 @@ class LayoutSampler(BaseSampler):
 
     * :meth:`sample_relative` returns a value for every field of the candidates' study
       (``candidates.fields``: the layout's, and in a training-mode study the split and the
-      staleness threshold), and the values are those of one candidate that ``allowed(study)`` permits — or ``{}`` when no
-      candidate is allowed (the search space is exhausted);
+      staleness threshold), and the values are those of one candidate that
+      ``allowed(study)`` permits — or ``{}`` when no candidate is allowed (the search space
+      is exhausted);
     * a trial with fixed parameters (enqueued, or a retry of a trial whose tuner died) is
       returned as it is; the objective decides whether it may still run;
     * :meth:`sample_independent` is only reached for parameters outside the search space (or
