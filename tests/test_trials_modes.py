@@ -2,6 +2,7 @@
 threshold as trial parameters, each trial the mode's job, the async trainers' metrics, resume."""
 
 import json
+import sys
 from collections import Counter
 
 import pytest
@@ -13,6 +14,7 @@ from planner.cli.main import main
 from planner.verl.keys import MODE_ENTRY
 from trials import study_state as attrs
 from trials.candidates import STALENESS_GRID, candidate_key, study_fields
+from trials.doctor import DoctorInputs, run_checks
 from trials.job import mode_command
 from trials.metrics import parse_jsonl, summarise
 
@@ -201,3 +203,23 @@ def test_bad_mode_flags_are_one_line_usage_errors(tmp_path, fake, capsys, extra,
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "events.jsonl").exists()
+
+
+def test_doctor_imports_the_async_entry_modules_a_mode_study_runs(tmp_path):
+    entry = MODE_ENTRY["fully-async"]
+    seen = []
+
+    def probe(python, modules, **_):
+        seen.extend(modules)
+        return {**{name: {"ok": name != entry} for name in modules},
+                entry: {"ok": False, "error": "ModuleNotFoundError: No module named 'x'"},
+                "cuda": {"ok": True, "count": 8, "name": "NVIDIA H100 80GB HBM3"}}
+
+    checks = run_checks(DoctorInputs(
+        trainer_command=(sys.executable, "-m", "verl.trainer.main_ppo"), launcher="local",
+        rollout_engine="vllm", gpu_name="H100-80GB", nvml_names=("H100",), gpus_needed=1,
+        model_path=None, data_files=(), verl_version="0.9.1", entry_modules=(entry,)),
+        probe=probe, detect=lambda: None)
+    assert entry in seen
+    verl = next(check for check in checks if check.name == "verl")
+    assert verl.status == "fail" and verl.detail.startswith(f"{entry}: ModuleNotFoundError")

@@ -173,8 +173,10 @@ def cmd_tune(args) -> int:
     if not args.skip_checks:
         from planner.cli.doctor import doctor_inputs, report_checks
 
+        modes = sorted({candidate.mode for candidate in candidates.candidates})
         report_checks(doctor_inputs(args, cluster, workload, command,
-                                    (model_path, train_files, val_files)), before="tune")
+                                    (model_path, train_files, val_files), tuple(modes)),
+                      before="tune")
 
     settings = TuneSettings(
         trials=args.trials, timeout_s=timeout, warmup_steps=args.warmup_steps,
