@@ -117,6 +117,9 @@ def test_fully_async_study_tunes_split_and_staleness_and_resumes(tmp_path, fake,
     for trial in done:
         assert trial.values[0] == pytest.approx(hidden(trial.params["trainer_gpus"],
                                                        trial.params["staleness_threshold"]))
+    # another grid is another search space: refused, named
+    assert main([*argv, "--staleness-grid", "0,0.2"]) == 2
+    assert "mode fully-async with staleness grid [0.0, 0.1, 0.3, 0.5]" in capsys.readouterr().err
 
 
 def test_best_mode_searches_all_modes_in_one_study(tmp_path, fake, capsys):

@@ -165,8 +165,11 @@ class Tuner:
             raise PlanInputError(
                 f"study {self.study_name!r} in {self.storage_spec.display} searches other "
                 f"layouts (model {known.get('model', {}).get('name')}, cluster "
-                f"{known.get('cluster')}, workload or planner differ); resume it with the same "
-                f"flags or pass another --study-name")
+                f"{known.get('cluster')}, mode {known.get('mode', 'sync')}"
+                + (f" with staleness grid {known['staleness_grid']}"
+                   if known.get("staleness_grid") else "")
+                + "; the workload, the splits or the planner may differ); resume it with the "
+                  "same flags or pass another --study-name")
         return study
 
     def _snapshot(self, study: optuna.Study) -> attrs.Snapshot:
