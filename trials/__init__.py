@@ -2,7 +2,8 @@
 
 The home of Optuna and process launching; the planner never imports it.  One direction of flow:
 
-* :mod:`trials.candidates` — the plan's layouts predicted to fit, as a study's search space;
+* :mod:`trials.candidates` — the plan's layouts predicted to fit, as a study's search space
+  (with ``tune --mode``, the mode plans' pool splits and staleness thresholds too);
 * :mod:`trials.job` — a layout's exported verl job cut to a short horizon;
 * :mod:`trials.launchers` — where it runs (a local process group, a Ray job), with limits;
 * :mod:`trials.processes` — process groups, the recorded process tree of each trial, and

@@ -4,7 +4,9 @@ Each successful trial is a :class:`planner.cost.calibration.Measurement` (model,
 workload
 from the study's attributes, the layout from the trial's); :func:`planner.cost.calibration.fit`
 does the fitting and writes the format of ``planner/cost/calibration.json``, which
-``plan-parallel --calibration FILE`` reads.
+``plan-parallel --calibration FILE`` reads.  Only colocated (sync) trials are fitted: the
+measurement model is the colocated step; a ``tune --mode`` study's asynchronous trials are
+left out.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def study_measurements(study: "Study") -> list["Measurement"]:
     for trial in study.get_trials(deepcopy=False):
         value = attrs.measured_value(trial)
         layout = trial.user_attrs.get(attrs.LAYOUT)
-        if value is None or not layout:
+        mode = (trial.user_attrs.get(attrs.PLACEMENT) or {}).get("mode", "sync")
+        if value is None or not layout or mode != "sync":
             continue
         out.append(Measurement(model, cluster, workload,
                                Layout.from_row(layout), value))
@@ -52,7 +55,8 @@ class CalibrationResult:
 def calibrate_study(study: "Study", initial: dict | None, source: str) -> CalibrationResult:
     measurements = study_measurements(study)
     if not measurements:
-        raise PlanInputError(f"study {study.study_name!r} has no successful trial to fit")
+        raise PlanInputError(f"study {study.study_name!r} has no successful sync (colocated) "
+                             f"trial to fit")
     measured = [m.tokens_per_s_per_gpu for m in measurements]
     start = initial if initial is not None else shipped_calibration()
     before = mape(predict(measurements, start), measured)

@@ -13,13 +13,24 @@ each measured OOM raises its phase's margin -- by a bounded step, and never past
 own figures support (:func:`memory_margins`): one OOM on a real cluster is common and must not
 empty the study.  After an OOM the study next tries the nearest layout that relieves the
 failing phase (:meth:`CandidateSet.relief`: a smaller micro-batch, more TP/PP, recompute, ...).
+
+Training modes (``tune --mode``, :mod:`planner.placement`): an asynchronous study's candidates
+are its mode plan's splits -- one per trainer-pool size, each with the trainer pool's actor
+layout and the rollout pool's engine layout -- and the study's parameters add the split
+(``trainer_gpus``) and, for fully-async, ``async_training.staleness_threshold`` from
+:data:`STALENESS_GRID` (each value its own candidate, predicted with that threshold);
+``--mode best`` adds ``mode`` and searches the candidates of all three modes in one study
+(sync's ``trainer_gpus`` is the whole cluster, colocated; sync and one-step-off have no
+staleness threshold and carry 0).  The plan keeps one peak per pool, so an asynchronous
+candidate's per-phase memory is its pool's peak: the trainer pool's for the training phases,
+the rollout pool's for ``generate``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -32,11 +43,23 @@ from planner.units import GIB
 if TYPE_CHECKING:
     import pandas as pd
 
+    from planner.placement import ModePlan
+
 # The fields that identify a layout (dp and the stage split follow from them and the plan).
 SEARCH_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch", "recompute",
                  "param_offload", "optimizer_offload", "ref_param_offload", "rollout_tp",
                  "rollout_dp", "rollout_ep", "gpu_memory_utilization")
 OOM_MARGIN_STEP = 0.02  # beyond the failed layout's own ratio, so it is excluded too
+# The parameters a study of each training mode adds to SEARCH_FIELDS (sync: none, so a sync
+# study is what it was before modes existed).
+MODE_FIELDS = {"sync": (), "one-step-off": ("trainer_gpus",),
+               "fully-async": ("trainer_gpus", "staleness_threshold"),
+               "best": ("mode", "trainer_gpus", "staleness_threshold")}
+# async_training.staleness_threshold values a fully-async study tries: 0 (the rollouter never
+# runs ahead of the trainer's sync), verl's default 0.1, and 0.3 / 0.5 (up to half a cycle of
+# samples generated ahead: more overlap, older samples); above 1 a sample may lag more than two
+# versions, which the study leaves to the user (--staleness-grid).
+STALENESS_GRID = (0.0, 0.1, 0.3, 0.5)
 # One OOM raises its phase's margin by at most this (a fraction of the predicted memory); the
 # next OOM in that phase raises it again.  The failed layout itself never runs again anyway
 # (it is measured), so the margin only has to steer away from layouts just as large.
@@ -47,13 +70,18 @@ def normalise(field: str, value: Any) -> Any:
     """One field's value as Optuna stores it: int, bool, str, or a 2-decimal float."""
     if hasattr(value, "item"):
         value = value.item()
-    if field == "recompute":
+    if field in ("recompute", "mode"):
         return str(value)
     if field.endswith("offload"):
         return bool(value)
-    if field == "gpu_memory_utilization":
+    if field in ("gpu_memory_utilization", "staleness_threshold"):
         return round(float(value), 2)
     return int(value)
+
+
+def study_fields(mode: str) -> tuple[str, ...]:
+    """The parameters of a study of ``mode`` (sync, one-step-off, fully-async or best)."""
+    return (*SEARCH_FIELDS, *MODE_FIELDS[mode])
 
 
 def layout_key(values: Mapping[str, Any]) -> str:
@@ -68,14 +96,32 @@ def layout_key(values: Mapping[str, Any]) -> str:
             f"-u{v['gpu_memory_utilization']:.2f}")
 
 
+def candidate_key(values: Mapping[str, Any], fields: Sequence[str] = SEARCH_FIELDS) -> str:
+    """A candidate's key in a study searching ``fields``: :func:`layout_key`, after the mode
+    parameters the study searches, e.g. ``fully-async-t2-s0.10-tp1-...``."""
+    parts = []
+    if "mode" in fields:
+        parts.append(normalise("mode", values["mode"]))
+    if "trainer_gpus" in fields:
+        parts.append(f"t{normalise('trainer_gpus', values['trainer_gpus'])}")
+    if "staleness_threshold" in fields:
+        parts.append(f"s{normalise('staleness_threshold', values['staleness_threshold']):.2f}")
+    return "-".join([*parts, layout_key(values)])
+
+
 @dataclass(frozen=True)
 class Candidate:
     index: int  # position in the set (predicted best first)
     key: str
     rank: int  # the plan's rank (what `plan-parallel ... --write --rank` takes)
     layout: Layout
-    params: Mapping[str, Any]  # SEARCH_FIELDS values
+    params: Mapping[str, Any]  # the study's field values (study_fields)
     predicted: Mapping[str, Any]  # tokens/s/GPU, step time, peak and per-phase memory and time
+    mode: str = "sync"
+    # mode, trainer_gpus, rollout_gpus, colocated, staleness_threshold ({} in a sync study)
+    placement: Mapping[str, Any] = field(default_factory=dict)
+    # the Plan (sync) or ModePlan (asynchronous) ``rank`` refers to, for the job's export
+    plan: Any = field(default=None, compare=False, repr=False)
 
 
 def _predicted(row: Mapping[str, Any]) -> dict:
@@ -90,43 +136,151 @@ def _predicted(row: Mapping[str, Any]) -> dict:
     return out
 
 
+def _fitting_rows(plan: "Plan", memory_margin: float, limit: int | None) -> "pd.DataFrame":
+    frame = plan.candidates
+    capacity = float(plan.cluster.gpu.memory_bytes)
+    keep = frame["fits"].astype(bool) & (frame["peak_bytes"] * (1 + memory_margin) <= capacity)
+    frame = frame[keep]
+    return frame.head(limit) if limit else frame
+
+
+def _reindexed(candidate: Candidate, index: int) -> Candidate:
+    return replace(candidate, index=index)
+
+
+def split_predicted(candidate: Mapping[str, Any]) -> dict:
+    """An asynchronous split's prediction (:func:`planner.placement.split_candidate`) in the
+    shape of :func:`_predicted`, plus what only a split has (placement, bottleneck, idle
+    fractions, staleness).  Per-phase memory is the pool's peak (see the module docstring)."""
+    pools = candidate["pools"]
+    trainer_gib = float(pools["trainer"]["peak_memory_gib"])
+    rollout_gib = float(pools["rollout"]["peak_memory_gib"])
+    memory = {phase: (rollout_gib if phase == "generate" else trainer_gib) for phase in PHASES}
+    return {"tokens_per_s_per_gpu": float(candidate["tokens_per_s_per_gpu"]),
+            "step_time_s": float(candidate["step_time_s"]),
+            "peak_gib": max(trainer_gib, rollout_gib),
+            "peak_phase": (str(pools["trainer"]["peak_phase"]) if trainer_gib >= rollout_gib
+                           else "generate"),
+            "mfu": None, "memory_gib": memory, "time_s": dict(candidate["time_s"]),
+            "mode": candidate["mode"], "placement": dict(candidate["placement"]),
+            "bottleneck": candidate["bottleneck"],
+            "idle_fraction": dict(candidate["idle_fraction"]),
+            "staleness": dict(candidate["staleness"]),
+            **({"async_training": dict(candidate["async_training"])}
+               if "async_training" in candidate else {})}
+
+
+def _split_candidates(plan: "ModePlan", memory_margin: float,
+                      fields: Sequence[str]) -> list[tuple[Candidate, np.ndarray]]:
+    """An asynchronous mode plan's fitting splits as candidates (``rank``: the split's rank in
+    ``plan``, what :func:`planner.verl.modes.job_from_mode_plan` takes)."""
+    capacity = float(plan.cluster.gpu.memory_bytes)
+    staleness = (plan.async_options.staleness_threshold if plan.mode == "fully-async" else 0.0)
+    out = []
+    fitting = [c for c in plan.candidates if c["fits"]]
+    for rank, split in enumerate(fitting, start=1):
+        predicted = split_predicted(split)
+        if predicted["peak_gib"] * GIB * (1 + memory_margin) > capacity:
+            continue
+        layout = Layout(**split["layout"])
+        placement = {"mode": plan.mode, **split["placement"],
+                     "staleness_threshold": staleness}
+        params = {name: normalise(name, {**layout.to_dict(), **placement}[name])
+                  for name in fields}
+        memory = np.array([predicted["memory_gib"][phase] * GIB for phase in PHASES])
+        out.append((Candidate(index=0, key=candidate_key(params, fields), rank=rank,
+                              layout=layout, params=params, predicted=predicted,
+                              mode=plan.mode, placement=placement, plan=plan), memory))
+    return out
+
+
 class CandidateSet:
-    """Ranked candidate layouts with vectorised look-ups (membership, margins, nearest)."""
+    """Ranked candidate layouts with vectorised look-ups (membership, margins, nearest).
 
-    def __init__(self, frame: "pd.DataFrame", capacity_bytes: float):
+    ``fields``: the study's parameters (:func:`study_fields`); ``memory_bytes``: one row per
+    candidate, one column per phase of :data:`~planner.phases.PHASES`."""
 
-        frame = frame.drop_duplicates(subset=list(SEARCH_FIELDS)).reset_index(drop=True)
+    def __init__(self, candidates: Sequence[Candidate], memory_bytes: np.ndarray,
+                 capacity_bytes: float, fields: Sequence[str] = SEARCH_FIELDS):
+        self.fields = tuple(fields)
         self.capacity_bytes = float(capacity_bytes)
-        self.rows = frame
-        records = frame.to_dict("records")
-        self.candidates: list[Candidate] = []
-        for index, row in enumerate(records):
-            params = {field: normalise(field, row[field]) for field in SEARCH_FIELDS}
-            self.candidates.append(Candidate(
-                index=index, key=layout_key(params), rank=int(row["rank"]),
-                layout=Layout.from_row(row), params=params, predicted=_predicted(row)))
+        self.candidates: list[Candidate] = list(candidates)
         self.index = {candidate.key: candidate.index for candidate in self.candidates}
-        self.choices = {field: tuple(sorted({c.params[field] for c in self.candidates},
-                                            key=lambda value: (str(type(value)), value)))
-                        for field in SEARCH_FIELDS}
-        self.codes = np.array([[self.choices[field].index(c.params[field])
-                                for field in SEARCH_FIELDS] for c in self.candidates],
-                              dtype=np.int64).reshape(len(self.candidates), len(SEARCH_FIELDS))
-        self.memory = frame[[memory_column(phase) for phase in PHASES]].to_numpy(dtype=float)
+        self.choices = {name: tuple(sorted({c.params[name] for c in self.candidates},
+                                           key=lambda value: (str(type(value)), value)))
+                        for name in self.fields}
+        self.codes = np.array([[self.choices[name].index(c.params[name])
+                                for name in self.fields] for c in self.candidates],
+                              dtype=np.int64).reshape(len(self.candidates), len(self.fields))
+        self.memory = np.asarray(memory_bytes, dtype=float).reshape(len(self.candidates),
+                                                                    len(PHASES))
+
+    @classmethod
+    def from_frame(cls, frame: "pd.DataFrame", capacity_bytes: float, plan: Any = None,
+                   extra: Mapping[str, Any] | None = None,
+                   fields: Sequence[str] = SEARCH_FIELDS) -> "CandidateSet":
+        """Candidates from a plan's candidate frame (best first); ``extra``: the mode field
+        values every row shares (a sync plan's in a ``--mode best`` study)."""
+        frame = frame.drop_duplicates(subset=list(SEARCH_FIELDS)).reset_index(drop=True)
+        extra = dict(extra or {})
+        placement = {key: extra[key] for key in ("mode", "trainer_gpus", "rollout_gpus",
+                                                 "colocated", "staleness_threshold")
+                     if key in extra}
+        candidates = []
+        for index, row in enumerate(frame.to_dict("records")):
+            params = {name: normalise(name, {**row, **extra}[name]) for name in fields}
+            candidates.append(Candidate(
+                index=index, key=candidate_key(params, fields), rank=int(row["rank"]),
+                layout=Layout.from_row(row), params=params, predicted=_predicted(row),
+                mode=str(extra.get("mode", "sync")), placement=placement, plan=plan))
+        memory = frame[[memory_column(phase) for phase in PHASES]].to_numpy(dtype=float)
+        return cls(candidates, memory, capacity_bytes, fields)
 
     @classmethod
     def from_plan(cls, plan: "Plan", memory_margin: float = 0.0,
                   limit: int | None = None) -> "CandidateSet":
         """The plan's layouts predicted to fit with ``memory_margin`` to spare (0.1: 10%),
         best predicted first, at most ``limit``."""
-        frame = plan.candidates
         capacity = float(plan.cluster.gpu.memory_bytes)
-        keep = frame["fits"].astype(bool) & (frame["peak_bytes"] * (1 + memory_margin)
-                                             <= capacity)
-        frame = frame[keep]
-        if limit:
-            frame = frame.head(limit)
-        return cls(frame, capacity)
+        return cls.from_frame(_fitting_rows(plan, memory_margin, limit), capacity, plan=plan)
+
+    @classmethod
+    def from_modes(cls, plans: Sequence["ModePlan"], memory_margin: float = 0.0,
+                   limit: int | None = None, mode: str | None = None) -> "CandidateSet":
+        """The candidates of the training modes' plans (``plans``: a sync plan and/or one
+        asynchronous plan per staleness threshold), predicted to fit with ``memory_margin`` to
+        spare, the highest predicted tokens/s/GPU first (ties: in the order given); ``limit``
+        caps the sync plan's layouts (the asynchronous plans have one candidate per split).
+        ``mode``: the study's mode (its fields, :func:`study_fields`); default: the one mode of
+        ``plans``, or ``best`` when they differ."""
+        modes = {plan.mode for plan in plans}
+        mode = mode or (modes.pop() if len(modes) == 1 else "best")
+        fields = study_fields(mode)
+        parts: list[tuple[Candidate, np.ndarray]] = []
+        for plan in plans:
+            if plan.mode == "sync":
+                n = plan.cluster.num_gpus
+                synced = cls.from_frame(
+                    _fitting_rows(plan.sync_plan, memory_margin, limit),
+                    plan.cluster.gpu.memory_bytes, plan=plan.sync_plan, fields=fields,
+                    extra={"mode": "sync", "trainer_gpus": n, "rollout_gpus": n,
+                           "colocated": True, "staleness_threshold": 0.0})
+                parts += list(zip(synced.candidates, synced.memory))
+            else:
+                parts += _split_candidates(plan, memory_margin, fields)
+        order = sorted(range(len(parts)),
+                       key=lambda i: -float(parts[i][0].predicted["tokens_per_s_per_gpu"]))
+        candidates, memory, seen = [], [], set()
+        for i in order:
+            candidate, row = parts[i]
+            if candidate.key in seen:
+                continue
+            seen.add(candidate.key)
+            candidates.append(_reindexed(candidate, len(candidates)))
+            memory.append(row)
+        capacity = float(plans[0].cluster.gpu.memory_bytes) if plans else 0.0
+        return cls(candidates, np.array(memory, dtype=float).reshape(len(memory), len(PHASES)),
+                   capacity, fields)
 
     def __len__(self) -> int:
         return len(self.candidates)
@@ -141,7 +295,7 @@ class CandidateSet:
     def key_of(self, params: Mapping[str, Any]) -> str | None:
         """The key of the candidate with these parameter values, None if there is none."""
         try:
-            key = layout_key(params)
+            key = candidate_key(params, self.fields)
         except (KeyError, TypeError, ValueError):
             return None
         return key if key in self.index else None
@@ -151,10 +305,10 @@ class CandidateSet:
         return digest.hexdigest()[:16]
 
     def distributions(self) -> dict:
-        """One Optuna categorical distribution per search field."""
+        """One Optuna categorical distribution per field of the study."""
         from optuna.distributions import CategoricalDistribution
 
-        return {field: CategoricalDistribution(self.choices[field]) for field in SEARCH_FIELDS}
+        return {name: CategoricalDistribution(self.choices[name]) for name in self.fields}
 
     def allowed(self, blocked: Iterable[str], margins: Mapping[str, float]) -> np.ndarray:
         """Mask of candidates that are not ``blocked`` and fit with the phase ``margins``."""
@@ -200,12 +354,39 @@ class CandidateSet:
         predicted among equals); None when nothing is allowed."""
         if not mask.any():
             return None
-        codes = np.array([self.choices[field].index(normalise(field, params[field]))
-                          if normalise(field, params[field]) in self.choices[field] else -1
-                          for field in SEARCH_FIELDS])
+        codes = np.array([self.choices[name].index(normalise(name, params[name]))
+                          if normalise(name, params[name]) in self.choices[name] else -1
+                          for name in self.fields])
         distance = (self.codes != codes).sum(axis=1).astype(float)
         distance[~mask] = np.inf
         return int(np.argmin(distance))  # ties: the lowest index, i.e. the best predicted
+
+
+def mode_plans(model, cluster, workload, mode: str, options, calibration: dict | None = None,
+               async_options=None, staleness_grid: Sequence[float] = STALENESS_GRID
+               ) -> list["ModePlan"]:
+    """The plans a study of ``mode`` draws its candidates from: sync's plan (``sync``,
+    ``best``), one-step-off's (``one-step-off``, ``best``) and fully-async's once per
+    ``staleness_grid`` value (``fully-async``, ``best``), the pool searches shared.
+    ``async_options``: the splits to try and partial rollout (its staleness is the grid's)."""
+    from planner.placement import MODE_CHOICES, AsyncOptions, plan_mode
+
+    if mode not in MODE_CHOICES:
+        raise ValueError(mode)
+    base = async_options or AsyncOptions()
+    cache: dict = {}
+    plans = []
+    if mode in ("sync", "best"):
+        plans.append(plan_mode(model, cluster, workload, "sync", options, calibration))
+    if mode in ("one-step-off", "best"):
+        plans.append(plan_mode(model, cluster, workload, "one-step-off", options, calibration,
+                               async_options=base, cache=cache))
+    if mode in ("fully-async", "best"):
+        plans += [plan_mode(model, cluster, workload, "fully-async", options, calibration,
+                            async_options=replace(base, staleness_threshold=float(value)),
+                            cache=cache)
+                  for value in staleness_grid]
+    return plans
 
 
 def memory_margins(ooms: Iterable[tuple], capacity_bytes: float,

@@ -74,6 +74,8 @@ class DoctorInputs:
     data_files: tuple[tuple[str, str | None], ...]  # (flag, value)
     ray_address: str | None = None
     verl_version: str = ""
+    # the asynchronous modes' entry modules a ``tune --mode`` study runs (verl.experimental)
+    entry_modules: tuple[str, ...] = ()
 
 
 def runs_verl_here(inputs: DoctorInputs) -> str | None:
@@ -118,11 +120,16 @@ def trainer_checks(inputs: DoctorInputs, probe: Callable[..., dict] = probe_trai
         why = f"{where}; run `plan-parallel doctor` where the trainer runs"
         return [Check("verl", "skip", why), Check("cuda", "skip", why)]
     engine = inputs.rollout_engine
-    found = probe(python, [VERL_MODULE, engine])
+    modules = [VERL_MODULE, *inputs.entry_modules]
+    found = probe(python, [*modules, engine])
     checks = []
-    verl = found.get(VERL_MODULE, {})
-    if verl.get("ok"):
-        checks.append(Check("verl", "ok", f"{VERL_MODULE} imports in {python}"))
+    broken = next((name for name in modules if not found.get(name, {}).get("ok")), None)
+    verl = dict(found.get(broken or VERL_MODULE, {}))
+    if broken not in (None, VERL_MODULE):  # verl imports, not its experimental entry point
+        verl["error"] = f"{broken}: {verl.get('error', 'does not import')}"
+    if broken is None:
+        checks.append(Check("verl", "ok", f"{', '.join(modules)} import in {python}"
+                            if len(modules) > 1 else f"{VERL_MODULE} imports in {python}"))
     else:
         checks.append(Check("verl", "fail", (
             f"{verl.get('error', 'does not import')} -- fix: install verl=={inputs.verl_version} "

@@ -10,6 +10,17 @@ steps' prompts, and the file logger writing to the trial's ``metrics.jsonl``
 The trainer command is configurable (default ``python3 -m verl.trainer.main_ppo``) so a site
 can wrap it (``srun ...``, ``apptainer exec ...``); it is split like a shell would, but never run
 through one.
+
+A trial of an asynchronous training mode (a candidate of ``tune --mode``) runs the job
+``plan --mode ... --write`` exports for its split (:func:`planner.verl.modes.job_from_mode_plan`:
+the trainer pool's layout, the rollout pool, ``async_training.*``) under the mode's entry module
+(``keys.MODE_ENTRY``): :func:`mode_command` puts it where the command names
+``verl.trainer.main_ppo``.  A command that does not name it (a wrapper script) runs as given
+for every mode; the overrides tell the modes apart (``actor_rollout_ref.hybrid_engine=False``
+for both asynchronous modes, ``async_training.*`` for fully-async).  The horizon is the same:
+with one parameter sync per train batch (the planner's default ``trigger_parameter_sync_step``)
+fully-async logs one record per sync, i.e. per step, and stops when the horizon's
+``data.train_max_samples`` prompts are consumed.
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.errors import PlanInputError
 from planner.verl.export import ENVIRONMENT, hydra_value, job_overrides
+from planner.verl.keys import ENTRY_MODULE, MODE_ENTRY
+from planner.verl.modes import job_from_mode_plan
 from trials.candidates import Candidate
 from trials.launchers.base import LaunchRequest
 
@@ -44,6 +57,13 @@ def split_command(text: str) -> tuple[str, ...]:
     if not argv:
         raise PlanInputError("--trainer-command is empty")
     return argv
+
+
+def mode_command(command: Sequence[str], mode: str) -> tuple[str, ...]:
+    """``command`` for a trial of ``mode``: verl's synchronous entry module replaced by the
+    mode's wherever the command names it (see the module docstring)."""
+    entry = MODE_ENTRY[mode]
+    return tuple(entry if part == ENTRY_MODULE else part for part in command)
 
 
 def parse_env(items: Sequence[str]) -> dict[str, str]:
@@ -110,6 +130,17 @@ class TrialJobs:
     def workdir(self, sweep_dir: Path, number: int, candidate: Candidate) -> Path:
         return Path(sweep_dir).resolve() / "trials" / f"{number:04d}-{candidate.key}"
 
+    def overrides_of(self, candidate: Candidate, extra: Sequence[str]) -> list[str]:
+        """The exported job of ``candidate`` (its mode's), then ``extra``."""
+        paths = {"model_path": self.model_path, "train_files": self.train_files,
+                 "val_files": self.val_files}
+        if candidate.mode == "sync":
+            return job_overrides(self.model, self.cluster, self.workload, candidate.layout,
+                                 extra=extra, **paths)
+        job = job_from_mode_plan(candidate.plan, candidate.rank, extra_overrides=extra, **paths)
+        return job.overrides({"MODEL_PATH": self.model_path, "TRAIN_FILES": self.train_files,
+                              "VAL_FILES": self.val_files})
+
     def request(self, sweep_dir: Path, number: int, candidate: Candidate,
                 shares_filesystem: bool, inherited_env: Mapping[str, str]) -> LaunchRequest:
         workdir = self.workdir(sweep_dir, number, candidate)
@@ -118,14 +149,12 @@ class TrialJobs:
         horizon = horizon_overrides(steps=self.steps,
                                     train_batch_size=self.workload.train_batch_size,
                                     experiment=experiment, workdir=workdir, metrics_path=metrics)
-        overrides = job_overrides(self.model, self.cluster, self.workload, candidate.layout,
-                                  model_path=self.model_path, train_files=self.train_files,
-                                  val_files=self.val_files,
-                                  extra=[*self.overrides, *horizon])
+        overrides = self.overrides_of(candidate, [*self.overrides, *horizon])
         env = dict(self.env)
         if metrics is not None:
             env[LOGGER_ENV] = str(metrics)
-        return LaunchRequest(argv=(*self.trainer_command, *overrides), workdir=workdir,
+        command = mode_command(self.trainer_command, candidate.mode)
+        return LaunchRequest(argv=(*command, *overrides), workdir=workdir,
                              log_path=workdir / LOG_FILE, metrics_path=metrics,
                              wall_timeout_s=self.wall_timeout_s,
                              hang_timeout_s=self.hang_timeout_s,

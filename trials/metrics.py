@@ -11,7 +11,31 @@ verl 0.9.1 logs one record per training step through ``Tracking`` (``verl/utils/
 
 The file is preferred (it is exact and survives Ray's log deduplication); the console is the
 fallback when the file is missing, e.g. when the trainer ran on a node whose disk the tuner
-cannot read.  :func:`summarise` drops warm-up steps and reduces the rest.
+cannot read.  :func:`summarise` drops warm-up steps and reduces the rest.  Records logged at one
+step are merged (a later value of a key wins).
+
+The asynchronous trainers (verl 0.9.1 ``verl.experimental``) log differently:
+
+* one-step-off (``one_step_off_policy/ray_trainer.py``) logs one record per step like
+  ``main_ppo``, with ``timing_s/gen`` (the wait for the batch generated during the previous
+  step), ``timing_s/generate_async``, ``timing_s/sync_rollout_weights`` and ``timing_s/step``;
+  but its ``perf/throughput`` divides by the trainer pool's GPUs only
+  (``resource_pool_manager.get_n_gpus()``: the rollout pool is not in it);
+* fully-async (``fully_async_policy/fully_async_trainer.py``) logs per parameter version
+  (``step`` = ``current_param_version``), two records at each: the rollouter's
+  (``fully_async/rollouter/idle_ratio``, ``active_time``, ``version_time``,
+  ``step_generated_samples``) and then the trainer's local steps since the previous sync,
+  aggregated by ``detach_utils.MetricsAggregator``: ``timing_s/*``, ``perf/total_num_tokens``
+  and ``perf/time_per_step`` summed, ``perf/throughput`` recomputed over trainer + rollout GPUs,
+  ``fully_async/trainer/idle_ratio`` = gen / step, ``fully_async/count/*`` (the parameter sync is
+  ``timing_s/timing_s/param_sync``: its timer is named with the prefix).  The first version's
+  record covers one local step less (the last local step of a cycle is aggregated into the
+  next version's record), which the warm-up drops.
+
+So for an asynchronous trial, :func:`summarise` takes tokens/s/GPU as ``perf/total_num_tokens``
+over ``timing_s/step`` and all the cluster's GPUs (``tokens_from_step_time``), the steady-state
+step time as the median ``timing_s/step`` (one train batch per record with one sync per train
+batch), and keeps the medians of the ``fully_async/`` metrics.
 """
 
 from __future__ import annotations
@@ -29,6 +53,7 @@ THROUGHPUT = "perf/throughput"  # tokens / (step time * GPUs): tokens/s/GPU
 TOTAL_TOKENS = "perf/total_num_tokens"
 MFU = "perf/mfu/actor"
 TIMING_PREFIX = "timing_s/"
+ASYNC_PREFIX = "fully_async/"
 # actor/perf/max_memory_allocated_gb, actor/perf/max_memory_reserved_gb (and any other role's)
 MEMORY_KEY = re.compile(r"(^|/)perf/max_memory_\w+_gb$")
 
@@ -196,6 +221,9 @@ class MetricsReader:
             elif _validated(key):
                 self.bad_lines += 1
                 return False
+        earlier = self.latest.get(step)
+        if earlier is not None:  # fully-async logs twice per version: merge
+            values = {**earlier.data, **values}
         self.latest[step] = StepRecord(step, values)
         return True
 
@@ -295,6 +323,7 @@ class MetricsSummary:
     memory_gb: Mapping[str, float] = field(default_factory=dict)  # */perf/max_memory_*_gb max
     last_step: int = 0
     bad_lines: int = 0  # metric lines skipped as impossible (MetricsReader)
+    async_metrics: Mapping[str, float] = field(default_factory=dict)  # fully_async/* medians
 
     @property
     def peak_memory_gb(self) -> float | None:
@@ -305,7 +334,8 @@ class MetricsSummary:
                 "source": self.source, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
                 "step_time_s": self.step_time_s, "mfu": self.mfu,
                 "phase_times_s": dict(self.phase_times_s), "memory_gb": dict(self.memory_gb),
-                "last_step": self.last_step, "bad_lines": self.bad_lines}
+                "last_step": self.last_step, "bad_lines": self.bad_lines,
+                **({"async_metrics": dict(self.async_metrics)} if self.async_metrics else {})}
 
 
 def _median(values: list[float]) -> float | None:
@@ -315,12 +345,14 @@ def _median(values: list[float]) -> float | None:
 
 def summarise(records: list[StepRecord], warmup_steps: int, n_gpus: int,
               source: str = "file", bad_lines: int = 0,
-              limits: MetricLimits | None = None) -> MetricsSummary:
+              limits: MetricLimits | None = None,
+              tokens_from_step_time: bool = False) -> MetricsSummary:
     """Medians over the steps after the first ``warmup_steps`` (the last step is kept when a
     trial recorded no more than its warm-up), peak memory over every step.
 
-    Tokens/s/GPU is verl's ``perf/throughput``; without it, ``perf/total_num_tokens`` over the
-    step time and ``n_gpus``.
+    Tokens/s/GPU is verl's ``perf/throughput``; without it, or with ``tokens_from_step_time``
+    (an asynchronous trial, see the module docstring), ``perf/total_num_tokens`` over the step
+    time and ``n_gpus``.
     """
     if not records:
         return MetricsSummary(steps_recorded=0, steady_steps=0, source="none",
@@ -330,7 +362,7 @@ def summarise(records: list[StepRecord], warmup_steps: int, n_gpus: int,
     def column(key: str) -> list[float]:
         return [record.data[key] for record in steady if key in record.data]
 
-    throughput = _median(column(THROUGHPUT))
+    throughput = None if tokens_from_step_time else _median(column(THROUGHPUT))
     step_time = _median(column(STEP_TIME))
     if throughput is None and step_time and n_gpus:
         tokens = _median(column(TOTAL_TOKENS))
@@ -340,13 +372,19 @@ def summarise(records: list[StepRecord], warmup_steps: int, n_gpus: int,
             throughput = None
     timing_keys = sorted({key for record in steady for key in record.data
                           if key.startswith(TIMING_PREFIX)})
-    phases = {key[len(TIMING_PREFIX):]: value for key in timing_keys
-              if (value := _median(column(key))) is not None}
+    # fully-async's parameter sync is timing_s/timing_s/param_sync: named param_sync here
+    phases = {key[len(TIMING_PREFIX):].removeprefix(TIMING_PREFIX): value
+              for key in timing_keys if (value := _median(column(key))) is not None}
     memory_keys = sorted({key for record in records for key in record.data
                           if MEMORY_KEY.search(key)})
     memory = {key: max(record.data[key] for record in records if key in record.data)
               for key in memory_keys}
+    async_keys = sorted({key for record in steady for key in record.data
+                         if key.startswith(ASYNC_PREFIX)})
+    async_metrics = {key: value for key in async_keys
+                     if (value := _median(column(key))) is not None}
     return MetricsSummary(steps_recorded=len(records), steady_steps=len(steady), source=source,
                           tokens_per_s_per_gpu=throughput, step_time_s=step_time,
                           mfu=_median(column(MFU)), phase_times_s=phases, memory_gb=memory,
-                          last_step=records[-1].step, bad_lines=bad_lines)
+                          last_step=records[-1].step, bad_lines=bad_lines,
+                          async_metrics=async_metrics)

@@ -1,7 +1,10 @@
 """What a study leaves behind: ``trials.csv`` (every trial) and the best layout as a verl job.
 
 The best layout is written through the same export as ``plan-parallel ... --write`` (launch
-script, Hydra config, plan.json), plus ``tuned.json`` with what was measured.
+script, Hydra config, plan.json) -- an asynchronous mode's best split as ``plan --mode ...
+--write`` writes it (the mode's entry module, both pools, ``async_training.*``) -- plus
+``tuned.json`` with what was measured.  In a training-mode study ``trials.csv`` also has each
+trial's mode, pools and staleness threshold.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from typing import TYPE_CHECKING, Sequence
 
 from planner.cost.columns import time_column
 from planner.phases import PHASES
-from planner.verl.files import write_plan_job
+from planner.verl.files import write_job, write_plan_job
+from planner.verl.modes import job_from_mode_plan
 from trials import study_state as attrs
-from trials.candidates import SEARCH_FIELDS
+from trials.candidates import SEARCH_FIELDS, Candidate
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -24,7 +28,9 @@ if TYPE_CHECKING:
 
 CSV_FILE = "trials.csv"
 INTEGER_COLUMNS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch", "rollout_tp",
-                   "rollout_dp", "rollout_ep", "steps", "retry_of")
+                   "rollout_dp", "rollout_ep", "steps", "retry_of", "trainer_gpus",
+                   "rollout_gpus")
+PLACEMENT_COLUMNS = ("mode", "trainer_gpus", "rollout_gpus", "staleness_threshold")
 TUNED_FILE = "tuned.json"
 
 
@@ -41,6 +47,10 @@ def trial_row(trial: "FrozenTrial") -> dict:
            "category": user.get(attrs.CATEGORY) or ("skipped" if attrs.SKIPPED in user
                                                     else "not measured"),
            "layout_key": user.get(attrs.KEY, "")}
+    if attrs.PLACEMENT in user or trial.params.keys() & set(PLACEMENT_COLUMNS):
+        placement = user.get(attrs.PLACEMENT) or {}
+        row.update({name: placement.get(name, trial.params.get(name))
+                    for name in PLACEMENT_COLUMNS})
     row.update({field: layout.get(field) for field in (*SEARCH_FIELDS, "dp")})
     tokens = measured.get("tokens_per_s_per_gpu")
     expected = predicted.get("tokens_per_s_per_gpu")
@@ -136,15 +146,22 @@ def _is_trials_csv(path: Path) -> bool:
         return False
 
 
-def write_best(plan, rank: int, trial: "FrozenTrial", directory: Path, *, study_name: str,
+def write_best(candidate: Candidate, trial: "FrozenTrial", directory: Path, *, study_name: str,
                model_path: str | None, train_files: str | None, val_files: str | None,
                overrides: Sequence[str]) -> list[Path]:
-    """The best measured layout (plan rank ``rank``) as a verl job in ``directory``."""
-    paths = write_plan_job(plan, rank=rank, directory=Path(directory), force=True,
-                           model_path=model_path, train_files=train_files,
-                           val_files=val_files, extra_overrides=list(overrides))
+    """The best measured candidate as a verl job in ``directory``: its rank of its plan, or of
+    its mode's plan for an asynchronous split."""
+    paths_of = {"model_path": model_path, "train_files": train_files, "val_files": val_files}
+    if candidate.mode == "sync":
+        paths = write_plan_job(candidate.plan, rank=candidate.rank, directory=Path(directory),
+                               force=True, extra_overrides=list(overrides), **paths_of)
+    else:
+        job = job_from_mode_plan(candidate.plan, candidate.rank, extra_overrides=overrides,
+                                 **paths_of)
+        paths = write_job(job, Path(directory), force=True)
     tuned = {"study": study_name, "trial": trial.number,
              "layout_key": trial.user_attrs.get(attrs.KEY),
+             **({"placement": dict(candidate.placement)} if candidate.placement else {}),
              "layout": trial.user_attrs.get(attrs.LAYOUT),
              "measured": trial.user_attrs.get(attrs.MEASURED),
              "predicted": trial.user_attrs.get(attrs.PREDICTED),

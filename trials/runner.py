@@ -58,10 +58,13 @@ class TrialResult:
 
 def run_trial(request: LaunchRequest, launcher: Launcher, *, steps: int, warmup_steps: int,
               n_gpus: int, on_start: Callable[[dict], None] | None = None,
-              limits: MetricLimits | None = None) -> TrialResult:
+              limits: MetricLimits | None = None,
+              tokens_from_step_time: bool = False) -> TrialResult:
     """Launch ``request`` with ``launcher`` and classify what happened.  The log and metrics
     are read in one streaming pass each (bounded memory, whatever their size); metric lines
-    outside ``limits`` are skipped and counted."""
+    outside ``limits`` are skipped and counted.  ``tokens_from_step_time``: an asynchronous
+    trial, whose tokens/s/GPU is its tokens over its step time and all ``n_gpus`` (see
+    :func:`trials.metrics.summarise`)."""
     request.workdir.mkdir(parents=True, exist_ok=True)
     write_command(request)
     outcome = launcher.run(request, on_start)
@@ -73,7 +76,8 @@ def run_trial(request: LaunchRequest, launcher: Launcher, *, steps: int, warmup_
         records, source, bad = list(scan.records), "console", scan.bad_lines
     else:
         records, source, bad = [], "none", metrics.bad_lines + scan.bad_lines
-    summary = summarise(records, warmup_steps, n_gpus, source, bad_lines=bad, limits=limits)
+    summary = summarise(records, warmup_steps, n_gpus, source, bad_lines=bad, limits=limits,
+                        tokens_from_step_time=tokens_from_step_time)
     classification = classify(list(scan.lines), exit_code=outcome.exit_code,
                               stopped=outcome.stopped, steps_recorded=summary.steps_recorded,
                               steps_expected=steps,

@@ -21,7 +21,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 
-from trials.candidates import SEARCH_FIELDS, CandidateSet
+from trials.candidates import CandidateSet
 
 
 class LayoutSampler(BaseSampler):
@@ -29,9 +29,11 @@ class LayoutSampler(BaseSampler):
 
     Contract:
 
-    * :meth:`sample_relative` returns a value for every field of :data:`SEARCH_FIELDS`, and the
-      values are those of one candidate that ``allowed(study)`` permits — or ``{}`` when no
-      candidate is allowed (the search space is exhausted);
+    * :meth:`sample_relative` returns a value for every field of the candidates' study
+      (``candidates.fields``: the layout's, and in a training-mode study the split and the
+      staleness threshold), and the values are those of one candidate that
+      ``allowed(study)`` permits — or ``{}`` when no candidate is allowed (the search space
+      is exhausted);
     * a trial with fixed parameters (enqueued, or a retry of a trial whose tuner died) is
       returned as it is; the objective decides whether it may still run;
     * :meth:`sample_independent` is only reached for parameters outside the search space (or
@@ -64,13 +66,14 @@ class LayoutSampler(BaseSampler):
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         fixed = {**trial.system_attrs.get("fixed_params", {}), **trial.params}
-        if all(field in fixed for field in SEARCH_FIELDS):
-            return {field: fixed[field] for field in SEARCH_FIELDS}
+        fields = self.candidates.fields
+        if all(name in fixed for name in fields):
+            return {name: fixed[name] for name in fields}
         mask = self.allowed(study)
         if not mask.any():
             return {}
         proposal = self.inner.sample_relative(study, trial, search_space)
-        if proposal and all(field in proposal for field in SEARCH_FIELDS):
+        if proposal and all(name in proposal for name in fields):
             index = self.candidates.nearest(proposal, mask)
         else:  # not enough history yet: explore at random among the allowed layouts
             index = int(self._rng.choice(np.flatnonzero(mask)))

@@ -25,6 +25,12 @@ study through its storage.  What they agree on lives in the storage (:mod:`trial
 Objective: measured tokens/s/GPU (maximise), optionally with the measured peak memory
 (minimise).  Predictions, measurements, the failure category, its log lines and the layout
 are user attributes of each trial, for ``optuna-dashboard``.
+
+Training modes (``tune --mode``): the candidates are the mode plans' (:mod:`trials.candidates`),
+the split and the staleness threshold are trial parameters, the trial's ``placement`` user
+attribute says its mode, pools and threshold, each trial runs its mode's job
+(:mod:`trials.job`), its tokens/s/GPU counts every GPU of both pools, and the best trial is
+written back as its mode's job.
 """
 
 from __future__ import annotations
@@ -159,8 +165,11 @@ class Tuner:
             raise PlanInputError(
                 f"study {self.study_name!r} in {self.storage_spec.display} searches other "
                 f"layouts (model {known.get('model', {}).get('name')}, cluster "
-                f"{known.get('cluster')}, workload or planner differ); resume it with the same "
-                f"flags or pass another --study-name")
+                f"{known.get('cluster')}, mode {known.get('mode', 'sync')}"
+                + (f" with staleness grid {known['staleness_grid']}"
+                   if known.get("staleness_grid") else "")
+                + "; the workload, the splits or the planner may differ); resume it with the "
+                  "same flags or pass another --study-name")
         return study
 
     def _snapshot(self, study: optuna.Study) -> attrs.Snapshot:
@@ -266,6 +275,8 @@ class Tuner:
             trial.set_user_attr(attrs.RETRY_OF, retry)
         trial.set_user_attr(attrs.LAYOUT, {**candidate.layout.to_dict(), "rank": candidate.rank})
         trial.set_user_attr(attrs.PREDICTED, dict(candidate.predicted))
+        if candidate.placement:
+            trial.set_user_attr(attrs.PLACEMENT, dict(candidate.placement))
         snap = self._snapshot(trial.study)
         self._update_status(snap)
         self.status.running = f"#{trial.number} {key}"
@@ -278,7 +289,8 @@ class Tuner:
                                warmup_steps=self.settings.warmup_steps,
                                n_gpus=self.plan.cluster.num_gpus,
                                on_start=lambda handle: trial.set_user_attr(attrs.LAUNCH, handle),
-                               limits=self.limits)
+                               limits=self.limits,
+                               tokens_from_step_time=candidate.mode != "sync")
         except KeyboardInterrupt:
             trial.set_user_attr(attrs.SKIPPED, "interrupted")
             raise
@@ -404,10 +416,9 @@ class Tuner:
         candidate = self.candidates.get(best.user_attrs.get(attrs.KEY, ""))
         if candidate is None or best.number == self._written_best:
             return
-        paths = write_best(self.plan, candidate.rank, best, self.write_dir,
-                           study_name=self.study_name, model_path=self.jobs.model_path,
-                           train_files=self.jobs.train_files, val_files=self.jobs.val_files,
-                           overrides=self.jobs.overrides)
+        paths = write_best(candidate, best, self.write_dir, study_name=self.study_name,
+                           model_path=self.jobs.model_path, train_files=self.jobs.train_files,
+                           val_files=self.jobs.val_files, overrides=self.jobs.overrides)
         self._written_best = best.number
         self.progress.note(f"new best: trial #{best.number} {candidate.key} "
                            f"{attrs.measured_value(best):,.1f} tok/s/GPU -> "
@@ -486,10 +497,12 @@ def write_sweep_file(sweep_dir: Path, study_name: str, storage: StorageSpec) -> 
 
 
 def study_info(model_ref: str, plan, settings: TuneSettings, launcher: Launcher,
-               steps: int) -> dict[str, Any]:
+               steps: int, mode: str = "sync",
+               staleness_grid: tuple[float, ...] = ()) -> dict[str, Any]:
     """What a study searches (stored with it; ``plan-parallel calibrate`` rebuilds from it)."""
     return {"planner_version": __version__, "model_ref": model_ref,
             "model": plan.model.to_dict(), "cluster": plan.cluster.to_dict(),
-            "workload": plan.workload.to_dict(), "steps": steps,
+            "workload": plan.workload.to_dict(), "steps": steps, "mode": mode,
+            **({"staleness_grid": list(staleness_grid)} if staleness_grid else {}),
             "launcher": launcher.name, "settings": {k: v for k, v in asdict(settings).items()
                                                     if k not in ("seed",)}}

@@ -30,6 +30,7 @@ OOM_NUMBERS = "oom_numbers"  # PyTorch's OOM figures (GiB): requested, total, fr
 RELIEVES = "relieves"  # an enqueued trial: the OOM trial whose failing phase it relieves
 CAUSE = "cause"  # a failure's category and telling line without numbers
 PREDICTED = "predicted"
+PLACEMENT = "placement"  # training-mode studies: mode, trainer/rollout GPUs, staleness threshold
 MEASURED = "measured"
 LOG = "log_path"
 LAUNCH = "launch"

@@ -524,6 +524,7 @@ def _tune_parser(sub) -> None:
     trial.add_argument("--max-retry", type=integer(0, 1000), default=3,
                        help="retries of a trial whose tuner died (default 3)")
     _tune_safety_args(parser, trial)
+    _tune_mode_args(parser)
     export = parser.add_argument_group("the verl job (trials and the written-back best layout)")
     export.add_argument("--write", type=PATH, metavar="DIR",
                         help="write the best measured layout as a verl job (and trials.csv)")
@@ -533,6 +534,39 @@ def _tune_parser(sub) -> None:
     export.add_argument("--override", type=free_text("KEY=VALUE", 1 << 16),
                         action="append", default=[], metavar="KEY=VALUE",
                         help="extra Hydra override for the job (repeatable)")
+
+
+def fraction_list(low: float, high: float):
+    """An argparse type: comma-separated numbers in ``low..high`` (duplicates dropped)."""
+    one = fraction(low, high)
+
+    def parse(text: str) -> tuple[float, ...]:
+        parts = [part for part in str(text).split(",") if part.strip()]
+        if not parts or len(parts) > 64:
+            raise argparse.ArgumentTypeError(f"{_shown(text)} is not a list of 1 to 64 numbers "
+                                             f"({low:g}..{high:g}), e.g. 0,0.1,0.3")
+        return tuple(dict.fromkeys(round(one(part), 2) for part in parts))
+
+    parse.__name__ = "list of numbers"
+    return parse
+
+
+def _tune_mode_args(parser) -> None:
+    """tune's training modes: the split and the staleness threshold as trial parameters
+    (trials/candidates.py)."""
+    group = parser.add_argument_group("training mode (tune the split and the staleness)")
+    group.add_argument("--mode", choices=("sync", "one-step-off", "fully-async", "best"),
+                       default="sync",
+                       help="sync: colocated layouts (default); one-step-off / fully-async: "
+                            "the splits into trainer and rollout pools; best: all three in "
+                            "one study")
+    group.add_argument("--trainer-gpus", type=integer(1, 1 << 20), action="append", default=[],
+                       help="trainer pool size to try (repeatable; default: every legal split)")
+    group.add_argument("--staleness-grid", type=fraction_list(0.0, 16.0),
+                       help="fully-async: async_training.staleness_threshold values to try "
+                            "(default 0,0.1,0.3,0.5)")
+    group.add_argument("--partial-rollout", action=argparse.BooleanOptionalAction, default=True,
+                       help="fully-async: async_training.partial_rollout (default on)")
 
 
 def _tune_safety_args(parser, trial) -> None:

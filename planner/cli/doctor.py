@@ -12,8 +12,10 @@ from planner.errors import PlanInputError
 
 
 def doctor_inputs(args, cluster, workload, command: tuple[str, ...],
-                  paths: tuple[str | None, str | None, str | None]):
-    from planner.verl.keys import VERL_VERSION
+                  paths: tuple[str | None, str | None, str | None], modes: tuple[str, ...] = ()):
+    """``modes``: the training modes a ``tune --mode`` study runs (their entry modules must
+    import too)."""
+    from planner.verl.keys import MODE_ENTRY, VERL_VERSION
     from trials.doctor import DoctorInputs
 
     model_path, train_files, val_files = paths
@@ -24,7 +26,8 @@ def doctor_inputs(args, cluster, workload, command: tuple[str, ...],
         nvml_names=tuple(cluster.gpu.nvml_names) or (cluster.gpu.name,),
         gpus_needed=min(cluster.gpus_per_node, cluster.num_gpus), model_path=model_path,
         data_files=(("--train-files", train_files), ("--val-files", val_files)),
-        ray_address=address, verl_version=VERL_VERSION)
+        ray_address=address, verl_version=VERL_VERSION,
+        entry_modules=tuple(MODE_ENTRY[mode] for mode in modes if mode != "sync"))
 
 
 def report_checks(inputs, *, before: str | None = None) -> list:

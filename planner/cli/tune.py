@@ -1,5 +1,7 @@
 """Handler of ``tune``: run short real verl GRPO trials of the planner's best layouts (the
-study itself lives in :mod:`trials.study`)."""
+study itself lives in :mod:`trials.study`).  ``--mode one-step-off|fully-async|best`` tunes the
+split into trainer and rollout pools (and fully-async's staleness threshold, over
+``--staleness-grid``) as trial parameters (:mod:`trials.candidates`)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ import sys
 
 from planner.catalog.models import resolve_model
 from planner.cli import inputs
+from planner.cli.args import UsageError
 from planner.errors import NoFitError, PlanInputError
 from planner.plan import make_plan
 from planner.verl.export import check_overrides
-from trials.candidates import CandidateSet
+from trials.candidates import STALENESS_GRID, CandidateSet, mode_plans
 from trials.job import DEFAULT_TRAINER_COMMAND, TrialJobs, parse_env, split_command
 from trials.launchers.local import LocalLauncher
 from trials.launchers.ray_jobs import RayJobLauncher
@@ -42,9 +45,42 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-]+", "-", text).strip("-")
 
 
-def default_study_name(model, cluster, workload) -> str:
+def default_study_name(model, cluster, workload, mode: str = "sync") -> str:
+    suffix = "" if mode == "sync" else f"-{mode}"
     return _slug(f"{model.name}-{cluster.num_gpus}x{cluster.gpu.name}-b{workload.train_batch_size}"
-                 f"n{workload.rollout_n}-p{workload.prompt_length}r{workload.response_length}")
+                 f"n{workload.rollout_n}-p{workload.prompt_length}r{workload.response_length}"
+                 f"{suffix}")
+
+
+def check_mode_args(args) -> tuple[float, ...]:
+    """The staleness grid of ``--mode``; flags that do not apply to it are usage errors."""
+    mode = getattr(args, "mode", "sync")
+    if args.trainer_gpus and mode == "sync":
+        raise UsageError("--trainer-gpus splits the cluster: it needs --mode one-step-off, "
+                         "fully-async or best")
+    if args.staleness_grid and mode not in ("fully-async", "best"):
+        raise UsageError(f"--staleness-grid is fully-async's; --mode {mode} has no staleness "
+                         f"threshold (use --mode fully-async or best)")
+    return tuple(args.staleness_grid or STALENESS_GRID) if mode in ("fully-async", "best") \
+        else ()
+
+
+def study_candidates(args, model, cluster, workload, options, grid: tuple[float, ...]):
+    """``(plan, candidates)``: the plan the study describes itself by (the sync plan, or the
+    first mode plan of an asynchronous mode) and its candidate set."""
+    from planner.placement import AsyncOptions
+
+    calibration = inputs.calibration(args)
+    if args.mode == "sync":
+        plan = make_plan(model, cluster, workload, options, calibration)
+        return plan, CandidateSet.from_plan(plan, args.memory_margin, args.max_candidates)
+    plans = mode_plans(model, cluster, workload, args.mode, options, calibration,
+                       AsyncOptions(partial_rollout=args.partial_rollout,
+                                    trainer_gpus=tuple(args.trainer_gpus)), grid or (0.1,))
+    candidates = CandidateSet.from_modes(plans, args.memory_margin, args.max_candidates,
+                                         mode=args.mode)
+    plan = plans[0].sync_plan if plans[0].mode == "sync" else plans[0]
+    return plan, candidates
 
 
 def _positive(args, *names: str) -> None:
@@ -106,6 +142,7 @@ def cmd_tune(args) -> int:
                              f"--heartbeat-interval {args.heartbeat_interval}")
     if args.workload != "grpo":
         raise PlanInputError("tune runs verl GRPO trials; --workload pretrain has no trials")
+    grid = check_mode_args(args)
     timeout = parse_duration(args.timeout, "--timeout") if args.timeout else None
     trial_timeout = parse_duration(args.trial_timeout, "--trial-timeout")
     hang_timeout = parse_duration(args.hang_timeout, "--hang-timeout")
@@ -119,13 +156,13 @@ def cmd_tune(args) -> int:
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args)
     options = inputs.search_options(args, workload)
-    plan = make_plan(model, cluster, workload, options, inputs.calibration(args))
-    candidates = CandidateSet.from_plan(plan, args.memory_margin, args.max_candidates)
+    plan, candidates = study_candidates(args, model, cluster, workload, options, grid)
     if not len(candidates):  # "no layout fits": exit 1, as for every command
-        raise NoFitError(f"no layout of {model.name} on {cluster.num_gpus} x "
-                             f"{cluster.gpu.name} is predicted to fit with a "
-                             f"{args.memory_margin:.0%} memory margin; nothing to try")
-    study_name = args.study_name or default_study_name(model, cluster, workload)
+        what = "layout" if args.mode == "sync" else f"{args.mode} split"
+        raise NoFitError(f"no {what} of {model.name} on {cluster.num_gpus} x "
+                         f"{cluster.gpu.name} is predicted to fit with a "
+                         f"{args.memory_margin:.0%} memory margin; nothing to try")
+    study_name = args.study_name or default_study_name(model, cluster, workload, args.mode)
     sweep_dir = Path(args.sweep_dir) if args.sweep_dir else Path("sweeps") / _slug(study_name)
     password = (read_password_file(args.storage_password_file)
                 if args.storage_password_file else None)
@@ -136,8 +173,10 @@ def cmd_tune(args) -> int:
     if not args.skip_checks:
         from planner.cli.doctor import doctor_inputs, report_checks
 
+        modes = sorted({candidate.mode for candidate in candidates.candidates})
         report_checks(doctor_inputs(args, cluster, workload, command,
-                                    (model_path, train_files, val_files)), before="tune")
+                                    (model_path, train_files, val_files), tuple(modes)),
+                      before="tune")
 
     settings = TuneSettings(
         trials=args.trials, timeout_s=timeout, warmup_steps=args.warmup_steps,
@@ -153,8 +192,9 @@ def cmd_tune(args) -> int:
     tuner = Tuner(plan=plan, candidates=candidates, jobs=jobs, launcher=launcher,
                   storage=storage, study_name=study_name, sweep_dir=sweep_dir,
                   write_dir=Path(args.write) if args.write else None, settings=settings,
-                  progress=make_progress(), study_info=study_info(args.model, plan, settings,
-                                                                   launcher, args.steps))
+                  progress=make_progress(),
+                  study_info=study_info(args.model, plan, settings, launcher, args.steps,
+                                        mode=args.mode, staleness_grid=grid))
 
     def terminate(signum, frame):  # `kill <tuner>`: stop the running trial, like Ctrl-C
         raise KeyboardInterrupt
