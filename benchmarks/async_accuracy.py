@@ -57,7 +57,9 @@ def pair_key(row: dict) -> tuple:
 
 
 def async_case(row: dict):
-    """The row as (case on the training GPUs, generation GPUs); raises Skip."""
+    """The row as (case on the training GPUs, generation GPUs); raises Skip.  The Megatron
+    settings an async row leaves unstated are its base recipe's (every ``*-async-1off.yaml``
+    starts ``defaults: ./grpo-<model>-<nodes>.yaml``; rl_data.NEMO_RECIPE_CHECKPOINTING)."""
     split = SPLIT.search(row["colocated"])
     if not split:
         raise Skip(f"split not stated ({row['colocated']})")

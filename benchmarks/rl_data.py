@@ -53,6 +53,14 @@ MODELS = {"Llama-3.1-8B-Instruct": "llama3.1-8b", "Llama-3.1-70B (base)": "llama
           "DeepSeek-V3": "deepseek-v3", "Qwen2.5-Math-7B": "qwen2.5-7b",
           "Qwen2.5-7B-Instruct": "qwen2.5-7b"}
 GPUS = {"H100": "H100-80GB", "GB200": "GB200", "": "H100-80GB"}
+# Activation checkpointing of NeMo RL's performance recipes (examples/configs/recipes/llm/
+# performance/, policy.megatron_cfg.activation_checkpointing) where the tables' rows do not say:
+# grpo-llama3.1-8b-instruct-2n4g.yaml (GB200), grpo-qwen3-235b-16n8g.yaml (H100; the GB200
+# 16n4g recipe inherits it) and grpo-deepseek-v3-32n8g.yaml (the GB200 32n4g recipe inherits
+# it).  The async-1off recipes extend these (``defaults:``), so their rows run it too.
+NEMO_RECIPE_CHECKPOINTING = {("Llama-3.1-8B-Instruct", "GB200"), ("Qwen3-235B-A22B", "H100"),
+                             ("Qwen3-235B-A22B", "GB200"), ("DeepSeek-V3", "H100"),
+                             ("DeepSeek-V3", "GB200"), ("Llama-3.1-8B-Instruct", "H100")}
 # verl's FlopsCounter divides by the promised dense BF16 peak of the device (flops_counter.py)
 VERL_PROMISED_FLOPS = {"H100-80GB": 989e12}
 PHASES = ("step", "generate", "update", "log_prob", "weight_sync")
@@ -159,6 +167,10 @@ def case_from_row(row: dict) -> RlCase:
             measured[phase] = value
     recompute = "full" if ("activation checkpointing on" in text
                            or row["recompute"].strip() == "full") else "none"
+    if source == "nemo-rl-tables" and (row["model"], row["gpu_type"].strip()) \
+            in NEMO_RECIPE_CHECKPOINTING and recompute == "none":
+        recompute = "full"
+        notes.append("activation checkpointing from the NeMo RL performance recipe")
     first, last, embedding, loss = default_split(model.num_layers, pp, 1)
     if framework == "nemo-rl":
         max_total = _int(row["max_total_len"])
