@@ -124,18 +124,17 @@ def best_split(case, generation_gpus: int) -> dict:
             "splits": len(steps)}
 
 
-def main() -> None:
-    with open(default_path(CSV_NAME), newline="") as handle:
+def evaluate(path: str | Path | None = None) -> tuple[list[dict], dict[str, int]]:
+    """Every published 1-step-off row: its prediction, its error, its colocated twin's measured
+    and predicted speed-up (``None`` without a twin) and the best whole-node split."""
+    with open(path or default_path(CSV_NAME), newline="") as handle:
         rows = list(csv.DictReader(handle))
     sync_rows = {}
     for row in rows:
         if row["category"] == "rl_step" and row["colocated"].lower().startswith("yes") \
                 and "off-policy" not in row["sync_mode"]:
             sync_rows.setdefault(pair_key(row), row)
-    print(f"{'row':>4} {'model':16} {'GPU':9} {'gen+train':>9} {'measured':>8} {'predicted':>9} "
-          f"{'error':>6}  {'gen':>6} {'train':>6} {'sync':>5} bound   | {'sync row':>8} "
-          f"{'meas x':>6} {'pred x':>6} {'x err':>6}")
-    errors, ratio_errors, skipped, splits = [], [], {}, []
+    results, skipped = [], {}
     for row in rows:
         if not is_async(row):
             continue
@@ -145,30 +144,43 @@ def main() -> None:
         except Skip as reason:
             skipped[str(reason)] = skipped.get(str(reason), 0) + 1
             continue
-        splits.append((row, case, generation, best_split(case, generation)))
         measured = float(row["step_time_s"])
-        error = predicted["step"] / measured - 1
-        errors.append(error)
-        line = (f"{row['row_id']:>4} {case.model.name[:16]:16} {case.cluster.gpu.name[:9]:9} "
-                f"{generation:>4}+{case.cluster.num_gpus:<4} {measured:8.1f} "
-                f"{predicted['step']:9.1f} {100 * error:+5.0f}%  {predicted['generate']:6.1f} "
-                f"{predicted['train']:6.1f} {predicted['sync']:5.1f} {predicted['bottleneck']:7}")
+        result = {"row": row, "case": case, "generation": generation, "predicted": predicted,
+                  "measured": measured, "error": predicted["step"] / measured - 1,
+                  "best_split": best_split(case, generation), "partner": None}
         partner = sync_rows.get(pair_key(row))
-        if partner is not None:
-            try:
-                sync_case = case_from_row(partner)
-            except Skip:
-                partner = None
-        if partner is not None:
-            sync_pred = predict_rl([sync_case])[0]["step"]
+        try:
+            sync_case = case_from_row(partner) if partner is not None else None
+        except Skip:
+            sync_case = None
+        if sync_case is not None:
             measured_x = float(partner["step_time_s"]) / measured
-            predicted_x = sync_pred / predicted["step"]
-            ratio_error = predicted_x / measured_x - 1
-            ratio_errors.append(ratio_error)
-            line += (f" | {partner['row_id']:>8} {measured_x:6.2f} {predicted_x:6.2f} "
-                     f"{100 * ratio_error:+5.0f}%")
+            predicted_x = predict_rl([sync_case])[0]["step"] / predicted["step"]
+            result.update(partner=partner, measured_speedup=measured_x,
+                          predicted_speedup=predicted_x,
+                          speedup_error=predicted_x / measured_x - 1)
+        results.append(result)
+    return results, skipped
+
+
+def main() -> None:
+    results, skipped = evaluate()
+    print(f"{'row':>4} {'model':16} {'GPU':9} {'gen+train':>9} {'measured':>8} {'predicted':>9} "
+          f"{'error':>6}  {'gen':>6} {'train':>6} {'sync':>5} bound   | {'sync row':>8} "
+          f"{'meas x':>6} {'pred x':>6} {'x err':>6}")
+    for r in results:
+        row, case, predicted = r["row"], r["case"], r["predicted"]
+        line = (f"{row['row_id']:>4} {case.model.name[:16]:16} {case.cluster.gpu.name[:9]:9} "
+                f"{r['generation']:>4}+{case.cluster.num_gpus:<4} {r['measured']:8.1f} "
+                f"{predicted['step']:9.1f} {100 * r['error']:+5.0f}%  "
+                f"{predicted['generate']:6.1f} {predicted['train']:6.1f} "
+                f"{predicted['sync']:5.1f} {predicted['bottleneck']:7}")
+        if r["partner"] is not None:
+            line += (f" | {r['partner']['row_id']:>8} {r['measured_speedup']:6.2f} "
+                     f"{r['predicted_speedup']:6.2f} {100 * r['speedup_error']:+5.0f}%")
         print(line)
-    errors, ratio_errors = np.abs(errors), np.abs(ratio_errors)
+    errors = np.abs([r["error"] for r in results])
+    ratio_errors = np.abs([r["speedup_error"] for r in results if r["partner"] is not None])
     print(f"\n{len(errors)} async rows: step MAPE {100 * errors.mean():.1f}%, "
           f"within 20%: {int((errors <= TARGET).sum())}/{len(errors)}")
     print(f"{len(ratio_errors)} async/sync pairs: speed-up MAPE {100 * ratio_errors.mean():.1f}%, "
@@ -177,14 +189,15 @@ def main() -> None:
     print(f"\nbest whole-node split with each run's own layouts ({'row':>4}: published trainer "
           f"GPUs -> the model's best, predicted steps)")
     near = 0
-    for row, case, generation, best in splits:
+    for r in results:
+        row, case, best = r["row"], r["case"], r["best_split"]
         near += best["nodes_off"] <= 1
         print(f"{row['row_id']:>4} {case.model.name[:16]:16} {case.cluster.gpu.name[:9]:9} "
               f"trainer {case.cluster.num_gpus:>3} -> {best['trainer_gpus']:>3} of "
-              f"{case.cluster.num_gpus + generation:<3} ({best['nodes_off']} nodes off, "
+              f"{case.cluster.num_gpus + r['generation']:<3} ({best['nodes_off']} nodes off, "
               f"{best['splits']} legal splits): "
               f"{best['published_step']:6.1f} -> {best['step']:6.1f} s")
-    print(f"best split within one node of the published one: {near}/{len(splits)}; the others "
+    print(f"best split within one node of the published one: {near}/{len(results)}; the others "
           f"are faster by the model's own prediction")
 
 
