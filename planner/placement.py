@@ -248,18 +248,39 @@ def rollout_pool_options(model: ModelSpec, cluster: ClusterSpec, workload: GrpoW
     return {name: values[ok] for name, values in cols.items()}
 
 
+# verl's fully_async_rollouter (set_max_required_samples): at most len(server_handles) *
+# concurrency_multiplier (16) prompts run at once, and no more than required_samples *
+# (1 + staleness_threshold) * trigger_parameter_sync_step per parameter version
+VERL_PROMPTS_PER_SERVER = 16
+
+
+def streaming_limits(mode: str, workload: GrpoWorkload,
+                     async_options: AsyncOptions) -> dict | None:
+    """How verl's fully-async rollouter streams (the in-flight bounds of
+    :func:`~planner.cost.pools.streaming_generate_s`), or None when the mode waits for each
+    batch's longest response (one-step-off, or fully-async without partial rollout)."""
+    if mode != "fully-async" or not async_options.partial_rollout:
+        return None
+    required = workload.mini_batch_size  # async_training.require_batches = 1
+    return {"max_in_flight_prompts": required * (1 + async_options.staleness_threshold)
+            * async_options.trigger_for(workload),
+            "prompts_per_replica": VERL_PROMPTS_PER_SERVER}
+
+
 def rollout_pool(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                 options: SearchOptions, eff: Efficiency, streaming: bool) -> Columns:
+                 options: SearchOptions, eff: Efficiency, streaming: dict | None) -> Columns:
     """Every legal rollout option on a standalone rollout pool, with its memory and its
-    generation time for one step's sequences (``streaming``: partial rollout, no tail)."""
+    generation time for one step's sequences (``streaming``: partial rollout, no tail, with
+    :func:`streaming_limits`'s in-flight bounds; None: the batch waits for its longest)."""
     cols = rollout_pool_options(model, cluster, workload, options)
     n = len(cols["rollout_tp"])
     utilization = (options.gpu_memory_utilization if options.gpu_memory_utilization is not None
                    else standalone_utilization(cluster))
     memory = rollout_memory(model, cluster, workload, cols, np.full(n, ROLLOUT_RESIDENT_BYTES),
                             np.full(n, utilization))
-    timing = (streaming_generate_s if streaming else generate_s)(model, cluster, workload, cols,
-                                                                eff, memory)
+    timing = (streaming_generate_s(model, cluster, workload, cols, eff, memory, **streaming)
+              if streaming is not None else generate_s(model, cluster, workload, cols, eff,
+                                                        memory))
     fits = memory["rollout_fits"].astype(bool)
     return {**cols, **memory, "generate_s": np.where(fits, timing["total_s"], np.inf),
             "rollout_peak_bytes": memory["mem_generate_bytes"], "fits": fits}
@@ -367,6 +388,7 @@ def split_candidate(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
                         "memory_utilization": round(rollout["rollout_peak_bytes"] / capacity, 4),
                         "gpu_memory_utilization": round(rollout["gpu_memory_utilization"], 2),
                         "kv_cache_tokens_per_gpu": int(rollout["kv_cache_tokens_per_gpu"]),
+                        "kv_cache_gib": round(rollout["kv_cache_bytes"] / GIB, 2),
                         "concurrent_seqs": int(rollout["rollout_concurrent_seqs"]),
                         "generated_tokens_per_s": round(generated / rollout["generate_s"], 1),
                         "fits": rollout_fits},
@@ -433,7 +455,7 @@ def plan_split_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
     eff = load_efficiency(cluster.gpu, workload.precision, calibration)
     splits = list(async_options.trainer_gpus) or pool_splits(cluster)
     cache = {} if cache is None else cache
-    streaming = mode == "fully-async" and async_options.partial_rollout
+    streaming = streaming_limits(mode, work, async_options)
 
     def trainer_for(pool: ClusterSpec) -> dict | None:
         key = ("trainer", pool.num_gpus)
@@ -442,7 +464,7 @@ def plan_split_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
         return cache[key]
 
     def rollout_for(pool: ClusterSpec) -> dict | None:
-        key = ("rollout", pool.num_gpus, streaming)
+        key = ("rollout", pool.num_gpus, tuple(sorted((streaming or {}).items())))
         if key not in cache:
             cache[key] = best_rollout(rollout_pool(model, pool, work, options, eff, streaming))
         return cache[key]
@@ -521,7 +543,7 @@ def estimate_split(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
         raise PlanInputError(f"--mode {mode} plans GRPO; --workload pretrain has no rollout")
     work = async_workload(workload)
     eff = load_efficiency(cluster.gpu, workload.precision, calibration)
-    streaming = mode == "fully-async" and async_options.partial_rollout
+    streaming = streaming_limits(mode, work, async_options)
     legal, broken, notes = [], [], []
     for trainer_gpus in list(async_options.trainer_gpus) or pool_splits(cluster):
         t_cluster, r_cluster = split_clusters(cluster, trainer_gpus)

@@ -24,6 +24,7 @@ from planner.placement import (
     rollout_pool,
     split_problems,
     standalone_utilization,
+    streaming_limits,
     trainer_memory,
 )
 from planner.plan import estimate_layout, make_plan
@@ -64,7 +65,7 @@ def test_memory_is_checked_per_pool():
     assert trainer["trainer_fits"][0]
     assert trainer["trainer_peak_bytes"][0] < colocated["mem_generate_bytes"]
     eff = load_efficiency(H100, "bf16")
-    pool = rollout_pool(MODEL, pool_cluster(cluster, 8), work, SearchOptions(), eff, False)
+    pool = rollout_pool(MODEL, pool_cluster(cluster, 8), work, SearchOptions(), eff, None)
     assert np.all(pool["gpu_memory_utilization"] == standalone_utilization(cluster))
     assert np.all(pool["rollout_peak_bytes"][pool["fits"]] <= H100.memory_bytes)
     # the trainer pool's search honours memory: a candidate's two peaks are its own pools'
@@ -87,7 +88,8 @@ def test_sync_mode_is_todays_plan_exactly():
         assert candidate["peak_memory_gib"] == round(float(row["peak_bytes"]) / 2**30, 2)
 
 
-@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("streaming", [None, streaming_limits("fully-async", WORK,
+                                                               AsyncOptions())])
 def test_bigger_rollout_pool_never_lowers_generation_throughput(streaming):
     eff = load_efficiency(H100, "bf16")
     work = async_workload(WORK)

@@ -157,6 +157,11 @@ def test_explain_best_names_the_winner_and_its_speedup(capsys):
     (["estimate", "--tp", "2", "--trainer-gpus", "8"], "--trainer-gpus 8 sizes the trainer"),
     (["explain", "--mode", "fully-async", "--trainer-gpus", "20"], "not whole nodes"),
     (["explain", "--trainer-gpus", "8"], "sync colocates"),
+    # fully-async's async_training flags are never silently dropped by another mode
+    (["estimate", "--tp", "2", "--mode", "one-step-off", "--staleness-threshold", "0.5"],
+     "--staleness-threshold: fully-async's async_training settings; --mode one-step-off"),
+    (["plan", "--no-partial-rollout"], "--no-partial-rollout: fully-async's"),
+    (["explain", "--trigger-parameter-sync-step", "2"], "--trigger-parameter-sync-step"),
 ])
 def test_bad_mode_input_is_one_line_and_exit_2(capsys, argv, message):
     code, out, err = run(capsys, *argv, *GRPO, "--gpus", "16")

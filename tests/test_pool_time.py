@@ -72,6 +72,25 @@ def test_streaming_runs_at_most_one_steps_sequences_and_skips_the_tail(gpus):
     assert float(streaming["total_s"][0]) < float(whole_batch["total_s"][0])
 
 
+def test_verl_fully_async_runs_at_most_16_prompts_per_rollout_server():
+    """verl's rollouter admits len(server_handles) * 16 prompts at once (n sequences each)."""
+    from planner.placement import AsyncOptions, streaming_limits
+
+    model = resolve_model("qwen2.5-7b")
+    pool = pool_cluster(WHOLE, 16)
+    cols = Layout(tp=1, pp=1, dp=16, rollout_tp=1).to_columns()
+    memory = rollout_memory(model, pool, WORK, cols, np.array([ROLLOUT_RESIDENT_BYTES]),
+                            np.array([0.9]))
+    limits = streaming_limits("fully-async", WORK, AsyncOptions(staleness_threshold=0.5))
+    assert limits["max_in_flight_prompts"] == WORK.train_batch_size * 1.5
+    verl = streaming_generate_s(model, pool, WORK, cols, load_efficiency(H100, "bf16"), memory,
+                                **limits)
+    # 64 prompts x 16 over 16 single-GPU servers would be 64 sequences each; verl runs 4 x 16
+    assert float(verl["decode_batch"][0]) == min(16, WORK.train_batch_size * 1.5 / 16) \
+        * WORK.rollout_n
+    assert streaming_limits("one-step-off", WORK, AsyncOptions()) is None
+
+
 def test_published_one_step_off_runs():
     """The NeMo RL v0.4/v0.5 1-step-off rows against their colocated twins (printed in full by
     ``python benchmarks/async_accuracy.py``)."""

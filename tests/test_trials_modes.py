@@ -195,7 +195,7 @@ def test_fully_async_records_merge_per_version_and_count_every_gpu():
 
 @pytest.mark.parametrize("extra, message", [
     (("--staleness-grid", "0,0.1"), "--staleness-grid is fully-async's"),
-    (("--trainer-gpus", "1"), "--trainer-gpus splits the cluster"),
+    (("--trainer-gpus", "1"), "--trainer-gpus 1 sizes the trainer pool"),
     (("--mode", "fully-async", "--staleness-grid", "0,x"), "'x' is not a number"),
     (("--mode", "fully-async", "--gpus", "16", "--gpus-per-node", "8", "--trainer-gpus", "4"),
      "not whole nodes of 8"),
@@ -226,3 +226,16 @@ def test_doctor_imports_the_async_entry_modules_a_mode_study_runs(tmp_path):
     assert entry in seen
     verl = next(check for check in checks if check.name == "verl")
     assert verl.status == "fail" and verl.detail.startswith(f"{entry}: ModuleNotFoundError")
+
+
+def test_a_memory_margin_leaves_the_rollout_pools_kv_cache_alone(tmp_path, fake, capsys):
+    """vLLM sizes its KV cache to gpu_memory_utilization (0.90 alone on a GPU): a 15% margin
+    must still leave splits to try (it protects the trainer and vLLM's non-KV memory)."""
+    fake()
+    argv = tune_argv(tmp_path, *FOUR, "--mode", "fully-async", "--memory-margin", "0.15",
+                     trials=1)
+    assert main(argv) == 0, capsys.readouterr().err
+    trial = measured(load_study(sqlite_url(tmp_path)))[0]
+    predicted = trial.user_attrs[attrs.PREDICTED]
+    assert predicted["peak_gib"] * 1.15 > 79.6  # the pool's peak alone would have failed it
+    assert max(predicted["memory_gib"].values()) * 1.15 <= 79.6

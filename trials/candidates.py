@@ -23,7 +23,9 @@ layout and the rollout pool's engine layout -- and the study's parameters add th
 (sync's ``trainer_gpus`` is the whole cluster, colocated; sync and one-step-off have no
 staleness threshold and carry 0).  The plan keeps one peak per pool, so an asynchronous
 candidate's per-phase memory is its pool's peak: the trainer pool's for the training phases,
-the rollout pool's for ``generate``.
+the rollout pool's for ``generate`` less its KV cache -- vLLM sizes the KV cache to what its
+``gpu_memory_utilization`` leaves, so a margin can only protect the rest (a standalone engine
+at 0.90 would otherwise fail any margin above ~9%).
 """
 
 from __future__ import annotations
@@ -155,7 +157,9 @@ def split_predicted(candidate: Mapping[str, Any]) -> dict:
     pools = candidate["pools"]
     trainer_gib = float(pools["trainer"]["peak_memory_gib"])
     rollout_gib = float(pools["rollout"]["peak_memory_gib"])
-    memory = {phase: (rollout_gib if phase == "generate" else trainer_gib) for phase in PHASES}
+    rollout_sized_gib = rollout_gib - float(pools["rollout"].get("kv_cache_gib", 0.0))
+    memory = {phase: (rollout_sized_gib if phase == "generate" else trainer_gib)
+              for phase in PHASES}
     return {"tokens_per_s_per_gpu": float(candidate["tokens_per_s_per_gpu"]),
             "step_time_s": float(candidate["step_time_s"]),
             "peak_gib": max(trainer_gib, rollout_gib),
@@ -180,7 +184,7 @@ def _split_candidates(plan: "ModePlan", memory_margin: float,
     fitting = [c for c in plan.candidates if c["fits"]]
     for rank, split in enumerate(fitting, start=1):
         predicted = split_predicted(split)
-        if predicted["peak_gib"] * GIB * (1 + memory_margin) > capacity:
+        if max(predicted["memory_gib"].values()) * GIB * (1 + memory_margin) > capacity:
             continue
         layout = Layout(**split["layout"])
         placement = {"mode": plan.mode, **split["placement"],

@@ -31,6 +31,7 @@ from planner.verl.files import write_plan_job
 
 
 def cmd_plan(args) -> int:
+    inputs.check_mode_flags(args)
     if sizing_requested(args):
         return cmd_size(args)
     if getattr(args, "mode", "sync") != "sync":
@@ -152,11 +153,9 @@ def print_invalid(args, layout: Layout, error: InvalidLayoutError) -> int:
 
 
 def cmd_estimate(args) -> int:
+    inputs.check_mode_flags(args)
     if args.mode != "sync":
         return cmd_estimate_mode(args)
-    if args.trainer_gpus:
-        raise UsageError(f"--trainer-gpus {args.trainer_gpus[0]} sizes the trainer pool of "
-                         f"--mode one-step-off or fully-async; sync colocates both on every GPU")
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args)

@@ -64,12 +64,9 @@ def cmd_diff(args) -> int:
 
 
 def cmd_explain(args) -> int:
+    inputs.check_mode_flags(args)
     if args.mode != "sync":
         return cmd_explain_mode(args)
-    if args.trainer_gpus:
-        raise UsageError(f"--trainer-gpus {args.trainer_gpus[0]} sizes the trainer pool of "
-                         f"--mode one-step-off, fully-async or best; sync colocates both on "
-                         f"every GPU")
     result = explain(resolve_model(args.model), inputs.resolve_cluster(args),
                      inputs.workload(args), inputs.calibration(args), inputs.policy(args))
     if args.format == "json":

@@ -162,3 +162,27 @@ def search_options(args, work) -> SearchOptions:
         recompute=(args.recompute,) if args.recompute else RECOMPUTE,
         gpu_memory_utilization=args.gpu_memory_utilization,
         fixed=tuple(sorted(pinned.items())))
+
+
+# fully-async's async_training flags and their defaults (planner/cli/args.py mode_args)
+FULLY_ASYNC_FLAGS = (("--staleness-threshold", "staleness_threshold", 0.1),
+                     ("--trigger-parameter-sync-step", "trigger_parameter_sync_step", 0),
+                     ("--no-partial-rollout", "partial_rollout", True))
+
+
+def check_mode_flags(args) -> None:
+    """Flags of a training mode given with another are usage errors, never silently ignored:
+    ``--trainer-gpus`` splits the cluster (not sync's), the ``async_training`` flags shape
+    fully-async only (``best`` plans fully-async too)."""
+    mode = getattr(args, "mode", "sync")
+    if getattr(args, "trainer_gpus", None) and mode == "sync":
+        raise UsageError(f"--trainer-gpus {args.trainer_gpus[0]} sizes the trainer pool of "
+                         f"--mode one-step-off, fully-async or best; sync colocates both on "
+                         f"every GPU")
+    if mode in ("fully-async", "best"):
+        return
+    given = [flag for flag, name, default in FULLY_ASYNC_FLAGS
+             if hasattr(args, name) and getattr(args, name) != default]
+    if given:
+        raise UsageError(f"{', '.join(given)}: fully-async's async_training settings; --mode "
+                         f"{mode} does not use them (use --mode fully-async or best)")

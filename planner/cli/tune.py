@@ -55,9 +55,7 @@ def default_study_name(model, cluster, workload, mode: str = "sync") -> str:
 def check_mode_args(args) -> tuple[float, ...]:
     """The staleness grid of ``--mode``; flags that do not apply to it are usage errors."""
     mode = getattr(args, "mode", "sync")
-    if args.trainer_gpus and mode == "sync":
-        raise UsageError("--trainer-gpus splits the cluster: it needs --mode one-step-off, "
-                         "fully-async or best")
+    inputs.check_mode_flags(args)
     if args.staleness_grid and mode not in ("fully-async", "best"):
         raise UsageError(f"--staleness-grid is fully-async's; --mode {mode} has no staleness "
                          f"threshold (use --mode fully-async or best)")

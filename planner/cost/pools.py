@@ -63,20 +63,28 @@ def _f(x) -> np.ndarray:
 
 
 def streaming_generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                         cols: Columns, eff: Efficiency, memory: Columns) -> dict[str, np.ndarray]:
+                         cols: Columns, eff: Efficiency, memory: Columns,
+                         max_in_flight_prompts: float | None = None,
+                         prompts_per_replica: float | None = None) -> dict[str, np.ndarray]:
     """Generation time of one step's sequences on a pool that streams (partial rollout): the
     prefill of :func:`generate_s` plus ``S * R_mean / c`` decode steps at the full running
-    batch ``c`` -- no long-tail wave (interrupted sequences continue after the sync)."""
+    batch ``c`` -- no long-tail wave (interrupted sequences continue after the sync).
+
+    ``c`` is what the KV cache holds (and ``max_num_seqs``), at most the prompts the trainer
+    lets run at once, ``n`` sequences each: ``max_in_flight_prompts`` over the pool (default
+    one step's, NeMo RL's collector semaphore of num_prompts_per_step *
+    max_trajectory_age_steps prompt groups, async_utils.py) and ``prompts_per_replica`` per
+    engine replica (verl's rollouter, see planner/placement.py)."""
     whole = generate_s(model, cluster, workload, cols, eff, memory)
     rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
     replicas = np.maximum(np.floor(cluster.num_gpus / (rtp * rdp)), 1)
     seqs = workload.sequences_per_step / replicas / rdp  # per attention rank
-    # in flight at once: what the KV cache holds, at most one step's sequences (the staleness
-    # bound admits no more: NeMo RL's collector semaphore is num_prompts_per_step *
-    # max_trajectory_age_steps prompt groups, async_utils.py; verl's rollouter stops at
-    # required_samples * (1 + staleness_threshold))
+    prompts = np.full_like(replicas, float(max_in_flight_prompts or workload.train_batch_size))
+    if prompts_per_replica is not None:
+        prompts = np.minimum(prompts, replicas * prompts_per_replica)
+    in_flight = prompts * workload.rollout_n / replicas / rdp  # per attention rank
     concurrency = np.minimum(rollout_concurrency(workload, memory["kv_cache_tokens_per_gpu"]),
-                             np.maximum(seqs, 1.0))
+                             np.maximum(in_flight, 1.0))
     r_mean = mean_response_length(workload)
     steps = seqs * r_mean / concurrency
     step = decode_step_s(model, cluster, workload, cols, eff, concurrency,
@@ -98,8 +106,10 @@ def pool_sync_s(model: ModelSpec, whole: ClusterSpec, trainer: ClusterSpec,
     if workload.weight_sync == "bucketed":
         # NeMo RL's packed_broadcast_producer (nemo_rl/utils/packed_tensor.py) packs tensors
         # into buffers on two CUDA streams: the broadcast of buffer N overlaps the gather and
-        # packing of buffer N+1, so the slowest of the three stages sets the pace
-        total = np.maximum(np.maximum(gather, broadcast), latency) + load
+        # packing of buffer N+1, so the slowest of the three stages sets the pace; the fixed
+        # once-a-step part of the latency does not pipeline
+        per_tensor = latency - eff.sync_fixed_s
+        total = np.maximum(np.maximum(gather, broadcast), per_tensor) + eff.sync_fixed_s + load
     else:
         # verl's per-tensor sync gathers, broadcasts and loads one tensor after the other
         # (one_step_off_policy / fully_async_policy sync_rollout_weights)
