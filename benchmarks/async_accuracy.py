@@ -117,6 +117,8 @@ def best_split(case, generation_gpus: int) -> dict:
             steps[trainer_gpus] = predict_async(case, generation_gpus, trainer_gpus)["step"]
         except InvalidLayoutError:
             continue
+    if case.cluster.num_gpus not in steps:  # the published split itself is not legal here
+        raise Skip(f"published split of {case.cluster.num_gpus} trainer GPUs not scorable")
     best = min(steps, key=steps.get)
     return {"trainer_gpus": best, "step": steps[best],
             "published_step": steps[case.cluster.num_gpus],
@@ -141,13 +143,14 @@ def evaluate(path: str | Path | None = None) -> tuple[list[dict], dict[str, int]
         try:
             case, generation = async_case(row)
             predicted = predict_async(case, generation)
+            split = best_split(case, generation)
         except Skip as reason:
             skipped[str(reason)] = skipped.get(str(reason), 0) + 1
             continue
         measured = float(row["step_time_s"])
         result = {"row": row, "case": case, "generation": generation, "predicted": predicted,
                   "measured": measured, "error": predicted["step"] / measured - 1,
-                  "best_split": best_split(case, generation), "partner": None}
+                  "best_split": split, "partner": None}
         partner = sync_rows.get(pair_key(row))
         try:
             sync_case = case_from_row(partner) if partner is not None else None

@@ -55,7 +55,8 @@ MODELS = {"Llama-3.1-8B-Instruct": "llama3.1-8b", "Llama-3.1-70B (base)": "llama
 GPUS = {"H100": "H100-80GB", "GB200": "GB200", "": "H100-80GB"}
 # Activation checkpointing of NeMo RL's performance recipes (examples/configs/recipes/llm/
 # performance/, policy.megatron_cfg.activation_checkpointing) where the tables' rows do not say:
-# grpo-llama3.1-8b-instruct-2n4g.yaml (GB200), grpo-qwen3-235b-16n8g.yaml (H100; the GB200
+# grpo-llama3.1-8b-instruct-2n8g.yaml (H100) and -2n4g.yaml (GB200),
+# grpo-qwen3-235b-16n8g.yaml (H100; the GB200
 # 16n4g recipe inherits it) and grpo-deepseek-v3-32n8g.yaml (the GB200 32n4g recipe inherits
 # it).  The async-1off recipes extend these (``defaults:``), so their rows run it too.
 NEMO_RECIPE_CHECKPOINTING = {("Llama-3.1-8B-Instruct", "GB200"), ("Qwen3-235B-A22B", "H100"),

@@ -33,7 +33,6 @@ from planner.cost.columns import time_column
 from planner.cost.efficiency import Efficiency, load_efficiency
 from planner.cost.memory import (
     CUDA_CONTEXT_BYTES,
-    HOST_NODE_BYTES,
     NCCL_BUFFER_BYTES,
     ROLLOUT_HEADROOM_FRACTION,
     UTILIZATION_MAX,
@@ -141,15 +140,11 @@ def trainer_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
     stacked = np.stack([phases[name] for name in names])
     peak = stacked.max(axis=0)
     capacity = float(cluster.gpu.memory_bytes)
-    # host memory as estimate_memory counts it: the busiest stage's worker on every GPU
-    host_per_node = (np.max([stage["host"] for stage in actor["stages"]], axis=0)
-                     * min(cluster.gpus_per_node, cluster.num_gpus) + HOST_NODE_BYTES)
+    memory = estimate_memory(model, cluster, workload, rows, actor=actor)
     return {"trainer_peak_bytes": peak,
             "trainer_peak_phase": np.array(names)[stacked.argmax(axis=0)],
-            "trainer_fits": (peak <= capacity)
-            & (host_per_node <= cluster.host_memory_per_node_bytes),
-            "phase_bytes": phases,
-            "memory": estimate_memory(model, cluster, workload, rows, actor=actor)}
+            "trainer_fits": (peak <= capacity) & memory["host_fits"].astype(bool),
+            "phase_bytes": phases, "memory": memory}
 
 
 def trainer_search_options(options: SearchOptions) -> SearchOptions:
@@ -354,6 +349,7 @@ def split_candidate(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
                          trigger_parameter_sync_step=trigger,
                          staleness_threshold=async_options.staleness_threshold)
     step = float(state["step_time_s"])
+    feasible = bool(np.isfinite(step))  # a pool that cannot run has no step, idle or rate
     tokens = workload.sequences_per_step * mean_sequence_length(workload)
     generated = workload.sequences_per_step * mean_response_length(workload)
     capacity = cluster.gpu.memory_bytes
@@ -369,11 +365,11 @@ def split_candidate(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
         "step_time_s": _round(step),
         "time_s": {"generate": _round(rollout["generate_s"]), "train": _round(trainer["train_s"]),
                    "param_sync": _round(state["sync_per_step_s"]),
-                   "boundary_wait": _round(state["boundary_s"])},
+                   "boundary_wait": _round(state["boundary_s"]) if feasible else None},
         "param_sync_s": {name[:-2]: _round(values[0]) for name, values in sync.items()},
         "bottleneck": "rollout" if bool(state["rollout_bound"]) else "trainer",
-        "idle_fraction": {"trainer": _round(state["trainer_idle"], 4),
-                          "rollout": _round(state["rollout_idle"], 4)},
+        "idle_fraction": {"trainer": _round(state["trainer_idle"], 4) if feasible else None,
+                          "rollout": _round(state["rollout_idle"], 4) if feasible else None},
         "staleness": staleness(mode, async_options.staleness_threshold),
         "pools": {
             "trainer": {"gpus": trainer_cluster.num_gpus,
@@ -390,10 +386,12 @@ def split_candidate(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
                         "kv_cache_tokens_per_gpu": int(rollout["kv_cache_tokens_per_gpu"]),
                         "kv_cache_gib": round(rollout["kv_cache_bytes"] / GIB, 2),
                         "concurrent_seqs": int(rollout["rollout_concurrent_seqs"]),
-                        "generated_tokens_per_s": round(generated / rollout["generate_s"], 1),
+                        "generated_tokens_per_s": _round(generated / rollout["generate_s"], 1)
+                        or None,
                         "fits": rollout_fits},
         },
-        "tokens_per_s_per_gpu": round(tokens / (step * cluster.num_gpus), 1),
+        "tokens_per_s_per_gpu": _round(tokens / (step * cluster.num_gpus), 1) if feasible
+        else None,
     }
     if mode == "fully-async":
         out["async_training"] = {"staleness_threshold": async_options.staleness_threshold,
@@ -441,18 +439,25 @@ def _ranked(candidates: list[dict]) -> list[dict]:
     return [{"rank": rank, **c} for rank, c in enumerate(candidates, start=1)]
 
 
+def _async_setup(cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
+                 calibration: dict | None) -> tuple[GrpoWorkload, Efficiency]:
+    """The workload as verl's asynchronous recipes run it and the efficiencies, for a split
+    mode (an input error for pretraining: nothing to generate)."""
+    if mode not in ASYNC_MODES:
+        raise ValueError(mode)
+    if workload.kind != "grpo":
+        raise PlanInputError(f"--mode {mode} plans GRPO; --workload pretrain has no rollout")
+    return async_workload(workload), load_efficiency(cluster.gpu, workload.precision,
+                                                     calibration)
+
+
 def plan_split_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
                     options: SearchOptions = SearchOptions(), calibration: dict | None = None,
                     async_options: AsyncOptions = AsyncOptions(),
                     cache: dict | None = None,
                     policy: MemoryPolicy = DEFAULT_POLICY) -> ModePlan:
     """The best layouts of every legal split for an asynchronous mode, fastest split first."""
-    if mode not in ASYNC_MODES:
-        raise ValueError(mode)
-    if workload.kind != "grpo":
-        raise PlanInputError(f"--mode {mode} plans GRPO; --workload pretrain has no rollout")
-    work = async_workload(workload)
-    eff = load_efficiency(cluster.gpu, workload.precision, calibration)
+    work, eff = _async_setup(cluster, workload, mode, calibration)
     splits = list(async_options.trainer_gpus) or pool_splits(cluster)
     cache = {} if cache is None else cache
     streaming = streaming_limits(mode, work, async_options)
@@ -537,12 +542,7 @@ def estimate_split(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
     from ``options`` or the standalone pool's).  Reports the fastest split that fits (else the
     fastest); splits where the layout breaks a rule are skipped with a note, and when it breaks
     one on every split, :class:`InvalidLayoutError` lists them all."""
-    if mode not in ASYNC_MODES:
-        raise ValueError(mode)
-    if workload.kind != "grpo":
-        raise PlanInputError(f"--mode {mode} plans GRPO; --workload pretrain has no rollout")
-    work = async_workload(workload)
-    eff = load_efficiency(cluster.gpu, workload.precision, calibration)
+    work, eff = _async_setup(cluster, workload, mode, calibration)
     streaming = streaming_limits(mode, work, async_options)
     legal, broken, notes = [], [], []
     for trainer_gpus in list(async_options.trainer_gpus) or pool_splits(cluster):

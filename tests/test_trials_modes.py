@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 pytest.importorskip("optuna", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
-from fixtures.tuning import FAKE_ENV, events, load_study, sqlite_url, tune_argv, write_config
+from fixtures.tuning import events, fake_trainer, load_study, sqlite_url, tune_argv
 
 from planner.cli.main import main
 from planner.verl.keys import MODE_ENTRY
@@ -32,13 +32,8 @@ def hidden(trainer_gpus: int, staleness: float | None) -> float:
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    def configure(**config):
-        config.setdefault("record", str(tmp_path / "events.jsonl"))
-        config.setdefault("step_sleep_s", 0.02)
-        config.setdefault("throughput", HIDDEN)
-        monkeypatch.setenv(FAKE_ENV, str(write_config(tmp_path / "fake.json", **config)))
-        return tmp_path / "events.jsonl"
-    return configure
+    """Configure the fake trainer: ``fake(**config)`` -> the events file."""
+    return fake_trainer(tmp_path, monkeypatch, throughput=HIDDEN)
 
 
 def measured(study):

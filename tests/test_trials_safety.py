@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("optuna", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
 psutil = pytest.importorskip("psutil", reason="needs the tune extra")
-from fixtures.tuning import FAKE_ENV, events, load_study, sqlite_url, tune_argv, write_config
+from fixtures.tuning import events, fake_trainer, load_study, sqlite_url, tune_argv
 
 from planner.cli.main import main
 from trials import study_state as attrs
@@ -39,13 +39,8 @@ def wait_for(predicate, timeout=60.0):
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    def configure(**config):
-        config.setdefault("record", str(tmp_path / "events.jsonl"))
-        config.setdefault("step_sleep_s", 0.02)
-        path = write_config(tmp_path / "fake.json", **config)
-        monkeypatch.setenv(FAKE_ENV, str(path))
-        return tmp_path / "events.jsonl"
-    return configure
+    """Configure the fake trainer: ``fake(**config)`` -> the events file."""
+    return fake_trainer(tmp_path, monkeypatch)
 
 
 def measured(study):

@@ -15,13 +15,12 @@ import pytest
 pytest.importorskip("optuna", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
 psutil = pytest.importorskip("psutil", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
 from fixtures.tuning import (
-    FAKE_ENV,
     events,
+    fake_trainer,
     layout_key_of,
     load_study,
     sqlite_url,
     tune_argv,
-    write_config,
 )
 
 from planner.cli.main import main
@@ -43,14 +42,7 @@ def alive(pid: int) -> bool:
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
     """Configure the fake trainer: ``fake(**config)`` -> the events file."""
-    def configure(**config):
-        config.setdefault("record", str(tmp_path / "events.jsonl"))
-        config.setdefault("step_sleep_s", 0.02)
-        config.setdefault("throughput", HIDDEN)
-        path = write_config(tmp_path / "fake.json", **config)
-        monkeypatch.setenv(FAKE_ENV, str(path))
-        return tmp_path / "events.jsonl"
-    return configure
+    return fake_trainer(tmp_path, monkeypatch, throughput=HIDDEN)
 
 
 def measured(study):

@@ -41,6 +41,10 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
 def _row(candidate: dict) -> dict:
     actor, rollout = _layout_text(candidate)
     placement, times = candidate["placement"], candidate.get("time_s", {})
@@ -59,7 +63,7 @@ def _row(candidate: dict) -> dict:
         "sync": f"{times.get('param_sync', times.get('weight_sync', 0)):.1f}" if times else "-",
         "bottleneck": candidate.get("bottleneck", "-" if not colocated else "shared"),
         "idle": f"{_percent(idle['trainer'])}/{_percent(idle['rollout'])}" if idle else "-",
-        "tps": f"{candidate.get('tokens_per_s_per_gpu', 0):.0f}",
+        "tps": _rate(candidate.get("tokens_per_s_per_gpu")),
         "tmem": (f"{candidate['pools']['trainer']['peak_memory_gib']:.1f}"
                  if "pools" in candidate else f"{candidate['peak_memory_gib']:.1f}"),
         "rmem": (f"{candidate['pools']['rollout']['peak_memory_gib']:.1f}"
@@ -167,7 +171,7 @@ def _pool_lines(candidate: dict, capacity_gib: float, policy: MemoryPolicy) -> l
         f"{rollout['gpu_memory_utilization']:.2f}{'' if rollout['fits'] else ' - does NOT fit'}"
         f"; {rollout['kv_cache_tokens_per_gpu']:,} KV tokens per GPU, "
         f"{rollout['concurrent_seqs']} sequences at once, generate {_seconds(times['generate'])} "
-        f"s ({rollout['generated_tokens_per_s']:,.0f} generated tokens/s)",
+        f"s ({_rate(rollout['generated_tokens_per_s'])} generated tokens/s)",
         "param sync    " + "  ".join(f"{part} {_seconds(seconds)}"
                                      for part, seconds in sync.items() if part != "total")
         + f" -> {_seconds(sync['total'])} s per sync, {_seconds(times['param_sync'])} s per step",
