@@ -5,7 +5,7 @@
 # Actor:     TP8 PP4 VPP1 CP1 EP32 ETP1 DP4, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute none, offload -, CPU optimizer 100%, stages 16/../0 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP4 DP32 EP128 (1 replica(s) of 128 GPUs), gpu_memory_utilization 0.35
-# Predicted: peak 80.19 GiB of 95.6 GiB (84%) in generate; step 760.3 s, 81 tokens/s/GPU
+# Predicted: peak 80.19 GiB of 95.6 GiB (84%) in generate; step 760.2 s, 81 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

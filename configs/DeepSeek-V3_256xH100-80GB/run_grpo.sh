@@ -5,7 +5,7 @@
 # Actor:     TP1 PP8 VPP1 CP1 EP16 ETP1 DP32, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute full, offload param, CPU optimizer 100%, stages 7/../6 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP1 DP256 EP256 (1 replica(s) of 256 GPUs), gpu_memory_utilization 0.55
-# Predicted: peak 66.67 GiB of 79.6 GiB (84%) in weight_sync; step 186.4 s, 165 tokens/s/GPU
+# Predicted: peak 66.67 GiB of 79.6 GiB (84%) in weight_sync; step 186.3 s, 165 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -5,7 +5,7 @@
 # Actor:     TP1 PP1 VPP1 CP1 EP1 ETP1 DP8, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute none, offload -
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP4 DP1 EP1 (2 replica(s) of 4 GPUs), gpu_memory_utilization 0.10
-# Predicted: peak 80.20 GiB of 95.6 GiB (84%) in update_actor; step 963.0 s, 1021 tokens/s/GPU
+# Predicted: peak 80.20 GiB of 95.6 GiB (84%) in update_actor; step 962.2 s, 1022 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -5,7 +5,7 @@
 # Actor:     TP1 PP2 VPP1 CP1 EP8 ETP1 DP8, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload -, stages 0/../0 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP1 DP8 EP8 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.30
-# Predicted: peak 66.05 GiB of 79.6 GiB (83%) in generate; step 142.6 s, 3447 tokens/s/GPU
+# Predicted: peak 66.05 GiB of 79.6 GiB (83%) in generate; step 142.5 s, 3449 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -5,7 +5,7 @@
 # Actor:     TP4 PP4 VPP1 CP1 EP1 ETP1 DP1, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload -, stages 0/../0 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP8 DP1 EP1 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.30
-# Predicted: peak 65.43 GiB of 79.6 GiB (82%) in generate; step 516.1 s, 952 tokens/s/GPU
+# Predicted: peak 65.43 GiB of 79.6 GiB (82%) in generate; step 515.9 s, 953 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -5,7 +5,7 @@
 # Actor:     TP1 PP8 VPP1 CP1 EP1 ETP1 DP1, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute none, offload -, stages 3/../3 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP1 DP1 EP1 (8 replica(s) of 1 GPUs), gpu_memory_utilization 0.50
-# Predicted: peak 63.78 GiB of 79.6 GiB (80%) in generate; step 255.1 s, 3854 tokens/s/GPU
+# Predicted: peak 63.78 GiB of 79.6 GiB (80%) in generate; step 255.2 s, 3852 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
