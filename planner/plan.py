@@ -112,9 +112,10 @@ def choose_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     best_key = np.full(n, np.inf)
     chosen = {name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS}
     chosen["gpu_memory_utilization"] = np.full(n, 0.5)
+    fixed_util = None if utilization is None else np.full(n, utilization)
     for i in range(len(rollouts["rollout_tp"])):
-        option = {name: np.full(n, values[i]) for name, values in rollouts.items()}
-        fixed_util = None if utilization is None else np.full(n, utilization)
+        # one option against every resident size: its fields broadcast as one-element arrays
+        option = {name: values[i:i + 1] for name, values in rollouts.items()}
         result = rollout_memory(model, cluster, workload, option, resident, fixed_util,
                                 policy.high)
         replica = option["rollout_tp"] * option["rollout_dp"]
@@ -122,7 +123,7 @@ def choose_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             # fits first, then the predicted generation time.  It depends on the resident
             # memory only through the picked utilization (a few 0.05 steps): time each once.
             utils, back = np.unique(result["gpu_memory_utilization"], return_inverse=True)
-            few = {name: values[:len(utils)] for name, values in option.items()}
+            few = {name: np.repeat(values, len(utils)) for name, values in option.items()}
             at_utils = rollout_memory(model, cluster, workload, few, np.zeros(len(utils)), utils)
             seconds = generate_s(model, cluster, workload, few, efficiency,
                                  at_utils)["total_s"][back]
