@@ -1,6 +1,7 @@
 """Published end-to-end RL (GRPO/DAPO) steps as planner inputs, for calibration and accuracy.
 
     python benchmarks/rl_data.py        # list the cases, what was assumed, and what was skipped
+    python benchmarks/rl_data.py --phases   # measured / predicted seconds of every published phase
 
 Reads ``grpo_runs.csv`` (the in-repo copy ``benchmarks/data/grpo_runs.csv`` of
 ``shared/reference``; ``$PLAN_PARALLEL_REFERENCE_DIR`` overrides) and turns each colocated,
@@ -296,8 +297,25 @@ def predict_rl(cases: list[RlCase], calibration: dict | None = None) -> list[dic
     return out
 
 
+def print_phases(cases: list[RlCase]) -> None:
+    """Measured / predicted seconds of every published phase, with the signed error: where
+    the colocated fit trades one phase's error for another's."""
+    for case, predicted in zip(cases, predict_rl(cases)):
+        parts = []
+        for phase in PHASES:
+            if phase in case.measured:
+                measured = case.measured[phase]
+                parts.append(f"{phase} {measured:6.1f}/{predicted[phase]:6.1f} "
+                             f"({predicted[phase] / measured - 1:+4.0%})")
+        print(f"{case.row_id:>4} {case.source:15} {case.model.name[:14]:14} "
+              f"{case.cluster.num_gpus:>4} " + "  ".join(parts))
+
+
 def main() -> None:
     cases, skipped = load_rl_cases()
+    if "--phases" in sys.argv[1:]:
+        print_phases(cases)
+        return
     for case in cases:
         lay = case.layout
         print(f"{case.row_id:>4} {case.source:15} {case.model.name:16} {case.cluster.num_gpus:>4}x"
