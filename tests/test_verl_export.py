@@ -258,6 +258,36 @@ def test_cli_write_and_refusal(tmp_path, capsys):
     assert len(err) == 1 and "--force" in err[0] and "Traceback" not in err[0]
 
 
+@pytest.mark.needs("verl")
+def test_overlap_grad_reduce_is_written_and_read_back(tmp_path, capsys):
+    """--overlap-grad-reduce goes into the job as the override_ddp_config key verl reads, and
+    validate reads it back from both files; off, nothing is written (verl's default)."""
+    from planner.diagnose.validate import JobInput, dry_run
+
+    key = f"{MEGATRON}.override_ddp_config.overlap_grad_reduce"
+    argv = ["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h20", "--top", "1"]
+    assert main([*argv, "--overlap-grad-reduce", "--write", str(tmp_path / "on")]) == 0
+    assert main([*argv, "--write", str(tmp_path / "off")]) == 0
+    capsys.readouterr()
+    assert f"+{key}=True \\" in (tmp_path / "on" / SCRIPT_FILE).read_text()
+    assert "overlap_grad_reduce" not in (tmp_path / "off" / SCRIPT_FILE).read_text()
+    assert "overlap_grad_reduce: true" in (tmp_path / "on" / CONFIG_FILE).read_text()
+    env = {"MODEL_PATH": "/nowhere/Qwen3-8B"}
+    for name in (SCRIPT_FILE, CONFIG_FILE):
+        reports = {state: dry_run(JobInput(inputs=(str(tmp_path / state / name),),
+                                           sets=tuple(f"{k}={v}" for k, v in env.items()),
+                                           gpu_type="h20"))
+                   for state in ("on", "off")}
+        assert reports["on"]["workload"]["overlap_grad_reduce"] is True, name
+        assert reports["off"]["workload"]["overlap_grad_reduce"] is False, name
+        assert reports["on"]["layout"] == reports["off"]["layout"]  # the same layout ranks 1
+        assert reports["on"]["memory"]["time_s"]["update_actor"] < \
+            reports["off"]["memory"]["time_s"]["update_actor"]
+        planned = json.loads((tmp_path / "on" / PLAN_FILE).read_text())["prediction"]
+        assert reports["on"]["memory"]["time_s"]["update_actor"] == \
+            planned["time_s"]["update_actor"]
+
+
 def _venv_path():
     return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 

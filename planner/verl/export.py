@@ -179,9 +179,18 @@ def optimizer_settings(workload, layout: Layout) -> list[Setting]:
                 Setting(f"{OPTIMIZER_OVERRIDE}.optimizer_offload_fraction",
                         round(float(layout.optimizer_cpu_fraction), 4), new=True),
                 Setting(f"{OPTIMIZER_OVERRIDE}.overlap_cpu_optimizer_d2h_h2d", True, new=True)]
+    return out + ddp_settings(workload)
+
+
+def ddp_settings(workload) -> list[Setting]:
+    """Megatron DDP options verl takes from ``megatron.override_ddp_config`` (an empty mapping
+    in verl 0.9.1, so each key is new): only those that differ from verl's defaults."""
+    ddp = f"{MEGATRON}.override_ddp_config"
+    out = []
     if not workload.grad_reduce_in_fp32:
-        out.append(Setting(f"{MEGATRON}.override_ddp_config.grad_reduce_in_fp32", False,
-                           new=True))
+        out.append(Setting(f"{ddp}.grad_reduce_in_fp32", False, new=True))
+    if workload.overlap_grad_reduce:
+        out.append(Setting(f"{ddp}.overlap_grad_reduce", True, new=True))
     return out
 
 
