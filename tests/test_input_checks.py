@@ -179,7 +179,7 @@ def test_export_quotes_hostile_but_printable_names(small_plan, tmp_path):
         printed = subprocess.run(["bash", "-c", f'{line}\nprintf %s "$MODEL_PATH"'],
                                  cwd=tmp_path, capture_output=True, text=True, check=True,
                                  env={"HOME": "/h", "PATH": "/usr/bin:/bin"}).stdout
-        assert printed == f"'{path}'"  # Hydra-quoted, nothing expanded
+        assert printed == path  # the path itself, nothing expanded (Hydra-quoted where used)
         assert not (tmp_path / "pwned").exists()
     config = yaml.safe_load(written[1].read_text())
     assert path in config["actor_rollout_ref"]["model"]["path"]

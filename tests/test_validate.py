@@ -569,3 +569,38 @@ def test_yaml_input_with_environment_and_unknown_keys(tmp_path):
         handle.write("  nnodez: 2\n")  # under trainer:, the last mapping in the file
     broken = validate(tmp_path / "grpo.yaml")
     assert [f["message"] for f in errors(broken)] == ["verl 0.9.1 has no key trainer.nnodez"]
+
+
+OVERLAP = "+actor_rollout_ref.actor.megatron.override_ddp_config.overlap_grad_reduce=True"
+
+
+@pytest.mark.needs("verl")
+def test_overlap_grad_reduce_from_the_job_hides_the_update_gradient_reduce(tmp_path):
+    """verl leaves the DDP overlap off; the job turning it on through override_ddp_config
+    reaches the workload and shortens the predicted update, and nothing else."""
+    script = write(tmp_path, QWEN2_7B, rollout_tp=2, ref_tp=2)
+    exposed, hidden = validate(script), validate(script, OVERLAP)
+    assert exposed["workload"]["overlap_grad_reduce"] is False
+    assert hidden["workload"]["overlap_grad_reduce"] is True
+    assert hidden["would_launch"], errors(hidden)
+    plain_time, overlap_time = exposed["memory"]["time_s"], hidden["memory"]["time_s"]
+    assert overlap_time["update_actor"] < plain_time["update_actor"]
+    assert {k: v for k, v in overlap_time.items() if k != "update_actor"} == \
+        {k: v for k, v in plain_time.items() if k != "update_actor"}
+    # the same numbers as the planner's own estimate with --overlap-grad-reduce
+    workload = GrpoWorkload(train_batch_size=1024, mini_batch_size=256, rollout_n=5,
+                            overlap_grad_reduce=True)
+    expected = estimate_layout(
+        builtin_model("Qwen2-7B"), ClusterSpec(get_gpu("H100-80GB"), 8, 8), workload,
+        Layout(tp=2, pp=2, dp=2, micro_batch=4, rollout_tp=2, gpu_memory_utilization=0.6))
+    assert overlap_time["update_actor"] == round(float(expected.row["time_update_actor_s"]), 3)
+    # a Hydra YAML says it the same way
+    yaml_path = tmp_path / "job.yaml"
+    yaml_path.write_text("defaults:\n  - ppo_trainer\n  - override model_engine: megatron\n"
+                         "  - _self_\nhydra:\n  searchpath: [pkg://verl.trainer.config]\n"
+                         "actor_rollout_ref:\n  actor:\n    megatron:\n"
+                         "      override_ddp_config:\n        overlap_grad_reduce: true\n")
+    from_yaml = validate(yaml_path, *[item for item in hidden["overrides"]
+                                      if "overlap_grad_reduce" not in item])
+    assert from_yaml["workload"]["overlap_grad_reduce"] is True
+    assert from_yaml["memory"]["time_s"] == overlap_time

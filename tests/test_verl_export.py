@@ -99,7 +99,7 @@ def test_overrides_select_megatron_and_set_every_layout_value():
     assert values["actor_rollout_ref.rollout.data_parallel_size"] == "4"
     assert values["actor_rollout_ref.rollout.gpu_memory_utilization"] == "0.7"
     assert values["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] == "2"
-    assert values["actor_rollout_ref.model.path"] == "/models/m"
+    assert values["actor_rollout_ref.model.path"] == "'/models/m'"  # always Hydra-quoted
     assert values["trainer.nnodes"] == "2" and values["trainer.n_gpus_per_node"] == "8"
     assert not any("grad_offload" in item for item in overrides)
     # the reference follows the actor's parallel sizes through verl's interpolation
@@ -198,7 +198,7 @@ def test_script_overrides_read_back_exactly(qwen3_30b_job):
     moved = parse_launch_script(render_script(job), {"HOME": "/h", "MODEL_PATH": "/m",
                                                      "NNODES": "4"}, source=SCRIPT_FILE)
     values = as_dict(moved.overrides)
-    assert values["actor_rollout_ref.model.path"] == "/m" and values["trainer.nnodes"] == "4"
+    assert values["actor_rollout_ref.model.path"] == "'/m'" and values["trainer.nnodes"] == "4"
 
 
 def test_files_are_deterministic_and_plan_json_holds_layout_and_predictions(qwen3_30b_job):
@@ -216,7 +216,7 @@ def test_files_are_deterministic_and_plan_json_holds_layout_and_predictions(qwen
     assert data["prediction"]["peak_memory_gib"] == round(float(best["peak_bytes"]) / 2**30, 2)
     assert data["prediction"]["tokens_per_s_per_gpu"] > 0
     assert data["overrides"][0] == "model_engine=megatron"
-    assert "actor_rollout_ref.model.path=${MODEL_PATH}" in data["overrides"]
+    assert "actor_rollout_ref.model.path='${MODEL_PATH}'" in data["overrides"]
     script = render_script(job)
     assert script.startswith("#!/usr/bin/env bash\n")
     assert "python3 -m verl.trainer.main_ppo \\\n    model_engine=megatron \\" in script
@@ -256,6 +256,93 @@ def test_cli_write_and_refusal(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--force" in err[0] and "Traceback" not in err[0]
+
+
+@pytest.mark.needs("verl")
+def test_overlap_grad_reduce_is_written_and_read_back(tmp_path, capsys):
+    """--overlap-grad-reduce goes into the job as the override_ddp_config key verl reads, and
+    validate reads it back from both files; off, nothing is written (verl's default)."""
+    from planner.diagnose.validate import JobInput, dry_run
+
+    key = f"{MEGATRON}.override_ddp_config.overlap_grad_reduce"
+    argv = ["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h20", "--top", "1"]
+    assert main([*argv, "--overlap-grad-reduce", "--write", str(tmp_path / "on")]) == 0
+    assert main([*argv, "--write", str(tmp_path / "off")]) == 0
+    capsys.readouterr()
+    assert f"+{key}=True \\" in (tmp_path / "on" / SCRIPT_FILE).read_text()
+    assert "overlap_grad_reduce" not in (tmp_path / "off" / SCRIPT_FILE).read_text()
+    assert "overlap_grad_reduce: true" in (tmp_path / "on" / CONFIG_FILE).read_text()
+    env = {"MODEL_PATH": "/nowhere/Qwen3-8B"}
+    for name in (SCRIPT_FILE, CONFIG_FILE):
+        reports = {state: dry_run(JobInput(inputs=(str(tmp_path / state / name),),
+                                           sets=tuple(f"{k}={v}" for k, v in env.items()),
+                                           gpu_type="h20"))
+                   for state in ("on", "off")}
+        assert reports["on"]["workload"]["overlap_grad_reduce"] is True, name
+        assert reports["off"]["workload"]["overlap_grad_reduce"] is False, name
+        assert reports["on"]["layout"] == reports["off"]["layout"]  # the same layout ranks 1
+        assert reports["on"]["memory"]["time_s"]["update_actor"] < \
+            reports["off"]["memory"]["time_s"]["update_actor"]
+        planned = json.loads((tmp_path / "on" / PLAN_FILE).read_text())["prediction"]
+        assert reports["on"]["memory"]["time_s"]["update_actor"] == \
+            planned["time_s"]["update_actor"]
+
+
+# Spaces, a comma, '=', brackets, double quotes, '$', a backslash and non-ASCII text: all
+# break Hydra's parser when unquoted, none inside '...'
+AWKWARD_PATHS = {"MODEL_PATH": "/data/my models, v2/a=b/Qwen3 é 模型 [x] \"q\" $HOME \\n",
+                 "TRAIN_FILES": "/data/trän, 1=2/train.parquet",
+                 "VAL_FILES": "/data/v a l/test=1,2.parquet"}
+PATH_KEYS = {"MODEL_PATH": "actor_rollout_ref.model.path", "TRAIN_FILES": "data.train_files",
+             "VAL_FILES": "data.val_files"}
+
+
+def run_script_arguments(directory, tmp_path, **env):
+    """``bash run_grpo.sh`` with a ``python3`` that writes its arguments (NUL-separated)
+    instead of starting verl: the overrides exactly as bash builds them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "python3"
+    fake.write_text('#!/bin/sh\nprintf \'%s\\0\' "$@" > "$ARGS_OUT"\n')
+    fake.chmod(0o755)
+    out = tmp_path / "args"
+    out.unlink(missing_ok=True)
+    result = subprocess.run(["bash", str(directory / SCRIPT_FILE)], capture_output=True,
+                            text=True, timeout=60,
+                            env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                                 "HOME": str(tmp_path), "ARGS_OUT": str(out), **env})
+    arguments = out.read_text(encoding="utf-8").split("\0")[:-1] if out.exists() else None
+    return result, arguments
+
+
+@pytest.mark.needs("verl")
+def test_script_hands_hydra_awkward_paths_exactly(qwen3_30b_job, tmp_path):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    _, job = qwen3_30b_job
+    write_job(job, tmp_path / "job")
+    result, arguments = run_script_arguments(tmp_path / "job", tmp_path, **AWKWARD_PATHS)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert arguments[:2] == ["-m", "verl.trainer.main_ppo"]
+    parsed = {item.key_or_group: item.value()
+              for item in OverridesParser.create().parse_overrides(arguments[2:])}
+    for name, key in PATH_KEYS.items():
+        assert parsed[key] == AWKWARD_PATHS[name]
+    # validate reads the script as bash runs it
+    command = parse_launch_script(render_script(job), {"HOME": str(tmp_path), **AWKWARD_PATHS},
+                                  source=SCRIPT_FILE)
+    assert list(command.overrides) == arguments[2:]
+    assert list(command.overrides) == job.overrides(AWKWARD_PATHS)
+
+
+@pytest.mark.parametrize("path", ["/data/it's/model", "/data/model\\"])
+def test_script_refuses_a_path_hydra_cannot_quote(qwen3_30b_job, tmp_path, path):
+    _, job = qwen3_30b_job
+    write_job(job, tmp_path / "job")
+    result, arguments = run_script_arguments(tmp_path / "job", tmp_path, MODEL_PATH=path)
+    assert result.returncode == 2 and arguments is None  # verl never started
+    [message] = [line for line in result.stderr.splitlines() if not line.startswith("+")]
+    assert f"path '{path}' holds a single quote or ends with a backslash" in message
 
 
 def _venv_path():

@@ -137,7 +137,7 @@ def test_every_knob_survives_verls_config_and_reads_back():
     workload = GrpoWorkload(fused_kernels=True, enforce_eager=True, free_cache_engine=True,
                             max_num_batched_tokens=16384, prefix_caching=False,
                             use_kl_loss=False, entropy_chunk_tokens=2048,
-                            adam_moment_bytes=2)
+                            adam_moment_bytes=2, overlap_grad_reduce=True)
     layout = Layout(tp=2, pp=2, ep=4, etp=1, dp=4, account_embedding=True, account_loss=True,
                     recompute="selective", recompute_modules=modules_mask(["core_attn",
                                                                            "moe_act"]),
@@ -155,11 +155,13 @@ def test_every_knob_survives_verls_config_and_reads_back():
     read = workload_of(job).to_dict()
     assert {k: read[k] for k in ("fused_kernels", "enforce_eager", "free_cache_engine",
                                  "max_num_batched_tokens", "prefix_caching", "use_kl_loss",
-                                 "entropy_chunk_tokens", "adam_moment_bytes")} == \
+                                 "entropy_chunk_tokens", "adam_moment_bytes",
+                                 "overlap_grad_reduce")} == \
         {k: getattr(workload, k) for k in ("fused_kernels", "enforce_eager",
                                            "free_cache_engine", "max_num_batched_tokens",
                                            "prefix_caching", "use_kl_loss",
-                                           "entropy_chunk_tokens", "adam_moment_bytes")}
+                                           "entropy_chunk_tokens", "adam_moment_bytes",
+                                           "overlap_grad_reduce")}
 
 
 def test_reported_memory_is_in_gib():

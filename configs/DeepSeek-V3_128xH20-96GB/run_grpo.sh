@@ -29,18 +29,26 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 # full stack traces from Hydra
 export HYDRA_FULL_ERROR=1
 
+# Each path below reaches Hydra as key='PATH': any character but a single quote (or a final
+# backslash) passes as it is; a list of data files goes as an argument, data.train_files=[a,b]
+for path in "$MODEL_PATH" "$TRAIN_FILES" "$VAL_FILES"; do
+  case "$path" in
+    *\'* | *\\) echo "run_grpo.sh: path '$path' holds a single quote or ends with a backslash, which Hydra's override parser cannot take inside '...'; rename it or link it from a plain path" >&2; exit 2 ;;
+  esac
+done
+
 python3 -m verl.trainer.main_ppo \
     model_engine=megatron \
     algorithm.adv_estimator=grpo \
     algorithm.use_kl_in_reward=False \
-    data.train_files="${TRAIN_FILES}" \
-    data.val_files="${VAL_FILES}" \
+    "data.train_files='${TRAIN_FILES}'" \
+    "data.val_files='${VAL_FILES}'" \
     data.train_batch_size=1024 \
     data.max_prompt_length=1024 \
     data.max_response_length=1024 \
     data.filter_overlong_prompts=True \
     data.truncation=error \
-    actor_rollout_ref.model.path="${MODEL_PATH}" \
+    "actor_rollout_ref.model.path='${MODEL_PATH}'" \
     actor_rollout_ref.model.use_fused_kernels=False \
     actor_rollout_ref.actor.optim.lr=1e-06 \
     actor_rollout_ref.actor.ppo_mini_batch_size=256 \

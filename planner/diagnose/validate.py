@@ -402,7 +402,7 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
             report["memory"]["memory_band"] = {
                 "low": job_input.policy.low, "high": job_input.policy.high, "judges": PEAK_NAME,
                 "position": job_input.policy.position(memory["memory_utilization"])}
-            for key in ("step_time_s", "tokens_per_s_per_gpu"):
+            for key in ("step_time_s", "time_s", "tokens_per_s_per_gpu"):
                 if key in memory:
                     report["memory"][key] = memory[key]
         else:

@@ -50,9 +50,11 @@ class Setting:
     key: str
     value: Any
     new: bool = False
+    quoted: bool = False  # a path: always a Hydra quoted string (see hydra_quoted)
 
     def override(self) -> str:
-        return f"{'+' if self.new else ''}{self.key}={hydra_value(self.value)}"
+        value = hydra_quoted(self.value) if self.quoted else hydra_value(self.value)
+        return f"{'+' if self.new else ''}{self.key}={value}"
 
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:@~\-][A-Za-z0-9_./:@~\-+]*$")
@@ -73,7 +75,28 @@ def hydra_value(value: Any) -> str:
         return text
     if "${" in text and "'" not in text:
         return text  # an interpolation Hydra resolves itself
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return hydra_quoted(text)
+
+
+# Hydra's quoted strings (hydra.cc, "Escaped characters in quoted values"): a quote is
+# escaped with a backslash, backslashes are escaped (doubled) only right before a quote or at
+# the end of the string; any other backslash is literal.
+_BACKSLASHES_BEFORE_QUOTE_OR_END = re.compile(r"(\\+)(?='|$)")
+
+
+def hydra_quoted(text: str) -> str:
+    """``text`` as a single-quoted string of Hydra's override grammar: spaces, commas, ``=``,
+    brackets and non-ASCII characters are all kept as they are (``${...}`` still
+    interpolates, as anywhere in OmegaConf)."""
+    body = _BACKSLASHES_BEFORE_QUOTE_OR_END.sub(lambda m: m.group(1) * 2, str(text))
+    return "'" + body.replace("'", "\\'") + "'"
+
+
+def _unquoted(text: str) -> str:
+    """The inverse of :func:`hydra_quoted` for a ``'...'`` or ``"..."`` string."""
+    quote, body = text[0], text[1:-1]
+    return re.sub(r"(\\+)(" + quote + "|$)",
+                  lambda m: "\\" * (len(m.group(1)) // 2) + m.group(2), body)
 
 
 _INT = re.compile(r"^[+-]?\d+$")
@@ -118,7 +141,7 @@ def override_value(text: str) -> Any:
     if _FLOAT.match(text):
         return float(text)
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1].replace("\\" + text[0], text[0]).replace("\\\\", "\\")
+        return _unquoted(text)
     if text.startswith("[") and text.endswith("]"):
         return [override_value(item) for item in _split_top_level(text[1:-1])]
     return text
@@ -179,9 +202,18 @@ def optimizer_settings(workload, layout: Layout) -> list[Setting]:
                 Setting(f"{OPTIMIZER_OVERRIDE}.optimizer_offload_fraction",
                         round(float(layout.optimizer_cpu_fraction), 4), new=True),
                 Setting(f"{OPTIMIZER_OVERRIDE}.overlap_cpu_optimizer_d2h_h2d", True, new=True)]
+    return out + ddp_settings(workload)
+
+
+def ddp_settings(workload) -> list[Setting]:
+    """Megatron DDP options verl takes from ``megatron.override_ddp_config`` (an empty mapping
+    in verl 0.9.1, so each key is new): only those that differ from verl's defaults."""
+    ddp = f"{MEGATRON}.override_ddp_config"
+    out = []
     if not workload.grad_reduce_in_fp32:
-        out.append(Setting(f"{MEGATRON}.override_ddp_config.grad_reduce_in_fp32", False,
-                           new=True))
+        out.append(Setting(f"{ddp}.grad_reduce_in_fp32", False, new=True))
+    if workload.overlap_grad_reduce:
+        out.append(Setting(f"{ddp}.overlap_grad_reduce", True, new=True))
     return out
 
 
@@ -244,14 +276,14 @@ def job_settings(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     if workload.bypass_old_log_prob:
         s.append(Setting("algorithm.rollout_correction.bypass_mode", True))
     s += [
-        Setting("data.train_files", train_files),
-        Setting("data.val_files", val_files),
+        Setting("data.train_files", train_files, quoted=True),
+        Setting("data.val_files", val_files, quoted=True),
         Setting("data.train_batch_size", workload.train_batch_size),
         Setting("data.max_prompt_length", workload.prompt_length),
         Setting("data.max_response_length", workload.response_length),
         Setting("data.filter_overlong_prompts", True),
         Setting("data.truncation", "error"),
-        Setting(f"{MODEL}.path", model_path),
+        Setting(f"{MODEL}.path", model_path, quoted=True),
         Setting(f"{MODEL}.use_fused_kernels", workload.fused_kernels),
         Setting(f"{OPTIM}.lr", 1e-6),
         Setting(f"{ACTOR}.ppo_mini_batch_size", workload.mini_batch_size),

@@ -25,7 +25,7 @@ from planner.extras import require
 from planner.verl.export import (
     ENVIRONMENT,
     ExportedJob,
-    hydra_value,
+    hydra_quoted,
     job_from_plan,
     override_key,
     override_value,
@@ -52,15 +52,16 @@ def _sentinel(name: str) -> str:
 def launch_overrides(job: ExportedJob) -> list[tuple[str, str | None, str]]:
     """``(override, launch variable or None, variable default)`` for the job's overrides.
 
-    A default is Hydra value text, or ``~/<path>`` for a path under the user's home."""
-    overrides = job.overrides({name: _sentinel(name) for name in PATH_VARIABLES})
+    A path variable's default is the path itself (``~/<path>`` under the user's home), the
+    other variables' defaults are Hydra value text.  An ``--override`` that sets a path key
+    gives that variable its default; one that sets it to a list (``data.train_files=[a,b]``)
+    is written as it is, without a variable."""
+    sentinels = {name: _sentinel(name) for name in PATH_VARIABLES}
+    overrides = job.overrides(sentinels)
     defaults = {
-        "MODEL_PATH": hydra_value(job.model_path) if job.model_path
-        else f"~/models/{job.model.name}",
-        "TRAIN_FILES": hydra_value(job.train_files) if job.train_files
-        else "~/data/gsm8k/train.parquet",
-        "VAL_FILES": hydra_value(job.val_files) if job.val_files
-        else "~/data/gsm8k/test.parquet",
+        "MODEL_PATH": job.model_path or f"~/models/{job.model.name}",
+        "TRAIN_FILES": job.train_files or "~/data/gsm8k/train.parquet",
+        "VAL_FILES": job.val_files or "~/data/gsm8k/test.parquet",
     }
     out = []
     for override in overrides:
@@ -69,7 +70,14 @@ def launch_overrides(job: ExportedJob) -> list[tuple[str, str | None, str]]:
             out.append((override, None, ""))
             continue
         value = override.split("=", 1)[1]
-        out.append((override, name, defaults[name] if value == _sentinel(name) else value))
+        if name not in PATH_VARIABLES:
+            out.append((override, name, value))
+        elif value == hydra_quoted(sentinels[name]):
+            out.append((override, name, defaults[name]))
+        elif isinstance(override_value(value), str):
+            out.append((override, name, override_value(value)))
+        else:
+            out.append((override, None, ""))
     return out
 
 
@@ -121,6 +129,32 @@ def _double_quoted(text: str) -> str:
     return ("$HOME/" if home else "") + body
 
 
+def path_check(names) -> list[str]:
+    """Script lines that stop, before verl starts, on a path Hydra cannot take inside '...'.
+
+    The script hands each path to Hydra as ``key='$PATH'``: spaces, commas, ``=``, brackets
+    and any UTF-8 pass as they are, but a single quote, or a backslash at the end, would end
+    the quoted string early.  Escaping them would need bash's ``${VAR//.../...}``, whose
+    quoting rules differ between bash releases, so such a path is refused with its name."""
+    words = " ".join(f'"${name}"' for name in names)
+    if not words:
+        return []
+    return [
+        "",
+        "# Each path below reaches Hydra as key='PATH': any character but a single quote (or a "
+        "final",
+        "# backslash) passes as it is; a list of data files goes as an argument, "
+        "data.train_files=[a,b]",
+        f"for path in {words}; do",
+        "  case \"$path\" in",
+        f"    *\\'* | *\\\\) echo \"{SCRIPT_FILE}: path '$path' holds a single quote or ends "
+        f"with a backslash, which Hydra's override parser cannot take inside '...'; rename "
+        f"it or link it from a plain path\" >&2; exit 2 ;;",
+        "  esac",
+        "done",
+    ]
+
+
 def render_script(job: ExportedJob) -> str:
     items = launch_overrides(job)
     cluster = job.cluster
@@ -147,9 +181,13 @@ def render_script(job: ExportedJob) -> str:
         lines.append(f"# {why}")
         lines.append(f'export {name}="${{{name}:-{value}}}"' if overridable
                      else f"export {name}={value}")
+    lines += path_check(name for name in PATH_VARIABLES if name in defaults)
     lines += ["", f"python3 -m {MODE_ENTRY[job.mode]} \\"]
     for override, name, _ in items:
-        if name:
+        if name in PATH_VARIABLES:  # a Hydra quoted string around the path (hydra_quoted)
+            key_part = override.split("=", 1)[0]
+            lines.append(f'    "{key_part}=\'${{{name}}}\'" \\')
+        elif name:
             key_part = override.split("=", 1)[0]
             lines.append(f'    {key_part}="${{{name}}}" \\')
         else:
@@ -159,12 +197,11 @@ def render_script(job: ExportedJob) -> str:
 
 
 def _oc_default(default: str) -> str:
-    """A launch variable's default as an ``oc.env`` default argument."""
+    """A path variable's default as an ``oc.env`` default argument: a quoted string
+    (OmegaConf's grammar quotes as Hydra's does), ``~/`` becoming ``${oc.env:HOME}/``."""
     if default.startswith("~/"):
-        return "${oc.env:HOME}/" + default[2:]
-    if default.startswith("'") and default.endswith("'"):
-        return default  # already quoted Hydra text
-    return "'" + default.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return hydra_quoted("${oc.env:HOME}/" + default[2:])
+    return hydra_quoted(default)
 
 
 def config_body(job: ExportedJob) -> dict:

@@ -173,6 +173,9 @@ def _workload_extra(config: dict) -> dict:
         "fused_kernels": bool(get(config, f"{MODEL}.use_fused_kernels", False)),
         "entropy_chunk_tokens": int(chunk) if chunking and isinstance(chunk, int) else 0,
         "grad_reduce_in_fp32": bool(grad_fp32),
+        # verl's DDP config has overlap_grad_reduce False unless override_ddp_config sets it
+        # (utils/megatron_utils.py): off, the update's DP gradient reduce is exposed
+        "overlap_grad_reduce": bool(ddp.get("overlap_grad_reduce", False)),
         "adam_moment_bytes": 2 if precision_aware and moments in ("bf16", "fp16") else 4,
         "rollout_engine": name if name in ("vllm", "sglang") else "vllm",
         "rollout_precision": "fp8" if quantization == "fp8" else "bf16",
