@@ -32,8 +32,14 @@ from planner.cost.efficiency import load_efficiency  # noqa: E402
 from planner.cost.memory import rollout_memory  # noqa: E402
 from planner.cost.pools import pool_sync_s, steady_state, streaming_generate_s  # noqa: E402
 from planner.errors import InvalidLayoutError  # noqa: E402
-from planner.placement import ROLLOUT_RESIDENT_BYTES, pool_cluster  # noqa: E402
-from planner.plan import estimate_layout  # noqa: E402
+from planner.placement import (  # noqa: E402
+    ROLLOUT_RESIDENT_BYTES,
+    pool_cluster,
+    pool_layout,
+    split_layout_problems,
+    trainer_memory,
+    trainer_times,
+)
 
 SPLIT = re.compile(r"(\d+)\s*gen\s*/\s*(\d+)\s*train")
 TARGET = 0.20
@@ -82,17 +88,21 @@ def predict_async(case, generation_gpus: int, trainer_gpus: int | None = None) -
     trainer_gpus = trainer_gpus or published.num_gpus
     trainer = pool_cluster(whole, trainer_gpus)
     rollout = pool_cluster(whole, whole.num_gpus - trainer_gpus)
-    layout = case.layout
-    model_parallel = layout.tp * layout.pp * layout.cp
-    if trainer_gpus % model_parallel:
-        raise InvalidLayoutError([("split", f"{model_parallel} does not divide {trainer_gpus}")])
-    layout = replace(layout, dp=trainer_gpus // model_parallel)
+    # on its own pool the policy keeps its state resident (NeMo RL: "not recommended to enable
+    # cpu_offload when using non-colocated generation"), as planner/placement.py assumes
+    layout = replace(case.layout, param_offload=False, optimizer_offload=False,
+                     ref_param_offload=False)
+    problems = split_layout_problems(case.model, trainer, rollout, case.workload, layout,
+                                     pin_rollout=False)
+    if problems:
+        raise InvalidLayoutError(problems)
+    layout = pool_layout(layout, trainer_gpus)
     workload = case.workload
     eff = load_efficiency(trainer.gpu, workload.precision)
-    row = estimate_layout(case.model, trainer, workload, layout).row
-    train = (row["time_old_log_prob_s"] + row["time_ref_s"] + row["time_update_actor_s"]
-             + eff.step_fixed_s)
     cols = layout.to_columns()
+    train = float(trainer_times(case.model, trainer, workload, cols,
+                                trainer_memory(case.model, trainer, workload, cols),
+                                eff)["train_s"][0])
     memory = rollout_memory(case.model, rollout, workload, cols,
                             np.array([ROLLOUT_RESIDENT_BYTES]),
                             np.array([NEMO_ASYNC_UTILIZATION]))

@@ -386,8 +386,9 @@ def split_candidate(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
                         "kv_cache_tokens_per_gpu": int(rollout["kv_cache_tokens_per_gpu"]),
                         "kv_cache_gib": round(rollout["kv_cache_bytes"] / GIB, 2),
                         "concurrent_seqs": int(rollout["rollout_concurrent_seqs"]),
-                        "generated_tokens_per_s": _round(generated / rollout["generate_s"], 1)
-                        or None,
+                        "generated_tokens_per_s": (_round(generated / rollout["generate_s"], 1)
+                                                   if np.isfinite(rollout["generate_s"])
+                                                   else None),
                         "fits": rollout_fits},
         },
         "tokens_per_s_per_gpu": _round(tokens / (step * cluster.num_gpus), 1) if feasible

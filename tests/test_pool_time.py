@@ -73,22 +73,30 @@ def test_streaming_runs_at_most_one_steps_sequences_and_skips_the_tail(gpus):
 
 
 def test_verl_fully_async_runs_at_most_16_prompts_per_rollout_server():
-    """verl's rollouter admits len(server_handles) * 16 prompts at once (n sequences each)."""
-    from planner.placement import AsyncOptions, streaming_limits
+    """verl's rollouter admits len(server_handles) * 16 prompts at once (n sequences each), and
+    at most required_samples * (1 + staleness) * trigger per parameter version."""
+    from planner.placement import VERL_PROMPTS_PER_SERVER, AsyncOptions, streaming_limits
 
     model = resolve_model("qwen2.5-7b")
+    work = GrpoWorkload(train_batch_size=128, rollout_n=8, prompt_length=512,
+                        response_length=4096, mini_batch_size=32)
     pool = pool_cluster(WHOLE, 16)
-    cols = Layout(tp=1, pp=1, dp=16, rollout_tp=1).to_columns()
-    memory = rollout_memory(model, pool, WORK, cols, np.array([ROLLOUT_RESIDENT_BYTES]),
+    cols = Layout(tp=1, pp=1, dp=16, rollout_tp=4).to_columns()  # 4 servers of 4 GPUs
+    eff = load_efficiency(H100, "bf16")
+    memory = rollout_memory(model, pool, work, cols, np.array([ROLLOUT_RESIDENT_BYTES]),
                             np.array([0.9]))
-    limits = streaming_limits("fully-async", WORK, AsyncOptions(staleness_threshold=0.5))
-    assert limits["max_in_flight_prompts"] == WORK.train_batch_size * 1.5
-    verl = streaming_generate_s(model, pool, WORK, cols, load_efficiency(H100, "bf16"), memory,
-                                **limits)
-    # 64 prompts x 16 over 16 single-GPU servers would be 64 sequences each; verl runs 4 x 16
-    assert float(verl["decode_batch"][0]) == min(16, WORK.train_batch_size * 1.5 / 16) \
-        * WORK.rollout_n
-    assert streaming_limits("one-step-off", WORK, AsyncOptions()) is None
+    limits = streaming_limits("fully-async", work, AsyncOptions(staleness_threshold=0.5))
+    # mini-batch 32 prompts x 1.5 x 4 mini-batches per sync
+    assert limits["max_in_flight_prompts"] == 32 * 1.5 * 4
+    verl = streaming_generate_s(model, pool, work, cols, eff, memory, **limits)
+    unbounded = streaming_generate_s(model, pool, work, cols, eff, memory,
+                                     max_in_flight_prompts=limits["max_in_flight_prompts"])
+    # 16 prompts per server x n=8 = 128 sequences per server; without verl's per-server cap
+    # the staleness bound alone would admit 192 x 8 / 4 = 384 (vLLM's max_num_seqs: 256)
+    assert float(verl["decode_batch"][0]) == VERL_PROMPTS_PER_SERVER * work.rollout_n == 128
+    assert float(unbounded["decode_batch"][0]) == work.max_num_seqs
+    assert float(verl["total_s"][0]) > float(unbounded["total_s"][0])
+    assert streaming_limits("one-step-off", work, AsyncOptions()) is None
 
 
 def test_published_one_step_off_runs():

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 psutil = pytest.importorskip("psutil", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
+from fixtures.processes import alive  # noqa: E402
 
 import trials.gpu_monitor as gpu_monitor
 from planner.units import GIB
@@ -40,12 +41,6 @@ if mode.startswith("silent"):
 print("done", flush=True)
 """
 
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def request(tmp_path: Path, mode: str, wall: float = 30.0, hang: float = 30.0) -> LaunchRequest:

@@ -15,26 +15,11 @@ import pytest
 
 pytest.importorskip("optuna", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
 psutil = pytest.importorskip("psutil", reason="needs the tune extra")
+from fixtures.processes import alive, wait_for  # noqa: E402
 from fixtures.tuning import events, fake_trainer, load_study, sqlite_url, tune_argv
 
 from planner.cli.main import main
 from trials import study_state as attrs
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def wait_for(predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("optuna", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
 psutil = pytest.importorskip("psutil", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
+from fixtures.processes import alive, wait_for  # noqa: E402
 from fixtures.tuning import (
     events,
     fake_trainer,
@@ -31,12 +32,6 @@ POSTGRES_ENV = "PLAN_PARALLEL_TEST_POSTGRES_URL"
 HIDDEN = {"base": 1000.0, "factors": {"tp": {"2": 1.3}, "micro_batch": {"8": 1.2, "4": 1.1},
                                       "recompute": {"full": 0.8}}}
 
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.fixture
@@ -206,14 +201,6 @@ def tuner_process(tmp_path, *extra, trials, storage=None, study="study"):
     return subprocess.Popen([sys.executable, "-m", "planner", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
-
-def wait_for(predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_kill_9_of_the_tuner_mid_trial_then_resume(tmp_path, fake, capsys):

@@ -108,8 +108,8 @@ def pool_sync_s(model: ModelSpec, whole: ClusterSpec, trainer: ClusterSpec,
         # into buffers on two CUDA streams: the broadcast of buffer N overlaps the gather and
         # packing of buffer N+1, so the slowest of the three stages sets the pace; the fixed
         # once-a-step part of the latency does not pipeline
-        per_tensor = latency - eff.sync_fixed_s
-        total = np.maximum(np.maximum(gather, broadcast), per_tensor) + eff.sync_fixed_s + load
+        total = (np.maximum(np.maximum(gather, broadcast), local["tensor_latency_s"])
+                 + local["fixed_s"] + load)
     else:
         # verl's per-tensor sync gathers, broadcasts and loads one tensor after the other
         # (one_step_off_policy / fully_async_policy sync_rollout_weights)

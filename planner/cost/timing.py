@@ -466,9 +466,11 @@ def weight_sync_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload
                                                           * eff.hbm)
     per_tensor = (eff.bucketed_tensor_s if workload.weight_sync == "bucketed"
                   else eff.sync_tensor_s)
-    latency = np.full(len(group), tensor_count(model) * per_tensor + eff.sync_fixed_s)
-    return {"comm_s": gather, "compute_s": load, "latency_s": latency,
-            "total_s": gather + load + latency}
+    tensors = np.full(len(group), tensor_count(model) * per_tensor)
+    fixed = np.full(len(group), eff.sync_fixed_s)
+    return {"comm_s": gather, "compute_s": load, "latency_s": tensors + fixed,
+            "tensor_latency_s": tensors, "fixed_s": fixed,
+            "total_s": gather + load + tensors + fixed}
 
 
 def offload_s(cluster: ClusterSpec, nbytes) -> np.ndarray:
