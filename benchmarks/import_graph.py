@@ -2,19 +2,9 @@
 
     python benchmarks/import_graph.py [--dot]
 
-Layers (each module may import its own layer and those below it, never above)::
-
-    0 base      planner (package), errors, units, phases, policy, extras, versions
-    1 catalog   models, GPUs, clusters, workloads
-    2 search    layouts, rules, the search space
-    3 cost      memory, time, FLOPs, efficiency, columns
-    4 plan      space -> cost -> ranking
-    5 sizing    GPU counts and types, prices, the sweep over them (plans per count)
-    6 verl      keys, config, jobs, scripts, export, library
-    7 trials    Optuna studies, launchers (a sibling package)
-    8 report    text/JSON/CSV, HTML, plots
-    9 diagnose  validate, fix, diff, explain, profile
-   10 cli       argument parsing, exit codes
+Layers: :data:`LAYERS` below, lowest first (each module may import its own layer and those
+below it, never above) -- the one list of the package's layers; ``--layers`` prints it, and
+``planner/__init__.py``, the tests and the docs refer here.
 
 Checks: no import cycle between modules (imports inside functions count too), no import of a
 higher layer, and nothing but ``planner.cli`` (and ``planner.__main__``) imports ``planner.cli``.
@@ -31,10 +21,39 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("planner", "trials")
-LAYERS = ("base", "catalog", "search", "cost", "plan", "sizing", "verl", "trials", "report",
-          "diagnose", "cli")
-BASE = {"planner", "planner.errors", "planner.bounds", "planner.units", "planner.phases",
-        "planner.policy", "planner.extras", "planner.versions"}
+# The layers, lowest first: (name, what it holds, its modules).  A module belongs to the layer
+# whose entry names it or the package it is in (the longest such entry); the root package
+# ``planner`` is an entry by itself only.  A module no entry names is a problem.
+LAYERS = (
+    ("base", "errors, bounds, units, phases, policy, extras, versions",
+     ("planner", "planner.errors", "planner.bounds", "planner.units", "planner.phases",
+      "planner.policy", "planner.extras", "planner.versions")),
+    ("catalog", "models, GPUs, clusters, workloads", ("planner.catalog",)),
+    ("search", "layouts, rules, the search space", ("planner.search",)),
+    ("cost", "memory, time, FLOPs, efficiency, columns", ("planner.cost",)),
+    ("plan", "space -> cost -> ranking", ("planner.plan", "planner.placement")),
+    ("sizing", "GPU counts and types, prices, the sweep over them (plans per count)",
+     ("planner.sizing",)),
+    ("verl", "keys, config, jobs, scripts, export, library", ("planner.verl",)),
+    ("trials", "Optuna studies, launchers (a sibling package)", ("trials",)),
+    ("report", "text/JSON/CSV, HTML, plots", ("planner.report",)),
+    ("diagnose", "validate, fix, diff, explain, profile", ("planner.diagnose",)),
+    ("cli", "argument parsing, exit codes", ("planner.cli", "planner.__main__")),
+)
+LAYER_NAMES = tuple(name for name, _, _ in LAYERS)
+ROOT_PACKAGE = "planner"
+
+
+def layer_of(module: str) -> int:
+    """Index into :data:`LAYERS` of ``module``'s layer; -1 when no entry names it."""
+    best, found = -1, -1
+    for index, (_, _, members) in enumerate(LAYERS):
+        for member in members:
+            exact_only = member == ROOT_PACKAGE
+            if module == member or (not exact_only and module.startswith(member + ".")):
+                if len(member) > best:
+                    best, found = len(member), index
+    return found
 
 
 def module_name(path: Path) -> str:
@@ -44,17 +63,10 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def layer_of(module: str) -> int:
-    if module.startswith("trials"):
-        return LAYERS.index("trials")
-    if module in BASE:
-        return 0
-    if module == "planner.__main__":
-        return LAYERS.index("cli")
-    second = module.split(".")[1]
-    if second in ("plan", "placement"):
-        return LAYERS.index("plan")
-    return LAYERS.index(second)
+def layers_text() -> str:
+    """The layer list as the script prints it with ``--layers``."""
+    return "\n".join(f"{index:>2} {name:<9} {what}"
+                     for index, (name, what, _) in enumerate(LAYERS))
 
 
 def modules() -> dict[str, Path]:
@@ -137,14 +149,17 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def problems(edges: dict[str, set[str]]) -> list[str]:
     found = [f"cycle: {' <-> '.join(component)}" for component in cycles(edges)]
+    found += [f"{name} belongs to no layer: name it in LAYERS (benchmarks/import_graph.py)"
+              for name in sorted(edges) if layer_of(name) < 0]
     for source, targets in sorted(edges.items()):
         for target in sorted(targets):
             if target.startswith("planner.cli") and not (
                     source.startswith("planner.cli") or source == "planner.__main__"):
                 found.append(f"{source} imports {target}: nothing below the CLI may")
-            elif layer_of(target) > layer_of(source):
-                found.append(f"{source} ({LAYERS[layer_of(source)]}) imports {target} "
-                             f"({LAYERS[layer_of(target)]}), a higher layer")
+            elif min(layer_of(source), layer_of(target)) >= 0 \
+                    and layer_of(target) > layer_of(source):
+                found.append(f"{source} ({LAYER_NAMES[layer_of(source)]}) imports {target} "
+                             f"({LAYER_NAMES[layer_of(target)]}), a higher layer")
     return found
 
 
@@ -152,7 +167,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dot", action="store_true", help="print Graphviz dot instead")
+    parser.add_argument("--layers", action="store_true", help="print the layer list only")
     args = parser.parse_args(argv)
+    if args.layers:
+        print(layers_text())
+        return 0
     edges = graph()
     if args.dot:
         print("digraph imports {")
@@ -165,7 +184,7 @@ def main(argv=None) -> int:
         for name in sorted(edges):
             by_layer[layer_of(name)].append(name)
         for layer, names in sorted(by_layer.items()):
-            print(f"{layer} {LAYERS[layer]}")
+            print(f"{layer} {LAYER_NAMES[layer] if layer >= 0 else '(no layer)'}")
             for name in names:
                 targets = ", ".join(sorted(edges[name])) or "-"
                 print(f"    {name} -> {targets}")

@@ -8,10 +8,9 @@ tables, pandas; never torch, verl or optuna.  Public entry points::
     from planner.catalog.workload import GrpoWorkload
     from planner.plan import make_plan, estimate_layout
 
-Layers (each imports only from those before it; ``tests/test_import_graph.py`` checks it):
-base modules (``errors``, ``units``, ``phases``, ``policy``, ``extras``, ``versions``) ->
-``catalog`` -> ``search`` -> ``cost`` -> ``plan`` -> ``verl`` -> ``trials`` (a sibling
-package) -> ``report`` -> ``diagnose`` -> ``cli``.
+Layers: each imports only from those below it.  The list lives in one place,
+``LAYERS`` of ``benchmarks/import_graph.py`` (``python benchmarks/import_graph.py --layers``
+prints it; ``tests/test_import_graph.py`` checks the graph against it).
 """
 
 from planner.versions import planner_version
