@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from calibration_data import default_path  # noqa: E402
 from rl_data import CSV_NAME, Skip, case_from_row, predict_rl  # noqa: E402
 
-from planner.cost.efficiency import load_efficiency  # noqa: E402
 from planner.cost.memory import rollout_memory  # noqa: E402
 from planner.cost.pools import pool_sync_s, steady_state, streaming_generate_s  # noqa: E402
+from planner.cost.request import PlanRequest  # noqa: E402
 from planner.errors import InvalidLayoutError  # noqa: E402
 from planner.placement import (  # noqa: E402
     ROLLOUT_RESIDENT_BYTES,
@@ -92,23 +92,18 @@ def predict_async(case, generation_gpus: int, trainer_gpus: int | None = None) -
     # cpu_offload when using non-colocated generation"), as planner/placement.py assumes
     layout = replace(case.layout, param_offload=False, optimizer_offload=False,
                      ref_param_offload=False)
-    problems = split_layout_problems(case.model, trainer, rollout, case.workload, layout,
-                                     pin_rollout=False)
+    request = PlanRequest(case.model, whole, case.workload)
+    problems = split_layout_problems(request, trainer, rollout, layout, pin_rollout=False)
     if problems:
         raise InvalidLayoutError(problems)
     layout = pool_layout(layout, trainer_gpus)
-    workload = case.workload
-    eff = load_efficiency(trainer.gpu, workload.precision)
     cols = layout.to_columns()
-    train = float(trainer_times(case.model, trainer, workload, cols,
-                                trainer_memory(case.model, trainer, workload, cols),
-                                eff)["train_s"][0])
-    memory = rollout_memory(case.model, rollout, workload, cols,
-                            np.array([ROLLOUT_RESIDENT_BYTES]),
+    on_trainer = request.on(trainer)
+    train = float(trainer_times(on_trainer, cols, trainer_memory(on_trainer, cols))["train_s"][0])
+    memory = rollout_memory(request.on(rollout), cols, np.array([ROLLOUT_RESIDENT_BYTES]),
                             np.array([NEMO_ASYNC_UTILIZATION]))
-    generate = float(streaming_generate_s(case.model, rollout, workload, cols, eff,
-                                          memory)["total_s"][0])
-    parts = pool_sync_s(case.model, whole, trainer, workload, cols, eff)
+    generate = float(streaming_generate_s(request.on(rollout), cols, memory)["total_s"][0])
+    parts = pool_sync_s(request, trainer, cols)
     sync = float(parts["total_s"][0])
     state = steady_state("one-step-off", generate, train, sync)
     return {"step": float(state["step_time_s"]), "generate": generate, "train": float(train),

@@ -32,6 +32,7 @@ from calibration_data import CalibrationCase, load_cases  # noqa: E402
 from rl_data import fit_rl, load_rl_cases  # noqa: E402
 
 from planner.cost import calibration  # noqa: E402
+from planner.cost.efficiency import CostModel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "planner" / "cost" / "calibration.json"
@@ -48,7 +49,7 @@ def fit(cases: list[CalibrationCase]) -> dict:
 
 
 def predict(cases: list[CalibrationCase], fitted: dict) -> np.ndarray:
-    return calibration.predict(measurements(cases), fitted)
+    return calibration.predict(measurements(cases), CostModel.load(fitted))
 
 
 def main() -> None:

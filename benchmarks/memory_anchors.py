@@ -33,6 +33,7 @@ from planner.catalog.hardware import ClusterSpec, get_gpu  # noqa: E402
 from planner.catalog.models import resolve_model  # noqa: E402
 from planner.catalog.workload import GrpoWorkload  # noqa: E402
 from planner.cost.memory import STAGES  # noqa: E402
+from planner.cost.request import PlanRequest  # noqa: E402
 from planner.phases import PHASES  # noqa: E402
 from planner.plan import estimate_layout  # noqa: E402
 from planner.search.layout import Layout  # noqa: E402
@@ -136,7 +137,7 @@ def anchors() -> list[Anchor]:
 def evaluate(anchor: Anchor) -> dict:
     model = resolve_model(anchor.model)
     cluster = ClusterSpec(get_gpu(anchor.gpu), anchor.gpus, min(8, anchor.gpus))
-    row = estimate_layout(model, cluster, anchor.workload, anchor.layout).row
+    row = estimate_layout(PlanRequest(model, cluster, anchor.workload), anchor.layout).row
     peak = row["peak_bytes"] / GIB
     out = {"anchor": anchor.name, "source": anchor.source, "fits": bool(row["fits"]),
            "expect_fits": anchor.expect_fits, "verdict_right": bool(row["fits"]) ==

@@ -287,12 +287,15 @@ def predicted_phases(row: dict, framework: str) -> dict[str, float]:
 def predict_rl(cases: list[RlCase], calibration: dict | None = None) -> list[dict[str, float]]:
     """Predicted seconds per measured phase of every case (``calibration``: a calibration
     dict as ``planner/cost/calibration.json`` holds; None: the shipped one)."""
+    from planner.cost.efficiency import CostModel
+    from planner.cost.request import PlanRequest
     from planner.plan import estimate_layout
 
+    cost = CostModel.load(calibration)
     out = []
     for case in cases:
-        estimate = estimate_layout(case.model, case.cluster, case.workload, case.layout,
-                                   calibration=calibration)
+        estimate = estimate_layout(PlanRequest(case.model, case.cluster, case.workload,
+                                               cost=cost), case.layout)
         out.append(predicted_phases(estimate.row, case.framework))
     return out
 

@@ -15,6 +15,7 @@ import time
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
+from planner.cost.request import PlanRequest
 from planner.plan import make_plan
 
 CASES = (("qwen3-30b", 16), ("qwen2.5-7b", 8), ("llama3.1-70b", 64), ("deepseek-v3", 256),
@@ -33,7 +34,7 @@ def main() -> None:
         times = []
         for _ in range(args.repeat):
             start = time.perf_counter()
-            plan = make_plan(model, cluster, workload)
+            plan = make_plan(PlanRequest(model, cluster, workload))
             times.append(time.perf_counter() - start)
         print(f"{name:>14} {gpus:>5} {plan.enumerated:>15,} {plan.scored:>10,} "
               f"{int(plan.candidates['fits'].sum()):>10,} {statistics.median(times):>9.3f} "

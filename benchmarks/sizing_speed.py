@@ -21,10 +21,11 @@ import time
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
+from planner.cost.request import PlanRequest
 from planner.plan import make_plan
 from planner.report.sizing import sizing_table
 from planner.sizing.counts import parse_counts
-from planner.sizing.sweep import run_length, size_cluster
+from planner.sizing.sweep import SizingRequest, run_length, size_cluster
 
 DAPO = GrpoWorkload(train_batch_size=512, rollout_n=16, prompt_length=2048,
                     response_length=8192, mini_batch_size=32)
@@ -48,11 +49,12 @@ def main() -> None:
     counts = parse_counts(RANGE, 8)
 
     def sweep():
-        return size_cluster(model, gpus, counts, DAPO, run_length(DAPO, 200), gpus_per_node=8)
+        return size_cluster(SizingRequest(model, DAPO, gpus, counts, run_length(DAPO, 200),
+                                          gpus_per_node=8))
 
     sizing, _, _ = timed(sweep)  # imports and first-call costs out of the measurement
     runs = [timed(sweep)[1:] for _ in range(args.repeat)]
-    plans = [timed(lambda: make_plan(model, ClusterSpec(gpus[0], 16, 8), DAPO))[1:]
+    plans = [timed(lambda: make_plan(PlanRequest(model, ClusterSpec(gpus[0], 16, 8), DAPO)))[1:]
              for _ in range(args.repeat)]
     print(sizing_table(sizing))
     wall = statistics.median(r[0] for r in runs)
@@ -66,7 +68,8 @@ def main() -> None:
     if args.check:
         exact, worst, fits = 0, 0.0, 0
         for row in sizing.rows:
-            plan = make_plan(model, ClusterSpec(get_gpu(row.gpu), row.num_gpus, 8), DAPO)
+            plan = make_plan(PlanRequest(model, ClusterSpec(get_gpu(row.gpu), row.num_gpus, 8),
+                                         DAPO))
             fits += row.fits == (len(plan.fitting) > 0)
             if row.fits and len(plan.fitting):
                 gap = row.step_time_s / float(plan.fitting["step_time_s"].iloc[0]) - 1

@@ -30,7 +30,6 @@ from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.cost.columns import time_column
-from planner.cost.efficiency import Efficiency, load_efficiency
 from planner.cost.memory import (
     CUDA_CONTEXT_BYTES,
     NCCL_BUFFER_BYTES,
@@ -43,15 +42,16 @@ from planner.cost.memory import (
 )
 from planner.cost.pools import (
     MODES,
+    StreamingLimits,
     pool_sync_s,
     staleness,
     steady_state,
     streaming_generate_s,
 )
+from planner.cost.request import PlanRequest
 from planner.cost.timing import generate_s, grpo_step, weight_sync_s
 from planner.errors import InvalidLayoutError, NoFitError, PlanInputError
 from planner.plan import ROLLOUT_FIELDS, Plan, candidate_dict, make_plan
-from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.batches import mean_response_length, mean_sequence_length
 from planner.search.layout import Columns, Layout
 from planner.search.rules import RULES, violations
@@ -124,15 +124,15 @@ def async_workload(workload: GrpoWorkload) -> GrpoWorkload:
 # --- the trainer pool -------------------------------------------------------------------------
 
 
-def trainer_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                   cols: Columns) -> Columns:
+def trainer_memory(request: PlanRequest, cols: Columns) -> Columns:
     """Per-GPU memory of the trainer pool: the training phases the step runs and the weight
     gather of the sync -- the actor's state and transients alone (:func:`actor_memory`): no
     rollout engine, KV pool or rollout weights live on these GPUs.  ``phase_bytes`` holds each
     phase's nvidia-smi peak; ``memory`` the full memory columns the time model reads."""
+    cluster, workload = request.cluster, request.workload
     rows = {**cols, **{name: np.ones(len(cols["tp"]), dtype=np.int64) for name in ROLLOUT_FIELDS},
             "gpu_memory_utilization": np.full(len(cols["tp"]), 0.5)}
-    actor = actor_memory(model, cluster, workload, rows)
+    actor = actor_memory(request, rows)
     ran = [phase for phase in TRAINING_PHASES_ASYNC if phase in workload.phases]
     # the gather for the sync holds the actor state and a transfer bucket
     phases = {phase: np.max(actor["phases"][phase], axis=0) for phase in (*ran, "weight_sync")}
@@ -140,7 +140,7 @@ def trainer_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
     stacked = np.stack([phases[name] for name in names])
     peak = stacked.max(axis=0)
     capacity = float(cluster.gpu.memory_bytes)
-    memory = estimate_memory(model, cluster, workload, rows, actor=actor)
+    memory = estimate_memory(request, rows, actor=actor)
     return {"trainer_peak_bytes": peak,
             "trainer_peak_phase": np.array(names)[stacked.argmax(axis=0)],
             "trainer_fits": (peak <= capacity) & memory["host_fits"].astype(bool),
@@ -156,8 +156,7 @@ def trainer_search_options(options: SearchOptions) -> SearchOptions:
     return replace(options, offload=(False,), optimizer_cpu_fraction=(0.0,), fixed=fixed)
 
 
-def trainer_times(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                  cols: Columns, memory: Columns, eff: Efficiency) -> Columns:
+def trainer_times(request: PlanRequest, cols: Columns, memory: Columns) -> Columns:
     """The actor layouts ``cols`` on the trainer pool, one row each: the training phases'
     seconds (:data:`TRAINING_PHASES_ASYNC` plus the step's fixed costs) and the trainer's share
     of the parameter sync (the model-parallel gather), with the layouts' trainer memory
@@ -165,12 +164,13 @@ def trainer_times(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload
     layout on a trainer pool: :func:`best_trainer` runs it on the layouts that fit, ``estimate
     --mode`` (:func:`estimate_split`) on the one given."""
     n = len(cols["tp"])
+    eff = request.efficiency
     rows = {**cols, **{name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS},
             "gpu_memory_utilization": np.full(n, 0.5)}
-    times = grpo_step(model, cluster, workload, rows, memory["memory"], eff)
+    times = grpo_step(request, rows, memory["memory"])
     train = sum(times[time_column(phase)] for phase in TRAINING_PHASES_ASYNC) + eff.step_fixed_s
     return {"rows": rows, "train_s": train,
-            "gather_s": weight_sync_s(model, cluster, workload, rows, eff)["comm_s"],
+            "gather_s": weight_sync_s(request, rows)["comm_s"],
             "phase_s": {phase: times[time_column(phase)] for phase in TRAINING_PHASES_ASYNC},
             "fixed_s": float(eff.step_fixed_s), "peak_bytes": memory["trainer_peak_bytes"],
             "peak_phase": memory["trainer_peak_phase"], "fits": memory["trainer_fits"]}
@@ -192,18 +192,17 @@ def _take(cols: Columns, keep: np.ndarray) -> Columns:
     return {name: values[keep] for name, values in cols.items()}
 
 
-def best_trainer(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                 options: SearchOptions, eff: Efficiency,
-                 policy: MemoryPolicy = DEFAULT_POLICY) -> dict | None:
+def best_trainer(request: PlanRequest) -> dict | None:
     """The actor layout on the trainer pool that fits and trains fastest (training phases plus
     its share of the sync: the model-parallel gather), or None when none fits.  As in
     :func:`planner.plan.rank_order`, layouts whose peak stays below the policy's tight level
-    come first."""
-    space = build_space(model, cluster, workload, trainer_search_options(options))
+    come first.  ``request``: on the trainer pool."""
+    model, cluster, workload = request.model, request.cluster, request.workload
+    space = build_space(model, cluster, workload, trainer_search_options(request.options))
     cols = space.columns
     if not len(cols["tp"]):
         return None
-    mem = trainer_memory(model, cluster, workload, cols)
+    mem = trainer_memory(request, cols)
     fits = mem["trainer_fits"]
     if not fits.any():
         return None
@@ -211,9 +210,9 @@ def best_trainer(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     fitting = {**_take({name: values for name, values in mem.items() if name not in nested},
                        fits),
                **{name: _take(mem[name], fits) for name in nested}}  # of the fitting rows
-    scored = trainer_times(model, cluster, workload, _take(cols, fits), fitting, eff)
+    scored = trainer_times(request, _take(cols, fits), fitting)
     peak = scored["peak_bytes"]
-    tight = peak / cluster.gpu.memory_bytes > policy.high
+    tight = peak / cluster.gpu.memory_bytes > request.policy.high
     order = np.lexsort((peak, scored["train_s"] + scored["gather_s"], tight))
     return {**trainer_entry(scored, int(order[0])),
             "fitting_layouts": int(fits.sum()), "layouts": int(len(fits))}
@@ -232,9 +231,10 @@ def standalone_utilization(cluster: ClusterSpec) -> float:
                      UTILIZATION_MAX))
 
 
-def rollout_pool_options(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                         options: SearchOptions) -> Columns:
-    cols = rollout_options(model, cluster, options)
+def rollout_pool_options(request: PlanRequest) -> Columns:
+    """The rollout options the rules allow on the request's cluster (a rollout pool)."""
+    model, cluster, workload = request.model, request.cluster, request.workload
+    cols = rollout_options(model, cluster, request.options)
     probe = {**cols, "tp": np.ones_like(cols["rollout_tp"])}
     rules = tuple(rule for rule in RULES if rule.name in ROLLOUT_RULES)
     broken = violations(model, cluster, workload, probe, rules)
@@ -250,32 +250,33 @@ VERL_PROMPTS_PER_SERVER = 16
 
 
 def streaming_limits(mode: str, workload: GrpoWorkload,
-                     async_options: AsyncOptions) -> dict | None:
+                     async_options: AsyncOptions) -> StreamingLimits | None:
     """How verl's fully-async rollouter streams (the in-flight bounds of
     :func:`~planner.cost.pools.streaming_generate_s`), or None when the mode waits for each
     batch's longest response (one-step-off, or fully-async without partial rollout)."""
     if mode != "fully-async" or not async_options.partial_rollout:
         return None
     required = workload.mini_batch_size  # async_training.require_batches = 1
-    return {"max_in_flight_prompts": required * (1 + async_options.staleness_threshold)
-            * async_options.trigger_for(workload),
-            "prompts_per_replica": VERL_PROMPTS_PER_SERVER}
+    return StreamingLimits(max_in_flight_prompts=required
+                           * (1 + async_options.staleness_threshold)
+                           * async_options.trigger_for(workload),
+                           prompts_per_replica=VERL_PROMPTS_PER_SERVER)
 
 
-def rollout_pool(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                 options: SearchOptions, eff: Efficiency, streaming: dict | None) -> Columns:
-    """Every legal rollout option on a standalone rollout pool, with its memory and its
-    generation time for one step's sequences (``streaming``: partial rollout, no tail, with
-    :func:`streaming_limits`'s in-flight bounds; None: the batch waits for its longest)."""
-    cols = rollout_pool_options(model, cluster, workload, options)
+def rollout_pool(request: PlanRequest, streaming: StreamingLimits | None) -> Columns:
+    """Every legal rollout option on a standalone rollout pool (``request``: on that pool),
+    with its memory and its generation time for one step's sequences (``streaming``: partial
+    rollout, no tail, with :func:`streaming_limits`'s in-flight bounds; None: the batch waits
+    for its longest)."""
+    options = request.options
+    cols = rollout_pool_options(request)
     n = len(cols["rollout_tp"])
     utilization = (options.gpu_memory_utilization if options.gpu_memory_utilization is not None
-                   else standalone_utilization(cluster))
-    memory = rollout_memory(model, cluster, workload, cols, np.full(n, ROLLOUT_RESIDENT_BYTES),
+                   else standalone_utilization(request.cluster))
+    memory = rollout_memory(request, cols, np.full(n, ROLLOUT_RESIDENT_BYTES),
                             np.full(n, utilization))
-    timing = (streaming_generate_s(model, cluster, workload, cols, eff, memory, **streaming)
-              if streaming is not None else generate_s(model, cluster, workload, cols, eff,
-                                                        memory))
+    timing = (streaming_generate_s(request, cols, memory, streaming)
+              if streaming is not None else generate_s(request, cols, memory))
     fits = memory["rollout_fits"].astype(bool)
     return {**cols, **memory, "generate_s": np.where(fits, timing["total_s"], np.inf),
             "rollout_peak_bytes": memory["mem_generate_bytes"], "fits": fits}
@@ -300,14 +301,24 @@ def best_rollout(pool: Columns) -> dict | None:
 @dataclass
 class ModePlan:
     mode: str
-    model: ModelSpec
-    cluster: ClusterSpec
-    workload: GrpoWorkload
+    request: PlanRequest  # as the mode runs it (the asynchronous recipes' workload)
     candidates: list[dict]  # best first; JSON-ready
     async_options: AsyncOptions = AsyncOptions()
     sync_plan: Plan | None = None  # mode sync: today's plan
     splits_tried: int = 0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.request.model
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        return self.request.cluster
+
+    @property
+    def workload(self) -> GrpoWorkload:
+        return self.request.workload
 
     @property
     def best(self) -> dict | None:
@@ -332,17 +343,28 @@ def _round(value: float, digits: int = 3) -> float | None:
     return round(value, digits) if np.isfinite(value) else None
 
 
-def split_candidate(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
-                    trainer: dict, rollout: dict, trainer_cluster: ClusterSpec,
-                    rollout_cluster: ClusterSpec, eff: Efficiency,
-                    async_options: AsyncOptions) -> dict:
+@dataclass(frozen=True)
+class SplitPlanning:
+    """What every split of one asynchronous mode's plan or estimate shares: the request (the
+    whole cluster; the workload as the asynchronous recipes run it), the mode and its
+    ``async_training`` settings."""
+
+    request: PlanRequest
+    mode: str
+    async_options: AsyncOptions
+
+
+def split_candidate(planning: SplitPlanning, trainer: dict, rollout: dict,
+                    trainer_cluster: ClusterSpec, rollout_cluster: ClusterSpec) -> dict:
     """One split's prediction in the JSON contract.  ``trainer``: :func:`trainer_entry` of the
     trainer pool's layout; ``rollout``: a row of :func:`rollout_pool`."""
+    request, mode, async_options = planning.request, planning.mode, planning.async_options
+    cluster, workload = request.cluster, request.workload
     layout_row = {**trainer["layout"], **{name: rollout[name] for name in ROLLOUT_FIELDS},
                   "gpu_memory_utilization": rollout["gpu_memory_utilization"]}
     layout = Layout.from_row(layout_row)
     cols = layout.to_columns()
-    sync = pool_sync_s(model, cluster, trainer_cluster, workload, cols, eff)
+    sync = pool_sync_s(request, trainer_cluster, cols)
     trigger = async_options.trigger_for(workload)
     state = steady_state(mode, rollout["generate_s"], trainer["train_s"], sync["total_s"][0],
                          mini_batches_per_step=mini_batches_per_step(workload),
@@ -411,16 +433,16 @@ def split_clusters(cluster: ClusterSpec, trainer_gpus: int) -> tuple[ClusterSpec
     return pool_cluster(cluster, trainer_gpus), pool_cluster(cluster, rollout_gpus)
 
 
-def score_splits(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
-                 splits: list[int], trainer_for: Callable[[ClusterSpec], dict | None],
-                 rollout_for: Callable[[ClusterSpec], dict | None], eff: Efficiency,
-                 async_options: AsyncOptions) -> tuple[list[dict], list[str]]:
+def score_splits(planning: SplitPlanning, splits: list[int],
+                 trainer_for: Callable[[ClusterSpec], dict | None],
+                 rollout_for: Callable[[ClusterSpec], dict | None]
+                 ) -> tuple[list[dict], list[str]]:
     """Every split's candidate (:func:`split_candidate`) in the order of ``splits``, and a note
     per split where ``trainer_for`` (the trainer pool's entry) or ``rollout_for`` (the rollout
     pool's) found nothing that fits."""
     candidates, notes = [], []
     for trainer_gpus in splits:
-        t_cluster, r_cluster = split_clusters(cluster, trainer_gpus)
+        t_cluster, r_cluster = split_clusters(planning.request.cluster, trainer_gpus)
         trainer, rollout = trainer_for(t_cluster), rollout_for(r_cluster)
         if trainer is None or rollout is None:
             notes.append(f"{trainer_gpus} trainer + {r_cluster.num_gpus} rollout GPUs: "
@@ -428,8 +450,7 @@ def score_splits(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                          f"{' and ' if trainer is None and rollout is None else ''}"
                          f"{'no rollout layout fits' if rollout is None else ''}")
             continue
-        candidates.append(split_candidate(model, cluster, workload, mode, trainer, rollout,
-                                          t_cluster, r_cluster, eff, async_options))
+        candidates.append(split_candidate(planning, trainer, rollout, t_cluster, r_cluster))
     return candidates, notes
 
 
@@ -440,46 +461,43 @@ def _ranked(candidates: list[dict]) -> list[dict]:
     return [{"rank": rank, **c} for rank, c in enumerate(candidates, start=1)]
 
 
-def _async_setup(cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
-                 calibration: dict | None) -> tuple[GrpoWorkload, Efficiency]:
-    """The workload as verl's asynchronous recipes run it and the efficiencies, for a split
-    mode (an input error for pretraining: nothing to generate)."""
+def _async_setup(request: PlanRequest, mode: str, async_options: AsyncOptions
+                 ) -> SplitPlanning:
+    """The request with the workload as verl's asynchronous recipes run it, for a split mode
+    (an input error for a workload without a rollout: nothing to generate)."""
     if mode not in ASYNC_MODES:
         raise ValueError(mode)
-    if workload.kind != "grpo":
+    if not request.workload.has_rollout:
         raise PlanInputError(f"--mode {mode} plans GRPO; --workload pretrain has no rollout")
-    return async_workload(workload), load_efficiency(cluster.gpu, workload.precision,
-                                                     calibration)
+    return SplitPlanning(replace(request, workload=async_workload(request.workload)), mode,
+                         async_options)
 
 
-def plan_split_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
-                    options: SearchOptions = SearchOptions(), calibration: dict | None = None,
+def plan_split_mode(request: PlanRequest, mode: str,
                     async_options: AsyncOptions = AsyncOptions(),
-                    cache: dict | None = None,
-                    policy: MemoryPolicy = DEFAULT_POLICY) -> ModePlan:
+                    cache: dict | None = None) -> ModePlan:
     """The best layouts of every legal split for an asynchronous mode, fastest split first."""
-    work, eff = _async_setup(cluster, workload, mode, calibration)
-    splits = list(async_options.trainer_gpus) or pool_splits(cluster)
+    planning = _async_setup(request, mode, async_options)
+    work = planning.request
+    splits = list(async_options.trainer_gpus) or pool_splits(request.cluster)
     cache = {} if cache is None else cache
-    streaming = streaming_limits(mode, work, async_options)
+    streaming = streaming_limits(mode, work.workload, async_options)
 
     def trainer_for(pool: ClusterSpec) -> dict | None:
         key = ("trainer", pool.num_gpus)
         if key not in cache:
-            cache[key] = best_trainer(model, pool, work, options, eff, policy)
+            cache[key] = best_trainer(work.on(pool))
         return cache[key]
 
     def rollout_for(pool: ClusterSpec) -> dict | None:
-        key = ("rollout", pool.num_gpus, tuple(sorted((streaming or {}).items())))
+        key = ("rollout", pool.num_gpus, streaming)
         if key not in cache:
-            cache[key] = best_rollout(rollout_pool(model, pool, work, options, eff, streaming))
+            cache[key] = best_rollout(rollout_pool(work.on(pool), streaming))
         return cache[key]
 
-    candidates, notes = score_splits(model, cluster, work, mode, splits, trainer_for,
-                                     rollout_for, eff, async_options)
-    return ModePlan(mode=mode, model=model, cluster=cluster, workload=work,
-                    candidates=_ranked(candidates), async_options=async_options,
-                    splits_tried=len(splits), notes=notes)
+    candidates, notes = score_splits(planning, splits, trainer_for, rollout_for)
+    return ModePlan(mode=mode, request=work, candidates=_ranked(candidates),
+                    async_options=async_options, splits_tried=len(splits), notes=notes)
 
 
 # --- one actor layout on the splits (estimate --mode) ---------------------------------------
@@ -490,14 +508,24 @@ class SplitEstimate:
     """``estimate --mode one-step-off|fully-async``: one actor layout on the splits tried."""
 
     mode: str
-    model: ModelSpec
-    cluster: ClusterSpec
-    workload: GrpoWorkload  # as the asynchronous recipes run it (:func:`async_workload`)
+    request: PlanRequest  # the workload as the asynchronous recipes run it (async_workload)
     candidate: dict  # the split reported, in the JSON contract of a plan candidate
     splits: tuple[dict, ...]  # every split scored, the reported one first
     rollout_chosen: bool  # the rollout pool's layout was chosen (no rollout flag given)
     async_options: AsyncOptions
     notes: tuple[str, ...] = ()
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.request.model
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        return self.request.cluster
+
+    @property
+    def workload(self) -> GrpoWorkload:
+        return self.request.workload
 
 
 def pool_layout(layout: Layout, gpus: int) -> Layout:
@@ -507,11 +535,11 @@ def pool_layout(layout: Layout, gpus: int) -> Layout:
     return replace(layout, dp=max(gpus // (layout.tp * layout.pp * layout.cp), 1))
 
 
-def split_layout_problems(model: ModelSpec, trainer: ClusterSpec, rollout: ClusterSpec,
-                          workload: GrpoWorkload, layout: Layout,
-                          pin_rollout: bool) -> list[tuple[str, str]]:
+def split_layout_problems(request: PlanRequest, trainer: ClusterSpec, rollout: ClusterSpec,
+                          layout: Layout, pin_rollout: bool) -> list[tuple[str, str]]:
     """The rules (:mod:`planner.search.rules`) ``layout`` breaks on a split: the actor's on the
     trainer pool, the rollout's (when pinned) on the rollout pool, as (rule, message)."""
+    model, workload = request.model, request.workload
     actor = {**pool_layout(layout, trainer.num_gpus).to_dict(),
              **{name: 1 for name in ROLLOUT_FIELDS}}
     found = [(name, f"trainer pool of {trainer.num_gpus} GPUs: {message}")
@@ -532,9 +560,7 @@ def _split_summary(candidate: dict) -> dict:
             "rollout": {name: candidate["layout"][name] for name in ROLLOUT_FIELDS}}
 
 
-def estimate_split(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
-                   layout: Layout, pin_rollout: bool, options: SearchOptions = SearchOptions(),
-                   calibration: dict | None = None,
+def estimate_split(request: PlanRequest, mode: str, layout: Layout, pin_rollout: bool,
                    async_options: AsyncOptions = AsyncOptions()) -> SplitEstimate:
     """Score one actor layout on separate pools: on each split tried (``trainer_gpus``, or
     every legal split) the actor on the trainer pool (memory and time as :func:`best_trainer`
@@ -543,12 +569,13 @@ def estimate_split(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
     from ``options`` or the standalone pool's).  Reports the fastest split that fits (else the
     fastest); splits where the layout breaks a rule are skipped with a note, and when it breaks
     one on every split, :class:`InvalidLayoutError` lists them all."""
-    work, eff = _async_setup(cluster, workload, mode, calibration)
-    streaming = streaming_limits(mode, work, async_options)
+    planning = _async_setup(request, mode, async_options)
+    work, cluster = planning.request, request.cluster
+    streaming = streaming_limits(mode, work.workload, async_options)
     legal, broken, notes = [], [], []
     for trainer_gpus in list(async_options.trainer_gpus) or pool_splits(cluster):
         t_cluster, r_cluster = split_clusters(cluster, trainer_gpus)
-        problems = split_layout_problems(model, t_cluster, r_cluster, work, layout, pin_rollout)
+        problems = split_layout_problems(work, t_cluster, r_cluster, layout, pin_rollout)
         broken += problems
         if problems:
             notes.append(f"{trainer_gpus} trainer + {r_cluster.num_gpus} rollout GPUs: the "
@@ -558,58 +585,51 @@ def estimate_split(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkloa
     if not legal:
         raise InvalidLayoutError(broken)
     if pin_rollout:
-        options = replace(options, fixed=options.fixed + tuple(
-            (name, getattr(layout, name)) for name in ROLLOUT_FIELDS))
+        options = work.options
+        work = replace(work, options=replace(options, fixed=options.fixed + tuple(
+            (name, getattr(layout, name)) for name in ROLLOUT_FIELDS)))
 
     def trainer_for(pool: ClusterSpec) -> dict:
         actor = pool_layout(layout, pool.num_gpus).to_columns()
-        memory = trainer_memory(model, pool, work, actor)
-        return trainer_entry(trainer_times(model, pool, work, actor, memory, eff), 0)
+        memory = trainer_memory(work.on(pool), actor)
+        return trainer_entry(trainer_times(work.on(pool), actor, memory), 0)
 
     def rollout_for(pool: ClusterSpec) -> dict | None:
-        rows = rollout_pool(model, pool, work, options, eff, streaming)
+        rows = rollout_pool(work.on(pool), streaming)
         if not pin_rollout:
             return best_rollout(rows)
         return rollout_entry(rows, 0) if len(rows["rollout_tp"]) else None
 
-    candidates, more = score_splits(model, cluster, work, mode, legal, trainer_for,
-                                    rollout_for, eff, async_options)
+    candidates, more = score_splits(planning, legal, trainer_for, rollout_for)
     if not candidates:
-        raise NoFitError(f"{layout.actor_text(model.is_moe)}: {'; '.join(more)}")
+        raise NoFitError(f"{layout.actor_text(request.model.is_moe)}: {'; '.join(more)}")
     candidates.sort(key=lambda c: (not c["fits"], c["step_time_s"] is None,
                                    c["step_time_s"] or 0.0, -c["placement"]["rollout_gpus"]))
-    return SplitEstimate(mode=mode, model=model, cluster=cluster, workload=work,
-                         candidate=candidates[0],
+    return SplitEstimate(mode=mode, request=work, candidate=candidates[0],
                          splits=tuple(_split_summary(c) for c in candidates),
                          rollout_chosen=not pin_rollout, async_options=async_options,
                          notes=tuple(notes + more))
 
 
-def plan_mode(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, mode: str,
-              options: SearchOptions = SearchOptions(), calibration: dict | None = None,
-              policy: MemoryPolicy = DEFAULT_POLICY,
-              async_options: AsyncOptions = AsyncOptions(), top: int | None = None,
-              cache: dict | None = None) -> ModePlan:
+def plan_mode(request: PlanRequest, mode: str, async_options: AsyncOptions = AsyncOptions(),
+              top: int | None = None, cache: dict | None = None) -> ModePlan:
     """One mode's plan: ``sync`` is today's :func:`make_plan` (numbers unchanged)."""
     if mode == "sync":
-        plan = make_plan(model, cluster, workload, options, calibration, policy)
+        plan = make_plan(request)
         shown = plan.candidates if top is None else plan.candidates.head(top)
-        return ModePlan(mode="sync", model=model, cluster=cluster, workload=workload,
+        return ModePlan(mode="sync", request=request,
                         candidates=[sync_candidate(plan, row)
                                     for row in shown.to_dict("records")],
                         sync_plan=plan, splits_tried=1)
-    return plan_split_mode(model, cluster, workload, mode, options, calibration, async_options,
-                           cache, policy)
+    return plan_split_mode(request, mode, async_options, cache)
 
 
-def plan_best(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-              options: SearchOptions = SearchOptions(), calibration: dict | None = None,
-              policy: MemoryPolicy = DEFAULT_POLICY,
-              async_options: AsyncOptions = AsyncOptions()) -> list[ModePlan]:
+def plan_best(request: PlanRequest, async_options: AsyncOptions = AsyncOptions()
+              ) -> list[ModePlan]:
     """Every mode's plan (sync first), sharing the pool searches between the async modes."""
     cache: dict = {}
-    return [plan_mode(model, cluster, workload, mode, options, calibration, policy,
-                      async_options, top=1 if mode == "sync" else None, cache=cache)
+    return [plan_mode(request, mode, async_options, top=1 if mode == "sync" else None,
+                      cache=cache)
             for mode in MODES]
 
 

@@ -32,13 +32,13 @@ fewer unwise flags, less recompute and offload, less model parallelism, larger m
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Mapping, Union
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
-from planner.catalog.workload import GrpoWorkload, PretrainWorkload
+from planner.catalog.workload import Workload
 from planner.cost.columns import (
     BREAKDOWN_PARTS,
     TIME_PARTS,
@@ -49,9 +49,9 @@ from planner.cost.columns import (
     time_column,
     working_set_column,
 )
-from planner.cost.efficiency import Efficiency, load_efficiency, ranking_uncertainty
 from planner.cost.memory import STAGES, actor_memory, estimate_memory, rollout_memory
-from planner.cost.timing import generate_s, grpo_step, pretrain_step
+from planner.cost.request import PlanRequest
+from planner.cost.timing import generate_s, step_columns
 from planner.errors import InvalidLayoutError
 from planner.phases import PHASES, TRAINING_PHASES
 from planner.policy import DEFAULT_POLICY, FILL_POLICY, MemoryPolicy
@@ -59,8 +59,6 @@ from planner.search.layout import RECOMPUTE, Columns, Layout, distinct
 from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
 from planner.search.space import SearchOptions, build_space, rollout_options, valid_rollouts
 from planner.units import GIB
-
-Workload = Union[GrpoWorkload, PretrainWorkload]
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -72,39 +70,51 @@ FILL_ROWS = 50  # best fitting layouts a plan prices the memory band's headroom 
 
 @dataclass
 class Plan:
-    model: ModelSpec
-    cluster: ClusterSpec
-    workload: Workload
+    request: PlanRequest  # what was asked (model, cluster, workload, options, cost, policy)
     # ranked, best first: every valid layout that fits, then the closest that do not
     candidates: "pd.DataFrame"
     enumerated: int
     valid: int
     rejected: dict[str, int] = field(default_factory=dict)
-    policy: MemoryPolicy = DEFAULT_POLICY
     scored: int = 0  # actor layouts the cost model scored (each with its chosen rollout)
     # step-time ratio within which layouts are ties, and where the figure comes from
     tie_tolerance: float = 0.0
     tie_source: str = ""
 
     @property
+    def model(self) -> ModelSpec:
+        return self.request.model
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        return self.request.cluster
+
+    @property
+    def workload(self) -> Workload:
+        return self.request.workload
+
+    @property
+    def policy(self) -> MemoryPolicy:
+        return self.request.policy
+
+    @property
     def fitting(self) -> "pd.DataFrame":
         return self.candidates[self.candidates["fits"]]
 
 
-def choose_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                   actor: Columns, rollouts: Columns, utilization: float | None,
-                   efficiency: Efficiency | None = None,
-                   policy: MemoryPolicy = DEFAULT_POLICY) -> tuple[Columns, dict]:
+def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
+                   utilization: float | None) -> tuple[Columns, dict]:
     """Give each actor layout the rollout option that fits beside it and generates fastest
-    (predicted by :func:`planner.cost.timing.generate_s`; without an efficiency, the fewest
-    waves), its ``gpu_memory_utilization`` kept below the memory band's top
-    (:func:`planner.cost.memory.rollout_memory`).  Returns the actor columns with the chosen
-    rollout, and the actor memory.
+    (predicted by :func:`planner.cost.timing.generate_s`; for a workload without a rollout,
+    whose one option runs nothing, the fewest waves), its ``gpu_memory_utilization`` kept below
+    the memory band's top (:func:`planner.cost.memory.rollout_memory`).  Returns the actor
+    columns with the chosen rollout, and the actor memory.
 
     The choice depends on the actor only through the memory it keeps resident during rollout,
     so it is made once per distinct resident size (micro-batch and recompute do not change it).
     """
-    memory = actor_memory(model, cluster, workload, actor)
+    timed = request.workload.has_rollout
+    memory = actor_memory(request, actor)
     resident_all = np.max(memory["phases"]["generate"], axis=0)
     first, inverse = distinct(resident_all)
     resident = resident_all[first]
@@ -116,17 +126,15 @@ def choose_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     for i in range(len(rollouts["rollout_tp"])):
         # one option against every resident size: its fields broadcast as one-element arrays
         option = {name: values[i:i + 1] for name, values in rollouts.items()}
-        result = rollout_memory(model, cluster, workload, option, resident, fixed_util,
-                                policy.high)
+        result = rollout_memory(request, option, resident, fixed_util)
         replica = option["rollout_tp"] * option["rollout_dp"]
-        if efficiency is not None:
+        if timed:
             # fits first, then the predicted generation time.  It depends on the resident
             # memory only through the picked utilization (a few 0.05 steps): time each once.
             utils, back = np.unique(result["gpu_memory_utilization"], return_inverse=True)
             few = {name: np.repeat(values, len(utils)) for name, values in option.items()}
-            at_utils = rollout_memory(model, cluster, workload, few, np.zeros(len(utils)), utils)
-            seconds = generate_s(model, cluster, workload, few, efficiency,
-                                 at_utils)["total_s"][back]
+            at_utils = rollout_memory(request, few, np.zeros(len(utils)), utils)
+            seconds = generate_s(request, few, at_utils)["total_s"][back]
             key = np.where(result["rollout_fits"], 0, 1e12) + np.minimum(seconds, 1e11)
         else:
             # fits first, then fewest waves, then the smallest replica
@@ -141,28 +149,24 @@ def choose_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     return {**actor, **{name: values[inverse] for name, values in chosen.items()}}, memory
 
 
-def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                  cols: Columns, pick_utilization: bool, calibration: dict | None = None,
-                  actor: dict | None = None, policy: MemoryPolicy = DEFAULT_POLICY,
-                  time_all: bool = True) -> Columns:
+def score_columns(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
+                  pick_utilization: bool, time_all: bool = True) -> Columns:
     """Cost-model columns (memory, time, flags) for layouts that obey every rule.
 
     ``actor``: the :func:`planner.cost.memory.actor_memory` of these rows, when already
-    computed.  ``time_all=False`` times only the layouts that fit in memory (a plan ranks the
-    others by memory alone); their time columns are NaN.
+    computed.  ``pick_utilization``: choose each layout's ``gpu_memory_utilization`` below the
+    memory band's top instead of reading it from ``cols``.  ``time_all=False`` times only the
+    layouts that fit in memory (a plan ranks the others by memory alone); their time columns
+    are NaN.
     """
-    memory = estimate_memory(model, cluster, workload, cols, pick_utilization=pick_utilization,
-                             actor=actor, ceiling=policy.high)
-    flags = unwise_flags(model, cluster, workload,
-                         {**cols, "peak_fraction": memory["memory_utilization"]}, policy)
+    memory = estimate_memory(request, cols, pick_utilization=pick_utilization, actor=actor)
+    flags = unwise_flags(request.model, request.cluster, request.workload,
+                         {**cols, "peak_fraction": memory["memory_utilization"]},
+                         request.policy)
     out = {**cols, **memory}
-    efficiency = load_efficiency(cluster.gpu, workload.precision, calibration)
     timed = np.ones(len(cols["tp"]), dtype=bool) if time_all else memory["fits"].astype(bool)
     subset = out if timed.all() else {name: values[timed] for name, values in out.items()}
-    if workload.kind == "pretrain":
-        times = pretrain_step(model, cluster, workload, subset, efficiency)
-    else:
-        times = grpo_step(model, cluster, workload, subset, subset, efficiency)
+    times = step_columns(request, subset, subset)
     for name, values in times.items():
         if timed.all():
             out[name] = values
@@ -177,8 +181,7 @@ def score_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     return out
 
 
-def fill_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, cols: Columns,
-                 efficiency: Efficiency, count: int) -> Columns:
+def fill_columns(request: PlanRequest, cols: Columns, count: int) -> Columns:
     """What the memory band's headroom costs the first ``count`` rows: the same layout with
     the rollout pool grown as far as it would go were the GPU filled (:data:`FILL_POLICY`,
     never below the row's own pool), its KV-cache tokens, generation time
@@ -187,16 +190,17 @@ def fill_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, col
     names = ("gpu_memory_utilization_fill", "kv_cache_tokens_per_gpu_fill",
              "time_generate_s_fill", "peak_bytes_fill")
     out = {name: np.full(n, np.nan) for name in names}
-    if "generate" not in workload.phases or "time_generate_s" not in cols or count <= 0:
+    workload = request.workload
+    if not workload.has_rollout or "time_generate_s" not in cols or count <= 0:
         return out
     few = {name: np.asarray(values)[:count] for name, values in cols.items()
            if np.asarray(values).ndim == 1}
     resident = few["mem_generate_bytes"] - few["rollout_budget_bytes"]
-    picked = rollout_memory(model, cluster, workload, few, resident, None,
-                            FILL_POLICY.high)["gpu_memory_utilization"]
+    filling = replace(request, policy=FILL_POLICY)
+    picked = rollout_memory(filling, few, resident)["gpu_memory_utilization"]
     utilization = np.maximum(picked, few["gpu_memory_utilization"])
-    filled = rollout_memory(model, cluster, workload, few, resident, utilization)
-    seconds = generate_s(model, cluster, workload, few, efficiency, filled)["total_s"]
+    filled = rollout_memory(request, few, resident, utilization)
+    seconds = generate_s(request, few, filled)["total_s"]
     others = np.max([few[memory_column(phase)] for phase in TRAINING_PHASES
                      if phase in workload.phases], axis=0)
     for name, values in zip(names, (utilization, filled["kv_cache_tokens_per_gpu"], seconds,
@@ -296,34 +300,30 @@ def _frame(cols: Columns) -> "pd.DataFrame":
     return pd.DataFrame(columns, copy=False)
 
 
-def search_options_for(workload: Workload, options: SearchOptions) -> SearchOptions:
-    """A pretraining step has no rollout, no reference model and no verl offload."""
-    if workload.kind != "pretrain":
+def search_options_for(request: PlanRequest) -> SearchOptions:
+    """The request's search options for its workload: a workload without a rollout is a plain
+    Megatron step (pretraining) -- no rollout, no reference model, no verl offload and no
+    verl dynamic batches."""
+    options = request.options
+    if request.workload.has_rollout:
         return options
     return replace(options, offload=(False,), ref_param_offload=(False,),
                    optimizer_cpu_fraction=(0.0,), dynamic_batch=False,
                    fixed=options.fixed + tuple((name, 1) for name in ROLLOUT_FIELDS))
 
 
-def make_plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-              options: SearchOptions = SearchOptions(), calibration: dict | None = None,
-              policy: MemoryPolicy = DEFAULT_POLICY, tie_tolerance: float | None = None) -> Plan:
+def make_plan(request: PlanRequest, tie_tolerance: float | None = None) -> Plan:
     """Rank every valid layout.  ``tie_tolerance``: the step-time ratio within which layouts
-    are ties (None: the ranking uncertainty of the calibration; 0: a strict ranking)."""
-    options = search_options_for(workload, options)
-    efficiency = load_efficiency(cluster.gpu, workload.precision, calibration)
-    space = build_space(model, cluster, workload, options)
-    # a pretraining step has no rollout: its one (unused) option needs no timing
-    actor, memory = choose_rollout(model, cluster, workload, space.columns, space.rollouts,
-                                   options.gpu_memory_utilization,
-                                   efficiency if workload.kind == "grpo" else None, policy)
-    scored = score_columns(model, cluster, workload, actor,
+    are ties (None: the cost model's ranking uncertainty; 0: a strict ranking)."""
+    options = search_options_for(request)
+    space = build_space(request.model, request.cluster, request.workload, options)
+    actor, memory = choose_rollout(request, space.columns, space.rollouts,
+                                   options.gpu_memory_utilization)
+    scored = score_columns(request, actor, memory,
                            pick_utilization=options.gpu_memory_utilization is None,
-                           calibration=calibration, actor=memory, policy=policy,
                            time_all=False)
-    uncertainty = ranking_uncertainty(calibration)
-    tolerance = float(uncertainty["relative"]) if tie_tolerance is None else tie_tolerance
-    order, tied = tie_order(scored, tolerance, policy)
+    tolerance = request.cost.uncertainty if tie_tolerance is None else tie_tolerance
+    order, tied = tie_order(scored, tolerance, request.policy)
     scored["within_error_of_best"] = tied
     # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
@@ -331,67 +331,69 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     order = order[:fitting + KEEP_NOT_FITTING]
     ranked = {name: values[order] for name, values in scored.items()}
     ranked["rank"] = np.arange(1, len(order) + 1)
-    ranked.update(fill_columns(model, cluster, workload, ranked, efficiency,
-                               min(fitting, FILL_ROWS)))
+    ranked.update(fill_columns(request, ranked, min(fitting, FILL_ROWS)))
     frame = _frame(ranked)
-    return Plan(model=model, cluster=cluster, workload=workload, candidates=frame,
-                enumerated=space.enumerated, valid=space.valid, rejected=space.rejected,
-                policy=policy, scored=len(scored["tp"]), tie_tolerance=tolerance,
-                tie_source=str(uncertainty.get("source", "")) if tie_tolerance is None
+    return Plan(request=request, candidates=frame, enumerated=space.enumerated,
+                valid=space.valid, rejected=space.rejected, scored=len(scored["tp"]),
+                tie_tolerance=tolerance,
+                tie_source=request.cost.uncertainty_source if tie_tolerance is None
                 else "given")
 
 
 @dataclass
 class Estimate:
-    model: ModelSpec
-    cluster: ClusterSpec
-    workload: Workload
+    request: PlanRequest
     layout: Layout
     row: dict  # every cost-model column for this layout
-    policy: MemoryPolicy = DEFAULT_POLICY
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.request.model
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        return self.request.cluster
+
+    @property
+    def workload(self) -> Workload:
+        return self.request.workload
+
+    @property
+    def policy(self) -> MemoryPolicy:
+        return self.request.policy
 
 
-def with_chosen_rollout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                        cols: Columns, utilization: float | None,
-                        calibration: dict | None = None,
-                        policy: MemoryPolicy = DEFAULT_POLICY) -> Columns:
+def with_chosen_rollout(request: PlanRequest, cols: Columns,
+                        utilization: float | None) -> Columns:
     """One actor layout with the rollout layout and ``gpu_memory_utilization`` a plan would
     give it (:func:`choose_rollout` over every rollout option vLLM and verl accept)."""
-    rollouts, _ = valid_rollouts(model, cluster, workload,
+    model, cluster = request.model, request.cluster
+    rollouts, _ = valid_rollouts(model, cluster, request.workload,
                                  rollout_options(model, cluster, SearchOptions()))
-    chosen, _ = choose_rollout(model, cluster, workload, cols, rollouts, utilization,
-                               load_efficiency(cluster.gpu, workload.precision, calibration),
-                               policy)
+    chosen, _ = choose_rollout(request, cols, rollouts, utilization)
     return chosen
 
 
-def estimate_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                    layout: Layout, pick_utilization: bool = False,
-                    calibration: dict | None = None,
-                    policy: MemoryPolicy = DEFAULT_POLICY,
+def estimate_layout(request: PlanRequest, layout: Layout, pick_utilization: bool = False,
                     choose_rollout_layout: bool = False) -> Estimate:
     """Score one layout; raises :class:`InvalidLayoutError` listing every broken rule.
 
     ``choose_rollout_layout``: replace the layout's rollout TP/DP/EP (and, with
     ``pick_utilization``, its ``gpu_memory_utilization``) by the plan's choice for this actor
     layout."""
-    broken = explain(model, cluster, workload, layout.to_dict())
+    broken = explain(request.model, request.cluster, request.workload, layout.to_dict())
     if broken:
         raise InvalidLayoutError(broken)
     cols = layout.to_columns()
-    if choose_rollout_layout and workload.kind == "grpo":
-        cols = with_chosen_rollout(model, cluster, workload, cols,
-                                   None if pick_utilization else layout.gpu_memory_utilization,
-                                   calibration, policy)
+    if choose_rollout_layout and request.workload.has_rollout:
+        cols = with_chosen_rollout(request, cols,
+                                   None if pick_utilization else layout.gpu_memory_utilization)
         pick_utilization = False  # the choice picked it, as a plan does
-    scored = score_columns(model, cluster, workload, cols, pick_utilization,
-                           calibration, policy=policy)
-    scored.update(fill_columns(model, cluster, workload, scored,
-                               load_efficiency(cluster.gpu, workload.precision, calibration), 1))
+    scored = score_columns(request, cols, pick_utilization=pick_utilization)
+    scored.update(fill_columns(request, scored, 1))
     row = {name: values[0].item() if hasattr(values[0], "item") else values[0]
            for name, values in scored.items()}
-    return Estimate(model=model, cluster=cluster, workload=workload,
-                    layout=Layout.from_row(row), row=row, policy=policy)
+    return Estimate(request=request, layout=Layout.from_row(row), row=row)
 
 
 def _plain(value: Any) -> Any:

@@ -10,6 +10,7 @@ from conftest import cluster
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
+from planner.cost.request import PlanRequest
 from planner.plan import make_plan
 
 
@@ -174,6 +175,6 @@ def test_closest_layout_is_the_smallest_when_nothing_fits(capsys):
     closest = float(out.split("closest: ")[1].split(" GiB")[0])
     # the smallest peak of any layout (full recompute, every offload, the CPU optimizer), not
     # the fastest misfit
-    plan = make_plan(resolve_model("llama3.1-405b"), cluster(16), GrpoWorkload())
+    plan = make_plan(PlanRequest(resolve_model("llama3.1-405b"), cluster(16), GrpoWorkload()))
     assert closest == pytest.approx(plan.candidates["peak_memory_gib"].min(), abs=0.05)
     assert plan.candidates.iloc[0]["recompute"] == "full"

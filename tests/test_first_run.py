@@ -15,6 +15,7 @@ from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
+from planner.cost.request import PlanRequest
 from planner.plan import estimate_layout, make_plan
 from planner.search.layout import Layout
 
@@ -25,13 +26,12 @@ ROLLOUT = ("rollout_tp", "rollout_dp", "rollout_ep", "gpu_memory_utilization")
 def test_estimate_without_rollout_flags_picks_the_rollout_the_plan_picks():
     model, cluster = resolve_model("qwen3-8b"), ClusterSpec(get_gpu("h100"), 8, 8)
     workload = GrpoWorkload()
-    plan = make_plan(model, cluster, workload)
+    plan = make_plan(PlanRequest(model, cluster, workload))
     for record in plan.fitting.head(3).to_dict("records"):
         planned = Layout.from_row(record)
         bare = replace(planned, rollout_tp=1, rollout_dp=1, rollout_ep=1,
                        gpu_memory_utilization=0.6)
-        estimate = estimate_layout(model, cluster, workload, bare, pick_utilization=True,
-                                   choose_rollout_layout=True)
+        estimate = estimate_layout(PlanRequest(model, cluster, workload), bare, pick_utilization=True, choose_rollout_layout=True)
         assert [getattr(estimate.layout, f) for f in ROLLOUT] == \
             [getattr(planned, f) for f in ROLLOUT]
         assert estimate.row["step_time_s"] == pytest.approx(record["step_time_s"])

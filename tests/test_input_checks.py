@@ -15,6 +15,7 @@ from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
+from planner.cost.request import PlanRequest
 from planner.errors import PlanInputError, ResourceLimitError
 from planner.plan import make_plan
 from planner.verl.arith import Arithmetic
@@ -146,9 +147,8 @@ def test_crlf_script_would_not_launch_and_names_the_fix(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def small_plan():
-    return make_plan(resolve_model("qwen2.5-0.5b"), ClusterSpec(get_gpu("h100"), 2, 2),
-                     GrpoWorkload(train_batch_size=8, rollout_n=2, prompt_length=64,
-                                  response_length=64, mini_batch_size=4))
+    return make_plan(PlanRequest(resolve_model("qwen2.5-0.5b"), ClusterSpec(get_gpu("h100"), 2, 2), GrpoWorkload(train_batch_size=8, rollout_n=2, prompt_length=64,
+                                  response_length=64, mini_batch_size=4)))
 
 
 @pytest.mark.parametrize("field,value", [

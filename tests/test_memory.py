@@ -16,7 +16,9 @@ from planner.cost.memory import (
     kv_bytes_per_token,
     static_bytes_all,
 )
+from planner.cost.request import PlanRequest
 from planner.phases import PHASES
+from planner.policy import FILL_POLICY
 from planner.search.layout import Layout
 
 
@@ -142,7 +144,7 @@ def test_first_stage_in_flight_activations_match_megatron(pp, vpp):
                             prompt_length=1024, response_length=1024)
     world = pp * 8
     cols = cols_of(tp=1, pp=pp, vpp=vpp, dp=8, micro_batch=1)
-    out = estimate_memory(model, cluster(world), workload, cols)
+    out = estimate_memory(PlanRequest(model, cluster(world), workload), cols)
     tokens = workload.sequence_length
     per_layer = float(activation_bytes_per_layer(model, cols, tokens, moe=False)[0])
     penalty = 1 + (pp - 1) / (pp * vpp) if vpp > 1 else 1
@@ -151,7 +153,7 @@ def test_first_stage_in_flight_activations_match_megatron(pp, vpp):
     first_stage = out["train_activations_bytes"][0] if out["peak_stage"][0] == 0 else None
     if first_stage is None:  # the peak sits on the last stage; recompute the first
         from planner.cost.memory import actor_memory
-        first_stage = actor_memory(model, cluster(world), workload, cols)["stages"][0][
+        first_stage = actor_memory(PlanRequest(model, cluster(world), workload), cols)["stages"][0][
             "train_activations"][0]
     assert float(first_stage) == pytest.approx(expected)
 
@@ -161,7 +163,7 @@ def test_rl_logits_buffer_on_last_stage():
     workload = GrpoWorkload()
     cols = cols_of(tp=4, pp=2, dp=1, micro_batch=2)
     from planner.cost.memory import actor_memory
-    stages = actor_memory(model, cluster(8), workload, cols)["stages"]
+    stages = actor_memory(PlanRequest(model, cluster(8), workload), cols)["stages"]
     tokens = 2 * workload.sequence_length
     assert float(stages[0]["train_logits"][0]) == 0
     # megatron-core's vocab-parallel cross entropy: bf16 logits + the fp32 softmax it keeps
@@ -223,8 +225,8 @@ def test_offload_never_raises_any_phase(flag):
     model = resolve_model("qwen3-8b")
     workload = GrpoWorkload()
     base = dict(tp=2, pp=1, dp=4, micro_batch=2, gpu_memory_utilization=0.5)
-    off = estimate_memory(model, cluster(8), workload, cols_of(**base, **{flag: True}))
-    on = estimate_memory(model, cluster(8), workload, cols_of(**base))
+    off = estimate_memory(PlanRequest(model, cluster(8), workload), cols_of(**base, **{flag: True}))
+    on = estimate_memory(PlanRequest(model, cluster(8), workload), cols_of(**base))
     for phase in PHASES:
         assert off[f"mem_{phase}_bytes"][0] <= on[f"mem_{phase}_bytes"][0], phase
     # offloading frees memory during rollout, where the actor is idle
@@ -233,24 +235,21 @@ def test_offload_never_raises_any_phase(flag):
 
 def test_memory_grows_with_micro_batch_and_sequence():
     model = resolve_model("qwen3-8b")
-    peaks = [estimate_memory(model, cluster(8), GrpoWorkload(response_length=r),
-                             cols_of(tp=2, dp=4, micro_batch=mbs))["mem_update_actor_bytes"][0]
+    peaks = [estimate_memory(PlanRequest(model, cluster(8), GrpoWorkload(response_length=r)), cols_of(tp=2, dp=4, micro_batch=mbs))["mem_update_actor_bytes"][0]
              for r, mbs in ((1024, 1), (1024, 2), (4096, 2))]
     assert peaks[0] < peaks[1] < peaks[2]
 
 
 def test_recompute_trades_memory():
     model = resolve_model("qwen3-8b")
-    updates = [estimate_memory(model, cluster(8), GrpoWorkload(),
-                               cols_of(tp=2, dp=4, micro_batch=4, recompute=r))[
+    updates = [estimate_memory(PlanRequest(model, cluster(8), GrpoWorkload()), cols_of(tp=2, dp=4, micro_batch=4, recompute=r))[
                    "train_activations_bytes"][0] for r in ("none", "selective", "full")]
     assert updates[0] > updates[1] > updates[2]
 
 
 def test_picked_utilization_leaves_headroom_and_fits():
     model = resolve_model("qwen2.5-7b")
-    out = estimate_memory(model, cluster(8), GrpoWorkload(), cols_of(tp=2, dp=4, rollout_tp=2),
-                          pick_utilization=True)
+    out = estimate_memory(PlanRequest(model, cluster(8), GrpoWorkload(), policy=FILL_POLICY), cols_of(tp=2, dp=4, rollout_tp=2), pick_utilization=True)
     capacity = cluster(8).gpu.memory_bytes
     assert out["mem_generate_bytes"][0] <= 0.95 * capacity + 1
     assert out["rollout_fits"][0] and 0.3 <= out["gpu_memory_utilization"][0] <= 0.9
@@ -266,9 +265,9 @@ def test_middle_pipeline_ranks_are_checked():
                    rollout_ep=128, gpu_memory_utilization=0.3)
     from planner.cost.memory import STAGES, actor_memory
 
-    update = actor_memory(model, cluster(256), workload, cols)["phases"]["update_actor"]
+    update = actor_memory(PlanRequest(model, cluster(256), workload), cols)["phases"]["update_actor"]
     per_stage = dict(zip(STAGES, (float(u[0]) for u in update)))
     assert per_stage["early middle"] > max(per_stage["first"], per_stage["last"])
-    out = estimate_memory(model, cluster(256), workload, cols)
+    out = estimate_memory(PlanRequest(model, cluster(256), workload), cols)
     assert STAGES[int(out["peak_stage"][0])] == "early middle"
     assert float(out["mem_update_actor_bytes"][0]) == pytest.approx(per_stage["early middle"])

@@ -10,6 +10,7 @@ from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
 from planner.cost.columns import memory_column, working_set_column
 from planner.cost.memory import estimate_memory, kv_tokens_per_sequence
+from planner.cost.request import PlanRequest
 from planner.errors import PlanInputError
 from planner.phases import PHASES
 from planner.plan import estimate_layout, make_plan
@@ -22,8 +23,7 @@ QWEN3_8B = resolve_model("qwen3-8b")
 
 @pytest.fixture(scope="module")
 def plans():
-    return {policy: make_plan(QWEN3_30B, cluster(16), GrpoWorkload(), policy=policy,
-                       tie_tolerance=0.0)
+    return {policy: make_plan(PlanRequest(QWEN3_30B, cluster(16), GrpoWorkload(), policy=policy), tie_tolerance=0.0)
             for policy in (DEFAULT_POLICY, FILL_POLICY)}
 
 
@@ -68,9 +68,8 @@ def test_headroom_costs_kv_cache_and_generation_time():
     layout = Layout(tp=1, pp=1, dp=8, micro_batch=2, rollout_tp=1, rollout_dp=1,
                     optimizer_offload=True, ref_param_offload=True)
     workload = GrpoWorkload(max_num_seqs=1024)
-    band = estimate_layout(QWEN3_8B, cluster(8), workload, layout, pick_utilization=True).row
-    fill = estimate_layout(QWEN3_8B, cluster(8), workload, layout, pick_utilization=True,
-                           policy=FILL_POLICY).row
+    band = estimate_layout(PlanRequest(QWEN3_8B, cluster(8), workload), layout, pick_utilization=True).row
+    fill = estimate_layout(PlanRequest(QWEN3_8B, cluster(8), workload, policy=FILL_POLICY), layout, pick_utilization=True).row
     capacity = cluster(8).gpu.memory_bytes
     assert band["mem_generate_bytes"] <= DEFAULT_POLICY.high * capacity
     assert fill["gpu_memory_utilization"] > band["gpu_memory_utilization"]
@@ -87,7 +86,7 @@ def test_working_set_is_below_the_nvidia_smi_peak_and_excludes_the_unused_pool()
     layout = Layout(tp=2, dp=4, micro_batch=2, rollout_tp=2, gpu_memory_utilization=0.6,
                     sequence_parallel=True)
     cols = layout.to_columns()
-    out = estimate_memory(QWEN3_8B, cluster(8), GrpoWorkload(), cols)
+    out = estimate_memory(PlanRequest(QWEN3_8B, cluster(8), GrpoWorkload()), cols)
     for phase in PHASES:
         assert 0 < out[working_set_column(phase)][0] < out[memory_column(phase)][0]
     # generate: the nvidia-smi peak holds the whole pool, the working set the KV in use
@@ -98,8 +97,7 @@ def test_working_set_is_below_the_nvidia_smi_peak_and_excludes_the_unused_pool()
     gap = out[memory_column("generate")][0] - out[working_set_column("generate")][0]
     assert gap == pytest.approx(unused_kv + 1.6 * 2**30, rel=0.02)  # + CUDA context, NCCL
     # a larger pool moves the nvidia-smi peak, not the working set, once the batch fits
-    bigger = estimate_memory(QWEN3_8B, cluster(8), GrpoWorkload(),
-                             Layout(**{**layout.to_dict(), "gpu_memory_utilization": 0.7})
+    bigger = estimate_memory(PlanRequest(QWEN3_8B, cluster(8), GrpoWorkload()), Layout(**{**layout.to_dict(), "gpu_memory_utilization": 0.7})
                              .to_columns())
     assert bigger["mem_generate_bytes"][0] > out["mem_generate_bytes"][0]
     assert bigger[working_set_column("generate")][0] == \

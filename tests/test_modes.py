@@ -12,8 +12,9 @@ from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
-from planner.cost.efficiency import load_efficiency
+from planner.cost.efficiency import CostModel, load_efficiency
 from planner.cost.pools import steady_state
+from planner.cost.request import PlanRequest
 from planner.placement import (
     AsyncOptions,
     async_workload,
@@ -57,19 +58,18 @@ def test_memory_is_checked_per_pool():
     separate pools: the trainer's GPUs hold no engine, the rollout's no actor."""
     cluster = ClusterSpec(H100, 16, 8)
     layout = Layout(tp=4, pp=1, dp=4, micro_batch=1, rollout_tp=1, gpu_memory_utilization=0.9)
-    colocated = estimate_layout(MODEL, cluster, WORK, layout).row
+    colocated = estimate_layout(PlanRequest(MODEL, cluster, WORK), layout).row
     assert not colocated["fits"]
     work = async_workload(WORK)
-    trainer = trainer_memory(MODEL, pool_cluster(cluster, 8), work,
-                             Layout(tp=4, dp=2, micro_batch=1).to_columns())
+    trainer = trainer_memory(PlanRequest(MODEL, pool_cluster(cluster, 8), work), Layout(tp=4, dp=2, micro_batch=1).to_columns())
     assert trainer["trainer_fits"][0]
     assert trainer["trainer_peak_bytes"][0] < colocated["mem_generate_bytes"]
     eff = load_efficiency(H100, "bf16")
-    pool = rollout_pool(MODEL, pool_cluster(cluster, 8), work, SearchOptions(), eff, None)
+    pool = rollout_pool(PlanRequest(MODEL, pool_cluster(cluster, 8), work, options=SearchOptions(), cost=CostModel.fixed(eff)), None)
     assert np.all(pool["gpu_memory_utilization"] == standalone_utilization(cluster))
     assert np.all(pool["rollout_peak_bytes"][pool["fits"]] <= H100.memory_bytes)
     # the trainer pool's search honours memory: a candidate's two peaks are its own pools'
-    plan = plan_mode(MODEL, cluster, WORK, "one-step-off", SMALL)
+    plan = plan_mode(PlanRequest(MODEL, cluster, WORK, options=SMALL), "one-step-off")
     best = plan.best
     assert best["pools"]["trainer"]["peak_memory_gib"] * 2**30 <= H100.memory_bytes
     assert best["pools"]["rollout"]["peak_memory_gib"] * 2**30 <= H100.memory_bytes
@@ -79,8 +79,8 @@ def test_memory_is_checked_per_pool():
 
 def test_sync_mode_is_todays_plan_exactly():
     cluster = ClusterSpec(H100, 8, 8)
-    today = make_plan(MODEL, cluster, WORK, SMALL)
-    sync = plan_mode(MODEL, cluster, WORK, "sync", SMALL, top=5)
+    today = make_plan(PlanRequest(MODEL, cluster, WORK, options=SMALL))
+    sync = plan_mode(PlanRequest(MODEL, cluster, WORK, options=SMALL), "sync", top=5)
     for row, candidate in zip(today.fitting.head(5).to_dict("records"), sync.candidates):
         assert candidate["mode"] == "sync"
         assert candidate["placement"]["trainer_gpus"] == candidate["placement"]["rollout_gpus"] == 8
@@ -96,8 +96,7 @@ def test_bigger_rollout_pool_never_lowers_generation_throughput(streaming):
     base = ClusterSpec(H100, 64, 8)
     throughput = []
     for gpus in (8, 16, 24, 32, 48, 56):
-        best = best_rollout(rollout_pool(MODEL, pool_cluster(base, gpus), work, SearchOptions(),
-                                         eff, streaming))
+        best = best_rollout(rollout_pool(PlanRequest(MODEL, pool_cluster(base, gpus), work, options=SearchOptions(), cost=CostModel.fixed(eff)), streaming))
         throughput.append(work.sequences_per_step / best["generate_s"])
     assert all(b >= a * (1 - 1e-9) for a, b in zip(throughput, throughput[1:])), throughput
 

@@ -13,6 +13,7 @@ from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
+from planner.cost.request import PlanRequest
 from planner.placement import AsyncOptions, estimate_split, plan_mode
 from planner.search.layout import Layout
 from planner.search.space import SearchOptions
@@ -70,12 +71,12 @@ def test_estimate_reproduces_the_plans_split_candidate():
     is the same candidate: plan and estimate share one evaluation of a layout."""
     cluster = ClusterSpec(H100, 16, 8)
     for mode in ("one-step-off", "fully-async"):
-        best = dict(plan_mode(MODEL, cluster, WORK, mode).best)
+        best = dict(plan_mode(PlanRequest(MODEL, cluster, WORK), mode).best)
         best.pop("rank")
         layout = Layout(**best["layout"])
-        estimate = estimate_split(MODEL, cluster, WORK, mode, layout, pin_rollout=True,
-                                  options=SearchOptions(
-                                      gpu_memory_utilization=layout.gpu_memory_utilization),
+        request = PlanRequest(MODEL, cluster, WORK, options=SearchOptions(
+            gpu_memory_utilization=layout.gpu_memory_utilization))
+        estimate = estimate_split(request, mode, layout, pin_rollout=True,
                                   async_options=AsyncOptions(trainer_gpus=(8,)))
         assert estimate.candidate == best
 

@@ -14,9 +14,10 @@ import pytest
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
-from planner.cost.efficiency import load_efficiency
+from planner.cost.efficiency import CostModel, load_efficiency
 from planner.cost.memory import rollout_memory
-from planner.cost.pools import pool_sync_s, streaming_generate_s
+from planner.cost.pools import StreamingLimits, pool_sync_s, streaming_generate_s
+from planner.cost.request import PlanRequest
 from planner.cost.timing import generate_s
 from planner.placement import ROLLOUT_RESIDENT_BYTES, pool_cluster
 from planner.search.layout import Layout
@@ -33,8 +34,7 @@ def _sync(weight_sync: str, model_name: str = "qwen3-30b"):
     model = resolve_model(model_name)
     layout = Layout(tp=2, pp=1, ep=8, dp=8, rollout_tp=2)
     work = dataclasses.replace(WORK, weight_sync=weight_sync)
-    return pool_sync_s(model, WHOLE, pool_cluster(WHOLE, 16), work, layout.to_columns(),
-                       load_efficiency(H100, "bf16"))
+    return pool_sync_s(PlanRequest(model, WHOLE, work, cost=CostModel.fixed(load_efficiency(H100, "bf16"))), pool_cluster(WHOLE, 16), layout.to_columns())
 
 
 def test_bucketed_sync_pipelines_gather_broadcast_and_packing():
@@ -60,10 +60,9 @@ def test_streaming_runs_at_most_one_steps_sequences_and_skips_the_tail(gpus):
     layout = Layout(tp=1, pp=1, dp=gpus, rollout_tp=1)
     cols = layout.to_columns()
     eff = load_efficiency(H100, "bf16")
-    memory = rollout_memory(model, pool, WORK, cols, np.array([ROLLOUT_RESIDENT_BYTES]),
-                            np.array([0.9]))
-    streaming = streaming_generate_s(model, pool, WORK, cols, eff, memory)
-    whole_batch = generate_s(model, pool, WORK, cols, eff, memory)
+    memory = rollout_memory(PlanRequest(model, pool, WORK), cols, np.array([ROLLOUT_RESIDENT_BYTES]), np.array([0.9]))
+    streaming = streaming_generate_s(PlanRequest(model, pool, WORK, cost=CostModel.fixed(eff)), cols, memory)
+    whole_batch = generate_s(PlanRequest(model, pool, WORK, cost=CostModel.fixed(eff)), cols, memory)
     seqs_per_rank = WORK.sequences_per_step / gpus
     # a 7B model on a whole H100 holds far more than one step's sequences: the in-flight bound
     # (NeMo's collector semaphore, verl's staleness) is what limits the running batch
@@ -83,14 +82,12 @@ def test_verl_fully_async_runs_at_most_16_prompts_per_rollout_server():
     pool = pool_cluster(WHOLE, 16)
     cols = Layout(tp=1, pp=1, dp=16, rollout_tp=4).to_columns()  # 4 servers of 4 GPUs
     eff = load_efficiency(H100, "bf16")
-    memory = rollout_memory(model, pool, work, cols, np.array([ROLLOUT_RESIDENT_BYTES]),
-                            np.array([0.9]))
+    memory = rollout_memory(PlanRequest(model, pool, work), cols, np.array([ROLLOUT_RESIDENT_BYTES]), np.array([0.9]))
     limits = streaming_limits("fully-async", work, AsyncOptions(staleness_threshold=0.5))
     # mini-batch 32 prompts x 1.5 x 4 mini-batches per sync
-    assert limits["max_in_flight_prompts"] == 32 * 1.5 * 4
-    verl = streaming_generate_s(model, pool, work, cols, eff, memory, **limits)
-    unbounded = streaming_generate_s(model, pool, work, cols, eff, memory,
-                                     max_in_flight_prompts=limits["max_in_flight_prompts"])
+    assert limits.max_in_flight_prompts == 32 * 1.5 * 4
+    verl = streaming_generate_s(PlanRequest(model, pool, work, cost=CostModel.fixed(eff)), cols, memory, limits)
+    unbounded = streaming_generate_s(PlanRequest(model, pool, work, cost=CostModel.fixed(eff)), cols, memory, StreamingLimits(max_in_flight_prompts=limits.max_in_flight_prompts))
     # 16 prompts per server x n=8 = 128 sequences per server; without verl's per-server cap
     # the staleness bound alone would admit 192 x 8 / 4 = 384 (vLLM's max_num_seqs: 256)
     assert float(verl["decode_batch"][0]) == VERL_PROMPTS_PER_SERVER * work.rollout_n == 128
@@ -131,10 +128,10 @@ def test_the_trainer_pool_holds_no_rollout_engine():
     pool = ClusterSpec(H100, 8, 8)
     work = async_workload(WORK)  # free_cache_engine off, as verl's async recipes run
     cols = Layout(tp=2, pp=1, dp=4, rollout_tp=1, gpu_memory_utilization=0.9).to_columns()
-    held = trainer_memory(model, pool, work, cols)
-    freed = trainer_memory(model, pool, dataclasses.replace(work, free_cache_engine=True), cols)
+    held = trainer_memory(PlanRequest(model, pool, work), cols)
+    freed = trainer_memory(PlanRequest(model, pool, dataclasses.replace(work, free_cache_engine=True)), cols)
     assert float(held["trainer_peak_bytes"][0]) == float(freed["trainer_peak_bytes"][0])
-    actor = actor_memory(model, pool, work, cols)
+    actor = actor_memory(PlanRequest(model, pool, work), cols)
     assert float(held["trainer_peak_bytes"][0]) == max(
         float(np.max(actor["phases"][phase], axis=0)[0])
         for phase in ("ref", "update_actor", "weight_sync"))

@@ -10,6 +10,7 @@ from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
 from planner.cost.efficiency import ranking_uncertainty, shipped_calibration
+from planner.cost.request import PlanRequest
 from planner.plan import make_plan, parallel_dimensions, simplicity_keys, tie_order
 from planner.policy import DEFAULT_POLICY
 
@@ -73,8 +74,8 @@ def test_a_memory_tight_best_does_not_tie_with_comfortable_layouts():
 
 def test_plan_marks_ties_and_puts_the_simple_ones_first():
     model, workload = resolve_model("qwen3-30b"), GrpoWorkload()
-    plan = make_plan(model, cluster(16), workload)
-    strict = make_plan(model, cluster(16), workload, tie_tolerance=0)
+    plan = make_plan(PlanRequest(model, cluster(16), workload))
+    strict = make_plan(PlanRequest(model, cluster(16), workload), tie_tolerance=0)
     frame = plan.candidates
     tol = plan.tie_tolerance
     assert tol == ranking_uncertainty()["relative"] > 0
@@ -94,7 +95,7 @@ def test_moe_with_128_experts_on_h20_uses_expert_parallelism(name, gpus):
     """The plan for a 128-expert model on H20 splits the experts with EP, not with expert TP
     alone (EP1 ETP4/8 is 19-36% slower by the model: it all-gathers every dispatched token
     over the expert-TP group and runs 4-8x smaller expert GEMMs)."""
-    plan = make_plan(resolve_model(name), cluster(gpus, "h20"), GrpoWorkload())
+    plan = make_plan(PlanRequest(resolve_model(name), cluster(gpus, "h20"), GrpoWorkload()))
     head = plan.fitting.head(20)
     assert (head["ep"] > 1).all()
     assert (head["etp"] <= 2).all()

@@ -15,8 +15,9 @@ from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
 from planner.cost.columns import TIME_PARTS, breakdown_column
-from planner.cost.efficiency import Efficiency, load_efficiency
+from planner.cost.efficiency import CostModel, Efficiency, load_efficiency
 from planner.cost.memory import estimate_memory
+from planner.cost.request import PlanRequest
 from planner.cost.timing import (
     DENSE_LAYER_KERNELS,
     EAGER_LAUNCH_S_PER_KERNEL,
@@ -39,7 +40,7 @@ def setup(name, gpus, workload, **layout):
     layout = {"sequence_parallel": layout.get("tp", 1) > 1, **layout}
     model, c = resolve_model(name), cluster(gpus)
     cols = Layout(**layout).to_columns()
-    return model, c, cols, estimate_memory(model, c, workload, cols)
+    return model, c, cols, estimate_memory(PlanRequest(model, c, workload), cols)
 
 
 def test_moe_tensor_count_and_per_tensor_sync_latency():
@@ -50,8 +51,8 @@ def test_moe_tensor_count_and_per_tensor_sync_latency():
     assert tensor_count(model) == 48 * 8 + 48 * (1 + 3 * 128) + 3 == 18867
     cols = Layout(tp=2, ep=8, dp=8, rollout_tp=2, sequence_parallel=True).to_columns()
     eff = dataclasses.replace(EFF, sync_tensor_s=1e-3, bucketed_tensor_s=1e-4)
-    verl = weight_sync_s(model, cluster(16), GrpoWorkload(), cols, eff)
-    nemo = weight_sync_s(model, cluster(16), GrpoWorkload(weight_sync="bucketed"), cols, eff)
+    verl = weight_sync_s(PlanRequest(model, cluster(16), GrpoWorkload(), cost=CostModel.fixed(eff)), cols)
+    nemo = weight_sync_s(PlanRequest(model, cluster(16), GrpoWorkload(weight_sync="bucketed"), cost=CostModel.fixed(eff)), cols)
     assert float(verl["latency_s"][0] - nemo["latency_s"][0]) == pytest.approx(18867 * 9e-4)
     assert tensor_count(resolve_model("deepseek-v3")) > 2 * tensor_count(model)
 
@@ -59,9 +60,8 @@ def test_moe_tensor_count_and_per_tensor_sync_latency():
 def test_eager_mode_pays_python_dispatch_per_kernel_per_step():
     workload = GrpoWorkload()
     model, c, cols, memory = setup("qwen3-30b", 8, workload, ep=8, dp=8, rollout_tp=1)
-    graphs = decode_step_s(model, c, workload, cols, EFF, 64.0, 1500.0)
-    eager = decode_step_s(model, c, dataclasses.replace(workload, enforce_eager=True), cols,
-                          EFF, 64.0, 1500.0)
+    graphs = decode_step_s(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), cols, 64.0, 1500.0)
+    eager = decode_step_s(PlanRequest(model, c, dataclasses.replace(workload, enforce_eager=True), cost=CostModel.fixed(EFF)), cols, 64.0, 1500.0)
     kernels = 48 * MOE_LAYER_KERNELS  # every Qwen3-30B-A3B layer is an MoE layer
     assert float(eager["total_s"][0] - graphs["total_s"][0]) == pytest.approx(
         kernels * EAGER_LAUNCH_S_PER_KERNEL)
@@ -72,8 +72,8 @@ def test_tp_rollout_pays_the_per_step_broadcast():
     workload = GrpoWorkload()
     model, c, cols1, _ = setup("qwen2.5-7b", 8, workload, tp=2, dp=4, rollout_tp=1)
     _, _, cols2, _ = setup("qwen2.5-7b", 8, workload, tp=2, dp=4, rollout_tp=2)
-    one = decode_step_s(model, c, workload, cols1, EFF, 1.0, 100.0)
-    two = decode_step_s(model, c, workload, cols2, EFF, 1.0, 100.0)
+    one = decode_step_s(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), cols1, 1.0, 100.0)
+    two = decode_step_s(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), cols2, 1.0, 100.0)
     assert float(two["latency_s"][0] - one["latency_s"][0]) == pytest.approx(
         EFF.decode_tp_step_s)
 
@@ -85,9 +85,9 @@ def test_kv_cache_that_cannot_hold_one_sequence_is_infeasible_not_slow():
     model, c, cols, memory = setup("qwen3-32b", 8, workload, tp=4, pp=2, rollout_tp=1,
                                    gpu_memory_utilization=0.6)
     assert float(memory["kv_cache_tokens_per_gpu"][0]) == 0
-    out = generate_s(model, c, workload, cols, EFF, memory)
+    out = generate_s(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), cols, memory)
     assert np.isinf(out["total_s"][0]) and not out["kv_holds_sequence"][0]
-    step = grpo_step(model, c, workload, cols, memory, EFF)
+    step = grpo_step(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), cols, memory)
     assert np.isinf(step["step_time_s"][0]) and step["tokens_per_s_per_gpu"][0] == 0
 
 
@@ -96,7 +96,7 @@ def test_longer_responses_are_never_faster_and_more_replicas_never_slower():
     for response in (512, 1024, 2048, 4096, 8192):
         workload = GrpoWorkload(response_length=response)
         model, c, cols, memory = setup("qwen2.5-7b", 8, workload, tp=2, dp=4, rollout_tp=1)
-        times.append(float(generate_s(model, c, workload, cols, EFF, memory)["total_s"][0]))
+        times.append(float(generate_s(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), cols, memory)["total_s"][0]))
     assert all(b >= a for a, b in zip(times, times[1:]))
     # verl's DAPO Qwen2.5-Math-7B sweep (grpo_runs.csv rows 62-64): 161 / 111 / 90 s of
     # timing_s/gen on 8 / 16 / 32 H100, rollout TP1 -- the long tail keeps 4x the GPUs at 0.56x
@@ -108,7 +108,7 @@ def test_longer_responses_are_never_faster_and_more_replicas_never_slower():
     for gpus in (8, 16, 32):
         model, c, cols, memory = setup("qwen2.5-7b", gpus, workload, tp=4, dp=gpus // 4,
                                        rollout_tp=1)
-        by_gpus.append(float(generate_s(model, c, workload, cols, eff, memory)["total_s"][0]))
+        by_gpus.append(float(generate_s(PlanRequest(model, c, workload, cost=CostModel.fixed(eff)), cols, memory)["total_s"][0]))
     assert by_gpus[0] >= by_gpus[1] >= by_gpus[2]
     assert 0.45 < by_gpus[2] / by_gpus[0] < 0.75  # 205 / 149 / 121 s predicted: 0.59
 
@@ -120,8 +120,8 @@ def test_verl_offload_moves_parameters_not_gradients():
     _, _, off_cols, off_memory = setup("qwen3-8b", 8, workload, tp=2, dp=4, micro_batch=2,
                                        rollout_tp=2, gpu_memory_utilization=0.5,
                                        param_offload=True)
-    base = grpo_step(model, c, workload, cols, memory, EFF)
-    off = grpo_step(model, c, workload, off_cols, off_memory, EFF)
+    base = grpo_step(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), cols, memory)
+    off = grpo_step(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), off_cols, off_memory)
     trip = float(2 * offload_s(c, off_memory["weights_bytes"])[0])
     assert float(off["time_old_log_prob_s"][0] - base["time_old_log_prob_s"][0]) == \
         pytest.approx(trip)
@@ -133,9 +133,8 @@ def test_verl_leaves_grad_reduce_unoverlapped():
     workload = GrpoWorkload()
     model, c, cols, memory = setup("qwen3-8b", 16, workload, tp=2, dp=8, micro_batch=2,
                                    rollout_tp=2)
-    exposed = grpo_step(model, c, workload, cols, memory, EFF)
-    overlapped = grpo_step(model, c, dataclasses.replace(workload, overlap_grad_reduce=True),
-                           cols, memory, EFF)
+    exposed = grpo_step(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), cols, memory)
+    overlapped = grpo_step(PlanRequest(model, c, dataclasses.replace(workload, overlap_grad_reduce=True), cost=CostModel.fixed(EFF)), cols, memory)
     comm = breakdown_column("update_actor", "comm_s")
     assert float(exposed[comm][0]) > float(overlapped[comm][0]) > 0
 
@@ -146,15 +145,15 @@ def test_mean_prompt_length_drives_time_not_memory():
     model, c, cols, memory = setup("qwen2.5-7b", 8, long, tp=2, dp=4, rollout_tp=1)
     _, _, _, short_memory = setup("qwen2.5-7b", 8, short, tp=2, dp=4, rollout_tp=1)
     assert float(short_memory["peak_bytes"][0]) == float(memory["peak_bytes"][0])
-    assert float(grpo_step(model, c, short, cols, short_memory, EFF)["step_time_s"][0]) < \
-        float(grpo_step(model, c, long, cols, memory, EFF)["step_time_s"][0])
+    assert float(grpo_step(PlanRequest(model, c, short, cost=CostModel.fixed(EFF)), cols, short_memory)["step_time_s"][0]) < \
+        float(grpo_step(PlanRequest(model, c, long, cost=CostModel.fixed(EFF)), cols, memory)["step_time_s"][0])
 
 
 def test_breakdown_parts_add_up_to_each_phase():
     workload = GrpoWorkload()
     model, c, cols, memory = setup("qwen3-8b", 8, workload, tp=2, dp=4, micro_batch=2,
                                    rollout_tp=2, param_offload=True)
-    out = grpo_step(model, c, workload, cols, memory, EFF)
+    out = grpo_step(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), cols, memory)
     for phase in PHASES:
         parts = sum(float(out[breakdown_column(phase, part)][0]) for part in TIME_PARTS)
         # generation's prefill is booked as compute; nothing else is left out

@@ -12,13 +12,14 @@ from planner.catalog.hardware import get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
+from planner.cost.request import PlanRequest
 from planner.errors import PlanInputError
 from planner.plan import make_plan
 from planner.search.space import SearchOptions, build_space
 from planner.sizing.counts import GpuCounts, auto_counts, parse_counts
 from planner.sizing.prices import parse_prices, read_prices
 from planner.sizing.search import best_layout
-from planner.sizing.sweep import SizingRow, knee, run_length, size_cluster
+from planner.sizing.sweep import SizingRequest, SizingRow, knee, run_length, size_cluster
 
 # Long responses make memory, not only time, depend on the GPU: Qwen3-30B-A3B needs 8 L40S,
 # 4 H100 or H20, 2 H200 or B200.
@@ -35,9 +36,10 @@ def run(capsys, *argv):
 
 def sweep(model="qwen3-30b", gpus=("h100",), counts=SMALL_COUNTS, workload=LONG, steps=50,
           prices=None, **kwargs):
-    return size_cluster(resolve_model(model), tuple(get_gpu(g) for g in gpus), counts,
-                        workload, run_length(workload, steps), gpus_per_node=8, prices=prices,
-                        **kwargs)
+    return size_cluster(SizingRequest(resolve_model(model), workload,
+                                      tuple(get_gpu(g) for g in gpus), counts,
+                                      run_length(workload, steps), gpus_per_node=8,
+                                      prices=prices, **kwargs))
 
 
 # --- the smallest count that fits, against a full plan per count ----------------------------
@@ -46,7 +48,7 @@ def sweep(model="qwen3-30b", gpus=("h100",), counts=SMALL_COUNTS, workload=LONG,
                                        ("llama3.1-70b", "h20")])
 def test_smallest_fitting_count_agrees_with_per_count_plans(model, gpu):
     sizing = sweep(model, (gpu,))
-    plans = {count: make_plan(resolve_model(model), cluster(count, gpu), LONG)
+    plans = {count: make_plan(PlanRequest(resolve_model(model), cluster(count, gpu), LONG))
              for count in SMALL_COUNTS.counts}
     for row in sizing.rows:
         assert row.fits == (len(plans[row.num_gpus].fitting) > 0), row.num_gpus
@@ -75,8 +77,8 @@ def test_smallest_fit_and_blocker_for_qwen3_30b_long_responses():
 def test_best_layout_is_the_plans_best_or_within_a_percent():
     model = resolve_model("qwen3-30b")
     for count in (8, 16):
-        plan = make_plan(model, cluster(count), LONG, tie_tolerance=0.0)
-        result = best_layout(model, cluster(count), LONG)
+        plan = make_plan(PlanRequest(model, cluster(count), LONG), tie_tolerance=0.0)
+        result = best_layout(PlanRequest(model, cluster(count), LONG))
         best = float(plan.fitting["step_time_s"].iloc[0])
         # drawn from the same space with the same scores: never better, at most 1% worse
         assert best <= result.best["step_time_s"] <= best * 1.01
@@ -94,7 +96,7 @@ def test_explicit_rows_score_like_the_full_space():
     """The sweep's restricted spaces (knob, parallel and rollout rows) score a layout exactly as
     the full space does."""
     model, workload = resolve_model("qwen3-8b"), GrpoWorkload()
-    plan = make_plan(model, cluster(8), workload)
+    plan = make_plan(PlanRequest(model, cluster(8), workload))
     row = plan.fitting.iloc[0]
     parallel = tuple(row[name].item() if hasattr(row[name], "item") else row[name]
                      for name in ("tp", "pp", "vpp", "cp", "ep", "etp", "first_stage_layers",
@@ -105,7 +107,7 @@ def test_explicit_rows_score_like_the_full_space():
     rollouts = ((int(row["rollout_tp"]), int(row["rollout_dp"]), int(row["rollout_ep"])),)
     options = SearchOptions(knob_rows=knobs, parallel_rows=(parallel,), rollout_rows=rollouts)
     assert len(build_space(model, cluster(8), workload, options)) == 1
-    again = make_plan(model, cluster(8), workload, options).fitting.iloc[0]
+    again = make_plan(PlanRequest(model, cluster(8), workload, options=options)).fitting.iloc[0]
     assert again["step_time_s"] == row["step_time_s"]
     assert again["peak_bytes"] == row["peak_bytes"]
     assert again["gpu_memory_utilization"] == row["gpu_memory_utilization"]

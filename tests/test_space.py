@@ -6,6 +6,7 @@ from conftest import cluster
 
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
+from planner.cost.request import PlanRequest
 from planner.plan import choose_rollout, make_plan
 from planner.search.batches import update_batches
 from planner.search.pipeline import pipeline_split, split_candidates
@@ -86,8 +87,7 @@ def test_every_enumerated_layout_obeys_every_constraint(name, world):
     space = build_space(model, cluster(world), workload)
     assert len(space) > 0
     # the plan's rollout choice; the space carries each candidate's stage split
-    cols, _ = choose_rollout(model, cluster(world), workload, space.columns, space.rollouts,
-                             None)
+    cols, _ = choose_rollout(PlanRequest(model, cluster(world), workload), space.columns, space.rollouts, None)
     broken = violations(model, cluster(world), workload, cols)
     assert not any(mask.any() for mask in broken.values())
     rng = np.random.default_rng(0)
@@ -166,7 +166,7 @@ def test_interleaving_needs_enough_micro_batches():
 
 
 def test_plan_marks_unwise_layouts_and_ranks_them_lower():
-    plan = make_plan(resolve_model("llama3.1-70b"), cluster(32), GrpoWorkload())
+    plan = make_plan(PlanRequest(resolve_model("llama3.1-70b"), cluster(32), GrpoWorkload()))
     frame = plan.candidates
     across = frame[frame["flag_tp_across_nodes"]]
     assert len(across) > 0 and (across["tp"] > 8).all()
@@ -181,7 +181,7 @@ def test_plan_marks_unwise_layouts_and_ranks_them_lower():
 
 
 def test_deepseek_v3_on_1024_gpus_produces_a_plan():
-    plan = make_plan(resolve_model("deepseek-v3"), cluster(1024), GrpoWorkload())
+    plan = make_plan(PlanRequest(resolve_model("deepseek-v3"), cluster(1024), GrpoWorkload()))
     assert plan.candidates["fits"].any()
     best = plan.candidates.iloc[0]
     assert best["fits"]

@@ -10,6 +10,7 @@ from conftest import cluster
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
+from planner.cost.request import PlanRequest
 from planner.plan import make_plan
 from planner.report.html import load_trials
 from planner.report.plots import pareto_front
@@ -57,7 +58,7 @@ def write_sweep(folder, plan):
 
 
 def test_sweep_report_shows_trials(tmp_path):
-    plan = make_plan(resolve_model("qwen2.5-7b"), cluster(8), GrpoWorkload())
+    plan = make_plan(PlanRequest(resolve_model("qwen2.5-7b"), cluster(8), GrpoWorkload()))
     sweep = tmp_path / "sweep"
     write_sweep(sweep, plan)
     assert main(["report", str(sweep)]) == 0

@@ -11,12 +11,14 @@ from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import builtin_config_dict, resolve_model
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cli.main import main
-from planner.cost.efficiency import Efficiency, load_efficiency
+from planner.cost.efficiency import CostModel, Efficiency, load_efficiency
 from planner.cost.flops import forward_flops, verl_training_flops
 from planner.cost.memory import estimate_memory
+from planner.cost.request import PlanRequest
 from planner.cost.timing import generate_s, grpo_step, pretrain_step, ring_time
 from planner.phases import PHASES
 from planner.plan import make_plan
+from planner.policy import FILL_POLICY
 from planner.search.layout import Layout
 
 EFF = Efficiency()
@@ -57,7 +59,7 @@ def test_ring_collective_time():
 
 
 def _pretrain(model, gpus, layout, workload, gpu="H100-80GB", eff=EFF):
-    return pretrain_step(model, cluster(gpus, gpu), workload, cols_of(**layout), eff)
+    return pretrain_step(PlanRequest(model, cluster(gpus, gpu), workload, cost=CostModel.fixed(eff)), cols_of(**layout))
 
 
 def ideal_comm_cluster(num_gpus):
@@ -71,8 +73,7 @@ def test_more_gpus_at_fixed_per_gpu_work_is_never_slower_with_ideal_comm():
     times = []
     for dp in (1, 2, 4, 8, 16):
         workload = PretrainWorkload(seq_len=4096, global_batch=32 * dp)
-        times.append(float(pretrain_step(model, ideal_comm_cluster(2 * dp), workload,
-                                         cols_of(tp=2, dp=dp, micro_batch=1), EFF)["step_time_s"][0]))
+        times.append(float(pretrain_step(PlanRequest(model, ideal_comm_cluster(2 * dp), workload, cost=CostModel.fixed(EFF)), cols_of(tp=2, dp=dp, micro_batch=1))["step_time_s"][0]))
     assert all(later <= earlier * (1 + 1e-9) for earlier, later in zip(times, times[1:]))
 
 
@@ -88,8 +89,7 @@ def test_higher_bandwidth_is_never_slower():
                                   * factor,
                                   inter_node_bandwidth_bytes_per_s=base.
                                   inter_node_bandwidth_bytes_per_s * factor)
-        step = float(pretrain_step(model, ClusterSpec(gpu, 64, 8), workload, layout,
-                                   EFF)["step_time_s"][0])
+        step = float(pretrain_step(PlanRequest(model, ClusterSpec(gpu, 64, 8), workload, cost=CostModel.fixed(EFF)), layout)["step_time_s"][0])
         assert previous is None or step <= previous
         previous = step
 
@@ -130,7 +130,7 @@ def grpo(model_name, gpus, workload, **layout):
     model = resolve_model(model_name)
     c = cluster(gpus)
     cols = cols_of(**layout)
-    memory = estimate_memory(model, c, workload, cols, pick_utilization=True)
+    memory = estimate_memory(PlanRequest(model, c, workload, policy=FILL_POLICY), cols, pick_utilization=True)
     cols.update(gpu_memory_utilization=memory["gpu_memory_utilization"])
     return model, c, cols, memory
 
@@ -140,7 +140,7 @@ def test_decode_time_grows_with_response_length():
     for response in (256, 512, 1024, 2048, 4096):
         workload = GrpoWorkload(response_length=response, mean_response_length=response // 2)
         model, c, cols, memory = grpo("qwen2.5-7b", 8, workload, tp=2, dp=4, rollout_tp=2)
-        times.append(float(generate_s(model, c, workload, cols, EFF, memory)["decode_s"][0]))
+        times.append(float(generate_s(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), cols, memory)["decode_s"][0]))
     assert all(b > a for a, b in zip(times, times[1:]))
 
 
@@ -151,7 +151,7 @@ def test_decode_steps_follow_the_longest_response_in_a_small_batch():
                             response_length=2048, mean_response_length=600)
     model, c, cols, memory = grpo("qwen2.5-7b", 8, workload, tp=4, dp=2, rollout_tp=1)
     assert memory["rollout_fits"][0]
-    out = generate_s(model, c, workload, cols, EFF, memory)
+    out = generate_s(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), cols, memory)
     assert float(out["decode_steps"][0]) == pytest.approx(600 * (np.log(2) + 0.5772157 + 0.25))
 
 
@@ -167,7 +167,7 @@ def test_grpo_step_reports_every_phase_and_verl_throughput():
     workload = GrpoWorkload()
     model, c, cols, memory = grpo("qwen3-8b", 8, workload, tp=2, dp=4, micro_batch=2,
                                   rollout_tp=2)
-    out = grpo_step(model, c, workload, cols, memory, EFF)
+    out = grpo_step(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), cols, memory)
     phases = [float(out[f"time_{phase}_s"][0]) for phase in PHASES]
     assert all(t > 0 for t in phases)
     assert float(out["step_time_s"][0]) == pytest.approx(sum(phases))
@@ -184,7 +184,7 @@ def test_offload_costs_time():
         model, c, cols, memory = grpo("qwen3-8b", 8, workload, tp=2, dp=4, micro_batch=2,
                                       rollout_tp=2, gpu_memory_utilization=0.5,
                                       param_offload=offload)
-        out = grpo_step(model, c, workload, cols, memory, EFF)
+        out = grpo_step(PlanRequest(model, c, workload, cost=CostModel.fixed(EFF)), cols, memory)
         times.append(float(out["time_update_actor_s"][0]))
     assert times[1] > times[0]
 
@@ -201,12 +201,12 @@ def test_calibration_file_is_physical_and_used():
 def test_plan_ranks_fitting_layouts_by_throughput():
     """With ties off (tolerance 0) the ranking is strictly the prediction; with the shipped
     tolerance only the tied head is reordered and the rest keeps that order."""
-    plan = make_plan(resolve_model("qwen2.5-7b"), cluster(8), GrpoWorkload(), tie_tolerance=0)
+    plan = make_plan(PlanRequest(resolve_model("qwen2.5-7b"), cluster(8), GrpoWorkload()), tie_tolerance=0)
     fitting = plan.candidates[plan.candidates["fits"] & ~plan.candidates["flag_memory_tight"]]
     assert fitting["step_time_s"].is_monotonic_increasing
     assert fitting.iloc[0]["tokens_per_s_per_gpu"] == fitting["tokens_per_s_per_gpu"].max()
     assert not plan.candidates["within_error_of_best"].any()
-    tied = make_plan(resolve_model("qwen2.5-7b"), cluster(8), GrpoWorkload())
+    tied = make_plan(PlanRequest(resolve_model("qwen2.5-7b"), cluster(8), GrpoWorkload()))
     rest = tied.candidates[tied.candidates["fits"] & ~tied.candidates["within_error_of_best"]
                            & ~tied.candidates["flag_memory_tight"]]
     assert rest["step_time_s"].is_monotonic_increasing
@@ -254,7 +254,8 @@ def _comm(model, world, layout, tokens=8192, eff=EFF):
     shape = TrainShape(tokens_per_micro_batch=np.array([float(tokens)]),
                        seq_len=np.array([float(tokens)]), micro_batches=np.array([1.0]),
                        optimizer_steps=1.0, forward_only=True)
-    return float(_stage_comm_s(model, cluster(world), cols, eff, shape, np.array([1.0]))[0])
+    request = PlanRequest(model, cluster(world), GrpoWorkload(), cost=CostModel.fixed(eff))
+    return float(_stage_comm_s(request, cols, shape, np.array([1.0]))[0])
 
 
 def test_tensor_parallel_comm_is_four_ring_collectives_per_layer():
@@ -310,5 +311,5 @@ def test_weight_sync_gathers_the_model_over_the_model_parallel_group():
     # 28 layers x (q, k, v, o, 2 norms, gate, up, down) + embedding, final norm, output layer
     assert tensor_count(model) == 28 * 9 + 3
     latency = 255 * EFF.sync_tensor_s + EFF.sync_fixed_s
-    assert float(weight_sync_s(model, cluster(8), GrpoWorkload(), cols, EFF)["total_s"][0]) \
+    assert float(weight_sync_s(PlanRequest(model, cluster(8), GrpoWorkload(), cost=CostModel.fixed(EFF)), cols)["total_s"][0]) \
         == pytest.approx(gather + load + latency)

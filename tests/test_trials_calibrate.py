@@ -19,7 +19,8 @@ from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
 from planner.cost.calibration import Measurement, mape, predict
-from planner.cost.efficiency import shipped_calibration
+from planner.cost.efficiency import CostModel, shipped_calibration
+from planner.cost.request import PlanRequest
 from planner.plan import make_plan
 from planner.search.space import SearchOptions
 from trials.calibrate import study_measurements
@@ -49,10 +50,9 @@ def study_of_a_slower_cluster(tmp_path_factory):
     cluster = ClusterSpec(get_gpu("h100"), 8, 8)
     workload = GrpoWorkload(train_batch_size=128, rollout_n=4, prompt_length=1024,
                             response_length=1024, mini_batch_size=32)
-    candidates = CandidateSet.from_plan(make_plan(model, cluster, workload,
-                                                  SearchOptions(offload=(False,))))
+    candidates = CandidateSet.from_plan(make_plan(PlanRequest(model, cluster, workload, options=SearchOptions(offload=(False,)))))
     measurements = [Measurement(model, cluster, workload, c.layout, 1.0) for c in candidates]
-    truth = predict(measurements, hidden_calibration())
+    truth = predict(measurements, CostModel.load(hidden_calibration()))
     table = [{"match": dict(c.params), "value": float(value)}
              for c, value in zip(candidates, truth)]
     config = write_config(tmp_path / "fake.json", step_sleep_s=0.01, throughput={"table": table})
@@ -82,8 +82,8 @@ def test_calibrate_reduces_the_prediction_error(study_of_a_slower_cluster, capsy
     # the same error, computed here from the study itself
     measurements = study_measurements(load_study(sqlite_url(tmp_path)))
     measured = np.array([m.tokens_per_s_per_gpu for m in measurements])
-    assert mape(predict(measurements, fitted), measured) == pytest.approx(after / 100, abs=5e-4)
-    assert mape(predict(measurements, None), measured) == pytest.approx(before / 100, abs=5e-4)
+    assert mape(predict(measurements, CostModel.load(fitted)), measured) == pytest.approx(after / 100, abs=5e-4)
+    assert mape(predict(measurements, CostModel.load()), measured) == pytest.approx(before / 100, abs=5e-4)
 
     # `plan-parallel --calibration FILE` takes the file, and with it the planner predicts what
     # the cluster measures for the best measured layout (scored as the plan scores it)
@@ -95,8 +95,7 @@ def test_calibrate_reduces_the_prediction_error(study_of_a_slower_cluster, capsy
     best = max(measurements, key=lambda m: m.tokens_per_s_per_gpu)
     errors = []
     for calibration in (None, fitted):
-        row = estimate_layout(best.model, best.cluster, best.workload, best.layout,
-                              calibration=calibration).row
+        row = estimate_layout(PlanRequest(best.model, best.cluster, best.workload, cost=CostModel.load(calibration)), best.layout).row
         errors.append(abs(row["tokens_per_s_per_gpu"] / best.tokens_per_s_per_gpu - 1))
     assert errors[1] < 0.8 * errors[0]
 

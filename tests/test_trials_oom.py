@@ -23,6 +23,7 @@ from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
+from planner.cost.request import PlanRequest
 from planner.phases import PHASES
 from planner.plan import make_plan
 from planner.search.space import SearchOptions
@@ -37,8 +38,7 @@ ISSUE_NEED_RATIO = (79.11 - 8.85 + 13.91) / 79.11
 @pytest.fixture(scope="module")
 def qwen3_8b():
     """The issue's setting: Qwen3-8B on 8 H100s, verl's example workload."""
-    plan = make_plan(resolve_model("qwen3-8b"), ClusterSpec(get_gpu("h100"), 8, 8),
-                     GrpoWorkload(), SearchOptions())
+    plan = make_plan(PlanRequest(resolve_model("qwen3-8b"), ClusterSpec(get_gpu("h100"), 8, 8), GrpoWorkload(), options=SearchOptions()))
     return CandidateSet.from_plan(plan)
 
 

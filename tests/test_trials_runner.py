@@ -12,6 +12,7 @@ from fixtures.tuning import FAKE_ENV, FAKE_TRAINER, events, write_config
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
+from planner.cost.request import PlanRequest
 from planner.plan import make_plan
 from planner.search.space import SearchOptions
 from trials.candidates import CandidateSet, layout_key
@@ -26,7 +27,7 @@ def setting():
     cluster = ClusterSpec(get_gpu("h100"), 2, 2)
     workload = GrpoWorkload(train_batch_size=8, rollout_n=2, prompt_length=64,
                             response_length=64, mini_batch_size=4)
-    plan = make_plan(model, cluster, workload, SearchOptions(offload=(False,)))
+    plan = make_plan(PlanRequest(model, cluster, workload, options=SearchOptions(offload=(False,))))
     return plan, CandidateSet.from_plan(plan)
 
 

@@ -11,6 +11,7 @@ from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import builtin_config_dict, builtin_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
+from planner.cost.request import PlanRequest
 from planner.diagnose.validate import JobInput, dry_run
 from planner.errors import PlanInputError
 from planner.plan import estimate_layout
@@ -258,10 +259,7 @@ def test_verl_example_qwen2_7b_tp2_pp2_would_launch_with_the_planners_memory(tmp
     actor = report["modules"]["actor"]
     assert (actor["tp"], actor["pp"], actor["dp"], actor["micro_batch"]) == (2, 2, 2, 4)
     assert report["modules"]["rollout"]["tp"] == 2
-    expected = estimate_layout(
-        builtin_model("Qwen2-7B"), ClusterSpec(get_gpu("H100-80GB"), 8, 8),
-        GrpoWorkload(train_batch_size=1024, mini_batch_size=256, rollout_n=5),
-        Layout(tp=2, pp=2, dp=2, micro_batch=4, rollout_tp=2, gpu_memory_utilization=0.6))
+    expected = estimate_layout(PlanRequest(builtin_model("Qwen2-7B"), ClusterSpec(get_gpu("H100-80GB"), 8, 8), GrpoWorkload(train_batch_size=1024, mini_batch_size=256, rollout_n=5)), Layout(tp=2, pp=2, dp=2, micro_batch=4, rollout_tp=2, gpu_memory_utilization=0.6))
 
     assert report["memory"]["peak_memory_gib"] == round(expected.row["peak_bytes"] / 2**30, 2)
     assert report["memory"]["peak_phase"] == "generate"
@@ -590,9 +588,7 @@ def test_overlap_grad_reduce_from_the_job_hides_the_update_gradient_reduce(tmp_p
     # the same numbers as the planner's own estimate with --overlap-grad-reduce
     workload = GrpoWorkload(train_batch_size=1024, mini_batch_size=256, rollout_n=5,
                             overlap_grad_reduce=True)
-    expected = estimate_layout(
-        builtin_model("Qwen2-7B"), ClusterSpec(get_gpu("H100-80GB"), 8, 8), workload,
-        Layout(tp=2, pp=2, dp=2, micro_batch=4, rollout_tp=2, gpu_memory_utilization=0.6))
+    expected = estimate_layout(PlanRequest(builtin_model("Qwen2-7B"), ClusterSpec(get_gpu("H100-80GB"), 8, 8), workload), Layout(tp=2, pp=2, dp=2, micro_batch=4, rollout_tp=2, gpu_memory_utilization=0.6))
     assert overlap_time["update_actor"] == round(float(expected.row["time_update_actor_s"]), 3)
     # a Hydra YAML says it the same way
     yaml_path = tmp_path / "job.yaml"

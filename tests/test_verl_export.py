@@ -19,6 +19,7 @@ from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import builtin_model
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cli.main import main
+from planner.cost.request import PlanRequest
 from planner.errors import PlanInputError
 from planner.plan import make_plan
 from planner.search.layout import Layout, applicable_modules
@@ -170,7 +171,7 @@ def test_exported_config_passes_verls_own_validation(case):
 
 @pytest.fixture(scope="module")
 def qwen3_30b_job():
-    plan = make_plan(builtin_model("Qwen3-30B-A3B"), cluster(16), GrpoWorkload())
+    plan = make_plan(PlanRequest(builtin_model("Qwen3-30B-A3B"), cluster(16), GrpoWorkload()))
     return plan, job_from_plan(plan, 1)
 
 

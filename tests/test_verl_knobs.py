@@ -9,6 +9,7 @@ from conftest import cluster
 
 from planner.catalog.models import builtin_model, resolve_model
 from planner.catalog.workload import GrpoWorkload
+from planner.cost.request import PlanRequest
 from planner.errors import PlanInputError
 from planner.plan import estimate_layout
 from planner.search.layout import Layout, modules_mask
@@ -21,7 +22,7 @@ BASE = Layout(tp=2, dp=4, micro_batch=2, rollout_tp=2, gpu_memory_utilization=0.
 
 def row(layout=BASE, workload=None, model=MODEL, gpus=8):
     workload = GrpoWorkload() if workload is None else workload
-    return estimate_layout(model, cluster(gpus), workload, layout).row
+    return estimate_layout(PlanRequest(model, cluster(gpus), workload), layout).row
 
 
 def test_cpu_optimizer_moves_the_optimizer_state_to_the_host_and_costs_time():

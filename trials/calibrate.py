@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from planner.cost.calibration import Measurement, fit, mape, predict
-from planner.cost.efficiency import shipped_calibration
+from planner.cost.efficiency import CostModel, shipped_calibration
 from planner.errors import PlanInputError
 from planner.search.layout import Layout
 from trials import study_state as attrs
@@ -59,10 +59,10 @@ def calibrate_study(study: "Study", initial: dict | None, source: str) -> Calibr
                              f"trial to fit")
     measured = [m.tokens_per_s_per_gpu for m in measurements]
     start = initial if initial is not None else shipped_calibration()
-    before = mape(predict(measurements, start), measured)
+    before = mape(predict(measurements, CostModel.load(start)), measured)
     fitted = fit(measurements, initial=start, source=source,
                  measurement_sigma=TRIAL_MEASUREMENT_SIGMA)
-    after = mape(predict(measurements, fitted), measured)
+    after = mape(predict(measurements, CostModel.load(fitted)), measured)
     return CalibrationResult(len(measurements), before, after, fitted)
 
 

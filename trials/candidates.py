@@ -366,9 +366,8 @@ class CandidateSet:
         return int(np.argmin(distance))  # ties: the lowest index, i.e. the best predicted
 
 
-def mode_plans(model, cluster, workload, mode: str, options, calibration: dict | None = None,
-               async_options=None, staleness_grid: Sequence[float] = STALENESS_GRID
-               ) -> list["ModePlan"]:
+def mode_plans(request, mode: str, async_options=None,
+               staleness_grid: Sequence[float] = STALENESS_GRID) -> list["ModePlan"]:
     """The plans a study of ``mode`` draws its candidates from: sync's plan (``sync``,
     ``best``), one-step-off's (``one-step-off``, ``best``) and fully-async's once per
     ``staleness_grid`` value (``fully-async``, ``best``), the pool searches shared.
@@ -381,14 +380,12 @@ def mode_plans(model, cluster, workload, mode: str, options, calibration: dict |
     cache: dict = {}
     plans = []
     if mode in ("sync", "best"):
-        plans.append(plan_mode(model, cluster, workload, "sync", options, calibration))
+        plans.append(plan_mode(request, "sync"))
     if mode in ("one-step-off", "best"):
-        plans.append(plan_mode(model, cluster, workload, "one-step-off", options, calibration,
-                               async_options=base, cache=cache))
+        plans.append(plan_mode(request, "one-step-off", base, cache=cache))
     if mode in ("fully-async", "best"):
-        plans += [plan_mode(model, cluster, workload, "fully-async", options, calibration,
-                            async_options=replace(base, staleness_threshold=float(value)),
-                            cache=cache)
+        plans += [plan_mode(request, "fully-async",
+                            replace(base, staleness_threshold=float(value)), cache=cache)
                   for value in staleness_grid]
     return plans
 

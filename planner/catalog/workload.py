@@ -16,6 +16,7 @@ does; ``rollout_n`` responses are sampled per prompt, so a step trains on
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Union
 
 from planner.bounds import MAX_BATCH, MAX_TOKENS, check_number
 from planner.errors import PlanInputError
@@ -141,6 +142,7 @@ class GrpoWorkload:
         return self.mini_batch_size * self.rollout_n
 
     kind = "grpo"
+    has_rollout = True  # a step generates its samples (the ``generate`` phase)
 
     @property
     def needs_reference(self) -> bool:
@@ -187,6 +189,7 @@ class PretrainWorkload:
                                  f"{', '.join(PRECISIONS)}")
 
     kind = "pretrain"
+    has_rollout = False  # the data is given: no generation, no rollout engine
     phases = (Phase.UPDATE_ACTOR.value,)
     needs_reference = False
     fused_kernels = False
@@ -231,3 +234,6 @@ class PretrainWorkload:
     def describe(self) -> str:
         return (f"pretrain: {self.global_batch} sequences x {self.seq_len} tokens per step, "
                 f"{self.precision}")
+
+
+Workload = Union[GrpoWorkload, PretrainWorkload]

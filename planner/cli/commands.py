@@ -5,6 +5,7 @@ exit code out."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from planner.catalog.hardware import GPU_CATALOG
@@ -27,6 +28,7 @@ from planner.report.text import (
 )
 from planner.search.layout import Layout, modules_mask
 from planner.search.pipeline import default_split, layout_vpp, split_problems
+from planner.search.space import SearchOptions
 from planner.verl.files import write_plan_job
 
 
@@ -41,9 +43,8 @@ def cmd_plan(args) -> int:
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args)
-    options = inputs.search_options(args, workload)
-    plan = make_plan(model, cluster, workload, options, inputs.calibration(args),
-                     inputs.policy(args), tie_tolerance=args.tie_tolerance)
+    request = inputs.request(args, model, cluster, workload)
+    plan = make_plan(request, tie_tolerance=args.tie_tolerance)
     fitting = int(plan.candidates["fits"].sum())
     if args.write:
         if not fitting:
@@ -64,11 +65,10 @@ def cmd_plan(args) -> int:
     elif args.format == "csv":
         print(plan_csv(plan, args.top), end="")
     else:
-        policy = inputs.policy(args)
         # the same search were the GPU filled prices the band's headroom (a second search)
-        fill_plan = None if policy.fills_gpu or not fitting or workload.kind != "grpo" else \
-            make_plan(model, cluster, workload, options, inputs.calibration(args), FILL_POLICY,
-                      tie_tolerance=0.0)
+        fill_plan = (None if request.policy.fills_gpu or not fitting
+                     or not workload.has_rollout else
+                     make_plan(replace(request, policy=FILL_POLICY), tie_tolerance=0.0))
         print(plan_table(plan, args.top, fill_plan))
     return ExitCode.OK if fitting else ExitCode.NO
 
@@ -101,7 +101,7 @@ def estimate_layout_from_args(args, model, cluster, workload) -> Layout:
         raise UsageError(f"{FIELD_FLAGS.get(field, field)}: {message}")
     dynamic = bool(args.dynamic_batch) or args.max_token_len_per_gpu is not None
     budget = args.max_token_len_per_gpu or 0
-    if dynamic and workload.kind != "grpo":
+    if dynamic and not workload.has_rollout:
         raise UsageError("--dynamic-batch is verl's; --workload pretrain has fixed micro-batches")
     if dynamic and not budget:
         budget = given(args.micro_batch, 1) * -(-workload.sequence_length // cp)
@@ -161,13 +161,13 @@ def cmd_estimate(args) -> int:
     workload = inputs.workload(args)
     layout = estimate_layout_from_args(args, model, cluster, workload)
     # No rollout flag: the rollout layout and budget the plan would give this actor layout.
-    choose = workload.kind == "grpo" and all(getattr(args, name) is None
-                                             for name in ROLLOUT_FLAGS)
+    choose = workload.has_rollout and all(getattr(args, name) is None
+                                          for name in ROLLOUT_FLAGS)
+    request = inputs.request(args, model, cluster, workload, SearchOptions())
     try:
-        estimate = estimate_layout(model, cluster, workload, layout,
+        estimate = estimate_layout(request, layout,
                                    pick_utilization=args.gpu_memory_utilization is None,
-                                   calibration=inputs.calibration(args),
-                                   policy=inputs.policy(args), choose_rollout_layout=choose)
+                                   choose_rollout_layout=choose)
     except InvalidLayoutError as error:
         return print_invalid(args, layout, error)
     if choose:
@@ -188,7 +188,6 @@ def cmd_estimate_mode(args) -> int:
     from planner.cli.modes import async_options
     from planner.placement import estimate_split, pool_layout
     from planner.report.modes import split_estimate_dict, split_estimate_text
-    from planner.search.space import SearchOptions
 
     if args.mode == "best":
         raise UsageError("--mode best compares each mode's best plan: use it with plan or "
@@ -196,16 +195,16 @@ def cmd_estimate_mode(args) -> int:
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args)
-    if workload.kind != "grpo":
+    if not workload.has_rollout:
         raise UsageError(f"--mode {args.mode} estimates GRPO; --workload pretrain has no "
                          f"rollout")
     layout = estimate_layout_from_args(args, model, cluster, workload)
     pin = any(getattr(args, name) is not None for name in ROLLOUT_FLAGS)
     settings = async_options(args)
     try:
-        estimate = estimate_split(model, cluster, workload, args.mode, layout, pin,
-                                  SearchOptions(gpu_memory_utilization=args.gpu_memory_utilization),
-                                  inputs.calibration(args), settings)
+        request = inputs.request(args, model, cluster, workload, SearchOptions(
+            gpu_memory_utilization=args.gpu_memory_utilization))
+        estimate = estimate_split(request, args.mode, layout, pin, settings)
     except InvalidLayoutError as error:
         shown = pool_layout(layout, settings.trainer_gpus[0]) \
             if len(settings.trainer_gpus) == 1 else layout

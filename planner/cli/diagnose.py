@@ -16,6 +16,7 @@ from planner.diagnose.fix import fix_job, fix_text, write_fix
 from planner.diagnose.profile import profile_text, profile_traces
 from planner.diagnose.validate import JobInput, dry_run
 from planner.diagnose.validate_report import render_text
+from planner.search.space import SearchOptions
 
 
 def job_input(args, paths: list[str]) -> JobInput:
@@ -67,8 +68,9 @@ def cmd_explain(args) -> int:
     inputs.check_mode_flags(args)
     if args.mode != "sync":
         return cmd_explain_mode(args)
-    result = explain(resolve_model(args.model), inputs.resolve_cluster(args),
-                     inputs.workload(args), inputs.calibration(args), inputs.policy(args))
+    model, cluster, workload = (resolve_model(args.model), inputs.resolve_cluster(args),
+                                inputs.workload(args))
+    result = explain(inputs.request(args, model, cluster, workload, SearchOptions()))
     if args.format == "json":
         _json(result)
     else:
@@ -83,13 +85,12 @@ def cmd_explain_mode(args) -> int:
 
     model, cluster, workload = (resolve_model(args.model), inputs.resolve_cluster(args),
                                 inputs.workload(args))
-    if workload.kind != "grpo":
+    if not workload.has_rollout:
         raise UsageError(f"explain --mode {args.mode} compares GRPO plans; --workload pretrain "
                          f"has no rollout")
-    common = dict(calibration=inputs.calibration(args), policy=inputs.policy(args),
-                  async_options=async_options(args))
-    result = (explain_best(model, cluster, workload, **common) if args.mode == "best"
-              else explain_mode(model, cluster, workload, args.mode, **common))
+    request = inputs.request(args, model, cluster, workload, SearchOptions())
+    result = (explain_best(request, async_options(args)) if args.mode == "best"
+              else explain_mode(request, args.mode, async_options(args)))
     if args.format == "json":
         _json(result)
     else:

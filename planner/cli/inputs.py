@@ -20,7 +20,8 @@ from planner.catalog.hardware import (
 )
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cli.args import UsageError
-from planner.cost.efficiency import read_calibration
+from planner.cost.efficiency import CostModel, read_calibration
+from planner.cost.request import PlanRequest
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import RECOMPUTE
 from planner.search.space import SearchOptions
@@ -74,16 +75,25 @@ def workload(args):
                         prefix_caching=args.prefix_caching)
 
 
-def calibration(args) -> dict | None:
+def cost_model(args) -> CostModel:
+    """The cost model: ``--calibration FILE`` read once, else the shipped calibration."""
     if not getattr(args, "calibration", None):
-        return None
+        return CostModel.load()
     load_json(Path(args.calibration), "--calibration")  # size, depth, NaN checked first
-    return read_calibration(Path(args.calibration))
+    return CostModel.load(read_calibration(Path(args.calibration)), source=args.calibration)
 
 
 def policy(args) -> MemoryPolicy:
     text = getattr(args, "memory_band", None)
     return DEFAULT_POLICY if text is None else MemoryPolicy.parse(text)
+
+
+def request(args, model, cluster, work, options: SearchOptions | None = None) -> PlanRequest:
+    """The plan request of a command: its model, cluster and workload, the search options
+    (default: :func:`search_options` of the flags), ``--calibration`` and ``--memory-band``."""
+    return PlanRequest(model, cluster, work,
+                       search_options(args, work) if options is None else options,
+                       cost_model(args), policy(args))
 
 
 # flag attribute -> layout field a plan may pin

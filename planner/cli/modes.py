@@ -28,20 +28,18 @@ def cmd_plan_mode(args) -> int:
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args)
-    if workload.kind != "grpo":
+    if not workload.has_rollout:
         raise UsageError(f"--mode {args.mode} plans GRPO; --workload pretrain has no rollout")
     if args.format == "csv":
         raise UsageError(f"--mode {args.mode} prints table or json, not csv")
-    options = inputs.search_options(args, workload)
+    request = inputs.request(args, model, cluster, workload)
     settings = async_options(args)
     if args.mode == "best":
-        plans = plan_best(model, cluster, workload, options, inputs.calibration(args),
-                          inputs.policy(args), settings)
+        plans = plan_best(request, settings)
         chosen = min((p for p in plans if p.best), default=None,
                      key=lambda p: p.best["step_time_s"])
     else:
-        plans = [plan_mode(model, cluster, workload, args.mode, options,
-                           inputs.calibration(args), inputs.policy(args), settings)]
+        plans = [plan_mode(request, args.mode, settings)]
         chosen = plans[0] if plans[0].best else None
     if args.write:
         if chosen is None:

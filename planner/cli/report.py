@@ -9,6 +9,7 @@ from planner.cli import inputs
 from planner.cli.args import UsageError
 from planner.cli.codes import ExitCode
 from planner.cli.sizing import sizing_from_args, sizing_requested
+from planner.cost.request import PlanRequest
 from planner.errors import NoFitError, PlanInputError
 from planner.plan import make_plan
 from planner.report.html import (
@@ -22,13 +23,13 @@ from planner.search.space import SearchOptions
 
 def cmd_report(args) -> int:
     trials = None
-    calibration = inputs.calibration(args)
+    cost = inputs.cost_model(args)
     policy = inputs.policy(args)
     if args.sweep:
         sweep = Path(args.sweep)
         if not sweep.is_dir():
             raise PlanInputError(f"sweep folder {args.sweep!r} does not exist")
-        plan = plan_from_sweep(sweep, calibration, policy)
+        plan = plan_from_sweep(sweep, cost, policy)
         if (sweep / "trials.csv").exists():
             trials = load_trials(sweep / "trials.csv")
         output = Path(args.html) if args.html else sweep / "report.html"
@@ -39,8 +40,8 @@ def cmd_report(args) -> int:
         print(f"wrote {written}")
         return ExitCode.OK if any(row.fits for row in sizing.rows) else ExitCode.NO
     elif args.model:
-        plan = make_plan(resolve_model(args.model), inputs.resolve_cluster(args),
-                         inputs.workload(args), calibration=calibration, policy=policy)
+        plan = make_plan(PlanRequest(resolve_model(args.model), inputs.resolve_cluster(args),
+                                     inputs.workload(args), cost=cost, policy=policy))
         if not plan.candidates["fits"].any():  # "no layout fits": exit 1, as every command
             raise NoFitError(f"no layout of {plan.model.name} fits on "
                              f"{plan.cluster.num_gpus} x {plan.cluster.gpu.name}; no report "

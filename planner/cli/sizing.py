@@ -21,7 +21,7 @@ from planner.cli.codes import ExitCode
 from planner.search.space import SearchOptions
 from planner.sizing.counts import GpuCounts, parse_counts, parse_gpu_types
 from planner.sizing.prices import PriceTable, parse_prices, read_prices
-from planner.sizing.sweep import Sizing, run_length, size_cluster
+from planner.sizing.sweep import Sizing, SizingRequest, run_length, size_cluster
 
 SIZING_FLAGS = ("price", "prices", "steps", "epochs", "dataset_prompts")
 
@@ -64,10 +64,11 @@ def sizing_from_args(args, options: SearchOptions | None = None) -> Sizing:
               else parse_counts(str(args.gpus), per_node))
     if options is None:
         options = inputs.search_options(args, workload)
-    return size_cluster(model, gpus, counts, workload, run, gpus_per_node=per_node,
-                        prices=prices, min_scaling=args.min_scaling, options=options,
-                        calibration=inputs.calibration(args), policy=inputs.policy(args),
-                        host_memory_gib=getattr(args, "host_memory_gib", None))
+    return size_cluster(SizingRequest(
+        model=model, workload=workload, gpus=gpus, counts=counts, run=run,
+        gpus_per_node=per_node, prices=prices, min_scaling=args.min_scaling, options=options,
+        cost=inputs.cost_model(args), policy=inputs.policy(args),
+        host_memory_gib=getattr(args, "host_memory_gib", None)))
 
 
 def cmd_size(args) -> int:

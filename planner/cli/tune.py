@@ -68,11 +68,11 @@ def study_candidates(args, model, cluster, workload, options, grid: tuple[float,
     first mode plan of an asynchronous mode) and its candidate set."""
     from planner.placement import AsyncOptions
 
-    calibration = inputs.calibration(args)
+    request = inputs.request(args, model, cluster, workload, options)
     if args.mode == "sync":
-        plan = make_plan(model, cluster, workload, options, calibration)
+        plan = make_plan(request)
         return plan, CandidateSet.from_plan(plan, args.memory_margin, args.max_candidates)
-    plans = mode_plans(model, cluster, workload, args.mode, options, calibration,
+    plans = mode_plans(request, args.mode,
                        AsyncOptions(partial_rollout=args.partial_rollout,
                                     trainer_gpus=tuple(args.trainer_gpus)), grid or (0.1,))
     candidates = CandidateSet.from_modes(plans, args.memory_margin, args.max_candidates,

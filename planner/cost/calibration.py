@@ -20,10 +20,10 @@ import numpy as np
 from planner.catalog.hardware import GPU_CATALOG, ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
-from planner.cost.efficiency import BOUNDS, DONORS, PRIORS, SHARED, Efficiency, load_efficiency
-from planner.cost.memory import estimate_memory
-from planner.cost.timing import grpo_step, pretrain_step
-from planner.search.layout import Layout
+from planner.cost.efficiency import BOUNDS, DONORS, PRIORS, SHARED, CostModel, Efficiency
+from planner.cost.request import PlanRequest
+from planner.cost.timing import step_columns
+from planner.search.layout import Columns, Layout
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,8 @@ def gpu_key(measurement: Measurement) -> str:
     return f"{measurement.cluster.gpu.name}/{family}"
 
 
-def _predict_group(model, cluster, workload, cols, efficiency) -> np.ndarray:
-    if workload.kind == "pretrain":
-        return pretrain_step(model, cluster, workload, cols, efficiency)["tokens_per_s_per_gpu"]
-    memory = estimate_memory(model, cluster, workload, cols)
-    return grpo_step(model, cluster, workload, cols, memory, efficiency)["tokens_per_s_per_gpu"]
+def _predict_group(request: PlanRequest, cols: Columns) -> np.ndarray:
+    return step_columns(request, cols)["tokens_per_s_per_gpu"]
 
 
 class Problem:
@@ -61,7 +58,8 @@ class Problem:
         for (model, cluster, workload), indices in groups.items():
             layouts = [self.measurements[i].layout.to_columns() for i in indices]
             cols = {name: np.concatenate([c[name] for c in layouts]) for name in layouts[0]}
-            self.groups.append((model, cluster, workload, cols, np.array(indices)))
+            self.groups.append((PlanRequest(model, cluster, workload), cols,
+                                np.array(indices)))
         self.keys = sorted({gpu_key(item) for item in self.measurements})
         self.measured = np.array([item.tokens_per_s_per_gpu for item in self.measurements])
 
@@ -71,10 +69,10 @@ class Problem:
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         out = np.empty(len(self.measurements))
-        for model, cluster, workload, cols, indices in self.groups:
+        for request, cols, indices in self.groups:
             key = gpu_key(self.measurements[indices[0]])
-            out[indices] = _predict_group(model, cluster, workload, cols,
-                                          self.efficiency(x, key))
+            cost = CostModel.fixed(self.efficiency(x, key), "fit")
+            out[indices] = _predict_group(replace(request, cost=cost), cols)
         return out
 
     def names(self) -> list[str]:
@@ -103,13 +101,13 @@ class Problem:
         return np.clip(np.array(x0, dtype=float), lower, upper), lower, upper
 
 
-def predict(measurements: Sequence[Measurement], calibration: dict | None) -> np.ndarray:
-    """Predicted tokens/s/GPU of each measurement with a calibration dict (None: shipped)."""
+def predict(measurements: Sequence[Measurement], cost: CostModel) -> np.ndarray:
+    """Predicted tokens/s/GPU of each measurement with a cost model (a calibration, loaded:
+    :meth:`CostModel.load`)."""
     problem = Problem(measurements)
     out = np.empty(len(problem.measurements))
-    for model, cluster, workload, cols, indices in problem.groups:
-        efficiency = load_efficiency(cluster.gpu, workload.precision, calibration)
-        out[indices] = _predict_group(model, cluster, workload, cols, efficiency)
+    for request, cols, indices in problem.groups:
+        out[indices] = _predict_group(replace(request, cost=cost), cols)
     return out
 
 

@@ -1,10 +1,16 @@
 """The cost model's fitted constants: achieved fractions of hardware peaks, the file they ship in
-(``planner/cost/calibration.json``, written by ``benchmarks/calibrate.py``), and the priors and
-bounds the fit (:mod:`planner.cost.calibration`) keeps them within.
+(``planner/cost/calibration.json``, written by ``benchmarks/calibrate.py``), the priors and
+bounds the fit (:mod:`planner.cost.calibration`) keeps them within, and :class:`CostModel`, a
+calibration read once.
 
 The fit is physical: one GEMM efficiency per GPU type and precision family, and a handful of
 constants shared by every GPU.  A user's own fit (``plan-parallel calibrate``) has the same
 shape and is read by :func:`read_calibration`.
+
+A calibration is loaded once, into a :class:`CostModel` (the efficiencies of every GPU type and
+precision family it states, the ranking uncertainty, where it came from), which a
+:class:`planner.cost.request.PlanRequest` carries; a cost function reads its constants as
+``request.efficiency`` (this request's GPU and precision), never from a dict.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
 
 from planner.catalog.hardware import GpuSpec
 from planner.errors import PlanInputError
@@ -72,29 +80,18 @@ def shipped_calibration() -> dict:
     return json.loads(json.dumps(_shipped()))
 
 
-def load_efficiency(gpu: GpuSpec, precision: str, calibration: dict | None = None) -> Efficiency:
-    """Efficiency for a GPU type and precision: shared constants, then per-GPU/precision ones.
-
-    ``calibration`` is a dict as written by ``benchmarks/calibrate.py`` (or a user's
-    ``plan-parallel calibrate``); by default the shipped ``planner/cost/calibration.json``.
-    """
-    data = _shipped() if calibration is None else calibration
-    known = {f.name for f in fields(Efficiency)}
-    values = {k: v for k, v in data.get("shared", {}).items() if k in known}
-    family = "fp8" if precision == "fp8" else "bf16"
-    for key in (f"{gpu.name}/{family}", f"*/{family}"):
-        if key in data.get("by_gpu", {}):
-            values.update({k: v for k, v in data["by_gpu"][key].items() if k in known})
-            break
-    return replace(Efficiency(), **values)
+def _family(precision: str) -> str:
+    """The precision family a calibration's GEMM efficiency is fitted for."""
+    return "fp8" if precision == "fp8" else "bf16"
 
 
 # Used when neither the given calibration nor the shipped file states the ranking uncertainty.
 DEFAULT_RANKING_UNCERTAINTY = 0.0
 UNCERTAINTY_KEY = "ranking_uncertainty"
+SHIPPED_SOURCE = "shipped planner/cost/calibration.json"
 
 
-def ranking_uncertainty(calibration: dict | None = None) -> dict:
+def ranking_uncertainty(calibration: Mapping | None = None) -> dict:
     """How far apart two layouts' predicted step times must be for the model to tell them
     apart: ``{"relative": fraction, "source": text, ...}``.
 
@@ -109,6 +106,75 @@ def ranking_uncertainty(calibration: dict | None = None) -> dict:
                 and 0.0 <= entry["relative"] < 1.0:
             return dict(entry)
     return {"relative": DEFAULT_RANKING_UNCERTAINTY, "source": "none stated"}
+
+
+@dataclass(frozen=True, eq=False)
+class CostModel:
+    """A calibration, read once: the efficiencies of every GPU type and precision family it
+    states, the model's ranking uncertainty, and where the calibration came from.
+
+    Build it with :meth:`load` (a calibration dict, or None for the shipped file) or
+    :meth:`fixed` (one :class:`Efficiency` for every GPU: a fit's trial point, a test).
+    :meth:`efficiency` is a look-up; nothing is read or parsed after construction.
+    """
+
+    # calibration key ("H100-80GB/bf16", "*/fp8") -> the shared constants with that entry's
+    by_key: Mapping[str, Efficiency]
+    shared: Efficiency  # the shared constants alone: a GPU and family no entry names
+    uncertainty: float  # ranking uncertainty: step-time ratio within which layouts are ties
+    uncertainty_source: str  # where that figure was measured
+    source: str = SHIPPED_SOURCE  # where the calibration came from
+
+    @classmethod
+    def load(cls, calibration: Mapping | None = None, source: str | None = None) -> "CostModel":
+        """The cost model of ``calibration`` (a dict as ``benchmarks/calibrate.py`` or
+        ``plan-parallel calibrate`` writes it); None: the shipped calibration."""
+        if calibration is None:
+            return shipped_cost_model()
+        known = {f.name for f in fields(Efficiency)}
+        shared = replace(Efficiency(), **{k: v for k, v in calibration.get("shared", {}).items()
+                                          if k in known})
+        by_key = {key: replace(shared, **{k: v for k, v in entry.items() if k in known})
+                  for key, entry in calibration.get("by_gpu", {}).items()}
+        uncertainty = ranking_uncertainty(calibration)
+        return cls(by_key=MappingProxyType(by_key), shared=shared,
+                   uncertainty=float(uncertainty["relative"]),
+                   uncertainty_source=str(uncertainty.get("source", "")),
+                   source=source or "given calibration")
+
+    @classmethod
+    def fixed(cls, efficiency: Efficiency, source: str = "given efficiency") -> "CostModel":
+        """Every GPU type and precision with ``efficiency`` (the shipped ranking uncertainty)."""
+        shipped = shipped_cost_model()
+        return cls(by_key=MappingProxyType({}), shared=efficiency,
+                   uncertainty=shipped.uncertainty,
+                   uncertainty_source=shipped.uncertainty_source, source=source)
+
+    def efficiency(self, gpu: GpuSpec, precision: str) -> Efficiency:
+        """The constants for a GPU type and precision: its own entry, else its precision
+        family's ``*`` entry, else the shared constants alone."""
+        family = _family(precision)
+        for key in (f"{gpu.name}/{family}", f"*/{family}"):
+            if key in self.by_key:
+                return self.by_key[key]
+        return self.shared
+
+
+@cache
+def shipped_cost_model() -> CostModel:
+    """The cost model of the shipped calibration (read once per process)."""
+    return CostModel.load(_shipped(), SHIPPED_SOURCE)
+
+
+def load_efficiency(gpu: GpuSpec, precision: str, calibration: Mapping | None = None
+                    ) -> Efficiency:
+    """Efficiency for a GPU type and precision: shared constants, then per-GPU/precision ones.
+
+    ``calibration`` is a dict as written by ``benchmarks/calibrate.py`` (or a user's
+    ``plan-parallel calibrate``); by default the shipped ``planner/cost/calibration.json``.
+    (The planner itself reads a :class:`CostModel` once; this reads one entry.)
+    """
+    return CostModel.load(calibration).efficiency(gpu, precision)
 
 
 def read_calibration(path: Path) -> dict:

@@ -41,8 +41,8 @@ import numpy as np
 
 from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
-from planner.catalog.workload import GrpoWorkload
 from planner.cost.columns import memory_column, part_column, working_set_column
+from planner.cost.request import PlanRequest
 from planner.phases import PHASES, TRAINING_PHASES
 from planner.search.batches import log_prob_batches, update_batches
 from planner.search.layout import (
@@ -535,10 +535,11 @@ def core_fields(cols: Columns) -> tuple[str, ...]:
                  and np.asarray(cols[name]).ndim == 1 and name in LAYOUT_FIELDS)
 
 
-def _actor_core(model: ModelSpec, cluster: ClusterSpec, workload, cols: Columns) -> list[dict]:
+def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
     """Per rank of :data:`STAGES`: the bytes that do not depend on offload or the CPU optimizer
     (weights, grads, the whole optimizer state, the parameters it covers, activations and
     log-prob buffers of the update and of the forward passes)."""
+    model, cluster, workload = request.model, request.cluster, request.workload
     update = update_batches(workload, cols)
     log_prob = log_prob_batches(workload, cols)
     train_tokens, forward_tokens = update.memory_tokens, log_prob.memory_tokens
@@ -573,17 +574,17 @@ def _actor_core(model: ModelSpec, cluster: ClusterSpec, workload, cols: Columns)
     return out
 
 
-def actor_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                 cols: Columns) -> dict:
+def actor_memory(request: PlanRequest, cols: Columns) -> dict:
     """Per-phase bytes of everything but the rollout engine's own budget, per pipeline stage.
 
     Returns ``{"phases": {phase: [one array per STAGES entry]}, "stages": [...]}``, where a
     stage dict holds its weights, grads, optimizer, activation, logits and host bytes.
     """
+    workload = request.workload
     fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
     core, inverse = unique_rows(cols, core_fields(cols))
     cores = [{name: np.asarray(values)[inverse] for name, values in stage.items()}
-             for stage in _actor_core(model, cluster, workload, core)]
+             for stage in _actor_core(request, core)]
     param_off = cols["param_offload"].astype(bool)
     optim_off = cols["optimizer_offload"].astype(bool)
     ref_off = cols["ref_param_offload"].astype(bool)
@@ -650,19 +651,19 @@ def pick_utilization(wanted_fraction, resident_bytes, capacity: float,
                    UTILIZATION_STEP, UTILIZATION_MAX)
 
 
-def rollout_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                   cols: Columns, resident_bytes: np.ndarray,
-                   utilization: np.ndarray | None = None,
-                   ceiling: float = 1 - ROLLOUT_HEADROOM_FRACTION) -> Columns:
+def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarray,
+                   utilization: np.ndarray | None = None) -> Columns:
     """The rollout engine beside ``resident_bytes`` of actor and reference state.
 
     vLLM claims ``gpu_memory_utilization * capacity`` (its v1 engine refuses to start when that
     much is not free) and fills what its weights and profiled activations leave with KV cache.
     With ``utilization=None`` it is picked (:func:`pick_utilization`): enough KV for the
     replica's whole batch (at most ``max_num_seqs`` running), kept with the resident state
-    below ``ceiling`` of the GPU (the memory policy's band top); where that leaves no room for
-    one sequence, as much as fits beside the resident state.
+    below the request's memory policy's band top; where that leaves no room for one sequence,
+    as much as fits beside the resident state.
     """
+    model, cluster, workload = request.model, request.cluster, request.workload
+    ceiling = request.policy.high
     capacity = float(cluster.gpu.memory_bytes)
     seq = workload.sequence_length
     weights = rollout_weight_bytes(model, cols, workload)
@@ -723,10 +724,8 @@ def argmax_rows(arrays) -> tuple[np.ndarray, np.ndarray]:
     return index, best
 
 
-def estimate_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                    cols: Columns, pick_utilization: bool = False,
-                    actor: dict | None = None,
-                    ceiling: float = 1 - ROLLOUT_HEADROOM_FRACTION) -> Columns:
+def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool = False,
+                    actor: dict | None = None) -> Columns:
     """Memory columns for every layout in ``cols`` (bytes unless named otherwise).
 
     Per phase two quantities (:mod:`planner.policy`): ``mem_<phase>_bytes``, what nvidia-smi
@@ -735,16 +734,18 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorklo
     KV blocks of the sequences running at once).  ``peak_bytes`` is the largest of the first.
 
     ``pick_utilization``: choose ``gpu_memory_utilization`` per layout (see
-    :func:`rollout_memory`, below ``ceiling`` of the GPU) instead of reading it from ``cols``.
+    :func:`rollout_memory`, below the memory policy's band top) instead of reading it from
+    ``cols``.
     """
+    cluster, workload = request.cluster, request.workload
     capacity = float(cluster.gpu.memory_bytes)
     # ``actor``: a result of actor_memory for these rows (it ignores the rollout columns), as the
     # search space computed it while choosing the rollout.
-    actor = actor or actor_memory(model, cluster, workload, cols)
+    actor = actor or actor_memory(request, cols)
     phase_stages = {phase: list(values) for phase, values in actor["phases"].items()}
     resident = np.max(phase_stages["generate"], axis=0)
-    out = rollout_memory(model, cluster, workload, cols, resident,
-                         None if pick_utilization else cols["gpu_memory_utilization"], ceiling)
+    out = rollout_memory(request, cols, resident,
+                         None if pick_utilization else cols["gpu_memory_utilization"])
     allocated = {phase: list(values) for phase, values in actor["allocated"].items()}
     phase_stages["generate"] = [stage + out["mem_generate_bytes"] - resident
                                 for stage in phase_stages["generate"]]

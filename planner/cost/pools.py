@@ -38,13 +38,13 @@ The idle fraction of a pool is ``1 - busy / step``; the bottleneck is the busier
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from planner.catalog.hardware import ClusterSpec
-from planner.catalog.models import ModelSpec
-from planner.catalog.workload import GrpoWorkload
-from planner.cost.efficiency import Efficiency
 from planner.cost.memory import WEIGHT_BYTES
+from planner.cost.request import PlanRequest
 from planner.cost.timing import (
     decode_step_s,
     generate_s,
@@ -62,20 +62,29 @@ def _f(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def streaming_generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                         cols: Columns, eff: Efficiency, memory: Columns,
-                         max_in_flight_prompts: float | None = None,
-                         prompts_per_replica: float | None = None) -> dict[str, np.ndarray]:
+@dataclass(frozen=True)
+class StreamingLimits:
+    """How many prompts a streaming rollout pool may run at once: ``max_in_flight_prompts``
+    over the pool (None: one step's, NeMo RL's collector semaphore of num_prompts_per_step *
+    max_trajectory_age_steps prompt groups, async_utils.py) and ``prompts_per_replica`` per
+    engine replica (None: no cap; verl's fully-async rollouter caps it)."""
+
+    max_in_flight_prompts: float | None = None
+    prompts_per_replica: float | None = None
+
+
+def streaming_generate_s(request: PlanRequest, cols: Columns, memory: Columns,
+                         limits: StreamingLimits = StreamingLimits()) -> dict[str, np.ndarray]:
     """Generation time of one step's sequences on a pool that streams (partial rollout): the
     prefill of :func:`generate_s` plus ``S * R_mean / c`` decode steps at the full running
     batch ``c`` -- no long-tail wave (interrupted sequences continue after the sync).
 
-    ``c`` is what the KV cache holds (and ``max_num_seqs``), at most the prompts the trainer
-    lets run at once, ``n`` sequences each: ``max_in_flight_prompts`` over the pool (default
-    one step's, NeMo RL's collector semaphore of num_prompts_per_step *
-    max_trajectory_age_steps prompt groups, async_utils.py) and ``prompts_per_replica`` per
-    engine replica (verl's rollouter, see planner/placement.py)."""
-    whole = generate_s(model, cluster, workload, cols, eff, memory)
+    ``c`` is what the KV cache holds (and ``max_num_seqs``), at most the prompts ``limits``
+    lets run at once, ``n`` sequences each."""
+    cluster, workload = request.cluster, request.workload
+    max_in_flight_prompts = limits.max_in_flight_prompts
+    prompts_per_replica = limits.prompts_per_replica
+    whole = generate_s(request, cols, memory)
     rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
     replicas = np.maximum(np.floor(cluster.num_gpus / (rtp * rdp)), 1)
     seqs = workload.sequences_per_step / replicas / rdp  # per attention rank
@@ -87,18 +96,19 @@ def streaming_generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoW
                              np.maximum(in_flight, 1.0))
     r_mean = mean_response_length(workload)
     steps = seqs * r_mean / concurrency
-    step = decode_step_s(model, cluster, workload, cols, eff, concurrency,
-                         mean_prompt_length(workload) + r_mean / 2)
+    step = decode_step_s(request, cols, concurrency, mean_prompt_length(workload) + r_mean / 2)
     decode = np.where(whole["kv_holds_sequence"], steps * step["total_s"], np.inf)
     return {"total_s": whole["prefill_s"] + decode, "prefill_s": whole["prefill_s"],
             "decode_s": decode, "decode_steps": steps, "decode_batch": concurrency}
 
 
-def pool_sync_s(model: ModelSpec, whole: ClusterSpec, trainer: ClusterSpec,
-                workload: GrpoWorkload, cols: Columns, eff: Efficiency) -> dict[str, np.ndarray]:
-    """Parameter sync from the trainer pool to the rollout pool, by part (``cols``: the actor's
-    layout with the rollout pool's rollout fields)."""
-    local = weight_sync_s(model, trainer, workload, cols, eff)
+def pool_sync_s(request: PlanRequest, trainer: ClusterSpec, cols: Columns
+                ) -> dict[str, np.ndarray]:
+    """Parameter sync from the trainer pool (``trainer``) to the rollout pool of the request's
+    cluster, by part (``cols``: the actor's layout with the rollout pool's rollout fields)."""
+    model, whole, workload, eff = (request.model, request.cluster, request.workload,
+                                   request.efficiency)
+    local = weight_sync_s(request.on(trainer), cols)
     total_bytes = float(model.params.total * WEIGHT_BYTES)
     span = np.full(len(local["comm_s"]), whole.num_gpus)
     broadcast = total_bytes / link_bandwidth(whole, eff, span)

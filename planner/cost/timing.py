@@ -63,9 +63,9 @@ import numpy as np
 
 from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
-from planner.catalog.workload import GrpoWorkload, PretrainWorkload
+from planner.catalog.workload import GrpoWorkload
 from planner.cost.columns import TIME_PARTS, breakdown_column, time_column
-from planner.cost.efficiency import Efficiency, load_efficiency
+from planner.cost.efficiency import Efficiency
 from planner.cost.flops import (
     active_linear_params_per_token,
     attention_core_flops_per_layer,
@@ -79,10 +79,12 @@ from planner.cost.memory import (
     activation_bytes_per_layer,
     actor_params_per_gpu,
     cpu_fraction,
+    estimate_memory,
     kv_bytes_per_token,
     rank_layers,
     rollout_weight_bytes,
 )
+from planner.cost.request import PlanRequest
 from planner.phases import PHASES
 from planner.search.batches import (
     log_prob_batches,
@@ -149,8 +151,10 @@ class TrainShape:
     overlap_grad_reduce: bool = True
 
 
-def _stage_compute_s(model, cluster, cols, eff, peak_flops, shape: TrainShape):
+def _stage_compute_s(request: PlanRequest, cols: Columns, shape: TrainShape):
     """Forward compute seconds of one micro-batch on the slowest pipeline stage."""
+    model, cluster, eff = request.model, request.cluster, request.efficiency
+    peak_flops = cluster.gpu.peak_flops(request.workload.precision)
     linear = linear_params_per_token(model)
     tp, cp = _f(cols["tp"]), _f(cols["cp"])
     tokens = shape.tokens_per_micro_batch / cp  # per CP rank; SP gathers them for the GEMMs
@@ -186,8 +190,9 @@ def _stage_compute_s(model, cluster, cols, eff, peak_flops, shape: TrainShape):
     return np.max(stage_times, axis=0), layers
 
 
-def _stage_comm_s(model, cluster, cols, eff, shape: TrainShape, stage_layers_count):
+def _stage_comm_s(request: PlanRequest, cols: Columns, shape: TrainShape, stage_layers_count):
     """Exposed TP, CP and EP communication of one micro-batch forward on a stage."""
+    model, cluster, eff = request.model, request.cluster, request.efficiency
     h = model.hidden_size
     tp, cp, ep, etp = (_f(cols[k]) for k in ("tp", "cp", "ep", "etp"))
     tokens = shape.tokens_per_micro_batch / cp
@@ -220,13 +225,13 @@ def _stage_comm_s(model, cluster, cols, eff, shape: TrainShape, stage_layers_cou
     return stage_layers_count * (tp_layer + cp_layer + moe_fraction * ep_layer)
 
 
-def train_phase_s(model: ModelSpec, cluster: ClusterSpec, cols: Columns, eff: Efficiency,
-                  precision: str, shape: TrainShape) -> dict[str, np.ndarray]:
+def train_phase_s(request: PlanRequest, cols: Columns, shape: TrainShape
+                  ) -> dict[str, np.ndarray]:
     """Seconds of one training (or forward-only) pass over a step's data, with a breakdown."""
-    peak = cluster.gpu.peak_flops(precision)
+    model, cluster, eff = request.model, request.cluster, request.efficiency
     pp, vpp = _f(cols["pp"]), _f(cols["vpp"])
-    forward, layers_on_stage = _stage_compute_s(model, cluster, cols, eff, peak, shape)
-    comm = _stage_comm_s(model, cluster, cols, eff, shape, layers_on_stage)
+    forward, layers_on_stage = _stage_compute_s(request, cols, shape)
+    comm = _stage_comm_s(request, cols, shape, layers_on_stage)
     if shape.forward_only:
         compute, exposed_comm = forward, comm
     else:
@@ -292,16 +297,15 @@ def cpu_optimizer_s(cluster: ClusterSpec, host_params, shape: TrainShape) -> np.
     return np.maximum(adam, copies)
 
 
-def pretrain_step(model: ModelSpec, cluster: ClusterSpec, workload: PretrainWorkload,
-                  cols: Columns, eff: Efficiency | None = None) -> Columns:
+def pretrain_step(request: PlanRequest, cols: Columns) -> Columns:
     """A plain Megatron training step: time, tokens/s/GPU, model TFLOP/s per GPU, MFU."""
-    eff = eff or load_efficiency(cluster.gpu, workload.precision)
+    model, cluster, workload = request.model, request.cluster, request.workload
     micro = _f(cols["micro_batch"])
     m = np.maximum(workload.global_batch // np.maximum(cols["dp"] * cols["micro_batch"], 1), 1)
     shape = TrainShape(tokens_per_micro_batch=micro * workload.seq_len,
                        seq_len=np.full(len(micro), float(workload.seq_len)),
                        micro_batches=m, optimizer_steps=1.0)
-    phase = train_phase_s(model, cluster, cols, eff, workload.precision, shape)
+    phase = train_phase_s(request, cols, shape)
     step = phase["total_s"]
     tokens = float(workload.tokens_per_step)
     flops = float(training_flops(model, tokens, workload.global_batch * workload.seq_len ** 2))
@@ -340,10 +344,12 @@ def longest_response(mean_tokens, max_tokens, sequences) -> np.ndarray:
     return np.minimum(_f(max_tokens), _f(mean_tokens) * (np.log(n) + EULER_GAMMA + 0.5 / n))
 
 
-def decode_step_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                  cols: Columns, eff: Efficiency, batch, context) -> dict[str, np.ndarray]:
+def decode_step_s(request: PlanRequest, cols: Columns, batch, context
+                  ) -> dict[str, np.ndarray]:
     """Seconds of one decode step of a rollout rank running ``batch`` sequences whose mean
     context is ``context`` tokens, by part (a roofline plus latency terms)."""
+    model, cluster, workload = request.model, request.cluster, request.workload
+    eff = request.efficiency
     gpu = cluster.gpu
     rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
     batch = _f(batch)
@@ -395,8 +401,7 @@ def rollout_concurrency(workload: GrpoWorkload, kv_tokens) -> np.ndarray:
     return np.clip(np.floor(_f(kv_tokens) / (prompt + r_mean)), 1, workload.max_num_seqs)
 
 
-def generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, cols: Columns,
-               eff: Efficiency, memory: Columns) -> dict[str, np.ndarray]:
+def generate_s(request: PlanRequest, cols: Columns, memory: Columns) -> dict[str, np.ndarray]:
     """Rollout generation time of the slowest replica (all replicas get equal shares).
 
     Continuous batching at concurrency ``c`` (KV capacity or ``max_num_seqs``): ``S * R / c``
@@ -405,6 +410,8 @@ def generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, c
     whose KV cache cannot hold one longest sequence cannot run at all: infinite time (vLLM
     refuses to start), never concurrency 1.
     """
+    model, cluster, workload = request.model, request.cluster, request.workload
+    eff = request.efficiency
     gpu = cluster.gpu
     rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
     prompt, r_max = mean_prompt_length(workload), float(workload.response_length)
@@ -427,7 +434,7 @@ def generate_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, c
     tail = longest_response(r_mean, r_max, seqs)
     steps = np.maximum(tail, seqs * r_mean / concurrency + (tail - r_mean))
     batch = np.maximum(seqs * r_mean / steps, 1.0)
-    step = decode_step_s(model, cluster, workload, cols, eff, batch, prompt + r_mean / 2)
+    step = decode_step_s(request, cols, batch, prompt + r_mean / 2)
     decode = np.where(holds_one, steps * step["total_s"], np.inf)
     return {"total_s": prefill + decode, "prefill_s": prefill, "decode_s": decode,
             "decode_steps": steps, "decode_batch": batch, "kv_holds_sequence": holds_one,
@@ -447,8 +454,7 @@ def tensor_count(model: ModelSpec) -> int:
             + 3)
 
 
-def weight_sync_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
-                  cols: Columns, eff: Efficiency) -> dict[str, np.ndarray]:
+def weight_sync_s(request: PlanRequest, cols: Columns) -> dict[str, np.ndarray]:
     """Actor -> rollout weight transfer, by part.
 
     verl (``per_tensor``): every tensor is all-gathered over the actor's model-parallel group
@@ -457,6 +463,8 @@ def weight_sync_s(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload
     term; DeepSeek-V3's ~45k expert tensors make it tens of seconds.  NeMo RL (``bucketed``)
     packs tensors into large buffers passed by CUDA IPC: a smaller per-tensor cost.  Plus the
     engine's wake-up and sleep."""
+    model, cluster, workload = request.model, request.cluster, request.workload
+    eff = request.efficiency
     total = model.params.total * WEIGHT_BYTES
     group = _f(cols["tp"] * cols["pp"] * cols["ep"])
     gather = np.where(group > 1, (group - 1) / group * total
@@ -478,12 +486,12 @@ def offload_s(cluster: ClusterSpec, nbytes) -> np.ndarray:
     return _f(nbytes) / cluster.gpu.host_bandwidth_bytes_per_s
 
 
-def grpo_step(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, cols: Columns,
-              memory: Columns, eff: Efficiency | None = None) -> Columns:
+def grpo_step(request: PlanRequest, cols: Columns, memory: Columns) -> Columns:
     """Seconds per GRPO phase and per step, tokens/s/GPU (verl's definition) and actor MFU,
     with each phase's time split into compute, exposed communication, pipeline bubble, host
     transfer and latency terms (``breakdown_<phase>_<part>_s``)."""
-    eff = eff or load_efficiency(cluster.gpu, workload.precision)
+    model, cluster, workload = request.model, request.cluster, request.workload
+    eff = request.efficiency
     seq = mean_sequence_length(workload)
     n = len(cols["tp"])
     sequences = workload.sequences_per_step
@@ -501,10 +509,10 @@ def grpo_step(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, co
                               cpu_adam_streamed_bytes=(4 + 4 + 2 * workload.adam_moment_bytes)
                               + (4 + 2 * workload.adam_moment_bytes),
                               overlap_grad_reduce=workload.overlap_grad_reduce)
-    log_prob = train_phase_s(model, cluster, cols, eff, workload.precision, forward_shape)
-    update = train_phase_s(model, cluster, cols, eff, workload.precision, update_shape)
-    gen = generate_s(model, cluster, workload, cols, eff, memory)
-    sync = weight_sync_s(model, cluster, workload, cols, eff)
+    log_prob = train_phase_s(request, cols, forward_shape)
+    update = train_phase_s(request, cols, update_shape)
+    gen = generate_s(request, cols, memory)
+    sync = weight_sync_s(request, cols)
     param_off = cols["param_offload"].astype(bool)
     optim_off = cols["optimizer_offload"].astype(bool)
     weights = _f(memory["weights_bytes"])
@@ -562,3 +570,12 @@ def grpo_step(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload, co
     stack = np.stack([times[p] for p in PHASES])
     out["dominant_phase"] = stack.argmax(axis=0)
     return out
+
+
+def step_columns(request: PlanRequest, cols: Columns, memory: Columns | None = None) -> Columns:
+    """The time columns of the request's training step: a GRPO step's phases
+    (:func:`grpo_step`, with the layouts' ``memory`` columns, estimated when not given) or, for
+    a workload without a rollout, a plain Megatron step (:func:`pretrain_step`)."""
+    if not request.workload.has_rollout:
+        return pretrain_step(request, cols)
+    return grpo_step(request, cols, estimate_memory(request, cols) if memory is None else memory)

@@ -10,13 +10,13 @@ step, which phase the plan saves the most time in, and whether a slow link is in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.cost.columns import time_column
+from planner.cost.request import PlanRequest
 from planner.errors import NoFitError, PlanInputError
 from planner.phases import PHASES
 from planner.plan import make_plan
-from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import Layout
 from planner.search.space import SearchOptions
 from planner.units import GIB
@@ -76,11 +76,14 @@ def reason(best: dict, other: dict) -> str:
             f"dominates the step ({share:.0%})")
 
 
-def explain(model, cluster, workload, calibration=None,
-            policy: MemoryPolicy = DEFAULT_POLICY) -> dict:
-    if workload.kind != "grpo":
+def explain(request: PlanRequest) -> dict:
+    """The plan's choice next to the rules of thumb (``request``: its options are ignored --
+    the default search, and each rule's pins on it)."""
+    model, cluster, workload = request.model, request.cluster, request.workload
+    if not workload.has_rollout:
         raise PlanInputError("explain compares GRPO layouts; drop --workload pretrain")
-    plan = make_plan(model, cluster, workload, SearchOptions(), calibration, policy)
+    request = replace(request, options=SearchOptions())
+    plan = make_plan(request)
     fitting = plan.candidates[plan.candidates["fits"]]
     if fitting.empty:
         raise NoFitError(f"no layout of {model.name} fits on {cluster.num_gpus} x "
@@ -99,8 +102,7 @@ def explain(model, cluster, workload, calibration=None,
             comparisons.append(entry)
             continue
         try:
-            pinned = make_plan(model, cluster, workload, SearchOptions(fixed=pins), calibration,
-                               policy)
+            pinned = make_plan(replace(request, options=SearchOptions(fixed=pins)))
         except PlanInputError as error:
             entry["verdict"] = f"not applicable: {error}"
             comparisons.append(entry)

@@ -14,7 +14,10 @@ above when it is asynchronous, and the same caveat.  ``sync`` is
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.catalog.hardware import ClusterSpec
+from planner.cost.request import PlanRequest
 from planner.errors import NoFitError, PlanInputError
 from planner.placement import (
     OFF_POLICY_NOTE,
@@ -25,7 +28,6 @@ from planner.placement import (
     plan_mode,
     pool_splits,
 )
-from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.space import SearchOptions
 
 TIE = 1e-9  # step ratios within this are ties (the plan then prefers the larger rollout pool)
@@ -123,25 +125,22 @@ def explain_split(plan: ModePlan) -> dict:
     }
 
 
-def explain_mode(model, cluster, workload, mode: str, calibration: dict | None = None,
-                 policy: MemoryPolicy = DEFAULT_POLICY,
+def explain_mode(request: PlanRequest, mode: str,
                  async_options: AsyncOptions | None = None) -> dict:
     """``explain --mode one-step-off|fully-async`` (the default search, as ``explain``)."""
-    if workload.kind != "grpo":
+    if not request.workload.has_rollout:
         raise PlanInputError(f"explain --mode {mode} compares GRPO plans; drop --workload "
                              f"pretrain")
-    return explain_split(plan_mode(model, cluster, workload, mode, SearchOptions(), calibration,
-                                   policy, async_options or AsyncOptions()))
+    return explain_split(plan_mode(replace(request, options=SearchOptions()), mode,
+                                   async_options or AsyncOptions()))
 
 
-def explain_best(model, cluster, workload, calibration: dict | None = None,
-                 policy: MemoryPolicy = DEFAULT_POLICY,
-                 async_options: AsyncOptions | None = None) -> dict:
+def explain_best(request: PlanRequest, async_options: AsyncOptions | None = None) -> dict:
     """``explain --mode best``: which mode wins, by how much over sync, and why (its split)."""
-    if workload.kind != "grpo":
+    model, cluster = request.model, request.cluster
+    if not request.workload.has_rollout:
         raise PlanInputError("explain --mode best compares GRPO plans; drop --workload pretrain")
-    plans = plan_best(model, cluster, workload, SearchOptions(), calibration, policy,
-                      async_options or AsyncOptions())
+    plans = plan_best(replace(request, options=SearchOptions()), async_options or AsyncOptions())
     rows = best_table_rows(plans)
     fitting = [row for row in rows if row["best"] is not None]
     if not fitting:

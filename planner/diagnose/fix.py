@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.cost.columns import time_column, working_set_column
+from planner.cost.request import PlanRequest
 from planner.diagnose.validate import JobInput, dry_run
 from planner.errors import InvalidLayoutError, PlanInputError
 from planner.phases import PHASES
@@ -187,7 +188,7 @@ def candidate_changes(layout, model, cluster, over: bool,
 
 def score(model, cluster, workload, layout, policy: MemoryPolicy = DEFAULT_POLICY) -> dict | None:
     try:
-        return estimate_layout(model, cluster, workload, layout, policy=policy).row
+        return estimate_layout(PlanRequest(model, cluster, workload, policy=policy), layout).row
     except (InvalidLayoutError, PlanInputError):
         return None
 

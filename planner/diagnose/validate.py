@@ -34,6 +34,7 @@ from planner.catalog.models import (
 )
 from planner.cost.columns import flag_column
 from planner.cost.memory import STAGES
+from planner.cost.request import PlanRequest
 from planner.diagnose.validate_report import module_rows
 from planner.errors import InvalidLayoutError, PlanInputError, ResourceLimitError
 from planner.phases import PHASES
@@ -380,16 +381,17 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
         findings += shape
         if pools is not None:
             if not any(f.level == "error" for f in findings):
-                memory, pool_problems = pool_memory(model, pools, workload, layout,
-                                                    job_input.policy)
+                memory, pool_problems = pool_memory(
+                    PlanRequest(model, cluster, workload, policy=job_input.policy), pools,
+                    layout)
                 findings += pool_problems
                 report["memory"] = memory
             report["modules"] = module_rows(job, layout, None)
             return finish()
         if not any(f.level == "error" for f in shape):
             try:
-                estimate = estimate_layout(model, cluster, workload, layout,
-                                           policy=job_input.policy)
+                estimate = estimate_layout(
+                    PlanRequest(model, cluster, workload, policy=job_input.policy), layout)
             except InvalidLayoutError:  # a rule validate reports per verl key (CHECKED_PER_KEY)
                 estimate = None
         if estimate is not None:

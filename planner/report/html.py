@@ -19,6 +19,8 @@ from planner.bounds import CLUSTER_LIMITS, check_fields
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GRPO_LIMITS, GrpoWorkload
+from planner.cost.efficiency import CostModel, shipped_cost_model
+from planner.cost.request import PlanRequest
 from planner.errors import PlanInputError
 from planner.plan import make_plan
 from planner.policy import DEFAULT_POLICY, PEAK_NAME, WORKING_SET_NAME, MemoryPolicy
@@ -178,13 +180,15 @@ def render_sizing(sizing, png_dir: Path | None = None, title: str = "") -> str:
             f"</head><body>{''.join(sections)}</body></html>")
 
 
-def plan_from_sweep(sweep: Path, calibration: dict | None = None,
+def plan_from_sweep(sweep: Path, cost: CostModel | None = None,
                     policy: MemoryPolicy = DEFAULT_POLICY):
     """Re-plan a sweep's model, cluster and workload: from ``plan.json`` (a ``--write``
-    folder) or from the study that ``sweep.json`` names (a ``--sweep-dir``), read only."""
+    folder) or from the study that ``sweep.json`` names (a ``--sweep-dir``), read only; with
+    ``cost`` (None: the shipped cost model) and ``policy``."""
+    cost = cost or shipped_cost_model()
     if not (sweep / PLAN_FILE).exists() and (sweep / SWEEP_FILE).exists():
         study, _ = open_study(sweep_dir=sweep)
-        return make_plan(*study_setting(study), calibration=calibration, policy=policy)
+        return make_plan(PlanRequest(*study_setting(study), cost=cost, policy=policy))
     path = sweep / PLAN_FILE
     if not path.is_file():
         raise PlanInputError(f"{str(sweep)!r} is not a sweep folder: no {PLAN_FILE} (a `tune "
@@ -205,7 +209,7 @@ def plan_from_sweep(sweep: Path, calibration: dict | None = None,
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise PlanInputError(f"{str(path)!r} does not describe a plan "
                              f"({str(error)[:200]})") from None
-    return make_plan(*setting, calibration=calibration, policy=policy)
+    return make_plan(PlanRequest(*setting, cost=cost, policy=policy))
 
 
 def _check_outputs(output: Path, png_dir: Path | None, force: bool) -> None:

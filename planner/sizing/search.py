@@ -30,9 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from planner.catalog.hardware import ClusterSpec
-from planner.catalog.models import ModelSpec
-from planner.plan import Plan, Workload, make_plan
-from planner.policy import DEFAULT_POLICY, MemoryPolicy
+from planner.cost.request import PlanRequest
+from planner.plan import Plan, make_plan
 from planner.search.layout import RECOMPUTE, unique_rows
 from planner.search.space import PARALLEL_FIELDS, ROLLOUT_FIELDS, SearchOptions
 
@@ -141,17 +140,17 @@ def _first(plan: Plan) -> dict | None:
     return {name: _plain(value) for name, value in frame.iloc[0].items()}
 
 
-def best_layout(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                options: SearchOptions = SearchOptions(), calibration: dict | None = None,
-                policy: MemoryPolicy = DEFAULT_POLICY, refine: int = REFINE) -> CountResult:
-    """The best layout that fits ``cluster``, or the closest miss (see the module docstring).
-    Best is the fastest by the prediction (plans ranked with no tie tolerance): sizing compares
-    counts and GPU types by step time, so it must not trade speed for simplicity."""
+def best_layout(request: PlanRequest, refine: int = REFINE) -> CountResult:
+    """The best layout that fits the request's cluster, or the closest miss (see the module
+    docstring).  Best is the fastest by the prediction (plans ranked with no tie tolerance):
+    sizing compares counts and GPU types by step time, so it must not trade speed for
+    simplicity."""
+    options, cluster = request.options, request.cluster
+
     def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp) -> Plan:
-        return make_plan(model, cluster, workload,
-                         replace(options, knob_rows=knobs, parallel_rows=parallel,
-                                 rollout_rows=rollouts, vpp=vpp),
-                         calibration, policy, tie_tolerance=0.0)
+        return make_plan(replace(request, options=replace(
+            options, knob_rows=knobs, parallel_rows=parallel, rollout_rows=rollouts, vpp=vpp)),
+            tie_tolerance=0.0)
 
     # VPP only adds activation memory (Megatron's interleaving penalty) and trims the update's
     # bubble: the probe leaves it at 1, the refinement tries the others

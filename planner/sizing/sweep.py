@@ -21,9 +21,11 @@ from typing import Callable
 
 from planner.catalog.hardware import ClusterSpec, GpuSpec
 from planner.catalog.models import ModelSpec
+from planner.catalog.workload import Workload
+from planner.cost.efficiency import CostModel, shipped_cost_model
+from planner.cost.request import PlanRequest
 from planner.errors import PlanInputError
 from planner.phases import PHASES
-from planner.plan import Workload
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import Layout
 from planner.search.space import SearchOptions
@@ -244,32 +246,56 @@ def _auto_done(rows: list[SizingRow], min_scaling: float) -> bool:
     return False
 
 
-def size_cluster(model: ModelSpec, gpus: tuple[GpuSpec, ...], counts: GpuCounts,
-                 workload: Workload, run: RunLength, *, gpus_per_node: int,
-                 prices: PriceTable | None = None,
-                 min_scaling: float = DEFAULT_MIN_SCALING,
-                 options: SearchOptions = SearchOptions(), calibration: dict | None = None,
-                 policy: MemoryPolicy = DEFAULT_POLICY, host_memory_gib: float | None = None,
-                 auto_limit: int = AUTO_MAX_GPUS) -> Sizing:
+@dataclass(frozen=True)
+class SizingRequest:
+    """What a sizing sweep is asked: the model and workload, the GPU types and counts to visit
+    and the shape of their nodes, the run to price, when a doubling is worth it, and -- as in a
+    plan's :class:`~planner.cost.request.PlanRequest` -- the search options, cost model and
+    memory policy of every count's plan."""
+
+    model: ModelSpec
+    workload: Workload
+    gpus: tuple[GpuSpec, ...]
+    counts: GpuCounts
+    run: RunLength
+    gpus_per_node: int
+    prices: PriceTable | None = None
+    min_scaling: float = DEFAULT_MIN_SCALING
+    options: SearchOptions = SearchOptions()
+    cost: CostModel = field(default_factory=shipped_cost_model)
+    policy: MemoryPolicy = DEFAULT_POLICY
+    host_memory_gib: float | None = None
+    auto_limit: int = AUTO_MAX_GPUS
+
+    def plan_request(self, gpu: GpuSpec, count: int) -> PlanRequest:
+        """The plan request of one GPU type at one count."""
+        cluster = ClusterSpec(gpu=gpu, num_gpus=count,
+                              gpus_per_node=min(self.gpus_per_node, count),
+                              host_memory_gib=self.host_memory_gib)
+        return PlanRequest(self.model, cluster, self.workload, self.options, self.cost,
+                           self.policy)
+
+
+def size_cluster(request: SizingRequest) -> Sizing:
     """The sweep: every GPU type at every count (``auto``: the doubling ladder until each type
     passes its knee), each with its best layout (:func:`planner.sizing.search.best_layout`)."""
+    min_scaling, counts = request.min_scaling, request.counts
     if not min_scaling > 1:
         raise PlanInputError(f"--min-scaling {min_scaling} must be above 1 (a doubling of GPUs "
                              f"gains at most 2x)")
-    ladder = auto_counts(gpus_per_node, auto_limit) if counts.auto else counts.counts
-    sizing = Sizing(model=model, workload=workload, gpus_per_node=gpus_per_node, run=run,
-                    prices=prices, min_scaling=min_scaling, rows=[])
-    for gpu in gpus:
+    ladder = (auto_counts(request.gpus_per_node, request.auto_limit) if counts.auto
+              else counts.counts)
+    sizing = Sizing(model=request.model, workload=request.workload,
+                    gpus_per_node=request.gpus_per_node, run=request.run,
+                    prices=request.prices, min_scaling=min_scaling, rows=[])
+    for gpu in request.gpus:
         rows: list[SizingRow] = []
         for count in ladder:
-            cluster = ClusterSpec(gpu=gpu, num_gpus=count,
-                                  gpus_per_node=min(gpus_per_node, count),
-                                  host_memory_gib=host_memory_gib)
-            result = best_layout(model, cluster, workload, options, calibration, policy)
+            result = best_layout(request.plan_request(gpu, count))
             sizing.scored += result.scored
-            rows.append(row_of(result, run, prices))
+            rows.append(row_of(result, request.run, request.prices))
             if counts.auto and _auto_done(rows, min_scaling):
                 break
         sizing.rows += rows
-    _summarise(sizing, gpus)
+    _summarise(sizing, request.gpus)
     return sizing

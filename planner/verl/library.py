@@ -24,6 +24,7 @@ from pathlib import Path
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import builtin_model
 from planner.catalog.workload import GrpoWorkload
+from planner.cost.request import PlanRequest
 from planner.plan import make_plan
 from planner.policy import DEFAULT_POLICY, PEAK_NAME, WORKING_SET_NAME, MemoryPolicy
 from planner.verl.export import job_from_plan
@@ -72,7 +73,8 @@ def plan_entry(entry: Entry, policy: MemoryPolicy = DEFAULT_POLICY):
     """The exported job for the entry's top-ranked layout, and the reason it sits outside the
     memory band (``""`` inside; ``None`` when the plan cannot justify it)."""
     cluster = ClusterSpec(get_gpu(entry.gpu), entry.gpus, min(8, entry.gpus))
-    plan = make_plan(builtin_model(entry.model), cluster, entry.workload, policy=policy)
+    plan = make_plan(PlanRequest(builtin_model(entry.model), cluster, entry.workload,
+                                 policy=policy))
     job = job_from_plan(plan, 1)
     return job, band_reason(plan, job.prediction, policy)
 

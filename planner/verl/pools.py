@@ -15,12 +15,12 @@ import numpy as np
 
 from planner.catalog.hardware import ClusterSpec
 from planner.cost.memory import rollout_memory
+from planner.cost.request import PlanRequest
 from planner.placement import (
     ROLLOUT_RESIDENT_BYTES,
     split_problems,
     trainer_memory,
 )
-from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.units import GIB
 from planner.verl.findings import Finding
 from planner.verl.keys import ACTOR, ASYNC_TRAINING, ROLLOUT, get
@@ -127,16 +127,16 @@ def pool_findings(config: dict, mode: str, pools: Pools, cluster_gpus: int | Non
     return out
 
 
-def pool_memory(model, pools: Pools, workload, layout,
-                policy: MemoryPolicy = DEFAULT_POLICY) -> tuple[dict, list]:
-    """Per-GPU memory of each pool: the trainer's training phases (no rollout engine beside
-    them), vLLM alone on the rollout pool.  Returns ``(report, findings)``."""
+def pool_memory(request: PlanRequest, pools: Pools, layout) -> tuple[dict, list]:
+    """Per-GPU memory of each pool (``request``: the job's model, workload and memory policy):
+    the trainer's training phases (no rollout engine beside them), vLLM alone on the rollout
+    pool.  Returns ``(report, findings)``."""
+    workload, policy = request.workload, request.policy
     cols = layout.to_columns()
-    trainer = trainer_memory(model, pools.trainer, workload, cols)
+    trainer = trainer_memory(request.on(pools.trainer), cols)
     capacity = pools.trainer.gpu.memory_bytes
     peak = float(trainer["trainer_peak_bytes"][0])
-    rollout = rollout_memory(model, pools.rollout, workload, cols,
-                             np.array([ROLLOUT_RESIDENT_BYTES]),
+    rollout = rollout_memory(request.on(pools.rollout), cols, np.array([ROLLOUT_RESIDENT_BYTES]),
                              np.array([layout.gpu_memory_utilization]))
     rollout_peak = float(rollout["mem_generate_bytes"][0])
     phase = str(trainer["trainer_peak_phase"][0])
