@@ -52,6 +52,7 @@ from planner.cost.request import PlanRequest
 from planner.cost.timing import generate_s, grpo_step, weight_sync_s
 from planner.errors import InvalidLayoutError, NoFitError, PlanInputError
 from planner.plan import ROLLOUT_FIELDS, Plan, candidate_dict, make_plan
+from planner.ranking import prediction_order
 from planner.search.batches import mean_response_length, mean_sequence_length
 from planner.search.layout import Columns, Layout
 from planner.search.rules import RULES, violations
@@ -194,9 +195,9 @@ def _take(cols: Columns, keep: np.ndarray) -> Columns:
 
 def best_trainer(request: PlanRequest) -> dict | None:
     """The actor layout on the trainer pool that fits and trains fastest (training phases plus
-    its share of the sync: the model-parallel gather), or None when none fits.  As in
-    :func:`planner.plan.rank_order`, layouts whose peak stays below the policy's tight level
-    come first.  ``request``: on the trainer pool."""
+    its share of the sync: the model-parallel gather), or None when none fits, by
+    :mod:`planner.ranking`'s rule (peak inside the memory band first, then the time, then the
+    peak).  ``request``: on the trainer pool."""
     model, cluster, workload = request.model, request.cluster, request.workload
     space = build_space(model, cluster, workload, trainer_search_options(request.options))
     cols = space.columns
@@ -213,7 +214,8 @@ def best_trainer(request: PlanRequest) -> dict | None:
     scored = trainer_times(request, _take(cols, fits), fitting)
     peak = scored["peak_bytes"]
     tight = peak / cluster.gpu.memory_bytes > request.policy.high
-    order = np.lexsort((peak, scored["train_s"] + scored["gather_s"], tight))
+    order = prediction_order(np.ones(len(peak), dtype=bool),
+                             scored["train_s"] + scored["gather_s"], peak, tight)
     return {**trainer_entry(scored, int(order[0])),
             "fitting_layouts": int(fits.sum()), "layouts": int(len(fits))}
 
@@ -289,10 +291,13 @@ def rollout_entry(pool: Columns, i: int) -> dict:
 
 
 def best_rollout(pool: Columns) -> dict | None:
-    if not len(pool["rollout_tp"]) or not np.isfinite(pool["generate_s"]).any():
+    """The rollout option of :func:`rollout_pool` that can generate and does so fastest, the
+    smaller replica on a tie (:mod:`planner.ranking`'s rule); None when none can."""
+    runs = np.isfinite(pool["generate_s"])
+    if not len(pool["rollout_tp"]) or not runs.any():
         return None
     replica = pool["rollout_tp"] * pool["rollout_dp"]
-    return rollout_entry(pool, int(np.lexsort((replica, pool["generate_s"]))[0]))
+    return rollout_entry(pool, int(prediction_order(runs, pool["generate_s"], replica)[0]))
 
 
 # --- one mode ---------------------------------------------------------------------------------

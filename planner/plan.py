@@ -7,26 +7,9 @@ cost model scores the result, and the layouts are ranked.  It returns plain data
 a pandas DataFrame of candidates plus counts); rendering lives in :mod:`planner.report` and exit
 codes in :mod:`planner.cli`.
 
-Ranking (:func:`rank_order`), with the time model (``step_time_s`` present, the normal case):
-
-1. layouts that fit before those that do not;
-2. layouts whose nvidia-smi peak stays inside the memory policy's band (``memory_tight`` is
-   a peak above the band's top) before those that do not: users hold jobs to the band, the
-   fixed overheads are estimates and responses vary in length;
-3. predicted step time (equivalently tokens/s/GPU) -- the other unwise choices (TP across
-   nodes, starved pipelines, CP on short sequences) are priced into it;
-4. lower peak memory (more headroom) breaks ties.
-
-Then the layouts of the first tier whose predicted step time lies within the model's measured
-ranking uncertainty of the best (``benchmarks/accuracy.py``: the median error of the predicted
-throughput ratio of two layouts of one job, stored in the calibration file) are ties -- the
-model cannot tell them apart -- and move to the top ordered simplest first
-(:func:`simplicity_keys`): no unwise flags, peak inside the memory band, no offload, fewer
-parallel dimensions, a smaller TP x PP x CP group, then predicted step time.  They carry
-``within_error_of_best``.
-
-Without a step-time column (memory-only scoring) a memory-headroom rule stands in for 3:
-fewer unwise flags, less recompute and offload, less model parallelism, larger micro-batches.
+Ranking is :mod:`planner.ranking`'s rule (fits, inside the memory band, predicted step time,
+more headroom), with the layouts the model cannot tell from the best moved to the top simplest
+first (:func:`planner.ranking.tie_order`).
 """
 
 from __future__ import annotations
@@ -54,7 +37,8 @@ from planner.cost.request import PlanRequest
 from planner.cost.timing import generate_s, step_columns
 from planner.errors import InvalidLayoutError
 from planner.phases import PHASES, TRAINING_PHASES
-from planner.policy import DEFAULT_POLICY, FILL_POLICY, MemoryPolicy
+from planner.policy import FILL_POLICY, MemoryPolicy
+from planner.ranking import tie_order
 from planner.search.layout import RECOMPUTE, Columns, Layout, distinct
 from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
 from planner.search.space import SearchOptions, build_space, rollout_options, valid_rollouts
@@ -207,82 +191,6 @@ def fill_columns(request: PlanRequest, cols: Columns, count: int) -> Columns:
                                     np.maximum(others, filled["mem_generate_bytes"]))):
         out[name][:count] = values
     return out
-
-
-def rank_order(cols: Columns) -> np.ndarray:
-    """Indices that sort layouts best first, strictly by the prediction (a stable
-    lexicographic sort; see the module docstring, steps 1-4)."""
-    fits = cols["fits"].astype(bool)
-    not_fit = ~fits
-    if "step_time_s" in cols:
-        # layouts that do not fit are ordered by their peak alone (the closest miss first)
-        keys = [not_fit, fits & cols[flag_column("memory_tight")].astype(bool),
-                np.where(fits, cols["step_time_s"], 0.0), cols["peak_bytes"]]
-    else:
-        keys = [not_fit, cols["unwise_count"], cols["recompute"], offload_count(cols),
-                cols["tp"] * cols["pp"] * cols["cp"], cols["ep"] * cols["etp"],
-                -cols["micro_batch"], cols["peak_bytes"]]
-    return np.lexsort(keys[::-1])
-
-
-def offload_count(cols: Columns) -> np.ndarray:
-    """Offloads a layout switches on (actor parameters, optimizer, reference, CPU optimizer)."""
-    n = len(cols["tp"])
-    return (cols["param_offload"].astype(int) + cols["optimizer_offload"].astype(int)
-            + cols["ref_param_offload"].astype(int)
-            + (np.asarray(cols.get("optimizer_cpu_fraction", np.zeros(n))) > 0).astype(int))
-
-
-def parallel_dimensions(cols: Columns) -> np.ndarray:
-    """Model-parallel dimensions in use: TP, PP, VPP, CP, EP and expert TP (each a set of
-    collectives, process groups and checkpoint shards to get right)."""
-    return ((cols["tp"] > 1).astype(int) + (cols["pp"] > 1) + (cols["vpp"] > 1)
-            + (cols["cp"] > 1) + (cols["ep"] > 1) + (cols["etp"] > 1))
-
-
-def simplicity_keys(cols: Columns, policy: MemoryPolicy = DEFAULT_POLICY) -> list[np.ndarray]:
-    """Sort keys, most important first, that order layouts the model cannot tell apart:
-    fewer unwise flags, peak inside the memory band, fewer offloads, fewer parallel
-    dimensions, a smaller TP x PP x CP group."""
-    fraction = np.asarray(cols["memory_utilization"], dtype=float)
-    outside_band = (fraction < policy.low) | (fraction > policy.high)
-    # then the smaller dense model-parallel group (TP x PP x CP: TP2 before PP8)
-    return [np.asarray(cols["unwise_count"]), outside_band.astype(int), offload_count(cols),
-            parallel_dimensions(cols), np.asarray(cols["tp"] * cols["pp"] * cols["cp"])]
-
-
-def tied_with_best(cols: Columns, order: np.ndarray, tolerance: float) -> np.ndarray:
-    """Mask of the layouts the model cannot tell from the best-ranked one: in its tier (fits,
-    and not memory-tight unless it is), predicted step time within ``tolerance`` of it."""
-    n = len(cols["tp"])
-    tied = np.zeros(n, dtype=bool)
-    if tolerance <= 0 or "step_time_s" not in cols or not n or not bool(cols["fits"][order[0]]):
-        return tied
-    best = order[0]
-    tight = cols[flag_column("memory_tight")].astype(bool)
-    step = np.asarray(cols["step_time_s"], dtype=float)
-    tied = (cols["fits"].astype(bool) & (tight == tight[best])
-            & (step <= step[best] * (1 + tolerance)))
-    return tied
-
-
-def tie_order(cols: Columns, tolerance: float,
-              policy: MemoryPolicy = DEFAULT_POLICY) -> tuple[np.ndarray, np.ndarray]:
-    """The ranking with ties resolved towards simple layouts (module docstring): returns
-    ``(order, tied)`` -- indices best first, and the mask of layouts tied with the best."""
-    order = rank_order(cols)
-    tied = tied_with_best(cols, order, tolerance)
-    if not tied.any():
-        return order, tied
-    members = np.flatnonzero(tied)
-    sub = {name: np.asarray(values)[members] for name, values in cols.items()
-           if name in ("tp", "pp", "vpp", "cp", "ep", "etp", "param_offload",
-                       "optimizer_offload", "ref_param_offload", "optimizer_cpu_fraction",
-                       "memory_utilization", "unwise_count", "step_time_s", "peak_bytes")}
-    keys = simplicity_keys(sub, policy) + [sub["step_time_s"], sub["peak_bytes"]]
-    first = members[np.lexsort(keys[::-1])]
-    rest = order[~tied[order]]
-    return np.concatenate([first, rest]), tied
 
 
 def _frame(cols: Columns) -> "pd.DataFrame":

@@ -11,8 +11,9 @@ from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
 from planner.cost.efficiency import ranking_uncertainty, shipped_calibration
 from planner.cost.request import PlanRequest
-from planner.plan import make_plan, parallel_dimensions, simplicity_keys, tie_order
+from planner.plan import make_plan
 from planner.policy import DEFAULT_POLICY
+from planner.ranking import parallel_dimensions, simplicity_keys, tie_order
 
 
 def cluster(gpus, gpu="h100"):

@@ -1,0 +1,126 @@
+"""How layouts are ranked: one rule, used wherever the planner picks a best.
+
+The rule (:func:`prediction_order`), strictly by the prediction:
+
+1. layouts that fit before those that do not;
+2. layouts whose nvidia-smi peak stays inside the memory policy's band (``tight``: a peak above
+   the band's top) before those that do not: users hold jobs to the band, the fixed overheads
+   are estimates and responses vary in length;
+3. predicted seconds (a step, a pool's share of it, a generation) -- the other unwise choices
+   (TP across nodes, starved pipelines, CP on short sequences) are priced into them;
+4. a tie-break, smaller first: lower peak memory (more headroom) for a layout, the smaller
+   engine replica for a rollout option, the larger rollout pool for a split.
+
+Layouts that do not fit are ordered by the tie-break alone (the closest miss first).  A plan
+ranks its layouts with it (:func:`rank_order`), the trainer pool of a split picks its actor
+layout with it, and the rollout pool its engine layout.
+
+A plan then treats the layouts of the first tier whose predicted step time lies within the
+model's measured ranking uncertainty of the best (``benchmarks/accuracy.py``: the median error
+of the predicted throughput ratio of two layouts of one job, stored in the calibration file)
+as ties -- the model cannot tell them apart -- and moves them to the top ordered simplest first
+(:func:`simplicity_keys`): no unwise flags, peak inside the memory band, no offload, fewer
+parallel dimensions, a smaller TP x PP x CP group, then predicted step time.  They carry
+``within_error_of_best``.
+
+Without a step-time column (memory-only scoring) a memory-headroom rule stands in for 3:
+fewer unwise flags, less recompute and offload, less model parallelism, larger micro-batches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.cost.columns import flag_column
+from planner.policy import DEFAULT_POLICY, MemoryPolicy
+from planner.search.layout import Columns
+
+
+def best_first(*keys) -> np.ndarray:
+    """Indices that sort rows by ``keys``, the most important first, each ascending (a stable
+    lexicographic sort)."""
+    return np.lexsort(keys[::-1])
+
+
+def prediction_order(fits, seconds, tiebreak, tight=None) -> np.ndarray:
+    """Indices best first by the ranking rule (module docstring, steps 1-4): ``fits``,
+    ``tight`` (None: nothing is), ``seconds`` and ``tiebreak`` are one value per row."""
+    fits = np.asarray(fits).astype(bool)
+    tight = np.zeros_like(fits) if tight is None else np.asarray(tight).astype(bool)
+    # rows that do not fit are ordered by the tie-break alone (the closest miss first)
+    return best_first(~fits, fits & tight, np.where(fits, seconds, 0.0), tiebreak)
+
+
+def offload_count(cols: Columns) -> np.ndarray:
+    """Offloads a layout switches on (actor parameters, optimizer, reference, CPU optimizer)."""
+    n = len(cols["tp"])
+    return (cols["param_offload"].astype(int) + cols["optimizer_offload"].astype(int)
+            + cols["ref_param_offload"].astype(int)
+            + (np.asarray(cols.get("optimizer_cpu_fraction", np.zeros(n))) > 0).astype(int))
+
+
+def rank_order(cols: Columns) -> np.ndarray:
+    """Indices that sort scored layouts best first, strictly by the prediction
+    (:func:`prediction_order` on step time, the memory band and the peak; without a step-time
+    column the memory-headroom rule of the module docstring)."""
+    if "step_time_s" in cols:
+        return prediction_order(cols["fits"], cols["step_time_s"], cols["peak_bytes"],
+                                cols[flag_column("memory_tight")])
+    return best_first(~cols["fits"].astype(bool), cols["unwise_count"], cols["recompute"],
+                      offload_count(cols), cols["tp"] * cols["pp"] * cols["cp"],
+                      cols["ep"] * cols["etp"], -cols["micro_batch"], cols["peak_bytes"])
+
+
+def parallel_dimensions(cols: Columns) -> np.ndarray:
+    """Model-parallel dimensions in use: TP, PP, VPP, CP, EP and expert TP (each a set of
+    collectives, process groups and checkpoint shards to get right)."""
+    return ((cols["tp"] > 1).astype(int) + (cols["pp"] > 1) + (cols["vpp"] > 1)
+            + (cols["cp"] > 1) + (cols["ep"] > 1) + (cols["etp"] > 1))
+
+
+def simplicity_keys(cols: Columns, policy: MemoryPolicy = DEFAULT_POLICY) -> list[np.ndarray]:
+    """Sort keys, most important first, that order layouts the model cannot tell apart:
+    fewer unwise flags, peak inside the memory band, fewer offloads, fewer parallel
+    dimensions, a smaller TP x PP x CP group."""
+    fraction = np.asarray(cols["memory_utilization"], dtype=float)
+    outside_band = (fraction < policy.low) | (fraction > policy.high)
+    # then the smaller dense model-parallel group (TP x PP x CP: TP2 before PP8)
+    return [np.asarray(cols["unwise_count"]), outside_band.astype(int), offload_count(cols),
+            parallel_dimensions(cols), np.asarray(cols["tp"] * cols["pp"] * cols["cp"])]
+
+
+def tied_with_best(cols: Columns, order: np.ndarray, tolerance: float) -> np.ndarray:
+    """Mask of the layouts the model cannot tell from the best-ranked one: in its tier (fits,
+    and not memory-tight unless it is), predicted step time within ``tolerance`` of it."""
+    n = len(cols["tp"])
+    tied = np.zeros(n, dtype=bool)
+    if tolerance <= 0 or "step_time_s" not in cols or not n or not bool(cols["fits"][order[0]]):
+        return tied
+    best = order[0]
+    tight = cols[flag_column("memory_tight")].astype(bool)
+    step = np.asarray(cols["step_time_s"], dtype=float)
+    tied = (cols["fits"].astype(bool) & (tight == tight[best])
+            & (step <= step[best] * (1 + tolerance)))
+    return tied
+
+
+TIE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "param_offload", "optimizer_offload",
+              "ref_param_offload", "optimizer_cpu_fraction", "memory_utilization",
+              "unwise_count", "step_time_s", "peak_bytes")
+
+
+def tie_order(cols: Columns, tolerance: float,
+              policy: MemoryPolicy = DEFAULT_POLICY) -> tuple[np.ndarray, np.ndarray]:
+    """The ranking with ties resolved towards simple layouts (module docstring): returns
+    ``(order, tied)`` -- indices best first, and the mask of layouts tied with the best."""
+    order = rank_order(cols)
+    tied = tied_with_best(cols, order, tolerance)
+    if not tied.any():
+        return order, tied
+    members = np.flatnonzero(tied)
+    sub = {name: np.asarray(values)[members] for name, values in cols.items()
+           if name in TIE_FIELDS}
+    first = members[best_first(*simplicity_keys(sub, policy), sub["step_time_s"],
+                               sub["peak_bytes"])]
+    rest = order[~tied[order]]
+    return np.concatenate([first, rest]), tied
