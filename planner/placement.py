@@ -53,7 +53,7 @@ from planner.cost.timing import generate_s, grpo_step, weight_sync_s
 from planner.errors import InvalidLayoutError, NoFitError, PlanInputError
 from planner.plan import ROLLOUT_FIELDS, Plan, candidate_dict, make_plan
 from planner.ranking import prediction_order
-from planner.search.batches import mean_response_length, mean_sequence_length
+from planner.search.batches import mean_response_length
 from planner.search.layout import Columns, Layout
 from planner.search.rules import RULES, violations
 from planner.search.rules import explain as broken_rules
@@ -377,7 +377,7 @@ def split_candidate(planning: SplitPlanning, trainer: dict, rollout: dict,
                          staleness_threshold=async_options.staleness_threshold)
     step = float(state["step_time_s"])
     feasible = bool(np.isfinite(step))  # a pool that cannot run has no step, idle or rate
-    tokens = workload.sequences_per_step * mean_sequence_length(workload)
+    tokens = workload.sequences_per_step * workload.mean_sequence_length
     generated = workload.sequences_per_step * mean_response_length(workload)
     capacity = cluster.gpu.memory_bytes
     trainer_fits, rollout_fits = bool(trainer["fits"]), bool(rollout["fits"])

@@ -1,5 +1,8 @@
 """What the job does: a verl GRPO step's batch and sequence shape, and the job settings the
-search does not choose (algorithm switches, kernel and rollout-engine settings).
+search does not choose (algorithm switches, kernel and rollout-engine settings) -- or a plain
+Megatron training step.  Both implement :class:`Workload`, the one view of a step the search
+space, the cost model and the outputs read; nothing outside this module asks which kind a
+workload is.
 
 Defaults follow verl's GRPO Megatron examples
 (``examples/grpo_trainer/run_qwen2-7b_math_megatron.sh``:
@@ -16,7 +19,7 @@ does; ``rollout_n`` responses are sampled per prompt, so a step trains on
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Union
+from typing import Protocol
 
 from planner.bounds import MAX_BATCH, MAX_TOKENS, check_number
 from planner.errors import PlanInputError
@@ -26,6 +29,81 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 ROLLOUT_ENGINES = ("vllm", "sglang")
 ROLLOUT_PRECISIONS = ("bf16", "fp8")  # rollout weights and KV cache (vLLM quantization=fp8)
 WEIGHT_SYNC_PATHS = ("per_tensor", "bucketed")
+DEFAULT_MEAN_RESPONSE_FRACTION = 0.5  # mean / max response length when not given
+
+
+class Workload(Protocol):
+    """One training step as the planner sees it.
+
+    The search space reads the batch shape (sequences per step and per optimizer step, the
+    longest sequence), the cost model the phases the step runs, what they hold and how long an
+    average sample is, and the outputs :meth:`describe` and :meth:`to_dict`.  Capabilities are
+    stated, never inferred from a kind: ``has_rollout`` (the step generates its samples: a
+    rollout engine and the ``generate`` phase, verl's offload and dynamic batches around it),
+    ``needs_reference``, ``engine`` (the rollout engine's settings, None without one).
+    """
+
+    precision: str
+    # the Megatron actor's kernels and optimizer (both kinds of step train with Megatron)
+    fused_kernels: bool
+    entropy_chunk_tokens: int
+    grad_reduce_in_fp32: bool
+    adam_moment_bytes: int
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        """The phases of :data:`~planner.phases.PHASES` a step runs."""
+
+    @property
+    def has_rollout(self) -> bool:
+        """The step generates its samples (a rollout engine, a ``generate`` phase)."""
+
+    @property
+    def needs_reference(self) -> bool:
+        """A reference model is built and runs its forward pass."""
+
+    @property
+    def engine(self) -> "RolloutEngine | None":
+        """The rollout engine's settings; None when the step has no rollout."""
+
+    @property
+    def sequence_length(self) -> int:
+        """The longest sample, in tokens: what memory is sized for."""
+
+    @property
+    def mean_sequence_length(self) -> float:
+        """The tokens an average sample costs in time."""
+
+    @property
+    def sequences_per_step(self) -> int:
+        """Sequences one step trains on."""
+
+    @property
+    def sequences_per_mini_batch(self) -> int:
+        """Sequences of one optimizer step."""
+
+    @property
+    def dataset_rows_per_step(self) -> int:
+        """Rows of the training set one step draws (verl: prompts; pretraining: sequences)."""
+
+    def describe(self) -> str:
+        """One line for the outputs' header."""
+
+    def to_dict(self) -> dict:
+        """The workload as the outputs' JSON states it (``kind`` and every setting)."""
+
+
+@dataclass(frozen=True)
+class RolloutEngine:
+    """What the memory and time models read of a rollout engine (verl's ``rollout.*`` keys)."""
+
+    name: str = "vllm"  # rollout.name
+    precision: str = "bf16"  # bf16, or fp8 weights and KV cache
+    max_num_seqs: int = 256  # concurrency cap per engine
+    max_num_batched_tokens: int = 8192  # prefill chunk
+    enforce_eager: bool = False  # no CUDA graphs
+    free_cache_engine: bool = True  # sleep during training
+    kv_sharing: int = 1  # sequences that share a prompt's KV blocks (prefix caching: rollout.n)
 
 
 # every count of a GRPO workload -> (low, high), the flags' bounds (planner/bounds.py)
@@ -134,8 +212,31 @@ class GrpoWorkload:
         return self.prompt_length + self.response_length
 
     @property
+    def mean_sequence_length(self) -> float:
+        """Mean prompt + mean response: the tokens an average sample costs in time (prompts:
+        the maximum when no mean is given; responses: half the maximum)."""
+        return (float(self.mean_prompt_length or self.prompt_length)
+                + float(self.mean_response_length
+                        or DEFAULT_MEAN_RESPONSE_FRACTION * self.response_length))
+
+    @property
     def sequences_per_step(self) -> int:
         return self.train_batch_size * self.rollout_n
+
+    @property
+    def dataset_rows_per_step(self) -> int:
+        """Prompts one step draws (``data.train_batch_size``)."""
+        return self.train_batch_size
+
+    @property
+    def engine(self) -> RolloutEngine:
+        """The rollout engine's settings."""
+        return RolloutEngine(name=self.rollout_engine, precision=self.rollout_precision,
+                             max_num_seqs=self.max_num_seqs,
+                             max_num_batched_tokens=self.max_num_batched_tokens,
+                             enforce_eager=self.enforce_eager,
+                             free_cache_engine=self.free_cache_engine,
+                             kv_sharing=self.rollout_n if self.prefix_caching else 1)
 
     @property
     def sequences_per_mini_batch(self) -> int:
@@ -189,20 +290,17 @@ class PretrainWorkload:
                                  f"{', '.join(PRECISIONS)}")
 
     kind = "pretrain"
-    has_rollout = False  # the data is given: no generation, no rollout engine
+    # One optimizer step over the global batch of given data: no generation (no rollout
+    # engine, no verl offload or dynamic batches around it), no reference model.
+    has_rollout = False
+    engine = None
     phases = (Phase.UPDATE_ACTOR.value,)
     needs_reference = False
+    # Megatron's defaults: no verl log-prob kernels, fp32 main grads, fp32 Adam moments
     fused_kernels = False
     entropy_chunk_tokens = 0
     grad_reduce_in_fp32 = True
     adam_moment_bytes = 4
-    # The same view of the batch the GRPO workload gives the rules and the memory model:
-    # one optimizer step over the global batch, no reference model, no rollout.
-    rollout_n = 1
-    ppo_epochs = 1
-    use_kl_loss = False
-    max_num_seqs = 1
-    mean_response_length = 0
 
     @property
     def tokens_per_step(self) -> int:
@@ -213,6 +311,10 @@ class PretrainWorkload:
         return self.seq_len
 
     @property
+    def mean_sequence_length(self) -> float:
+        return float(self.seq_len)
+
+    @property
     def sequences_per_step(self) -> int:
         return self.global_batch
 
@@ -221,11 +323,7 @@ class PretrainWorkload:
         return self.global_batch
 
     @property
-    def train_batch_size(self) -> int:
-        return self.global_batch
-
-    @property
-    def mini_batch_size(self) -> int:
+    def dataset_rows_per_step(self) -> int:
         return self.global_batch
 
     def to_dict(self) -> dict:
@@ -234,6 +332,3 @@ class PretrainWorkload:
     def describe(self) -> str:
         return (f"pretrain: {self.global_batch} sequences x {self.seq_len} tokens per step, "
                 f"{self.precision}")
-
-
-Workload = Union[GrpoWorkload, PretrainWorkload]

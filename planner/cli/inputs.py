@@ -149,7 +149,7 @@ def search_options(args, work) -> SearchOptions:
         raise UsageError("--no-offload contradicts --param-offload/--optimizer-offload/"
                          "--ref-param-offload")
     grpo_only = [name for name in GRPO_ONLY if name in pinned]
-    if work.kind == "pretrain" and (grpo_only or args.gpu_memory_utilization is not None):
+    if not work.has_rollout and (grpo_only or args.gpu_memory_utilization is not None):
         flags = ", ".join("--" + name.replace("_", "-") for name in grpo_only)
         raise UsageError(f"--workload pretrain has no rollout, reference or verl offload; drop "
                          f"{flags or '--gpu-memory-utilization'}")

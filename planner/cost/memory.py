@@ -41,6 +41,7 @@ import numpy as np
 
 from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
+from planner.catalog.workload import RolloutEngine
 from planner.cost.columns import memory_column, part_column, working_set_column
 from planner.cost.request import PlanRequest
 from planner.phases import PHASES, TRAINING_PHASES
@@ -119,6 +120,21 @@ HOST_NODE_BYTES = 64 * GIB
 
 def _f(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
+
+
+# A workload without a rollout runs no engine, yet the columns of every phase are filled (the
+# outputs' schema holds each phase of PHASES): the phases it does not run are sized with this
+# nominal engine -- verl's defaults, one sequence at a time -- and never set its peak (only the
+# phases a step runs do, estimate_memory).
+NOMINAL_ENGINE = RolloutEngine(max_num_seqs=1)
+
+
+def engine_of(workload) -> RolloutEngine:
+    """The rollout engine the memory model sizes: the workload's, the nominal one of a workload
+    without a rollout, verl's defaults for none (a bare formula check)."""
+    if workload is None:
+        return RolloutEngine()
+    return workload.engine or NOMINAL_ENGINE
 
 
 # Pipeline ranks the model evaluates: the ends hold the embedding or the output layer and the
@@ -452,13 +468,13 @@ def logits_bytes(model: ModelSpec, workload, cols: Columns, tokens: np.ndarray,
     its gradient), ``actor`` (forward with entropy), ``ref`` (forward, log-probs only)."""
     vocab_split = _f(model.vocab_size) / cols["tp"]
     tokens = _f(tokens)
-    if getattr(workload, "fused_kernels", False):
+    if workload.fused_kernels:
         splits = np.ceil(vocab_split / FUSED_VOCAB_PER_SPLIT)
         return tokens * (FUSED_BYTES_PER_TOKEN + FUSED_BYTES_PER_SPLIT * splits)
     per_token = LOGITS_BYTES
     out = tokens * vocab_split * per_token
     if kind == "actor":
-        chunk = getattr(workload, "entropy_chunk_tokens", 0)
+        chunk = workload.entropy_chunk_tokens
         entropy_tokens = np.minimum(tokens, chunk) if chunk else tokens
         out = out + entropy_tokens * vocab_split * ENTROPY_BYTES
     return out
@@ -469,7 +485,7 @@ def rollout_weight_bytes(model: ModelSpec, cols: Columns, workload=None) -> np.n
     with an FP8 rollout the linear layers hold 1 byte per weight (embedding and output layer
     stay bf16)."""
     p = model.params
-    linear_bytes = 1 if getattr(workload, "rollout_precision", "bf16") == "fp8" else WEIGHT_BYTES
+    linear_bytes = 1 if engine_of(workload).precision == "fp8" else WEIGHT_BYTES
     ends = p.embedding + p.output_layer
     non_expert = p.total - p.experts - ends
     expert_shards = np.where(cols["rollout_ep"] > 1, cols["rollout_ep"], cols["rollout_tp"])
@@ -482,7 +498,7 @@ def kv_bytes_per_token(model: ModelSpec, cols: Columns, workload=None) -> np.nda
     """KV cache per token per GPU.  MLA caches the compressed latent (kv_lora + rope dims),
     the same on every TP rank (vLLM's MLA backend); GQA splits KV heads over TP and replicates
     them when TP exceeds the KV heads.  ``kv_cache_dtype=fp8`` halves it."""
-    element = 1 if getattr(workload, "rollout_precision", "bf16") == "fp8" else 2
+    element = 1 if engine_of(workload).precision == "fp8" else 2
     if model.is_mla:
         per_layer = element * (model.kv_lora_rank + model.qk_rope_head_dim)
         return np.full(len(cols["rollout_tp"]), float(model.num_layers * per_layer))
@@ -508,19 +524,20 @@ def rollout_reserve_bytes(model: ModelSpec, cols: Columns, workload) -> np.ndarr
         ffn, routed = model.ffn_hidden_size, 0
     qkv = model.query_projection_size + 2 * model.kv_projection_size
     per_token = ACTIVATION_BYTES * (4 * h + routed + (qkv + 3 * ffn) / tp)
-    tokens = float(getattr(workload, "max_num_batched_tokens", 8192))
-    sampler = 2 * 4.0 * getattr(workload, "max_num_seqs", 256) * model.vocab_size / tp
-    graphs = 0 if getattr(workload, "enforce_eager", False) else CUDA_GRAPH_POOL_BYTES
+    engine = engine_of(workload)
+    tokens = float(engine.max_num_batched_tokens)
+    sampler = 2 * 4.0 * engine.max_num_seqs * model.vocab_size / tp
+    graphs = 0 if engine.enforce_eager else CUDA_GRAPH_POOL_BYTES
     return tokens * per_token + sampler + ROLLOUT_WORKSPACE_BYTES + graphs
 
 
 def kv_tokens_per_sequence(workload) -> float:
     """KV-cache tokens one sequence of maximum length needs: with prefix caching the ``n``
-    samples of a prompt share its blocks (vLLM automatic prefix caching)."""
-    if workload.kind != "grpo":
+    samples of a prompt share its blocks (vLLM automatic prefix caching).  A workload without a
+    rollout: its longest sequence (the nominal engine's, :data:`NOMINAL_ENGINE`)."""
+    if not workload.has_rollout:
         return float(workload.sequence_length)
-    sharing = workload.rollout_n if getattr(workload, "prefix_caching", False) else 1
-    return workload.prompt_length / sharing + workload.response_length
+    return workload.prompt_length / workload.engine.kv_sharing + workload.response_length
 
 
 # Layout fields the knobs verl applies between phases (offload) and the CPU optimizer's share
@@ -588,7 +605,7 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
     param_off = cols["param_offload"].astype(bool)
     optim_off = cols["optimizer_offload"].astype(bool)
     ref_off = cols["ref_param_offload"].astype(bool)
-    needs_ref = getattr(workload, "needs_reference", True)
+    needs_ref = workload.needs_reference
     on_host = cpu_fraction(cols)
     host_state = (CPU_OPTIMIZER_COPY_BYTES + optimizer_state_bytes(workload)
                   - MASTER_WEIGHT_BYTES)
@@ -664,6 +681,7 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
     """
     model, cluster, workload = request.model, request.cluster, request.workload
     ceiling = request.policy.high
+    engine = engine_of(workload)
     capacity = float(cluster.gpu.memory_bytes)
     seq = workload.sequence_length
     weights = rollout_weight_bytes(model, cols, workload)
@@ -675,7 +693,7 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
     # Attention-DP ranks of one replica each hold the KV cache of their own sequences.
     seqs_per_attention_rank = -(-seqs_per_replica // cols["rollout_dp"])
     if utilization is None:
-        wanted_kv = (np.minimum(seqs_per_attention_rank, workload.max_num_seqs) * kv_per_seq
+        wanted_kv = (np.minimum(seqs_per_attention_rank, engine.max_num_seqs) * kv_per_seq
                      * kv_per_token)
         wanted = (weights + reserve + wanted_kv) / capacity
         utilization = pick_utilization(wanted, resident_bytes, capacity, ceiling)
@@ -691,7 +709,7 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
     budget = utilization * capacity
     kv_cache = np.maximum(budget - weights - reserve, 0)
     kv_tokens = np.floor(kv_cache / kv_per_token)
-    concurrent = np.minimum(np.floor(kv_tokens / kv_per_seq), workload.max_num_seqs)
+    concurrent = np.minimum(np.floor(kv_tokens / kv_per_seq), engine.max_num_seqs)
     # The KV blocks of the sequences that run at once (a rank never runs more than it has).
     kv_in_use = np.minimum(concurrent, seqs_per_attention_rank) * kv_per_seq * kv_per_token
     return {
@@ -751,7 +769,7 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
                                 for stage in phase_stages["generate"]]
     allocated["generate"] = [stage + out["rollout_working_bytes"]
                              for stage in allocated["generate"]]
-    if getattr(workload, "free_cache_engine", True):
+    if engine_of(workload).free_cache_engine:
         # vLLM wakes its weights for the sync (sleep level 2 drops them otherwise).
         for table in (phase_stages, allocated):
             table["weight_sync"] = [stage + out["rollout_weights_bytes"]

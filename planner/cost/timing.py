@@ -90,7 +90,6 @@ from planner.search.batches import (
     log_prob_batches,
     mean_prompt_length,
     mean_response_length,
-    mean_sequence_length,
     update_batches,
 )
 from planner.search.layout import Columns
@@ -492,7 +491,7 @@ def grpo_step(request: PlanRequest, cols: Columns, memory: Columns) -> Columns:
     transfer and latency terms (``breakdown_<phase>_<part>_s``)."""
     model, cluster, workload = request.model, request.cluster, request.workload
     eff = request.efficiency
-    seq = mean_sequence_length(workload)
+    seq = workload.mean_sequence_length
     n = len(cols["tp"])
     sequences = workload.sequences_per_step
     cp = _f(cols["cp"])

@@ -204,7 +204,7 @@ def _single_changes(context, layout, over):
     model, cluster, workload = context["model"], context["cluster"], context["workload"]
     policy = context.get("policy", DEFAULT_POLICY)
     for name, changed, kind in candidate_changes(layout, model, cluster, over,
-                                                 getattr(workload, "needs_reference", True)):
+                                                 workload.needs_reference):
         row = score(model, cluster, workload, changed, policy)
         if row is not None:
             yield name, changed, row, kind

@@ -223,7 +223,7 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
         f"searched {plan.enumerated:,} layouts: {plan.valid:,} valid"
         + (f" ({plan.scored or len(plan.candidates):,} actor layouts, rollout chosen per "
            f"layout)"
-           if plan.workload.kind == "grpo" else "")
+           if plan.workload.has_rollout else "")
         + f", {int(plan.candidates['fits'].sum()):,} fit in memory, "
         + f"{int((plan.fitting['memory_utilization'] <= plan.policy.high + 1e-9).sum()):,} "
         + f"with the {PEAK_NAME} at most {100 * plan.policy.high:.0f}%",
@@ -252,7 +252,7 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
     if model.is_moe:
         columns += [("EP", "ep"), ("ETP", "etp")]
     columns += [("DP", "dp"), ("mbs", "micro_batch"), ("recompute", "recompute")]
-    if plan.workload.kind == "grpo":
+    if plan.workload.has_rollout:
         columns += [("offload", "offload"), ("rollout TP/DP/EP", "rollout"), ("util", "util")]
     if has_time:
         columns += [("step s", "step"), ("tok/s/GPU", "tps")]

@@ -20,27 +20,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.catalog.workload import DEFAULT_MEAN_RESPONSE_FRACTION, GrpoWorkload
 from planner.search.layout import Columns
 
-DEFAULT_MEAN_RESPONSE_FRACTION = 0.5  # mean / max response length when not given
 
-
-def mean_response_length(workload) -> float:
+def mean_response_length(workload: GrpoWorkload) -> float:
     """Tokens generated per response on average (half the maximum when not given)."""
-    given = getattr(workload, "mean_response_length", 0)
-    return float(given or DEFAULT_MEAN_RESPONSE_FRACTION * workload.response_length)
+    return float(workload.mean_response_length
+                 or DEFAULT_MEAN_RESPONSE_FRACTION * workload.response_length)
 
 
-def mean_prompt_length(workload) -> float:
+def mean_prompt_length(workload: GrpoWorkload) -> float:
     """Prompt tokens on average (the maximum when not given)."""
-    return float(getattr(workload, "mean_prompt_length", 0) or workload.prompt_length)
-
-
-def mean_sequence_length(workload) -> float:
-    """Mean prompt + mean response: the tokens an average sample costs in time."""
-    if workload.kind == "pretrain":
-        return float(workload.seq_len)
-    return mean_prompt_length(workload) + mean_response_length(workload)
+    return float(workload.mean_prompt_length or workload.prompt_length)
 
 
 @dataclass(frozen=True)
@@ -61,7 +53,7 @@ def _batches(workload, cols: Columns, sequences: np.ndarray, micro: np.ndarray,
     n = len(cols["tp"])
     cp = _f(cols["cp"])
     dynamic = np.asarray(cols.get("dynamic_batch", np.zeros(n, dtype=bool))).astype(bool)
-    seq_max, seq_mean = float(workload.sequence_length), mean_sequence_length(workload)
+    seq_max, seq_mean = float(workload.sequence_length), float(workload.mean_sequence_length)
     micro = np.maximum(_f(micro), 1)
     static_count = np.maximum(np.ceil(sequences / micro), 1)
     rank_tokens = sequences * seq_mean

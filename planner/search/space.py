@@ -318,7 +318,7 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     actor["recompute_num_layers"] = np.ones(n, dtype=np.int64)
     actor["recompute_block"] = np.zeros(n, dtype=bool)
     actor["pipeline_layout"] = np.full(n, "")
-    dynamic = bool(options.dynamic_batch) and workload.kind == "grpo"
+    dynamic = bool(options.dynamic_batch) and workload.has_rollout  # verl's use_dynamic_bsz
     actor["dynamic_batch"] = np.full(n, dynamic)
     per_cp_rank = -(-workload.sequence_length // actor["cp"])
     budget = (np.full(n, options.max_token_len) if options.max_token_len

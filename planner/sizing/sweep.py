@@ -60,14 +60,14 @@ def run_length(workload: Workload, steps: int | None = None, epochs: int | None 
     if epochs is None or dataset_prompts is None:
         raise PlanInputError("--epochs and --dataset-prompts go together: verl runs "
                              "floor(prompts / --train-batch-size) steps per epoch")
-    per_epoch = dataset_prompts // workload.train_batch_size
+    per_epoch = dataset_prompts // workload.dataset_rows_per_step
     if per_epoch < 1:
         raise PlanInputError(f"--dataset-prompts {dataset_prompts:,} is below one batch of "
-                             f"--train-batch-size {workload.train_batch_size:,}; verl's "
+                             f"--train-batch-size {workload.dataset_rows_per_step:,}; verl's "
                              f"dataloader drops the partial batch and would run no step")
     return RunLength(per_epoch * epochs,
                      f"{epochs} epoch{'s' if epochs > 1 else ''} x {per_epoch:,} steps "
-                     f"({dataset_prompts:,} prompts / {workload.train_batch_size:,} per step) "
+                     f"({dataset_prompts:,} prompts / {workload.dataset_rows_per_step:,} per step) "
                      f"= {per_epoch * epochs:,} steps")
 
 

@@ -260,7 +260,7 @@ def job_settings(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                  layout: Layout, *, model_path: str, train_files: str,
                  val_files: str) -> list[Setting]:
     """Every verl setting of the GRPO job, in the order the launch script lists them."""
-    if getattr(workload, "kind", "grpo") != "grpo":
+    if not workload.has_rollout:
         raise PlanInputError("a verl job needs a GRPO workload, not --workload "
                              f"{workload.kind}")
     if workload.precision not in ("bf16", "fp16"):
