@@ -29,7 +29,11 @@ from calibration_data import default_path  # noqa: E402
 from rl_data import CSV_NAME, Skip, case_from_row, predict_rl  # noqa: E402
 
 from planner.cost.memory import rollout_memory  # noqa: E402
-from planner.cost.pools import pool_sync_s, steady_state, streaming_generate_s  # noqa: E402
+from planner.cost.pools import (  # noqa: E402
+    overlapped_steady_state,
+    pool_sync_s,
+    streaming_generate_s,
+)
 from planner.cost.request import PlanRequest  # noqa: E402
 from planner.errors import InvalidLayoutError  # noqa: E402
 from planner.placement import (  # noqa: E402
@@ -105,7 +109,7 @@ def predict_async(case, generation_gpus: int, trainer_gpus: int | None = None) -
     generate = float(streaming_generate_s(request.on(rollout), cols, memory)["total_s"][0])
     parts = pool_sync_s(request, trainer, cols)
     sync = float(parts["total_s"][0])
-    state = steady_state("one-step-off", generate, train, sync)
+    state = overlapped_steady_state(generate, train, sync)
     return {"step": float(state["step_time_s"]), "generate": generate, "train": float(train),
             "sync": sync, "sync_parts": {k: round(float(v[0]), 1) for k, v in parts.items()},
             "bottleneck": "rollout" if bool(state["rollout_bound"]) else "trainer"}

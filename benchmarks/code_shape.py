@@ -10,10 +10,12 @@ Reads the source of ``planner/`` and ``trials/`` under ``--root`` (default: this
   ``**kwargs`` count one each): how many, the largest count, the mean, and how many take more
   than :data:`MAX_PARAMETERS`; the same for ``trials/``;
 * **result key reads**: reads by string key (``x["key"]``, ``x.get("key")``, ``x.pop("key")``)
-  of a key that only a result has -- a property name of the JSON contract
-  (``--schema``, default this checkout's ``docs/plan.schema.json``) that is not also a cost-model
-  column or a layout field (``planner.cost.columns``, ``planner.search.layout``; their reads are
-  the vectorised columns) -- outside the output module (:data:`OUTPUT_MODULE`);
+  of a key that only a result has -- a property name of the candidate-level objects of the JSON
+  contract (``--schema``, default this checkout's ``docs/plan.schema.json``: the
+  :data:`RESULT_DEFS`) that is not also a cost-model column or a layout field
+  (``planner.cost.columns``, ``planner.search.layout``: their reads are the vectorised
+  columns), a phase or a part name, or a verl config section (:data:`NOT_RESULT_KEYS`) --
+  outside the output module (:data:`OUTPUT_MODULE`);
 * **workload kind checks**: comparisons of a ``kind`` attribute (or ``getattr(.., "kind")``)
   with a workload kind (``"grpo"``, ``"pretrain"``);
 * **modules that name a training mode**: modules outside ``planner/modes/`` holding the exact
@@ -39,6 +41,16 @@ OUTPUT_MODULE = "planner/output.py"
 WORKLOAD_KINDS = ("grpo", "pretrain")
 MODE_NAMES = ("sync", "one-step-off", "fully-async")
 READ_METHODS = ("get", "pop", "setdefault")
+# the $defs of the schema whose property names are result keys: a candidate and its parts
+RESULT_DEFS = ("colocatedCandidate", "splitFields", "placement", "staleness", "trainerPool",
+               "rolloutPool", "blocked", "sizing")
+# names that are keys of results but also of everything else: phases and parts (the keys of
+# per-phase and per-part objects), verl's config sections
+NOT_RESULT_KEYS = {"generate", "old_log_prob", "ref", "update_actor", "weight_sync", "train",
+                   "compute", "comm", "bubble", "host_transfer", "latency", "gather",
+                   "broadcast", "load", "total", "weights", "grads", "optimizer",
+                   "rollout", "trainer", "actor", "data", "model", "mode", "rows", "types",
+                   "workload", "run", "prices", "text", "steps"}
 
 
 def sources(root: Path, package: str) -> list[Path]:
@@ -71,9 +83,9 @@ def function_parameters(root: Path, package: str, skip: tuple[str, ...] = ()
 
 
 def schema_keys(schema: dict) -> set[str]:
-    """Every property name anywhere in a JSON Schema."""
+    """Every property name anywhere in the :data:`RESULT_DEFS` of a JSON Schema."""
     keys: set[str] = set()
-    stack = [schema]
+    stack = [schema["$defs"][name] for name in RESULT_DEFS if name in schema.get("$defs", {})]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
@@ -189,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             print("".join(f"    {n} {where}\n" for n, where in over), end="")
 
     if args.schema.is_file():
-        keys = schema_keys(json.loads(args.schema.read_text())) - column_keys(root)
+        keys = (schema_keys(json.loads(args.schema.read_text())) - column_keys(root)
+                - NOT_RESULT_KEYS)
         reads = result_reads(root, keys)
         modules = sorted({hit.split(":")[0] for hit in reads})
         print(f"result key reads outside {OUTPUT_MODULE}: {len(reads)} in {len(modules)} "

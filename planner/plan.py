@@ -15,30 +15,23 @@ first (:func:`planner.ranking.tie_order`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Mapping
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.catalog.hardware import ClusterSpec
-from planner.catalog.models import ModelSpec
-from planner.catalog.workload import Workload
 from planner.cost.columns import (
-    BREAKDOWN_PARTS,
-    TIME_PARTS,
-    breakdown_column,
     flag_column,
     memory_column,
-    part_column,
-    time_column,
-    working_set_column,
 )
-from planner.cost.memory import STAGES, actor_memory, estimate_memory, rollout_memory
-from planner.cost.request import PlanRequest
+from planner.cost.memory import actor_memory, estimate_memory, rollout_memory
+from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import generate_s, step_columns
 from planner.errors import InvalidLayoutError
 from planner.phases import PHASES, TRAINING_PHASES
-from planner.policy import FILL_POLICY, MemoryPolicy
+from planner.policy import FILL_POLICY
 from planner.ranking import tie_order
+from planner.results import COLOCATED_MODE, ColocatedCandidate, Placement, Staleness
 from planner.search.layout import RECOMPUTE, Columns, Layout, distinct
 from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
 from planner.search.space import SearchOptions, build_space, rollout_options, valid_rollouts
@@ -53,7 +46,7 @@ FILL_ROWS = 50  # best fitting layouts a plan prices the memory band's headroom 
 
 
 @dataclass
-class Plan:
+class Plan(OfRequest):
     request: PlanRequest  # what was asked (model, cluster, workload, options, cost, policy)
     # ranked, best first: every valid layout that fits, then the closest that do not
     candidates: "pd.DataFrame"
@@ -66,24 +59,37 @@ class Plan:
     tie_source: str = ""
 
     @property
-    def model(self) -> ModelSpec:
-        return self.request.model
-
-    @property
-    def cluster(self) -> ClusterSpec:
-        return self.request.cluster
-
-    @property
-    def workload(self) -> Workload:
-        return self.request.workload
-
-    @property
-    def policy(self) -> MemoryPolicy:
-        return self.request.policy
-
-    @property
     def fitting(self) -> "pd.DataFrame":
         return self.candidates[self.candidates["fits"]]
+
+    @property
+    def fitting_count(self) -> int:
+        """Layouts that fit in memory."""
+        return int(self.candidates["fits"].sum())
+
+    @property
+    def ties(self) -> int:
+        """Layouts within the ranking uncertainty of the best (``within_error_of_best``)."""
+        frame = self.candidates
+        return int(frame["within_error_of_best"].sum()) if "within_error_of_best" in frame \
+            else 0
+
+    def top(self, count: int | None = None, fitting: bool = False,
+            staleness: Staleness | None = None,
+            mode: str = COLOCATED_MODE) -> list[ColocatedCandidate]:
+        """The first ``count`` ranked layouts (None: all; ``fitting``: of those that fit) as
+        typed candidates on every GPU of ``mode``; ``staleness``: what a timed one reports."""
+        frame = self.fitting if fitting else self.candidates
+        shown = frame if count is None else frame.head(count)
+        placement = Placement.shared(self.cluster)
+        return [ColocatedCandidate.from_row(row, placement, mode, staleness)
+                for row in shown.to_dict("records")]
+
+    def candidate(self, index: int, fitting: bool = False) -> ColocatedCandidate:
+        """The ``index``-th ranked layout (0: the best; ``fitting``: of those that fit)."""
+        frame = self.fitting if fitting else self.candidates
+        return ColocatedCandidate.from_row(frame.iloc[index].to_dict(),
+                                           Placement.shared(self.cluster))
 
 
 def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
@@ -249,26 +255,15 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None) -> Plan:
 
 
 @dataclass
-class Estimate:
+class Estimate(OfRequest):
     request: PlanRequest
     layout: Layout
-    row: dict  # every cost-model column for this layout
+    row: dict  # every cost-model column for this layout (the raw columns; see ``candidate``)
 
-    @property
-    def model(self) -> ModelSpec:
-        return self.request.model
-
-    @property
-    def cluster(self) -> ClusterSpec:
-        return self.request.cluster
-
-    @property
-    def workload(self) -> Workload:
-        return self.request.workload
-
-    @property
-    def policy(self) -> MemoryPolicy:
-        return self.request.policy
+    @cached_property
+    def candidate(self) -> ColocatedCandidate:
+        """The layout's prediction, typed: on every GPU of the request's cluster."""
+        return ColocatedCandidate.from_row(self.row, Placement.shared(self.cluster))
 
 
 def with_chosen_rollout(request: PlanRequest, cols: Columns,
@@ -302,71 +297,3 @@ def estimate_layout(request: PlanRequest, layout: Layout, pick_utilization: bool
     row = {name: values[0].item() if hasattr(values[0], "item") else values[0]
            for name, values in scored.items()}
     return Estimate(request=request, layout=Layout.from_row(row), row=row)
-
-
-def _plain(value: Any) -> Any:
-    """numpy/pandas scalars to JSON-ready Python values."""
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float):
-        return round(value, 4)
-    return value
-
-
-def candidate_dict(row: Mapping[str, Any]) -> dict:
-    """One scored layout as the JSON contract of ``plan --format json`` (``candidates[i]``),
-    ``estimate`` and ``plan.json``."""
-    layout = Layout.from_row(row).to_dict()
-    peak_phase = row["peak_phase"]
-    out = {
-        "layout": layout,
-        "fits": bool(row["fits"]),
-        "peak_memory_gib": round(float(row["peak_bytes"]) / GIB, 2),
-        "peak_phase": peak_phase if isinstance(peak_phase, str) else PHASES[int(peak_phase)],
-        "peak_stage": STAGES[int(row["peak_stage"])],
-        "memory_utilization": round(float(row["memory_utilization"]), 4),
-        "memory_gib": {phase: round(float(row[memory_column(phase)]) / GIB, 2)
-                       for phase in PHASES},
-        "working_set_gib": {phase: round(float(row[working_set_column(phase)]) / GIB, 2)
-                            for phase in PHASES},
-        "breakdown_gib": {part: round(float(row[part_column(part)]) / GIB, 2)
-                          for part in BREAKDOWN_PARTS},
-        "rollout": {"kv_cache_tokens_per_gpu": int(row["kv_cache_tokens_per_gpu"]),
-                    "concurrent_seqs": int(row["rollout_concurrent_seqs"]),
-                    "seqs_per_rank": int(row["rollout_seqs_per_rank"]),
-                    "fits": bool(row["rollout_fits"])},
-        "flags": [name for name in UNWISE_FLAGS if bool(row[flag_column(name)])],
-    }
-    if "within_error_of_best" in row:
-        out["within_error_of_best"] = bool(row["within_error_of_best"])
-    if "rank" in row:
-        out = {"rank": int(row["rank"]), **out}
-    if np.isfinite(float(row.get("time_generate_s_fill", np.nan))):
-        # what the band's headroom costs: the same layout with the rollout pool filling the GPU
-        out["fill_gpu"] = {
-            "gpu_memory_utilization": round(float(row["gpu_memory_utilization_fill"]), 2),
-            "kv_cache_tokens_per_gpu": int(row["kv_cache_tokens_per_gpu_fill"]),
-            "peak_memory_gib": round(float(row["peak_bytes_fill"]) / GIB, 2),
-            "generate_s": round(float(row["time_generate_s_fill"]), 3),
-            "step_time_s": round(float(row["step_time_s"]) - float(row["time_generate_s"])
-                                 + float(row["time_generate_s_fill"]), 3)}
-    if "step_time_s" in row and np.isfinite(float(row["step_time_s"])):
-        out["step_time_s"] = round(float(row["step_time_s"]), 3)
-        if "time_generate_s" in row:
-            out["time_s"] = {phase: round(float(row[time_column(phase)]), 3)
-                             for phase in PHASES}
-            step = float(row["step_time_s"])
-            out["time_share"] = {phase: round(float(row[time_column(phase)]) / step, 4)
-                                 for phase in PHASES}
-            out["time_breakdown_s"] = {
-                phase: {part[:-2]: round(float(row[breakdown_column(phase, part)]), 3)
-                        for part in TIME_PARTS}
-                for phase in PHASES if breakdown_column(phase, TIME_PARTS[0]) in row}
-            dominant = row["dominant_phase"]
-            out["dominant_phase"] = (dominant if isinstance(dominant, str)
-                                     else PHASES[int(dominant)])
-        else:
-            out["tflops_per_gpu"] = round(float(row["tflops_per_gpu"]), 1)
-        out["tokens_per_s_per_gpu"] = round(float(row["tokens_per_s_per_gpu"]), 1)
-        out["mfu"] = round(float(row["mfu"]), 4)
-    return out

@@ -114,7 +114,7 @@ def test_every_config_passes_validate(entry):
     assert fixed.data["current"]["peak_memory_gib"] == plan["prediction"]["peak_memory_gib"]
     for name in ("run_grpo.sh", "grpo.yaml"):
         report = fixed.report if name == "run_grpo.sh" else dry_run(
-            JobInput(inputs=(str(CONFIGS / entry.directory / name),), gpu_type=entry.gpu))
+            JobInput(inputs=(str(CONFIGS / entry.directory / name),), gpu_type=entry.gpu)).report
         assert report["memory"]["memory_band"]["position"] == "inside"
         assert not [f for f in report["findings"] if f["check"] == "memory"]
         assert report["would_launch"], report["findings"]

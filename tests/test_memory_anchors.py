@@ -53,7 +53,7 @@ def test_validate_reads_each_example_script_as_the_anchor_states_it(anchor):
 
     report = dry_run(JobInput(inputs=(str(ROOT / anchor.source),),
                               sets=("HOME=/tmp", "aime24_test_path=/tmp/aime-2024.parquet"),
-                              model=anchor.model, gpu_type=anchor.gpu))
+                              model=anchor.model, gpu_type=anchor.gpu)).report
     assert report["would_launch"], report["findings"]
     assert report["cluster"]["num_gpus"] == anchor.gpus
     layout = anchor.layout.to_dict()

@@ -4,6 +4,7 @@ pool, sync as today's plan, rollout-pool throughput, and the fully-async export 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,19 +14,19 @@ from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
 from planner.cost.efficiency import CostModel, load_efficiency
-from planner.cost.pools import steady_state
+from planner.cost.pools import SyncCycle, overlapped_steady_state, streamed_steady_state
 from planner.cost.request import PlanRequest
+from planner.modes import get_mode
+from planner.output import candidate_json
 from planner.placement import (
     AsyncOptions,
     async_workload,
     best_rollout,
-    plan_mode,
     pool_cluster,
     pool_splits,
     rollout_pool,
     split_problems,
     standalone_utilization,
-    streaming_limits,
     trainer_memory,
 )
 from planner.plan import estimate_layout, make_plan
@@ -37,6 +38,23 @@ MODEL = resolve_model("qwen3-8b")
 WORK = GrpoWorkload(train_batch_size=256, rollout_n=8, prompt_length=1024, response_length=4096,
                     mini_batch_size=64)
 SMALL = SearchOptions(micro_batches=(1, 2), vpp=(1,), recompute=("none", "full"))
+
+
+def plan_mode(request, mode, top=None):
+    """The mode's plan, its candidates in their JSON contract."""
+    plan = get_mode(mode).plan(request, top=top)
+    return SimpleNamespace(best=candidate_json(plan.best),
+                           candidates=[candidate_json(c) for c in plan.candidates])
+
+
+def streaming_limits(mode, workload, settings):
+    return get_mode(mode, settings).streaming(workload)
+
+
+def steady_state(mode, generate, train, sync, **cycle):
+    if mode == "one-step-off":
+        return overlapped_steady_state(generate, train, sync)
+    return streamed_steady_state(generate, train, sync, SyncCycle(**cycle))
 
 
 def test_pool_splits_are_whole_nodes_across_nodes_and_any_size_in_one():
@@ -97,7 +115,7 @@ def test_bigger_rollout_pool_never_lowers_generation_throughput(streaming):
     throughput = []
     for gpus in (8, 16, 24, 32, 48, 56):
         best = best_rollout(rollout_pool(PlanRequest(MODEL, pool_cluster(base, gpus), work, options=SearchOptions(), cost=CostModel.fixed(eff)), streaming))
-        throughput.append(work.sequences_per_step / best["generate_s"])
+        throughput.append(work.sequences_per_step / best.generate_s)
     assert all(b >= a * (1 - 1e-9) for a, b in zip(throughput, throughput[1:])), throughput
 
 

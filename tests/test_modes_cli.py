@@ -6,6 +6,7 @@ tens of seconds."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,7 +15,9 @@ from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
 from planner.cost.request import PlanRequest
-from planner.placement import AsyncOptions, estimate_split, plan_mode
+from planner.modes import get_mode
+from planner.output import candidate_json
+from planner.placement import AsyncOptions
 from planner.search.layout import Layout
 from planner.search.space import SearchOptions
 
@@ -24,6 +27,18 @@ WORK = GrpoWorkload(train_batch_size=128, rollout_n=8, prompt_length=1024, respo
                     mini_batch_size=32)
 MODEL = resolve_model("qwen2.5-7b")
 H100 = get_gpu("h100")
+
+
+def plan_mode(request, mode):
+    """The mode's plan, its candidates in their JSON contract."""
+    plan = get_mode(mode).plan(request)
+    return SimpleNamespace(best=candidate_json(plan.best))
+
+
+def estimate_split(request, mode, layout, pin_rollout, async_options):
+    """The mode's estimate, its candidate in its JSON contract."""
+    estimate = get_mode(mode, async_options).estimate(request, layout, pin_rollout)
+    return SimpleNamespace(candidate=candidate_json(estimate.candidate))
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -74,7 +74,12 @@ def test_streaming_runs_at_most_one_steps_sequences_and_skips_the_tail(gpus):
 def test_verl_fully_async_runs_at_most_16_prompts_per_rollout_server():
     """verl's rollouter admits len(server_handles) * 16 prompts at once (n sequences each), and
     at most required_samples * (1 + staleness) * trigger per parameter version."""
-    from planner.placement import VERL_PROMPTS_PER_SERVER, AsyncOptions, streaming_limits
+    from planner.modes import get_mode
+    from planner.modes.fully_async import VERL_PROMPTS_PER_SERVER
+    from planner.placement import AsyncOptions
+
+    def streaming_limits(mode, workload, settings):
+        return get_mode(mode, settings).streaming(workload)
 
     model = resolve_model("qwen2.5-7b")
     work = GrpoWorkload(train_batch_size=128, rollout_n=8, prompt_length=512,

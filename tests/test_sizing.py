@@ -14,6 +14,7 @@ from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
 from planner.cost.request import PlanRequest
 from planner.errors import PlanInputError
+from planner.output import sizing_json
 from planner.plan import make_plan
 from planner.search.space import SearchOptions, build_space
 from planner.sizing.counts import GpuCounts, auto_counts, parse_counts
@@ -58,7 +59,7 @@ def test_smallest_fitting_count_agrees_with_per_count_plans(model, gpu):
     # "will not fit below N": the closest miss of the plan at the largest count below N
     below = max(count for count in SMALL_COUNTS.counts if count < min(fitting))
     closest = plans[below].candidates.iloc[0]
-    blocked = summary.blocked_below
+    blocked = sizing_json(sizing)["types"][0]["blocked_below"]
     assert blocked["num_gpus"] == below
     assert blocked["phase"] == str(closest["peak_phase"])
     assert blocked["peak_gib"] == pytest.approx(closest["peak_memory_gib"], abs=0.01)
@@ -71,7 +72,7 @@ def test_smallest_fit_and_blocker_for_qwen3_30b_long_responses():
     smallest = {summary.gpu: summary.smallest_fit for summary in sizing.types}
     assert smallest == {"L40S": 8, "H100-80GB": 4, "H20-96GB": 4, "H200": 2, "B200": 2}
     h100 = next(summary for summary in sizing.types if summary.gpu == "H100-80GB")
-    assert h100.blocked_below["num_gpus"] == 2
+    assert h100.blocked_below.num_gpus == 2
 
 
 def test_best_layout_is_the_plans_best_or_within_a_percent():
@@ -361,7 +362,5 @@ def test_single_count_plan_is_unchanged(capsys):
 
 def test_sizing_rows_are_json_ready():
     sizing = sweep("qwen3-8b", ("h100",), GpuCounts(counts=(8,)), workload=GrpoWorkload())
-    from planner.report.sizing import sizing_dict
-
-    text = json.dumps(sizing_dict(sizing))
+    text = json.dumps(sizing_json(sizing))
     assert np.isfinite(json.loads(text)["rows"][0]["step_time_s"])

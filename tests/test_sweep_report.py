@@ -11,10 +11,10 @@ from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
 from planner.cost.request import PlanRequest
+from planner.output import plan_json as plan_dict
 from planner.plan import make_plan
 from planner.report.html import load_trials
 from planner.report.plots import pareto_front
-from planner.report.text import plan_dict
 
 PNG_MAGIC = b"\x89PNG"
 

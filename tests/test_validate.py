@@ -240,7 +240,7 @@ def write(tmp_path, template, name="run.sh", **values):
 
 def validate(*inputs, gpu="h100", model=None, sets=()):
     return dry_run(JobInput(inputs=tuple(str(item) for item in inputs if item != "--"),
-                            sets=tuple(sets), model=model, gpu_type=gpu))
+                            sets=tuple(sets), model=model, gpu_type=gpu)).report
 
 
 def errors(report):

@@ -277,7 +277,7 @@ def test_overlap_grad_reduce_is_written_and_read_back(tmp_path, capsys):
     for name in (SCRIPT_FILE, CONFIG_FILE):
         reports = {state: dry_run(JobInput(inputs=(str(tmp_path / state / name),),
                                            sets=tuple(f"{k}={v}" for k, v in env.items()),
-                                           gpu_type="h20"))
+                                           gpu_type="h20")).report
                    for state in ("on", "off")}
         assert reports["on"]["workload"]["overlap_grad_reduce"] is True, name
         assert reports["off"]["workload"]["overlap_grad_reduce"] is False, name

@@ -18,7 +18,8 @@ Training modes (``tune --mode``, :mod:`planner.placement`): an asynchronous stud
 are its mode plan's splits -- one per trainer-pool size, each with the trainer pool's actor
 layout and the rollout pool's engine layout -- and the study's parameters add the split
 (``trainer_gpus``) and, for fully-async, ``async_training.staleness_threshold`` from
-:data:`STALENESS_GRID` (each value its own candidate, predicted with that threshold);
+:data:`~planner.modes.fully_async.STALENESS_GRID` (each value its own candidate, predicted with
+that threshold);
 ``--mode best`` adds ``mode`` and searches the candidates of all three modes in one study
 (sync's ``trainer_gpus`` is the whole cluster, colocated; sync and one-step-off have no
 staleness threshold and carry 0).  The plan keeps one peak per pool, so an asynchronous
@@ -37,8 +38,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from planner.cost.columns import memory_column, time_column
+from planner.modes import BEST, all_modes, get_mode, mode_choices
+from planner.modes.fully_async import STALENESS_GRID
+from planner.output import gib, placement_json, study_prediction_json
 from planner.phases import PHASES
 from planner.plan import Plan
+from planner.results import COLOCATED_MODE
 from planner.search.layout import Layout
 from planner.units import GIB
 
@@ -52,16 +57,6 @@ SEARCH_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch", "recompute
                  "param_offload", "optimizer_offload", "ref_param_offload", "rollout_tp",
                  "rollout_dp", "rollout_ep", "gpu_memory_utilization")
 OOM_MARGIN_STEP = 0.02  # beyond the failed layout's own ratio, so it is excluded too
-# The parameters a study of each training mode adds to SEARCH_FIELDS (sync: none, so a sync
-# study is what it was before modes existed).
-MODE_FIELDS = {"sync": (), "one-step-off": ("trainer_gpus",),
-               "fully-async": ("trainer_gpus", "staleness_threshold"),
-               "best": ("mode", "trainer_gpus", "staleness_threshold")}
-# async_training.staleness_threshold values a fully-async study tries: 0 (the rollouter never
-# runs ahead of the trainer's sync), verl's default 0.1, and 0.3 / 0.5 (up to half a cycle of
-# samples generated ahead: more overlap, older samples); above 1 a sample may lag more than two
-# versions, which the study leaves to the user (--staleness-grid).
-STALENESS_GRID = (0.0, 0.1, 0.3, 0.5)
 # One OOM raises its phase's margin by at most this (a fraction of the predicted memory); the
 # next OOM in that phase raises it again.  The failed layout itself never runs again anyway
 # (it is measured), so the margin only has to steer away from layouts just as large.
@@ -82,8 +77,13 @@ def normalise(field: str, value: Any) -> Any:
 
 
 def study_fields(mode: str) -> tuple[str, ...]:
-    """The parameters of a study of ``mode`` (sync, one-step-off, fully-async or best)."""
-    return (*SEARCH_FIELDS, *MODE_FIELDS[mode])
+    """The parameters of a study of ``mode`` (a registered mode, or ``best``): the layout's and
+    what the mode adds (:attr:`~planner.modes.TrainingMode.study_fields`; a sync study adds
+    none, so it is what it was before modes existed); ``best`` adds ``mode`` and every mode's."""
+    if mode == BEST:
+        added = dict.fromkeys(name for m in all_modes() for name in m.study_fields)
+        return (*SEARCH_FIELDS, "mode", *added)
+    return (*SEARCH_FIELDS, *get_mode(mode).study_fields)
 
 
 def layout_key(values: Mapping[str, Any]) -> str:
@@ -119,7 +119,7 @@ class Candidate:
     layout: Layout
     params: Mapping[str, Any]  # the study's field values (study_fields)
     predicted: Mapping[str, Any]  # tokens/s/GPU, step time, peak and per-phase memory and time
-    mode: str = "sync"
+    mode: str = COLOCATED_MODE
     # mode, trainer_gpus, rollout_gpus, colocated, staleness_threshold ({} in a sync study)
     placement: Mapping[str, Any] = field(default_factory=dict)
     # the Plan (sync) or ModePlan (asynchronous) ``rank`` refers to, for the job's export
@@ -150,51 +150,32 @@ def _reindexed(candidate: Candidate, index: int) -> Candidate:
     return replace(candidate, index=index)
 
 
-def split_predicted(candidate: Mapping[str, Any]) -> dict:
-    """An asynchronous split's prediction (:func:`planner.placement.split_candidate`) in the
-    shape of :func:`_predicted`, plus what only a split has (placement, bottleneck, idle
-    fractions, staleness).  Per-phase memory is the pool's peak (see the module docstring)."""
-    pools = candidate["pools"]
-    trainer_gib = float(pools["trainer"]["peak_memory_gib"])
-    rollout_gib = float(pools["rollout"]["peak_memory_gib"])
-    rollout_sized_gib = rollout_gib - float(pools["rollout"].get("kv_cache_gib", 0.0))
-    memory = {phase: (rollout_sized_gib if phase == "generate" else trainer_gib)
-              for phase in PHASES}
-    return {"tokens_per_s_per_gpu": float(candidate["tokens_per_s_per_gpu"]),
-            "step_time_s": float(candidate["step_time_s"]),
-            "peak_gib": max(trainer_gib, rollout_gib),
-            "peak_phase": (str(pools["trainer"]["peak_phase"]) if trainer_gib >= rollout_gib
-                           else "generate"),
-            "mfu": None, "memory_gib": memory, "time_s": dict(candidate["time_s"]),
-            "mode": candidate["mode"], "placement": dict(candidate["placement"]),
-            "bottleneck": candidate["bottleneck"],
-            "idle_fraction": dict(candidate["idle_fraction"]),
-            "staleness": dict(candidate["staleness"]),
-            **({"async_training": dict(candidate["async_training"])}
-               if "async_training" in candidate else {})}
-
-
 def _split_candidates(plan: "ModePlan", memory_margin: float,
                       fields: Sequence[str]) -> list[tuple[Candidate, np.ndarray]]:
-    """An asynchronous mode plan's fitting splits as candidates (``rank``: the split's rank in
-    ``plan``, what :func:`planner.verl.modes.job_from_mode_plan` takes)."""
+    """A split mode plan's fitting splits as candidates (``rank``: the split's rank in ``plan``
+    among those that fit, what :meth:`planner.modes.TrainingMode.job` takes).  Per-phase memory
+    is the pool's peak (see the module docstring)."""
     capacity = float(plan.cluster.gpu.memory_bytes)
-    staleness = (plan.async_options.staleness_threshold if plan.mode == "fully-async" else 0.0)
+    mode = get_mode(plan.mode, plan.async_options)
     out = []
-    fitting = [c for c in plan.candidates if c["fits"]]
-    for rank, split in enumerate(fitting, start=1):
-        predicted = split_predicted(split)
-        if max(predicted["memory_gib"].values()) * GIB * (1 + memory_margin) > capacity:
+    for rank, split in enumerate(plan.fitting, start=1):
+        trainer_gib = gib(split.trainer_pool.peak_bytes)
+        rollout_sized_gib = (gib(split.rollout_pool.peak_bytes)
+                             - gib(split.rollout_pool.kv_cache_bytes))
+        memory = np.array([(rollout_sized_gib if phase == "generate" else trainer_gib) * GIB
+                           for phase in PHASES])
+        if memory.max() * (1 + memory_margin) > capacity:
             continue
-        layout = Layout(**split["layout"])
-        placement = {"mode": plan.mode, **split["placement"],
-                     "staleness_threshold": staleness}
+        layout = split.layout
+        placement = {"mode": plan.mode, **placement_json(split.placement),
+                     **{name: value for name, value in mode.study_values(split).items()
+                        if name != "trainer_gpus"}}
         params = {name: normalise(name, {**layout.to_dict(), **placement}[name])
                   for name in fields}
-        memory = np.array([predicted["memory_gib"][phase] * GIB for phase in PHASES])
         out.append((Candidate(index=0, key=candidate_key(params, fields), rank=rank,
-                              layout=layout, params=params, predicted=predicted,
-                              mode=plan.mode, placement=placement, plan=plan), memory))
+                              layout=layout, params=params,
+                              predicted=study_prediction_json(split), mode=plan.mode,
+                              placement=placement, plan=plan), memory))
     return out
 
 
@@ -236,7 +217,7 @@ class CandidateSet:
             candidates.append(Candidate(
                 index=index, key=candidate_key(params, fields), rank=int(row["rank"]),
                 layout=Layout.from_row(row), params=params, predicted=_predicted(row),
-                mode=str(extra.get("mode", "sync")), placement=placement, plan=plan))
+                mode=str(extra.get("mode", COLOCATED_MODE)), placement=placement, plan=plan))
         memory = frame[[memory_column(phase) for phase in PHASES]].to_numpy(dtype=float)
         return cls(candidates, memory, capacity_bytes, fields)
 
@@ -262,12 +243,12 @@ class CandidateSet:
         fields = study_fields(mode)
         parts: list[tuple[Candidate, np.ndarray]] = []
         for plan in plans:
-            if plan.mode == "sync":
+            if plan.sync_plan is not None:  # a colocated mode: its plan of layouts
                 n = plan.cluster.num_gpus
                 synced = cls.from_frame(
                     _fitting_rows(plan.sync_plan, memory_margin, limit),
                     plan.cluster.gpu.memory_bytes, plan=plan.sync_plan, fields=fields,
-                    extra={"mode": "sync", "trainer_gpus": n, "rollout_gpus": n,
+                    extra={"mode": plan.mode, "trainer_gpus": n, "rollout_gpus": n,
                            "colocated": True, "staleness_threshold": 0.0})
                 parts += list(zip(synced.candidates, synced.memory))
             else:
@@ -368,26 +349,19 @@ class CandidateSet:
 
 def mode_plans(request, mode: str, async_options=None,
                staleness_grid: Sequence[float] = STALENESS_GRID) -> list["ModePlan"]:
-    """The plans a study of ``mode`` draws its candidates from: sync's plan (``sync``,
-    ``best``), one-step-off's (``one-step-off``, ``best``) and fully-async's once per
-    ``staleness_grid`` value (``fully-async``, ``best``), the pool searches shared.
-    ``async_options``: the splits to try and partial rollout (its staleness is the grid's)."""
-    from planner.placement import MODE_CHOICES, AsyncOptions, plan_mode
+    """The plans a study of ``mode`` draws its candidates from: the mode's (``best``: every
+    mode's), once per variant it tunes (fully-async: per ``staleness_grid`` value), the pool
+    searches shared.  ``async_options``: the splits to try and partial rollout (the staleness
+    is the grid's)."""
+    from planner.placement import AsyncOptions
 
-    if mode not in MODE_CHOICES:
+    if mode not in mode_choices():
         raise ValueError(mode)
-    base = async_options or AsyncOptions()
+    settings = async_options or AsyncOptions()
+    modes = all_modes(settings) if mode == BEST else [get_mode(mode, settings)]
     cache: dict = {}
-    plans = []
-    if mode in ("sync", "best"):
-        plans.append(plan_mode(request, "sync"))
-    if mode in ("one-step-off", "best"):
-        plans.append(plan_mode(request, "one-step-off", base, cache=cache))
-    if mode in ("fully-async", "best"):
-        plans += [plan_mode(request, "fully-async",
-                            replace(base, staleness_threshold=float(value)), cache=cache)
-                  for value in staleness_grid]
-    return plans
+    return [variant.plan(request, cache=cache)
+            for each in modes for variant in each.study_variants(staleness_grid)]
 
 
 def memory_margins(ooms: Iterable[tuple], capacity_bytes: float,

@@ -12,7 +12,7 @@ can wrap it (``srun ...``, ``apptainer exec ...``); it is split like a shell wou
 through one.
 
 A trial of an asynchronous training mode (a candidate of ``tune --mode``) runs the job
-``plan --mode ... --write`` exports for its split (:func:`planner.verl.modes.job_from_mode_plan`:
+``plan --mode ... --write`` exports for its split (:meth:`planner.modes.TrainingMode.job`:
 the trainer pool's layout, the rollout pool, ``async_training.*``) under the mode's entry module
 (``keys.MODE_ENTRY``): :func:`mode_command` puts it where the command names
 ``verl.trainer.main_ppo``.  A command that does not name it (a wrapper script) runs as given
@@ -35,9 +35,9 @@ from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.errors import PlanInputError
-from planner.verl.export import ENVIRONMENT, hydra_value, job_overrides
+from planner.modes import Launch, export_job
+from planner.verl.export import ENVIRONMENT, hydra_value
 from planner.verl.keys import ENTRY_MODULE, MODE_ENTRY
-from planner.verl.modes import job_from_mode_plan
 from trials.candidates import Candidate
 from trials.launchers.base import LaunchRequest
 
@@ -132,12 +132,9 @@ class TrialJobs:
 
     def overrides_of(self, candidate: Candidate, extra: Sequence[str]) -> list[str]:
         """The exported job of ``candidate`` (its mode's), then ``extra``."""
-        paths = {"model_path": self.model_path, "train_files": self.train_files,
-                 "val_files": self.val_files}
-        if candidate.mode == "sync":
-            return job_overrides(self.model, self.cluster, self.workload, candidate.layout,
-                                 extra=extra, **paths)
-        job = job_from_mode_plan(candidate.plan, candidate.rank, extra_overrides=extra, **paths)
+        job = export_job(candidate.plan, candidate.rank, Launch(
+            model_path=self.model_path, train_files=self.train_files, val_files=self.val_files,
+            extra_overrides=tuple(extra)))
         return job.overrides({"MODEL_PATH": self.model_path, "TRAIN_FILES": self.train_files,
                               "VAL_FILES": self.val_files})
 

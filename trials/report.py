@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from planner.cost.columns import time_column
+from planner.modes import Launch, export_job
 from planner.phases import PHASES
-from planner.verl.files import write_job, write_plan_job
-from planner.verl.modes import job_from_mode_plan
+from planner.verl.files import write_job
 from trials import study_state as attrs
 from trials.candidates import SEARCH_FIELDS, Candidate
 
@@ -151,14 +151,10 @@ def write_best(candidate: Candidate, trial: "FrozenTrial", directory: Path, *, s
                overrides: Sequence[str]) -> list[Path]:
     """The best measured candidate as a verl job in ``directory``: its rank of its plan, or of
     its mode's plan for an asynchronous split."""
-    paths_of = {"model_path": model_path, "train_files": train_files, "val_files": val_files}
-    if candidate.mode == "sync":
-        paths = write_plan_job(candidate.plan, rank=candidate.rank, directory=Path(directory),
-                               force=True, extra_overrides=list(overrides), **paths_of)
-    else:
-        job = job_from_mode_plan(candidate.plan, candidate.rank, extra_overrides=overrides,
-                                 **paths_of)
-        paths = write_job(job, Path(directory), force=True)
+    job = export_job(candidate.plan, candidate.rank, Launch(
+        model_path=model_path, train_files=train_files, val_files=val_files,
+        extra_overrides=tuple(overrides)))
+    paths = write_job(job, Path(directory), force=True)
     tuned = {"study": study_name, "trial": trial.number,
              "layout_key": trial.user_attrs.get(attrs.KEY),
              **({"placement": dict(candidate.placement)} if candidate.placement else {}),

@@ -226,11 +226,32 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
                       help="rollout.enable_prefix_caching: the n samples share a prompt's KV")
 
 
+class _ModeChoices:
+    """``--mode``'s choices: the registered training modes and ``best``
+    (:func:`planner.modes.mode_choices`), read when argparse first asks -- building the parser
+    and ``plan-parallel --help`` import no planning code.  No ``--mode``: the baseline, set by
+    :func:`planner.cli.main.main`."""
+
+    def _names(self) -> tuple[str, ...]:
+        from planner.modes import mode_choices
+
+        return mode_choices()
+
+    def __contains__(self, value) -> bool:
+        return value in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
+
+
+MODE_CHOICES = _ModeChoices()
+
+
 def mode_args(parser: argparse.ArgumentParser, what: str = "best: all side by side") -> None:
     """``--mode`` and verl's asynchronous-training settings (planner/placement.py)."""
     group = parser.add_argument_group("training mode: colocated or separate rollout/trainer pools")
-    group.add_argument("--mode", choices=("sync", "one-step-off", "fully-async", "best"),
-                       default="sync",
+    group.add_argument("--mode", choices=MODE_CHOICES,
+                       default=None,
                        help=f"sync: colocated hybrid engine (default); one-step-off / "
                             f"fully-async: verl.experimental's separate pools; {what}")
     group.add_argument("--staleness-threshold", type=fraction(0.0, 16.0), default=0.1,
@@ -555,8 +576,8 @@ def _tune_mode_args(parser) -> None:
     """tune's training modes: the split and the staleness threshold as trial parameters
     (trials/candidates.py)."""
     group = parser.add_argument_group("training mode (tune the split and the staleness)")
-    group.add_argument("--mode", choices=("sync", "one-step-off", "fully-async", "best"),
-                       default="sync",
+    group.add_argument("--mode", choices=MODE_CHOICES,
+                       default=None,
                        help="sync: colocated layouts (default); one-step-off / fully-async: "
                             "the splits into trainer and rollout pools; best: all three in "
                             "one study")

@@ -1,6 +1,6 @@
-"""Handlers of ``plan``, ``estimate`` (``--mode one-step-off|fully-async``: the layout on
-separate pools, planner/placement.py), ``models`` and ``gpus``: arguments in, printed answer and
-exit code out."""
+"""Handlers of ``plan``, ``estimate`` (``--mode M``: the layout as a training mode runs it,
+:mod:`planner.modes`), ``models`` and ``gpus``: arguments in, printed answer and exit code
+out."""
 
 from __future__ import annotations
 
@@ -15,17 +15,13 @@ from planner.cli.args import UsageError
 from planner.cli.codes import ExitCode
 from planner.cli.sizing import cmd_size, sizing_requested
 from planner.errors import InvalidLayoutError, NoFitError
-from planner.plan import estimate_layout, make_plan
+from planner.modes import BEST, get_mode, mode_names, off_policy_note
+from planner.output import estimate_json, plan_json, split_estimate_json
+from planner.placement import SplitEstimate, pool_layout
+from planner.plan import make_plan
 from planner.policy import FILL_POLICY
-from planner.report.text import (
-    estimate_dict,
-    estimate_text,
-    format_table,
-    plan_csv,
-    plan_dict,
-    plan_table,
-    to_json,
-)
+from planner.report.modes import split_estimate_text
+from planner.report.text import estimate_text, format_table, plan_csv, plan_table, to_json
 from planner.search.layout import Layout, modules_mask
 from planner.search.pipeline import default_split, layout_vpp, split_problems
 from planner.search.space import SearchOptions
@@ -36,7 +32,7 @@ def cmd_plan(args) -> int:
     inputs.check_mode_flags(args)
     if sizing_requested(args):
         return cmd_size(args)
-    if getattr(args, "mode", "sync") != "sync":
+    if not inputs.baseline_mode(args):
         from planner.cli.modes import cmd_plan_mode
 
         return cmd_plan_mode(args)
@@ -45,7 +41,7 @@ def cmd_plan(args) -> int:
     workload = inputs.workload(args)
     request = inputs.request(args, model, cluster, workload)
     plan = make_plan(request, tie_tolerance=args.tie_tolerance)
-    fitting = int(plan.candidates["fits"].sum())
+    fitting = plan.fitting_count
     if args.write:
         if not fitting:
             raise NoFitError(f"no layout of {model.name} fits on {cluster.num_gpus} x "
@@ -61,7 +57,7 @@ def cmd_plan(args) -> int:
         for path in written:
             print(f"wrote {path}", file=sys.stderr)
     if args.format == "json":
-        print(to_json(plan_dict(plan, args.top)))
+        print(to_json(plan_json(plan, args.top)))
     elif args.format == "csv":
         print(plan_csv(plan, args.top), end="")
     else:
@@ -152,81 +148,72 @@ def print_invalid(args, layout: Layout, error: InvalidLayoutError) -> int:
     return ExitCode.NO
 
 
+def _either(names) -> str:
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+
+
 def cmd_estimate(args) -> int:
-    inputs.check_mode_flags(args)
-    if args.mode != "sync":
-        return cmd_estimate_mode(args)
-    model = resolve_model(args.model)
-    cluster = inputs.resolve_cluster(args)
-    workload = inputs.workload(args)
-    layout = estimate_layout_from_args(args, model, cluster, workload)
-    # No rollout flag: the rollout layout and budget the plan would give this actor layout.
-    choose = workload.has_rollout and all(getattr(args, name) is None
-                                          for name in ROLLOUT_FLAGS)
-    request = inputs.request(args, model, cluster, workload, SearchOptions())
-    try:
-        estimate = estimate_layout(request, layout,
-                                   pick_utilization=args.gpu_memory_utilization is None,
-                                   choose_rollout_layout=choose)
-    except InvalidLayoutError as error:
-        return print_invalid(args, layout, error)
-    if choose:
-        print(f"note: {estimate.layout.rollout_text()} chosen as the plan would for "
-              f"this actor layout (pin it with --rollout-tp/--rollout-dp/--rollout-ep"
-              f"{'' if args.gpu_memory_utilization is not None else ', --gpu-memory-utilization'}"
-              f")", file=sys.stderr)
-    print(to_json({"valid": True, **estimate_dict(estimate)}) if args.format == "json"
-          else estimate_text(estimate))
-    return ExitCode.OK if estimate.row["fits"] else ExitCode.NO
-
-
-def cmd_estimate_mode(args) -> int:
-    """``estimate --mode one-step-off|fully-async``: the actor layout on the trainer pool, the
-    rollout flags (or the best rollout layout, said on stderr) on the rollout pool, on the split
-    ``--trainer-gpus`` gives or the fastest legal split.  ``--mode best`` is refused: it
-    compares the modes' best plans, which a single layout has not got."""
+    """``estimate [--mode M]``: one layout as the mode runs it -- on every GPU (the baseline,
+    ``sync``), or the actor layout on the trainer pool with the rollout flags (or the best
+    rollout layout, said on stderr) on the rollout pool, on the split ``--trainer-gpus`` gives
+    or the fastest legal split.  ``--mode best`` is refused: it compares the modes' best
+    plans, which a single layout has not got."""
     from planner.cli.modes import async_options
-    from planner.placement import estimate_split, pool_layout
-    from planner.report.modes import split_estimate_dict, split_estimate_text
 
-    if args.mode == "best":
-        raise UsageError("--mode best compares each mode's best plan: use it with plan or "
-                         "explain; estimate takes --mode sync, one-step-off or fully-async")
+    inputs.check_mode_flags(args)
+    if args.mode == BEST:
+        raise UsageError(f"--mode best compares each mode's best plan: use it with plan or "
+                         f"explain; estimate takes --mode {_either(mode_names())}")
+    mode = get_mode(args.mode, async_options(args))
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args)
-    if not workload.has_rollout:
+    if not mode.colocated and not workload.has_rollout:
         raise UsageError(f"--mode {args.mode} estimates GRPO; --workload pretrain has no "
                          f"rollout")
     layout = estimate_layout_from_args(args, model, cluster, workload)
     pin = any(getattr(args, name) is not None for name in ROLLOUT_FLAGS)
-    settings = async_options(args)
+    request = inputs.request(args, model, cluster, workload, SearchOptions(
+        gpu_memory_utilization=args.gpu_memory_utilization))
+    trainer_gpus = mode.settings.trainer_gpus
     try:
-        request = inputs.request(args, model, cluster, workload, SearchOptions(
-            gpu_memory_utilization=args.gpu_memory_utilization))
-        estimate = estimate_split(request, args.mode, layout, pin, settings)
+        estimate = mode.estimate(request, layout, pin)
     except InvalidLayoutError as error:
-        shown = pool_layout(layout, settings.trainer_gpus[0]) \
-            if len(settings.trainer_gpus) == 1 else layout
+        shown = pool_layout(layout, trainer_gpus[0]) \
+            if not mode.colocated and len(trainer_gpus) == 1 else layout
         return print_invalid(args, shown, error)
+    if isinstance(estimate, SplitEstimate):
+        return _print_split_estimate(args, estimate)
+    # No rollout flag: the rollout layout and budget the plan would give this actor layout.
+    if workload.has_rollout and not pin:
+        print(f"note: {estimate.layout.rollout_text()} chosen as the plan would for "
+              f"this actor layout (pin it with --rollout-tp/--rollout-dp/--rollout-ep"
+              f"{'' if args.gpu_memory_utilization is not None else ', --gpu-memory-utilization'}"
+              f")", file=sys.stderr)
+    print(to_json({"valid": True, **estimate_json(estimate)}) if args.format == "json"
+          else estimate_text(estimate))
+    return ExitCode.OK if estimate.candidate.fits else ExitCode.NO
+
+
+def _print_split_estimate(args, estimate: SplitEstimate) -> int:
     candidate = estimate.candidate
-    placement = candidate["placement"]
-    if not settings.trainer_gpus or len(settings.trainer_gpus) > 1:
-        print(f"note: {placement['trainer_gpus']} trainer + {placement['rollout_gpus']} rollout "
+    placement, lay = candidate.placement, candidate.layout
+    trainer_gpus = estimate.async_options.trainer_gpus
+    if not trainer_gpus or len(trainer_gpus) > 1:
+        print(f"note: {placement.trainer_gpus} trainer + {placement.rollout_gpus} rollout "
               f"GPUs is the fastest of the {len(estimate.splits)} split(s) scored for this "
-              f"layout{'' if candidate['fits'] else ' (none fits)'} (pin one with "
+              f"layout{'' if candidate.fits else ' (none fits)'} (pin one with "
               f"--trainer-gpus)", file=sys.stderr)
     if estimate.rollout_chosen:
-        lay = candidate["layout"]
-        print(f"note: rollout TP{lay['rollout_tp']} DP{lay['rollout_dp']} EP{lay['rollout_ep']} "
-              f"at gpu_memory_utilization {lay['gpu_memory_utilization']:.2f} chosen as the plan "
-              f"would for the {placement['rollout_gpus']}-GPU rollout pool (pin it with "
+        print(f"note: rollout TP{lay.rollout_tp} DP{lay.rollout_dp} EP{lay.rollout_ep} "
+              f"at gpu_memory_utilization {lay.gpu_memory_utilization:.2f} chosen as the plan "
+              f"would for the {placement.rollout_gpus}-GPU rollout pool (pin it with "
               f"--rollout-tp/--rollout-dp/--rollout-ep"
               f"{'' if args.gpu_memory_utilization is not None else ', --gpu-memory-utilization'}"
               f")", file=sys.stderr)
-    print(to_json(split_estimate_dict(estimate)) if args.format == "json"
+    print(to_json(split_estimate_json(estimate, off_policy_note())) if args.format == "json"
           else split_estimate_text(estimate, inputs.policy(args)))
-    return ExitCode.OK if candidate["fits"] else ExitCode.NO
+    return ExitCode.OK if candidate.fits else ExitCode.NO
 
 
 def cmd_models(args) -> int:

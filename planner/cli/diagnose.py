@@ -11,11 +11,11 @@ from planner.cli import inputs
 from planner.cli.args import UsageError
 from planner.cli.codes import ExitCode
 from planner.diagnose.diff import compare, diff_text
-from planner.diagnose.explain import explain, explain_text
 from planner.diagnose.fix import fix_job, fix_text, write_fix
 from planner.diagnose.profile import profile_text, profile_traces
 from planner.diagnose.validate import JobInput, dry_run
 from planner.diagnose.validate_report import render_text
+from planner.modes import BEST, get_mode
 from planner.search.space import SearchOptions
 
 
@@ -30,7 +30,7 @@ def _json(data) -> None:
 
 
 def cmd_validate(args) -> int:
-    report = dry_run(job_input(args, args.inputs))
+    report = dry_run(job_input(args, args.inputs)).report
     if args.format == "json":
         _json(report)
     else:
@@ -65,36 +65,28 @@ def cmd_diff(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    inputs.check_mode_flags(args)
-    if args.mode != "sync":
-        return cmd_explain_mode(args)
-    model, cluster, workload = (resolve_model(args.model), inputs.resolve_cluster(args),
-                                inputs.workload(args))
-    result = explain(inputs.request(args, model, cluster, workload, SearchOptions()))
-    if args.format == "json":
-        _json(result)
-    else:
-        print(explain_text(result))
-    return ExitCode.OK
-
-
-def cmd_explain_mode(args) -> int:
-    """``explain --mode one-step-off|fully-async|best``: the chosen split or mode in words."""
+    """``explain [--mode M|best]``: the mode's choice in words (the baseline, ``sync``: the
+    layout next to the rules of thumb), or which mode wins."""
     from planner.cli.modes import async_options
-    from planner.diagnose.explain_modes import explain_best, explain_mode, explain_mode_text
+    from planner.diagnose.explain_modes import explain_best, explain_best_text
 
+    inputs.check_mode_flags(args)
     model, cluster, workload = (resolve_model(args.model), inputs.resolve_cluster(args),
                                 inputs.workload(args))
-    if not workload.has_rollout:
+    if not inputs.baseline_mode(args) and not workload.has_rollout:
         raise UsageError(f"explain --mode {args.mode} compares GRPO plans; --workload pretrain "
                          f"has no rollout")
     request = inputs.request(args, model, cluster, workload, SearchOptions())
-    result = (explain_best(request, async_options(args)) if args.mode == "best"
-              else explain_mode(request, args.mode, async_options(args)))
+    if args.mode == BEST:
+        result = explain_best(request, async_options(args))
+        text = explain_best_text
+    else:
+        mode = get_mode(args.mode, async_options(args))
+        result, text = mode.explain(request), mode.explain_text
     if args.format == "json":
         _json(result)
     else:
-        print(explain_mode_text(result))
+        print(text(result))
     return ExitCode.OK
 
 

@@ -22,6 +22,7 @@ from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cli.args import UsageError
 from planner.cost.efficiency import CostModel, read_calibration
 from planner.cost.request import PlanRequest
+from planner.modes import BEST, all_modes, get_mode, mode_names
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import RECOMPUTE
 from planner.search.space import SearchOptions
@@ -174,25 +175,37 @@ def search_options(args, work) -> SearchOptions:
         fixed=tuple(sorted(pinned.items())))
 
 
-# fully-async's async_training flags and their defaults (planner/cli/args.py mode_args)
-FULLY_ASYNC_FLAGS = (("--staleness-threshold", "staleness_threshold", 0.1),
-                     ("--trigger-parameter-sync-step", "trigger_parameter_sync_step", 0),
-                     ("--no-partial-rollout", "partial_rollout", True))
+# the --mode flags a mode may use (TrainingMode.settings_used) -> (flag, default)
+MODE_FLAGS = {"trainer_gpus": ("--trainer-gpus", []),
+              "staleness_threshold": ("--staleness-threshold", 0.1),
+              "trigger_parameter_sync_step": ("--trigger-parameter-sync-step", 0),
+              "partial_rollout": ("--no-partial-rollout", True)}
+
+
+def baseline_mode(args) -> bool:
+    """The command runs the baseline mode (``sync``, the default): the plain plan and
+    estimate outputs."""
+    return getattr(args, "mode", mode_names()[0]) == mode_names()[0]
 
 
 def check_mode_flags(args) -> None:
     """Flags of a training mode given with another are usage errors, never silently ignored:
-    ``--trainer-gpus`` splits the cluster (not sync's), the ``async_training`` flags shape
-    fully-async only (``best`` plans fully-async too)."""
-    mode = getattr(args, "mode", "sync")
-    if getattr(args, "trainer_gpus", None) and mode == "sync":
-        raise UsageError(f"--trainer-gpus {args.trainer_gpus[0]} sizes the trainer pool of "
-                         f"--mode one-step-off, fully-async or best; sync colocates both on "
-                         f"every GPU")
-    if mode in ("fully-async", "best"):
+    ``--trainer-gpus`` splits the cluster (only the modes on separate pools), the
+    ``async_training`` flags shape the modes that read them (``best`` plans every mode)."""
+    mode = getattr(args, "mode", mode_names()[0])
+    if mode == BEST:
         return
-    given = [flag for flag, name, default in FULLY_ASYNC_FLAGS
-             if hasattr(args, name) and getattr(args, name) != default]
+    used = set(get_mode(mode).settings_used)
+    if getattr(args, "trainer_gpus", None) and "trainer_gpus" not in used:
+        splitting = [m.name for m in all_modes() if "trainer_gpus" in m.settings_used]
+        raise UsageError(f"--trainer-gpus {args.trainer_gpus[0]} sizes the trainer pool of "
+                         f"--mode {', '.join(splitting)} or {BEST}; {mode} colocates both on "
+                         f"every GPU")
+    given = [flag for name, (flag, default) in MODE_FLAGS.items()
+             if name != "trainer_gpus" and hasattr(args, name) and getattr(args, name) != default
+             and name not in used]
     if given:
-        raise UsageError(f"{', '.join(given)}: fully-async's async_training settings; --mode "
-                         f"{mode} does not use them (use --mode fully-async or best)")
+        readers = [m.name for m in all_modes() if "staleness_threshold" in m.settings_used]
+        raise UsageError(f"{', '.join(given)}: {' and '.join(readers)}'s async_training "
+                         f"settings; --mode {mode} does not use them (use --mode "
+                         f"{' or '.join(readers)} or {BEST})")

@@ -63,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             build_parser().print_help()
             return ExitCode.USAGE
         module, name = HANDLERS[args.command]
+        if hasattr(args, "mode") and args.mode is None:  # no --mode: the baseline (sync)
+            from planner.modes import mode_names
+
+            args.mode = mode_names()[0]
         try:
             handler = getattr(importlib.import_module(f"planner.cli.{module}"), name)
             code = int(handler(args))

@@ -72,7 +72,8 @@ def sizing_from_args(args, options: SearchOptions | None = None) -> Sizing:
 
 
 def cmd_size(args) -> int:
-    from planner.report.sizing import sizing_csv, sizing_dict, sizing_table
+    from planner.output import sizing_json
+    from planner.report.sizing import sizing_csv, sizing_table
     from planner.report.text import to_json
 
     if getattr(args, "write", None):
@@ -80,7 +81,7 @@ def cmd_size(args) -> int:
                          "--gpu-type (sizing compares several)")
     sizing = sizing_from_args(args)
     if args.format == "json":
-        print(to_json(sizing_dict(sizing)))
+        print(to_json(sizing_json(sizing)))
     elif args.format == "csv":
         print(sizing_csv(sizing), end="")
     else:

@@ -12,9 +12,11 @@ from planner.catalog.models import resolve_model
 from planner.cli import inputs
 from planner.cli.args import UsageError
 from planner.errors import NoFitError, PlanInputError
+from planner.modes import BEST, all_modes, mode_names
+from planner.modes.fully_async import STALENESS_GRID
 from planner.plan import make_plan
 from planner.verl.export import check_overrides
-from trials.candidates import STALENESS_GRID, CandidateSet, mode_plans
+from trials.candidates import CandidateSet, mode_plans
 from trials.job import DEFAULT_TRAINER_COMMAND, TrialJobs, parse_env, split_command
 from trials.launchers.local import LocalLauncher
 from trials.launchers.ray_jobs import RayJobLauncher
@@ -45,8 +47,8 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-]+", "-", text).strip("-")
 
 
-def default_study_name(model, cluster, workload, mode: str = "sync") -> str:
-    suffix = "" if mode == "sync" else f"-{mode}"
+def default_study_name(model, cluster, workload, mode: str | None = None) -> str:
+    suffix = "" if mode in (None, mode_names()[0]) else f"-{mode}"
     return _slug(f"{model.name}-{cluster.num_gpus}x{cluster.gpu.name}-b{workload.train_batch_size}"
                  f"n{workload.rollout_n}-p{workload.prompt_length}r{workload.response_length}"
                  f"{suffix}")
@@ -54,13 +56,14 @@ def default_study_name(model, cluster, workload, mode: str = "sync") -> str:
 
 def check_mode_args(args) -> tuple[float, ...]:
     """The staleness grid of ``--mode``; flags that do not apply to it are usage errors."""
-    mode = getattr(args, "mode", "sync")
+    mode = getattr(args, "mode", mode_names()[0])
     inputs.check_mode_flags(args)
-    if args.staleness_grid and mode not in ("fully-async", "best"):
-        raise UsageError(f"--staleness-grid is fully-async's; --mode {mode} has no staleness "
-                         f"threshold (use --mode fully-async or best)")
-    return tuple(args.staleness_grid or STALENESS_GRID) if mode in ("fully-async", "best") \
-        else ()
+    tuners = [m.name for m in all_modes() if "staleness_threshold" in m.study_fields]
+    tunes = mode == BEST or mode in tuners
+    if args.staleness_grid and not tunes:
+        raise UsageError(f"--staleness-grid is {' and '.join(tuners)}'s; --mode {mode} has no "
+                         f"staleness threshold (use --mode {' or '.join(tuners)} or {BEST})")
+    return tuple(args.staleness_grid or STALENESS_GRID) if tunes else ()
 
 
 def study_candidates(args, model, cluster, workload, options, grid: tuple[float, ...]):
@@ -69,7 +72,7 @@ def study_candidates(args, model, cluster, workload, options, grid: tuple[float,
     from planner.placement import AsyncOptions
 
     request = inputs.request(args, model, cluster, workload, options)
-    if args.mode == "sync":
+    if inputs.baseline_mode(args):
         plan = make_plan(request)
         return plan, CandidateSet.from_plan(plan, args.memory_margin, args.max_candidates)
     plans = mode_plans(request, args.mode,
@@ -77,7 +80,7 @@ def study_candidates(args, model, cluster, workload, options, grid: tuple[float,
                                     trainer_gpus=tuple(args.trainer_gpus)), grid or (0.1,))
     candidates = CandidateSet.from_modes(plans, args.memory_margin, args.max_candidates,
                                          mode=args.mode)
-    plan = plans[0].sync_plan if plans[0].mode == "sync" else plans[0]
+    plan = plans[0].sync_plan or plans[0]
     return plan, candidates
 
 
@@ -156,7 +159,7 @@ def cmd_tune(args) -> int:
     options = inputs.search_options(args, workload)
     plan, candidates = study_candidates(args, model, cluster, workload, options, grid)
     if not len(candidates):  # "no layout fits": exit 1, as for every command
-        what = "layout" if args.mode == "sync" else f"{args.mode} split"
+        what = "layout" if inputs.baseline_mode(args) else f"{args.mode} split"
         raise NoFitError(f"no {what} of {model.name} on {cluster.num_gpus} x "
                          f"{cluster.gpu.name} is predicted to fit with a "
                          f"{args.memory_margin:.0%} memory margin; nothing to try")

@@ -55,8 +55,6 @@ from planner.cost.timing import (
 from planner.search.batches import mean_prompt_length, mean_response_length
 from planner.search.layout import Columns
 
-MODES = ("sync", "one-step-off", "fully-async")
-
 
 def _f(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
@@ -128,41 +126,43 @@ def pool_sync_s(request: PlanRequest, trainer: ClusterSpec, cols: Columns
             "latency_s": latency, "total_s": total}
 
 
-def steady_state(mode: str, generate, train, sync, *, mini_batches_per_step: float = 1.0,
-                 trigger_parameter_sync_step: int = 1,
-                 staleness_threshold: float = 0.0) -> dict[str, np.ndarray]:
-    """Seconds per step, idle fractions of both pools and the bottleneck pool, from the pool
-    times of one step (generation ``G``, training ``T``, one parameter sync ``S``)."""
-    g, t, s = _f(generate), _f(train), _f(sync)
-    if mode == "one-step-off":
-        step = np.maximum(g, t) + s
-        syncs = np.ones_like(step)
-        boundary = np.zeros_like(step)
-    elif mode == "fully-async":
-        k = float(trigger_parameter_sync_step)
-        cycles = mini_batches_per_step / k  # parameter syncs per step
-        hidden = min(1.0, staleness_threshold * k)
-        boundary = np.minimum(g, t) / mini_batches_per_step * (1 - hidden) * cycles
-        syncs = np.full_like(g, cycles)
-        step = np.maximum(g, t) + boundary + s * cycles
-    else:
-        raise ValueError(f"mode {mode!r}: the steady state of separate pools is for "
-                         f"one-step-off and fully-async")
+def _state(g: np.ndarray, t: np.ndarray, step: np.ndarray, boundary: np.ndarray,
+           syncs: np.ndarray, s: np.ndarray) -> dict[str, np.ndarray]:
     with np.errstate(invalid="ignore"):  # an infeasible pool (infinite time): idle NaN
         idle = {"rollout_idle": 1 - g / step, "trainer_idle": 1 - t / step}
     return {"step_time_s": step, "boundary_s": boundary, "sync_per_step_s": s * syncs,
             **idle, "rollout_bound": g >= t}
 
 
-def staleness(mode: str, staleness_threshold: float = 0.0) -> dict:
-    """What an off-policy mode does to the algorithm: how many parameter versions a sample
-    can lag the policy it trains (at most), and the share of samples that lag."""
-    if mode == "sync":
-        return {"max_versions_behind": 0, "stale_sample_fraction": 0.0, "off_policy": False}
-    if mode == "one-step-off":
-        return {"max_versions_behind": 1, "stale_sample_fraction": 1.0, "off_policy": True}
-    # verl fully_async_rollouter: at most required_samples * (1 + staleness) * trigger samples
-    # are generated per parameter version; with partial rollout a sequence may span versions
-    return {"max_versions_behind": 1 + int(np.ceil(staleness_threshold)),
-            "stale_sample_fraction": round(staleness_threshold / (1 + staleness_threshold), 4),
-            "off_policy": True}
+def overlapped_steady_state(generate, train, sync) -> dict[str, np.ndarray]:
+    """Generation of step k+1 overlaps training of step k, then both wait for the weights
+    (one-step-off): ``max(G, T) + S`` per step, from the pool times of one step (generation
+    ``G``, training ``T``, one parameter sync ``S``), with the idle fractions of both pools and
+    the bottleneck pool."""
+    g, t, s = _f(generate), _f(train), _f(sync)
+    step = np.maximum(g, t) + s
+    return _state(g, t, step, np.zeros_like(step), np.ones_like(step), s)
+
+
+@dataclass(frozen=True)
+class SyncCycle:
+    """How a streaming trainer syncs: ``mini_batches_per_step`` mini-batches per step, a
+    parameter sync every ``trigger_parameter_sync_step`` of them, and the rollouter running up
+    to ``staleness_threshold`` of a cycle ahead."""
+
+    mini_batches_per_step: float = 1.0
+    trigger_parameter_sync_step: int = 1
+    staleness_threshold: float = 0.0
+
+
+def streamed_steady_state(generate, train, sync, cycle: SyncCycle) -> dict[str, np.ndarray]:
+    """The trainer consumes mini-batches as they arrive and syncs every ``k`` of them
+    (fully-async): ``max(G, T) + min(G, T) / k * max(0, 1 - s * k)`` per cycle plus the syncs
+    (module docstring), with the idle fractions and the bottleneck pool."""
+    g, t, s = _f(generate), _f(train), _f(sync)
+    k = float(cycle.trigger_parameter_sync_step)
+    cycles = cycle.mini_batches_per_step / k  # parameter syncs per step
+    hidden = min(1.0, cycle.staleness_threshold * k)
+    boundary = np.minimum(g, t) / cycle.mini_batches_per_step * (1 - hidden) * cycles
+    step = np.maximum(g, t) + boundary + s * cycles
+    return _state(g, t, step, boundary, np.full_like(g, cycles), s)

@@ -42,3 +42,26 @@ class PlanRequest:
     def on(self, cluster: ClusterSpec) -> "PlanRequest":
         """The same request on other GPUs (one pool of a split, one count of a sweep)."""
         return replace(self, cluster=cluster)
+
+
+class OfRequest:
+    """What a result that keeps its ``request`` answers for: the request's model, cluster,
+    workload and memory policy, as its own attributes."""
+
+    request: PlanRequest
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.request.model
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        return self.request.cluster
+
+    @property
+    def workload(self) -> Workload:
+        return self.request.workload
+
+    @property
+    def policy(self) -> MemoryPolicy:
+        return self.request.policy

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from planner.diagnose.validate import JobInput, dry_run
+from planner.diagnose.validate import JobInput, JobReading, dry_run
 from planner.errors import PlanInputError
 
 RISKS = (
@@ -58,11 +58,9 @@ def flatten(config, prefix: str = "") -> dict:
     return out
 
 
-def safe_range(key: str, context: dict) -> str:
+def safe_range(key: str, job: JobReading) -> str:
     """What the planner's rules allow for a parallel size or a memory knob, where it knows."""
-    model, cluster = context.get("model"), context.get("cluster")
-    if model is None:
-        return ""
+    model, cluster = job.model, job.cluster
     if key.endswith("actor.megatron.tensor_model_parallel_size"):
         values = [d for d in range(1, model.num_attention_heads + 1)
                   if model.num_attention_heads % d == 0 and cluster.num_gpus % d == 0
@@ -79,22 +77,19 @@ def safe_range(key: str, context: dict) -> str:
     return ""
 
 
-def _side(path: str, job_input: JobInput) -> tuple[dict, dict]:
-    context: dict = {}
-    return dry_run(replace(job_input, inputs=(path,)), context), context
-
-
 def compare(a: str, b: str, job_input: JobInput) -> dict:
     """Both jobs read as validate reads them (``job_input`` gives the settings, model, GPU)."""
-    (report_a, context_a), (report_b, context_b) = _side(a, job_input), _side(b, job_input)
-    for path, report, context in ((a, report_a, context_a), (b, report_b, context_b)):
-        if "config" not in context:
+    run_a, run_b = (dry_run(replace(job_input, inputs=(path,))) for path in (a, b))
+    report_a, report_b = run_a.report, run_b.report
+    for path, run in ((a, run_a), (b, run_b)):
+        report = run.report
+        if run.job is None:
             errors = [f["message"] for f in report["findings"] if f.get("level") == "error"]
             unsafe = [f["message"] for f in report["findings"] if f["check"] == "unsafe_target"]
             raise PlanInputError(f"cannot read a verl Megatron job from {path!r}"
                                  f"{': ' + (unsafe or errors)[0] if errors else ''}; run "
                                  f"`plan-parallel validate {path}`")
-    flat_a, flat_b = flatten(context_a["config"]), flatten(context_b["config"])
+    flat_a, flat_b = flatten(run_a.job.config), flatten(run_b.job.config)
     changes = []
     for key in sorted(set(flat_a) | set(flat_b)):
         before, after = flat_a.get(key, "<unset>"), flat_b.get(key, "<unset>")
@@ -102,7 +97,7 @@ def compare(a: str, b: str, job_input: JobInput) -> dict:
             continue
         risk, why = classify(key)
         changes.append({"key": key, "before": before, "after": after, "risk": risk,
-                        "why": why, "safe_range": safe_range(key, context_b)})
+                        "why": why, "safe_range": safe_range(key, run_b.job)})
     order = {"high": 0, "medium": 1, "low": 2}
     changes.sort(key=lambda c: (order[c["risk"]], c["key"]))
 
@@ -112,7 +107,7 @@ def compare(a: str, b: str, job_input: JobInput) -> dict:
                                                  "memory_utilization", "step_time_s",
                                                  "tokens_per_s_per_gpu")}
 
-    gpu = context_b["cluster"].gpu.name if "cluster" in context_b else None
+    gpu = run_b.job.cluster.gpu.name
     return {"a": a, "b": b, "gpu_type": gpu, "changes": changes,
             "before": prediction(report_a), "after": prediction(report_b),
             "would_launch": {"a": report_a["would_launch"], "b": report_b["would_launch"]}}

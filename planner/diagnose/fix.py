@@ -31,16 +31,17 @@ nothing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from planner.cost.columns import time_column, working_set_column
 from planner.cost.request import PlanRequest
-from planner.diagnose.validate import JobInput, dry_run
+from planner.diagnose.validate import JobInput, JobReading, dry_run
 from planner.errors import InvalidLayoutError, PlanInputError
-from planner.phases import PHASES
-from planner.plan import candidate_dict, estimate_layout
+from planner.output import colocated_json, fix_summary_json
+from planner.plan import estimate_layout
 from planner.policy import DEFAULT_POLICY, PEAK_NAME, WORKING_SET_NAME, MemoryPolicy
+from planner.results import ColocatedCandidate
 from planner.units import GIB
 from planner.verl.export import ExportedJob, job_overrides, override_key
 from planner.verl.files import write_job
@@ -53,20 +54,25 @@ MIN_MOVE_BYTES = 0.1 * GIB
 ROLLOUT_KINDS = ("rollout", "offload")
 
 
-def over_band(row: dict, policy: MemoryPolicy = DEFAULT_POLICY) -> bool:
+def _step(c: ColocatedCandidate) -> float:
+    """The predicted step in seconds (inf: the layout cannot run)."""
+    return math.inf if c.step_time_s is None else c.step_time_s
+
+
+def over_band(c: ColocatedCandidate, policy: MemoryPolicy = DEFAULT_POLICY) -> bool:
     """Does not fit, or its nvidia-smi peak is above the band."""
-    return (not row["fits"]) or policy.position(row["memory_utilization"]) == "above"
+    return (not c.fits) or policy.position(c.memory.utilization) == "above"
 
 
-def in_band(row: dict, policy: MemoryPolicy = DEFAULT_POLICY) -> bool:
-    return bool(row["fits"]) and policy.position(row["memory_utilization"]) == "inside"
+def in_band(c: ColocatedCandidate, policy: MemoryPolicy = DEFAULT_POLICY) -> bool:
+    return c.fits and policy.position(c.memory.utilization) == "inside"
 
 
-def moves_peak(row: dict, current: dict, over: bool) -> bool:
+def moves_peak(c: ColocatedCandidate, current: ColocatedCandidate, over: bool) -> bool:
     """The change moves the judged peak (nvidia-smi) the needed way: down when over the band,
     up when under it."""
-    moved = current["peak_bytes"] - row["peak_bytes"] if over \
-        else row["peak_bytes"] - current["peak_bytes"]
+    moved = current.memory.peak_bytes - c.memory.peak_bytes if over \
+        else c.memory.peak_bytes - current.memory.peak_bytes
     return moved >= MIN_MOVE_BYTES
 
 
@@ -74,13 +80,13 @@ def moves_peak(row: dict, current: dict, over: bool) -> bool:
 class Mitigation:
     name: str
     layout: object  # planner.search.layout.Layout
-    row: dict  # the cost model's columns for the layout
+    candidate: ColocatedCandidate  # the layout's prediction
     overrides: tuple[str, ...]
     kind: str = "layout"  # rollout, offload, batch, recompute, parallel, or a chain
 
     @property
     def fits(self) -> bool:
-        return bool(self.row["fits"])
+        return self.candidate.fits
 
 
 def _halvings(value: int) -> list[int]:
@@ -186,52 +192,55 @@ def candidate_changes(layout, model, cluster, over: bool,
     return changes
 
 
-def score(model, cluster, workload, layout, policy: MemoryPolicy = DEFAULT_POLICY) -> dict | None:
+def score(request: PlanRequest, layout) -> ColocatedCandidate | None:
+    """The layout's prediction, None when it breaks a rule."""
     try:
-        return estimate_layout(PlanRequest(model, cluster, workload, policy=policy), layout).row
+        return estimate_layout(request, layout).candidate
     except (InvalidLayoutError, PlanInputError):
         return None
 
 
-def layout_overrides(model, cluster, workload, layout, config: dict) -> list[str]:
-    return job_overrides(model, cluster, workload, layout,
+def layout_overrides(job: JobReading, layout) -> list[str]:
+    """The planner's overrides of ``layout`` for the job read (its paths kept)."""
+    config = job.config
+    return job_overrides(job.model, job.cluster, job.workload, layout,
                          model_path=str(get(config, "actor_rollout_ref.model.path", "")),
                          train_files=str(get(config, "data.train_files", "")),
                          val_files=str(get(config, "data.val_files", "")))
 
 
-def _single_changes(context, layout, over):
-    model, cluster, workload = context["model"], context["cluster"], context["workload"]
-    policy = context.get("policy", DEFAULT_POLICY)
+def _single_changes(request: PlanRequest, layout, over: bool):
+    model, cluster = request.model, request.cluster
     for name, changed, kind in candidate_changes(layout, model, cluster, over,
-                                                 workload.needs_reference):
-        row = score(model, cluster, workload, changed, policy)
-        if row is not None:
-            yield name, changed, row, kind
+                                                 request.workload.needs_reference):
+        scored = score(request, changed)
+        if scored is not None:
+            yield name, changed, scored, kind
 
 
-def greedy_chain(context, layout, row, max_steps: int = 6):
+def greedy_chain(request: PlanRequest, layout, current: ColocatedCandidate,
+                 max_steps: int = 6):
     """Changes applied one after another, each time the one that buys the most memory per
     second of step time, until the job fits below the band's top (or nothing helps)."""
     names = []
-    policy = context.get("policy", DEFAULT_POLICY)
     for _ in range(max_steps):
-        if not over_band(row, policy):
+        if not over_band(current, request.policy):
             break
         best, best_value = None, 0.0
-        for name, changed, new, _ in _single_changes(context, layout, over=True):
-            saved = row["peak_bytes"] - new["peak_bytes"]
-            cost = max(new["step_time_s"] - row["step_time_s"], 0.0) + 1e-3
+        for name, changed, new, _ in _single_changes(request, layout, over=True):
+            saved = current.memory.peak_bytes - new.memory.peak_bytes
+            cost = max(_step(new) - _step(current), 0.0) + 1e-3
             if saved >= MIN_MOVE_BYTES and saved / cost > best_value:
                 best, best_value = (name, changed, new), saved / cost
         if best is None:
             return None
         names.append(best[0])
-        layout, row = best[1], best[2]
-    return (" + ".join(names), layout, row) if row["fits"] and names else None
+        layout, current = best[1], best[2]
+    return (" + ".join(names), layout, current) if current.fits and names else None
 
 
-def mitigations(context: dict) -> tuple[dict, list[Mitigation]]:
+def mitigations(job: JobReading, policy: MemoryPolicy = DEFAULT_POLICY
+                ) -> tuple[ColocatedCandidate, list[Mitigation]]:
     """The job's own prediction and the scored changes, best first.
 
     Only changes that move the nvidia-smi peak the needed way are kept (:func:`moves_peak`).
@@ -241,41 +250,40 @@ def mitigations(context: dict) -> tuple[dict, list[Mitigation]]:
     greedy chain of changes that is comes first, followed by the single changes that help but
     are not enough alone (``fits`` False).
     """
-    model, cluster = context["model"], context["cluster"]
-    workload, layout, config = context["workload"], context["layout"], context["config"]
-    policy = context.get("policy", DEFAULT_POLICY)
-    current = score(model, cluster, workload, layout, policy)
+    request, layout = job.request(policy), job.layout
+    current = score(request, layout)
     if current is None:
         raise PlanInputError("the job breaks a layout rule; run `plan-parallel validate` and "
                              "fix those first")
     if in_band(current, policy):
         return current, []
     over = over_band(current, policy)
-    before = set(layout_overrides(model, cluster, workload, layout, config))
-    pool_peak = PHASES[int(current["peak_phase"])] == "generate"
+    before = set(layout_overrides(job, layout))
+    pool_peak = current.memory.peak_phase == "generate"
 
-    def mitigation(name, changed, row, kind):
-        after = layout_overrides(model, cluster, workload, changed, config)
-        return Mitigation(name, changed, row, tuple(o for o in after if o not in before), kind)
+    def mitigation(name, changed, scored, kind):
+        after = layout_overrides(job, changed)
+        return Mitigation(name, changed, scored, tuple(o for o in after if o not in before),
+                          kind)
 
     fitting, partial = [], []
-    for name, changed, row, kind in _single_changes(context, layout, over):
-        if not moves_peak(row, current, over):
+    for name, changed, scored, kind in _single_changes(request, layout, over):
+        if not moves_peak(scored, current, over):
             continue
-        if row["fits"] and not over_band(row, policy):
-            fitting.append(mitigation(name, changed, row, kind))
+        if scored.fits and not over_band(scored, policy):
+            fitting.append(mitigation(name, changed, scored, kind))
         elif over:
-            partial.append(mitigation(name, changed, row, kind))
+            partial.append(mitigation(name, changed, scored, kind))
     # Of the gpu_memory_utilization steps keep one: the highest that is enough (the least KV
     # cache given up), or of those that are not, the one that moves the peak most.
     fitting = _one_pool_step(fitting, max)
     partial = _one_pool_step(partial, min) if over else partial
     fitting.sort(key=lambda m: (over and pool_peak and m.kind not in ROLLOUT_KINDS,
-                                m.row["step_time_s"]))
+                                _step(m.candidate)))
     if fitting or not over:
         return current, fitting
-    chain = greedy_chain(context, layout, current)
-    partial.sort(key=lambda m: m.row["peak_bytes"])
+    chain = greedy_chain(request, layout, current)
+    partial.sort(key=lambda m: m.candidate.memory.peak_bytes)
     return current, ([mitigation(*chain, "chain")] if chain else []) + partial
 
 
@@ -289,20 +297,6 @@ def _one_pool_step(found: list[Mitigation], pick) -> list[Mitigation]:
     return [m for m in found if m.kind != "rollout" or m is keep]
 
 
-def _summary(row: dict, policy: MemoryPolicy = DEFAULT_POLICY) -> dict:
-    phase = PHASES[int(row["peak_phase"])]
-    return {"fits": bool(row["fits"]), "peak_memory_gib": round(row["peak_bytes"] / GIB, 2),
-            "memory_utilization": round(float(row["memory_utilization"]), 4),
-            "band_position": policy.position(float(row["memory_utilization"])),
-            "peak_phase": phase,
-            "working_set_gib": round(float(row[working_set_column(phase)]) / GIB, 2),
-            "gpu_memory_utilization": round(float(row["gpu_memory_utilization"]), 2),
-            "kv_cache_tokens_per_gpu": int(row["kv_cache_tokens_per_gpu"]),
-            "generate_s": round(float(row[time_column("generate")]), 2),
-            "step_time_s": round(float(row["step_time_s"]), 2),
-            "tokens_per_s_per_gpu": round(float(row["tokens_per_s_per_gpu"]), 1)}
-
-
 @dataclass(frozen=True)
 class FixResult:
     """What ``fix`` found: the job's prediction, whether it sits in the band, the mitigations
@@ -310,7 +304,7 @@ class FixResult:
 
     data: dict  # the --format json output
     mitigations: tuple[Mitigation, ...]
-    context: dict
+    job: JobReading  # what the dry run read
     report: dict | None = None  # validate's report of the same job (planner.diagnose.validate)
 
     @property
@@ -320,33 +314,31 @@ class FixResult:
 
 def fix_job(job_input: JobInput, top: int = 8) -> FixResult:
     """Read the job as validate does and score the mitigations."""
-    context: dict = {"policy": job_input.policy}
-    report = dry_run(job_input, context)
-    if "layout" not in context:
+    run = dry_run(job_input)
+    report = run.report
+    if run.job is None:
         errors = [f["message"] for f in report["findings"] if f.get("level") == "error"]
         raise PlanInputError("cannot read a layout from the job: "
                              + ("; ".join(errors[:2]) or "see `plan-parallel validate`"))
-    current, found = mitigations(context)
     policy = job_input.policy
+    current, found = mitigations(run.job, policy)
     data = {"judges": PEAK_NAME, "band": [policy.low, policy.high],
-            "current": _summary(current, policy), "in_band": in_band(current, policy),
-            "mitigations": [{"change": m.name, "kind": m.kind, **_summary(m.row, policy),
+            "current": fix_summary_json(current, policy), "in_band": in_band(current, policy),
+            "mitigations": [{"change": m.name, "kind": m.kind,
+                             **fix_summary_json(m.candidate, policy),
                              "overrides": list(m.overrides)} for m in found[:top]]}
-    return FixResult(data=data, mitigations=tuple(found), context=context, report=report)
+    return FixResult(data=data, mitigations=tuple(found), job=run.job, report=report)
 
 
 def write_fix(result: FixResult, directory: Path, force: bool = False) -> list[Path]:
     """The best mitigation as a runnable job (the planner's export of the fixed layout, with
     the input's own overrides that the fix does not touch)."""
-    best = result.mitigations[0]
-    context = result.context
-    config = context["config"]
-    fixed_keys = {override_key(o) for o in layout_overrides(
-        context["model"], context["cluster"], context["workload"], best.layout, config)}
-    kept = tuple(o for o in context["overrides"] if override_key(o) not in fixed_keys)
-    job = ExportedJob(model=context["model"], cluster=context["cluster"],
-                      workload=context["workload"], layout=best.layout,
-                      prediction=candidate_dict(best.row),
+    best, read = result.mitigations[0], result.job
+    config = read.config
+    fixed_keys = {override_key(o) for o in layout_overrides(read, best.layout)}
+    kept = tuple(o for o in read.overrides if override_key(o) not in fixed_keys)
+    job = ExportedJob(model=read.model, cluster=read.cluster, workload=read.workload,
+                      layout=best.layout, prediction=colocated_json(best.candidate),
                       model_path=get(config, "actor_rollout_ref.model.path", None),
                       train_files=get(config, "data.train_files", None),
                       val_files=get(config, "data.val_files", None), extra=kept)

@@ -27,19 +27,21 @@ from planner.catalog.hardware import (
     gpu_from_detected,
 )
 from planner.catalog.models import (
+    ModelSpec,
     builtin_model,
     catalog_name,
     load_model_config_path,
     resolve_model,
 )
-from planner.cost.columns import flag_column
-from planner.cost.memory import STAGES
+from planner.catalog.workload import GrpoWorkload
 from planner.cost.request import PlanRequest
 from planner.diagnose.validate_report import module_rows
 from planner.errors import InvalidLayoutError, PlanInputError, ResourceLimitError
-from planner.phases import PHASES
-from planner.plan import candidate_dict, estimate_layout
+from planner.modes import mode_of_config
+from planner.output import memory_report_json
+from planner.plan import estimate_layout
 from planner.policy import DEFAULT_POLICY, PEAK_NAME, MemoryPolicy
+from planner.search.layout import Layout
 from planner.units import GIB
 from planner.verl.checks import (
     backend_findings,
@@ -66,14 +68,7 @@ from planner.verl.config import (
 from planner.verl.findings import Finding
 from planner.verl.job import layout_of, read_job, workload_of
 from planner.verl.keys import MODE_CONFIG, ROOT_CONFIG, VERL_VERSION, get
-from planner.verl.pools import (
-    PACKAGE_SEARCHPATH,
-    job_mode,
-    pool_findings,
-    pool_memory,
-    pools_of,
-    with_step_batch,
-)
+from planner.verl.pools import PACKAGE_SEARCHPATH, pool_memory, pools_of
 from planner.verl.script import expand_override, read_launch_script
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -218,16 +213,15 @@ PHASE_ADVICE = {
 def memory_findings(estimate, policy: MemoryPolicy = DEFAULT_POLICY) -> list:
     """Memory errors and warnings: the job does not fit, or its :data:`PEAK_NAME` sits outside
     the policy's band (``fix`` judges the same quantity against the same band)."""
-    row, gpu = estimate.row, estimate.cluster.gpu
+    c, gpu = estimate.candidate, estimate.cluster.gpu
     capacity = gpu.memory_bytes / GIB
-    peak = row["peak_bytes"] / GIB
-    phase = PHASES[int(row["peak_phase"])]
-    stage = STAGES[int(row["peak_stage"])]
-    share = row["memory_utilization"]
+    peak = c.memory.peak_bytes / GIB
+    phase, stage = c.memory.peak_phase, c.memory.peak_stage
+    share = c.memory.utilization
     out = []
     seq = estimate.workload.sequence_length
-    if row["kv_cache_tokens_per_gpu"] < seq:
-        out.append(Finding("memory", f"rollout KV cache holds {int(row['kv_cache_tokens_per_gpu'])}"
+    if c.rollout.kv_cache_tokens_per_gpu < seq:
+        out.append(Finding("memory", f"rollout KV cache holds {c.rollout.kv_cache_tokens_per_gpu}"
                            f" tokens per GPU, less than one {seq}-token sequence: raise "
                            f"actor_rollout_ref.rollout.gpu_memory_utilization "
                            f"({estimate.layout.gpu_memory_utilization}) or the rollout TP",
@@ -257,11 +251,11 @@ def memory_findings(estimate, policy: MemoryPolicy = DEFAULT_POLICY) -> list:
                              lay.etp),
                             ("rollout_tp_across_nodes", "rollout.tensor_model_parallel_size",
                              lay.rollout_tp)):
-        if row.get(flag_column(flag)):
+        if flag in c.flags:
             out.append(Finding(flag, f"actor_rollout_ref.{key}={size} spans more GPUs than one "
                                f"NVLink domain ({domain}): its all-reduces cross the network",
                                (f"actor_rollout_ref.{key}",), "warning"))
-    if row.get("flag_pipeline_starved"):
+    if "pipeline_starved" in c.flags:
         out.append(Finding("pipeline_starved", f"fewer micro-batches per mini-batch than "
                            f"pipeline stages ({lay.pp}): the pipeline idles most of the update",
                            ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
@@ -287,13 +281,40 @@ class JobInput:
     gpus: int | None = None  # the cluster an asynchronous job's pools must add up to
 
 
-def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
-    """Everything validate reports, as a dict (the ``--format json`` output).
+@dataclass(frozen=True)
+class JobReading:
+    """What a dry run read from a job, for the commands that go on from there (``fix``,
+    ``diff``): the model, cluster, workload and layout, the composed config (plain dicts) and
+    the overrides it was composed with."""
 
-    ``context``, when given, receives the objects read from the config (``model``, ``cluster``,
-    ``workload``, ``layout``) for commands that go on from there (``fix``, ``diff``).
-    """
-    context = {} if context is None else context
+    model: ModelSpec
+    cluster: ClusterSpec
+    workload: GrpoWorkload
+    layout: Layout
+    config: dict
+    overrides: tuple[str, ...]
+
+    def request(self, policy: MemoryPolicy) -> PlanRequest:
+        """The job as a plan request under ``policy``."""
+        return PlanRequest(self.model, self.cluster, self.workload, policy=policy)
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """A dry run: ``report``, everything validate reports (the ``--format json`` output), and
+    ``job``, what it read (None when the config gave no model, cluster, workload and layout)."""
+
+    report: dict
+    job: JobReading | None = None
+
+    @property
+    def would_launch(self) -> bool:
+        return bool(self.report["would_launch"])
+
+
+def dry_run(job_input: JobInput) -> DryRun:
+    """Everything validate reports about a job, and what it read (:class:`DryRun`)."""
+    reading: JobReading | None = None
     sets = _settings(job_input.sets)
     environ = {**os.environ, **sets}
     kind, source, config_dir, config_name, overrides, notes, problems = read_input(
@@ -310,7 +331,7 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
     def finish():
         report["findings"] = [finding.to_dict() for finding in findings]
         report["would_launch"] = not any(f.level == "error" for f in findings)
-        return report
+        return DryRun(report, reading)
 
     if (config_dir.name == "config" and config_dir.parent.name == "one_step_off_policy"
             and not any(item.startswith("hydra.searchpath") for item in overrides)):
@@ -326,7 +347,8 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
         plain = to_plain(config)
         engine = get(plain, "model_engine", "megatron")
         reported = {key for finding in unknown for key in finding.keys}
-        findings += [f for f in added_keys(config, mode_base_config(engine, job_mode(plain)))
+        findings += [f for f in added_keys(config, mode_base_config(engine,
+                                                                    mode_of_config(plain).name))
                      if not set(f.keys) & reported]
         unknown_names = {key.rsplit(".", 1)[-1] for f in findings if f.check == "unknown_key"
                          for key in f.keys}
@@ -339,12 +361,11 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
     findings += backend_findings(plain)
     if engine != "megatron":
         return finish()
-    mode = job_mode(plain)
-    report["mode"] = mode
+    mode = mode_of_config(plain)
+    report["mode"] = mode.name
     original = plain
-    if mode != "sync":
-        # fully-async's data.train_batch_size is 0: a step is what one parameter version trains
-        plain = with_step_batch(plain)
+    # a streaming mode's data.train_batch_size is 0: a step is what one parameter version trains
+    plain = mode.step_config(plain)
     job, problems = read_job(plain)
     findings += problems
     if job is None:
@@ -360,9 +381,9 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
     cluster = ClusterSpec(gpu, job.world, job.gpus_per_node)
     report["model"], report["cluster"] = model.name, cluster.to_dict()
     pools = None
-    if mode != "sync":
+    if not mode.colocated:
         pools = pools_of(plain, cluster)
-        findings += pool_findings(original, mode, pools, job_input.gpus)
+        findings += mode.job_findings(original, pools, job_input.gpus)
         report["placement"] = {"trainer_gpus": pools.trainer.num_gpus,
                                "rollout_gpus": pools.rollout.num_gpus, "colocated": False}
     estimate, layout = None, None
@@ -373,40 +394,29 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
         findings.append(Finding("bad_value", str(error)))
     else:
         report["workload"], report["layout"] = workload.to_dict(), layout.to_dict()
-        context.update(model=model, cluster=cluster, workload=workload, layout=layout,
-                       config=plain, overrides=overrides)
+        reading = JobReading(model=model, cluster=cluster, workload=workload, layout=layout,
+                             config=plain, overrides=tuple(overrides))
         shape = model_findings(plain, job, model, cluster, workload, layout)
         if pools is not None:  # the rollout lives on its own pool: its rules are checked there
             shape = [f for f in shape if not f.check.startswith("rollout")]
         findings += shape
         if pools is not None:
             if not any(f.level == "error" for f in findings):
-                memory, pool_problems = pool_memory(
-                    PlanRequest(model, cluster, workload, policy=job_input.policy), pools,
-                    layout)
+                memory, pool_problems = pool_memory(reading.request(job_input.policy), pools,
+                                                    layout)
                 findings += pool_problems
                 report["memory"] = memory
             report["modules"] = module_rows(job, layout, None)
             return finish()
         if not any(f.level == "error" for f in shape):
             try:
-                estimate = estimate_layout(
-                    PlanRequest(model, cluster, workload, policy=job_input.policy), layout)
+                estimate = estimate_layout(reading.request(job_input.policy), layout)
             except InvalidLayoutError:  # a rule validate reports per verl key (CHECKED_PER_KEY)
                 estimate = None
         if estimate is not None:
             report["layout"] = estimate.layout.to_dict()  # with the pipeline split resolved
             findings += memory_findings(estimate, job_input.policy)
-            memory = candidate_dict(estimate.row)
-            report["memory"] = {key: memory[key] for key in (
-                "fits", "peak_memory_gib", "peak_phase", "peak_stage", "memory_utilization",
-                "memory_gib", "working_set_gib", "breakdown_gib", "rollout")}
-            report["memory"]["memory_band"] = {
-                "low": job_input.policy.low, "high": job_input.policy.high, "judges": PEAK_NAME,
-                "position": job_input.policy.position(memory["memory_utilization"])}
-            for key in ("step_time_s", "time_s", "tokens_per_s_per_gpu"):
-                if key in memory:
-                    report["memory"][key] = memory[key]
+            report["memory"] = memory_report_json(estimate.candidate, job_input.policy)
         else:
             notes.append("memory not estimated: the layout breaks the rules above")
     report["modules"] = module_rows(job, layout, estimate)

@@ -6,7 +6,7 @@ output); this module only lays it out for people.
 
 from __future__ import annotations
 
-from planner.cost.columns import memory_column
+from planner.output import fraction, gib
 from planner.policy import PEAK_NAME, WORKING_SET_NAME
 from planner.report.text import format_table
 from planner.units import GIB
@@ -21,8 +21,8 @@ def module_rows(job, layout, estimate) -> dict[str, dict]:
     def memory(*phases):
         if estimate is None:
             return None, None
-        gib = max(estimate.row[memory_column(phase)] for phase in phases) / GIB
-        return round(gib, 2), round(gib / capacity, 4)
+        peak = max(estimate.candidate.memory.phase_bytes.of_phase(phase) for phase in phases)
+        return gib(peak), fraction(peak / GIB / capacity)
 
     actor_peak = memory("update_actor", "old_log_prob", "weight_sync")
     ref_peak = memory("ref")

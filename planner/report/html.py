@@ -19,13 +19,14 @@ from planner.bounds import CLUSTER_LIMITS, check_fields
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GRPO_LIMITS, GrpoWorkload
+from planner.cost.columns import working_set_column
 from planner.cost.efficiency import CostModel, shipped_cost_model
 from planner.cost.request import PlanRequest
 from planner.errors import PlanInputError
 from planner.plan import make_plan
 from planner.policy import DEFAULT_POLICY, PEAK_NAME, WORKING_SET_NAME, MemoryPolicy
 from planner.report import plots
-from planner.report.text import legend_lines, peak_cell, working_set_bytes
+from planner.report.text import legend_lines, peak_cell
 from planner.search.layout import Layout
 from planner.units import GIB
 from planner.verl.keys import PLAN_FILE
@@ -81,9 +82,10 @@ def candidate_table(candidates, capacity_bytes: float, top: int = TOP) -> str:
                               f"EP{layout.rollout_ep} @ {layout.gpu_memory_utilization:.2f}",
             "step s": f"{row['step_time_s']:.1f}",
             "tok/s/GPU": f"{row['tokens_per_s_per_gpu']:.0f}",
-            PEAK_NAME: peak_cell(row, capacity_bytes),
+            PEAK_NAME: peak_cell(row["peak_bytes"], capacity_bytes),
             "in phase": row["peak_phase"],
-            WORKING_SET_NAME: f"{working_set_bytes(row) / GIB:.1f} GiB",
+            WORKING_SET_NAME:
+                f"{row[working_set_column(str(row['peak_phase']))] / GIB:.1f} GiB",
         })
     if not rows:
         return "<p>no layout fits in GPU memory</p>"
@@ -145,22 +147,22 @@ def render_sizing(sizing, png_dir: Path | None = None, title: str = "") -> str:
     against GPU count, and the table of every GPU type and count."""
     import pandas as pd
 
-    from planner.report.sizing import layout_text, sizing_dict, summary_lines
+    from planner.report.sizing import layout_text, summary_lines
+    from planner.sizing.sweep import SECONDS_PER_HOUR
 
-    data = sizing_dict(sizing)
     currency = sizing.prices.currency if sizing.prices else "$"
     table = pd.DataFrame([{
-        "GPU": row["gpu"], "GPUs": row["num_gpus"], "nodes": row["num_nodes"],
-        "step s": None if row["step_time_s"] is None else round(row["step_time_s"], 1),
-        "tokens/s/GPU": None if row["tokens_per_s_per_gpu"] is None
-        else round(row["tokens_per_s_per_gpu"]),
-        "run h": None if row["run_hours"] is None else round(row["run_hours"], 2),
-        "GPU-hours": None if row["gpu_hours"] is None else round(row["gpu_hours"], 1),
-        f"cost ({currency})": None if row["cost"] is None else round(row["cost"], 2),
-        "marks": ", ".join(row["marks"]),
-        "best layout / why none fits": layout_text(sized.layout, sizing.model.is_moe)
-        if sized.layout is not None else (sized.blocked or {}).get("reason", ""),
-    } for row, sized in zip(data["rows"], sizing.rows)])
+        "GPU": row.gpu, "GPUs": row.num_gpus, "nodes": row.num_nodes,
+        "step s": None if row.step_time_s is None else round(row.step_time_s, 1),
+        "tokens/s/GPU": None if row.tokens_per_s_per_gpu is None
+        else round(row.tokens_per_s_per_gpu),
+        "run h": None if row.run_time_s is None else round(row.run_time_s / SECONDS_PER_HOUR, 2),
+        "GPU-hours": None if row.gpu_hours is None else round(row.gpu_hours, 1),
+        f"cost ({currency})": None if row.cost is None else round(row.cost, 2),
+        "marks": ", ".join(row.marks),
+        "best layout / why none fits": layout_text(row.layout, sizing.model.is_moe)
+        if row.layout is not None else (row.blocked.reason if row.blocked else ""),
+    } for row in sizing.rows])
     sections = [f"<h1>{html.escape(title or 'plan-parallel: sizing')}</h1>",
                 f"<p>{html.escape(sizing.model.name)}; "
                 f"{html.escape(sizing.workload.describe())}; run: {html.escape(sizing.run.text)}"
@@ -168,7 +170,7 @@ def render_sizing(sizing, png_dir: Path | None = None, title: str = "") -> str:
                 "<ul>" + "".join(f"<li>{html.escape(line)}</li>"
                                  for line in summary_lines(sizing)) + "</ul>",
                 "<h2>Step time and cost against GPU count</h2>",
-                _img("sizing", plots.to_png(plots.sizing_figure(data["rows"], currency)),
+                _img("sizing", plots.to_png(plots.sizing_figure(sizing.rows, currency)),
                      png_dir),
                 "<h2>Every GPU type and count</h2>",
                 table.to_html(index=False, border=0, na_rep="-")]

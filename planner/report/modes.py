@@ -1,19 +1,19 @@
-"""Text and JSON of the training-mode plans (:mod:`planner.placement`): one asynchronous mode's
-splits, or ``--mode best``'s best plan of each mode side by side."""
+"""Text of the training-mode plans (:mod:`planner.modes`): one mode's candidates, ``--mode
+best``'s best plan of each mode side by side, and ``estimate --mode`` of a split mode.  The
+JSON of the same is :mod:`planner.output`'s; figures the JSON reports are printed as it rounds
+them."""
 
 from __future__ import annotations
 
-from planner.placement import OFF_POLICY_NOTE, ModePlan, SplitEstimate, best_table_rows
-from planner.plan import ROLLOUT_FIELDS
+from planner.modes import get_mode, off_policy_note
+from planner.output import finite as reported
+from planner.output import fraction, gib, mode_bests, rate, reported_step, seconds, setting
+from planner.placement import ModePlan, SplitEstimate
 from planner.policy import DEFAULT_POLICY, PEAK_NAME, MemoryPolicy
 from planner.report.text import format_table
-from planner.search.layout import Layout
+from planner.results import Candidate, ColocatedCandidate, SplitCandidate
 
-ENTRY_TEXT = {"sync": "colocated hybrid engine (verl.trainer.main_ppo)",
-              "one-step-off": "separate pools, generation of step k+1 overlaps training of "
-                              "step k (verl.experimental.one_step_off_policy)",
-              "fully-async": "separate pools, streaming rollout (verl.experimental."
-                             "fully_async_policy)"}
+TRAINING_PHASES = ("old_log_prob", "ref", "update_actor")
 
 
 def _header(plan: ModePlan) -> list[str]:
@@ -24,11 +24,10 @@ def _header(plan: ModePlan) -> list[str]:
             f"workload {plan.workload.describe()}"]
 
 
-def _layout_text(candidate: dict) -> tuple[str, str]:
-    lay = candidate["layout"]
-    actor = (f"TP{lay['tp']} PP{lay['pp']} CP{lay['cp']} EP{lay['ep']} DP{lay['dp']} "
-             f"mbs{lay['micro_batch']}")
-    rollout = f"{lay['rollout_tp']}/{lay['rollout_dp']}/{lay['rollout_ep']}"
+def _layout_text(candidate: Candidate) -> tuple[str, str]:
+    lay = candidate.layout
+    actor = f"TP{lay.tp} PP{lay.pp} CP{lay.cp} EP{lay.ep} DP{lay.dp} mbs{lay.micro_batch}"
+    rollout = f"{lay.rollout_tp}/{lay.rollout_dp}/{lay.rollout_ep}"
     return actor, rollout
 
 
@@ -45,57 +44,66 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def _row(candidate: dict) -> dict:
+def _split_cells(c: SplitCandidate) -> dict:
+    feasible = c.feasible
+    idle_t = reported(c.idle.trainer, 4) if feasible else None
+    idle_r = reported(c.idle.rollout, 4) if feasible else None
+    return {"gen": _seconds(reported(c.times.generate)),
+            "train": f"{reported(c.times.train):.1f}",
+            "param_sync": f"{reported(c.times.param_sync):.1f}",
+            "bottleneck": c.bottleneck, "idle": f"{_percent(idle_t)}/{_percent(idle_r)}",
+            "tps": _rate(reported(c.tokens_per_s_per_gpu, 1) if feasible else None),
+            "tmem": f"{gib(c.trainer_pool.peak_bytes):.1f}",
+            "rmem": f"{gib(c.rollout_pool.peak_bytes):.1f}"}
+
+
+def _colocated_cells(c: ColocatedCandidate) -> dict:
+    times = c.times if c.timed else None
+    return {"gen": _seconds(None if times is None else seconds(times.seconds.generate)),
+            "train": "-" if times is None else
+            f"{sum(seconds(times.seconds.of_phase(p)) for p in TRAINING_PHASES):.1f}",
+            "param_sync": "-" if times is None else
+            f"{seconds(times.seconds.weight_sync):.1f}",
+            "bottleneck": "shared", "idle": "-",
+            "tps": _rate(rate(c.tokens_per_s_per_gpu) if c.timed else None),
+            "tmem": f"{gib(c.memory.peak_bytes):.1f}", "rmem": "(shared)"}
+
+
+def _row(candidate: Candidate) -> dict:
     actor, rollout = _layout_text(candidate)
-    placement, times = candidate["placement"], candidate.get("time_s", {})
-    idle = candidate.get("idle_fraction")
-    colocated = placement.get("colocated", False)
+    placement = candidate.placement
+    cells = (_split_cells(candidate) if isinstance(candidate, SplitCandidate)
+             else _colocated_cells(candidate))
     return {
-        "rank": candidate.get("rank", "-"), "mode": candidate["mode"],
-        "trainer": placement["trainer_gpus"], "rollout": placement["rollout_gpus"],
+        "rank": "-" if candidate.rank is None else candidate.rank, "mode": candidate.mode,
+        "trainer": placement.trainer_gpus, "rollout": placement.rollout_gpus,
         "actor": actor, "rtp": rollout,
-        "util": f"{candidate['layout']['gpu_memory_utilization']:.2f}",
-        "step": _seconds(candidate.get("step_time_s")),
-        "gen": _seconds(times.get("generate")),
-        "train": (f"{times['train']:.1f}" if "train" in times else
-                  f"{sum(times.get(p, 0) for p in ('old_log_prob', 'ref', 'update_actor')):.1f}"
-                  if times else "-"),
-        "sync": f"{times.get('param_sync', times.get('weight_sync', 0)):.1f}" if times else "-",
-        "bottleneck": candidate.get("bottleneck", "-" if not colocated else "shared"),
-        "idle": f"{_percent(idle['trainer'])}/{_percent(idle['rollout'])}" if idle else "-",
-        "tps": _rate(candidate.get("tokens_per_s_per_gpu")),
-        "tmem": (f"{candidate['pools']['trainer']['peak_memory_gib']:.1f}"
-                 if "pools" in candidate else f"{candidate['peak_memory_gib']:.1f}"),
-        "rmem": (f"{candidate['pools']['rollout']['peak_memory_gib']:.1f}"
-                 if "pools" in candidate else "(shared)"),
-        "stale": candidate.get("staleness", {}).get("max_versions_behind", 0),
+        "util": f"{setting(candidate.layout.gpu_memory_utilization):.2f}",
+        "step": _seconds(reported_step(candidate)), **cells,
+        "stale": 0 if candidate.staleness is None else candidate.staleness.max_versions_behind,
     }
 
 
 COLUMNS = [("#", "rank"), ("mode", "mode"), ("trainer GPUs", "trainer"),
            ("rollout GPUs", "rollout"), ("actor", "actor"), ("rollout TP/DP/EP", "rtp"),
            ("util", "util"), ("step s", "step"), ("gen s", "gen"), ("train s", "train"),
-           ("sync s", "sync"), ("bottleneck", "bottleneck"), ("idle T/R", "idle"),
+           ("sync s", "param_sync"), ("bottleneck", "bottleneck"), ("idle T/R", "idle"),
            ("tok/s/GPU", "tps"), ("trainer GiB", "tmem"), ("rollout GiB", "rmem"),
            ("stale", "stale")]
 
 
 def mode_table(plan: ModePlan, top: int) -> str:
+    mode = get_mode(plan.mode, plan.async_options)
     lines = _header(plan)
-    lines.append(f"mode     {plan.mode}: {ENTRY_TEXT[plan.mode]}")
-    if plan.mode == "fully-async":
-        o = plan.async_options
-        lines.append(f"         staleness_threshold {o.staleness_threshold:g}, parameter sync "
-                     f"every "
-                     f"{o.trigger_for(plan.workload)} mini-batch(es), partial rollout "
-                     f"{'on' if o.partial_rollout else 'off'}")
+    lines.append(f"mode     {plan.mode}: {mode.summary}")
+    lines += mode.settings_lines(plan.workload)
     lines.append(f"splits   {plan.splits_tried} tried, {len(plan.candidates)} fit")
     lines.append("")
     rows = [_row(c) for c in plan.candidates[:top]]
     lines.append(format_table(rows, COLUMNS) if rows else "no split fits in GPU memory")
     lines += [f"note: {note}" for note in plan.notes]
-    if plan.mode != "sync":
-        lines.append(f"note: {OFF_POLICY_NOTE}")
+    if mode.off_policy:
+        lines.append(f"note: {off_policy_note()}")
     return "\n".join(lines)
 
 
@@ -104,13 +112,12 @@ def best_table(plans: list[ModePlan]) -> str:
     lines.append("best plan of each mode (step = one train batch in the steady state):")
     lines.append("")
     rows = []
-    for entry in best_table_rows(plans):
-        if entry["best"] is None:
-            rows.append({**{key: "-" for _, key in COLUMNS}, "mode": entry["mode"],
+    for plan, best, speedup in mode_bests(plans):
+        if best is None:
+            rows.append({**{key: "-" for _, key in COLUMNS}, "mode": plan.mode,
                          "speedup": "no fit"})
             continue
-        speedup = entry["speedup_vs_sync"]
-        rows.append({**_row(entry["best"]), "rank": "-",
+        rows.append({**_row(best), "rank": "-",
                      "speedup": "-" if speedup is None else f"{speedup:.2f}x"})
     columns = [c for c in COLUMNS if c[1] != "rank"]
     columns.insert(7, ("vs sync", "speedup"))
@@ -118,77 +125,57 @@ def best_table(plans: list[ModePlan]) -> str:
     lines.append("")
     lines.append("idle T/R: idle fraction of the trainer / rollout pool; stale: parameter "
                  "versions a sample can lag (at most)")
-    lines.append(f"note: {OFF_POLICY_NOTE}")
+    lines.append(f"note: {off_policy_note()}")
     return "\n".join(lines)
 
 
-def mode_dict(plan: ModePlan, top: int | None) -> dict:
-    return {"model": {**plan.model.to_dict(), "params": plan.model.params.to_dict()},
-            "cluster": plan.cluster.to_dict(), "workload": plan.workload.to_dict(),
-            "mode": plan.mode, "splits_tried": plan.splits_tried, "notes": plan.notes,
-            "candidates": plan.candidates if top is None else plan.candidates[:top]}
+# --- estimate --mode of a split mode -------------------------------------------------------
 
 
-def best_dict(plans: list[ModePlan]) -> dict:
-    first = plans[0]
-    return {"model": {**first.model.to_dict(), "params": first.model.params.to_dict()},
-            "cluster": first.cluster.to_dict(), "workload": first.workload.to_dict(),
-            "mode": "best", "note": OFF_POLICY_NOTE,
-            "modes": [{"mode": entry["mode"], "speedup_vs_sync": entry.get("speedup_vs_sync"),
-                       "best": entry["best"]} for entry in best_table_rows(plans)],
-            "candidates": [entry["best"] for entry in best_table_rows(plans) if entry["best"]]}
+def _band(fraction_of_gpu: float, policy: MemoryPolicy) -> str:
+    return f"{policy.position(fraction_of_gpu)} the {policy.band_text} band"
 
 
-# --- estimate --mode one-step-off|fully-async -----------------------------------------------
-
-
-def split_estimate_dict(estimate: SplitEstimate) -> dict:
-    """``estimate --mode`` as JSON: the reported split in the contract of a plan candidate of
-    the mode, ``valid``, and every split scored (``splits``, the reported one first)."""
-    return {"valid": True, "model": estimate.model.name, "cluster": estimate.cluster.to_dict(),
-            "workload": estimate.workload.to_dict(), **estimate.candidate,
-            "splits": list(estimate.splits), "notes": list(estimate.notes),
-            "note": OFF_POLICY_NOTE}
-
-
-def _band(fraction: float, policy: MemoryPolicy) -> str:
-    return f"{policy.position(fraction)} the {policy.band_text} band"
-
-
-def _pool_lines(candidate: dict, capacity_gib: float, policy: MemoryPolicy) -> list[str]:
-    trainer, rollout = candidate["pools"]["trainer"], candidate["pools"]["rollout"]
-    times = candidate["time_s"]
-    sync = candidate["param_sync_s"]
+def _pool_lines(c: SplitCandidate, capacity_gib: float, policy: MemoryPolicy) -> list[str]:
+    trainer, rollout = c.trainer_pool, c.rollout_pool
+    times = c.times
+    trainer_share, rollout_share = fraction(trainer.utilization), fraction(rollout.utilization)
+    generated = (None if rollout.generated_tokens_per_s is None
+                 else reported(rollout.generated_tokens_per_s, 1))
     lines = [
-        f"trainer pool  {trainer['gpus']} GPUs: {PEAK_NAME} {trainer['peak_memory_gib']:.2f} GiB "
-        f"({100 * trainer['memory_utilization']:.0f}% of {capacity_gib:.1f} GiB, "
-        f"{_band(trainer['memory_utilization'], policy)}) in "
-        f"{trainer['peak_phase']}{'' if trainer['fits'] else ' - does NOT fit'}; train "
-        f"{_seconds(times['train'])} s = " + " + ".join(
-            f"{phase} {seconds:.2f}" for phase, seconds in trainer["time_s"].items()),
-        f"rollout pool  {rollout['gpus']} GPUs: {PEAK_NAME} {rollout['peak_memory_gib']:.2f} GiB "
-        f"({100 * rollout['memory_utilization']:.0f}%, vLLM's pool) at gpu_memory_utilization "
-        f"{rollout['gpu_memory_utilization']:.2f}{'' if rollout['fits'] else ' - does NOT fit'}"
-        f"; {rollout['kv_cache_tokens_per_gpu']:,} KV tokens per GPU, "
-        f"{rollout['concurrent_seqs']} sequences at once, generate {_seconds(times['generate'])} "
-        f"s ({_rate(rollout['generated_tokens_per_s'])} generated tokens/s)",
-        "param sync    " + "  ".join(f"{part} {_seconds(seconds)}"
-                                     for part, seconds in sync.items() if part != "total")
-        + f" -> {_seconds(sync['total'])} s per sync, {_seconds(times['param_sync'])} s per step",
+        f"trainer pool  {trainer.gpus} GPUs: {PEAK_NAME} {gib(trainer.peak_bytes):.2f} GiB "
+        f"({100 * trainer_share:.0f}% of {capacity_gib:.1f} GiB, "
+        f"{_band(trainer_share, policy)}) in "
+        f"{trainer.peak_phase}{'' if trainer.fits else ' - does NOT fit'}; train "
+        f"{_seconds(reported(times.train))} s = " + " + ".join(
+            f"{phase} {reported(value):.2f}" for phase, value in
+            (*trainer.phase_s.items(), ("step_fixed", trainer.step_fixed_s))),
+        f"rollout pool  {rollout.gpus} GPUs: {PEAK_NAME} {gib(rollout.peak_bytes):.2f} GiB "
+        f"({100 * rollout_share:.0f}%, vLLM's pool) at gpu_memory_utilization "
+        f"{setting(rollout.gpu_memory_utilization):.2f}"
+        f"{'' if rollout.fits else ' - does NOT fit'}"
+        f"; {rollout.kv_cache_tokens_per_gpu:,} KV tokens per GPU, "
+        f"{rollout.concurrent_seqs} sequences at once, generate "
+        f"{_seconds(reported(times.generate))} s ({_rate(generated)} generated tokens/s)",
+        "param sync    " + "  ".join(f"{part} {_seconds(reported(value))}"
+                                     for part, value in c.param_sync.items() if part != "total")
+        + f" -> {_seconds(reported(c.param_sync.total))} s per sync, "
+          f"{_seconds(reported(times.param_sync))} s per step",
     ]
-    step = candidate["step_time_s"]
-    if step is not None:
-        wait = times["boundary_wait"]
+    if c.feasible:
+        wait = reported(times.boundary_wait)
         lines.append(
-            f"step          {step:.1f} s = max(generate {times['generate']:.1f}, train "
-            f"{times['train']:.1f}) + {f'boundary wait {wait:.1f} + ' if wait else ''}"
-            f"param sync {times['param_sync']:.1f}; bottleneck {candidate['bottleneck']}, idle "
-            f"trainer {_percent(candidate['idle_fraction']['trainer'])}, rollout "
-            f"{_percent(candidate['idle_fraction']['rollout'])}; "
-            f"{candidate['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU")
-    stale = candidate["staleness"]
-    lines.append(f"staleness     samples lag the policy by up to {stale['max_versions_behind']} "
-                 f"version(s); {100 * stale['stale_sample_fraction']:.0f}% of them are stale")
+            f"step          {reported(c.step_time_s):.1f} s = max(generate "
+            f"{reported(times.generate):.1f}, train {reported(times.train):.1f}) + "
+            f"{f'boundary wait {wait:.1f} + ' if wait else ''}"
+            f"param sync {reported(times.param_sync):.1f}; bottleneck {c.bottleneck}, idle "
+            f"trainer {_percent(reported(c.idle.trainer, 4))}, rollout "
+            f"{_percent(reported(c.idle.rollout, 4))}; "
+            f"{reported(c.tokens_per_s_per_gpu, 1):,.0f} tokens/s/GPU")
+    stale = c.staleness
+    lines.append(f"staleness     samples lag the policy by up to {stale.max_versions_behind} "
+                 f"version(s); {100 * fraction(stale.stale_sample_fraction):.0f}% of them are "
+                 f"stale")
     return lines
 
 
@@ -197,31 +184,28 @@ SPLIT_COLUMNS = [("", "mark"), ("trainer GPUs", "trainer"), ("rollout GPUs", "ro
                  ("bottleneck", "bottleneck")]
 
 
-def _split_row(split: dict, reported: bool) -> dict:
-    return {"mark": "*" if reported else "", "trainer": split["trainer_gpus"],
-            "rollout": split["rollout_gpus"], "step": _seconds(split["step_time_s"]),
-            "fits": "yes" if split["fits"] else "NO", "bottleneck": split["bottleneck"],
-            "rtp": "/".join(str(split["rollout"][name]) for name in ROLLOUT_FIELDS)}
+def _split_row(split: SplitCandidate, marked: bool) -> dict:
+    lay = split.layout
+    return {"mark": "*" if marked else "", "trainer": split.placement.trainer_gpus,
+            "rollout": split.placement.rollout_gpus, "step": _seconds(reported_step(split)),
+            "fits": "yes" if split.fits else "NO", "bottleneck": split.bottleneck,
+            "rtp": f"{lay.rollout_tp}/{lay.rollout_dp}/{lay.rollout_ep}"}
 
 
 def split_estimate_text(estimate: SplitEstimate, policy: MemoryPolicy = DEFAULT_POLICY) -> str:
     """``estimate --mode`` as text: the reported split in words and per pool, its row of the
     plan table, and every split scored when there were several (the reported one marked)."""
     c = estimate.candidate
-    layout = Layout.from_row(c["layout"])
-    placement = c["placement"]
+    mode = get_mode(estimate.mode, estimate.async_options)
+    layout, placement = c.layout, c.placement
     lines = [f"{estimate.model.name} on {estimate.cluster.num_gpus} x {estimate.cluster.gpu.name}"
-             f", {estimate.mode}: {placement['trainer_gpus']} trainer + "
-             f"{placement['rollout_gpus']} rollout GPUs",
+             f", {estimate.mode}: {placement.trainer_gpus} trainer + "
+             f"{placement.rollout_gpus} rollout GPUs",
              f"actor    {layout.actor_text(estimate.model.is_moe)} (trainer pool)",
              f"rollout  {layout.rollout_text().removeprefix('rollout ')} (rollout pool)",
-             f"mode     {ENTRY_TEXT[estimate.mode]}"]
-    if estimate.mode == "fully-async":
-        o = c["async_training"]
-        lines.append(f"         staleness_threshold {o['staleness_threshold']:g}, parameter "
-                     f"sync every {o['trigger_parameter_sync_step']} mini-batch(es), partial "
-                     f"rollout {'on' if o['partial_rollout'] else 'off'}")
-    lines += [f"fits: {'yes' if c['fits'] else 'NO'}", ""]
+             f"mode     {mode.summary}"]
+    lines += mode.settings_lines(estimate.workload)
+    lines += [f"fits: {'yes' if c.fits else 'NO'}", ""]
     lines += _pool_lines(c, estimate.cluster.gpu.memory_gib, policy)
     lines += ["", format_table([{**_row(c), "rank": "-"}], COLUMNS[1:])]
     if len(estimate.splits) > 1:
@@ -229,5 +213,5 @@ def split_estimate_text(estimate: SplitEstimate, policy: MemoryPolicy = DEFAULT_
                   format_table([_split_row(split, i == 0)
                                 for i, split in enumerate(estimate.splits)], SPLIT_COLUMNS)]
     lines += [f"note: {note}" for note in estimate.notes]
-    lines.append(f"note: {OFF_POLICY_NOTE}")
+    lines.append(f"note: {off_policy_note()}")
     return "\n".join(lines)

@@ -220,38 +220,38 @@ SIZING_MARKERS = {"fastest": ("*", 150), "cheapest": ("D", 60), "knee": ("^", 80
                   "smallest": ("s", 60)}
 
 
-def sizing_figure(rows: list[dict], currency: str = "$"):
-    """A sizing sweep (``planner.report.sizing.sizing_dict(...)["rows"]``): step time and the
+def sizing_figure(rows, currency: str = "$"):
+    """A sizing sweep's rows (:class:`planner.sizing.sweep.SizingRow`): step time and the
     run's cost (GPU-hours without prices) against GPU count, one line per GPU type, with the
     fastest, cheapest, knee and smallest fitting points marked."""
     plt = _pyplot()
     ticker = require("matplotlib.ticker", "the report's figures")
     figure, (time_axes, cost_axes) = plt.subplots(1, 2, figsize=(11, 4.4))
-    priced = any(row["cost"] is not None for row in rows)
+    priced = any(row.cost is not None for row in rows)
     value = "cost" if priced else "gpu_hours"
-    types = list(dict.fromkeys(row["gpu"] for row in rows))
+    types = list(dict.fromkeys(row.gpu for row in rows))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, gpu in enumerate(types):
         color = colors[index % len(colors)]
-        fitting = sorted((row for row in rows if row["gpu"] == gpu and row["fits"]
-                          and row[value] is not None), key=lambda row: row["num_gpus"])
+        fitting = sorted((row for row in rows if row.gpu == gpu and row.fits
+                          and getattr(row, value) is not None), key=lambda row: row.num_gpus)
         if not fitting:
             continue
-        counts = [row["num_gpus"] for row in fitting]
-        time_axes.plot(counts, [row["step_time_s"] for row in fitting], "-o", markersize=3,
+        counts = [row.num_gpus for row in fitting]
+        time_axes.plot(counts, [row.step_time_s for row in fitting], "-o", markersize=3,
                        color=color, label=gpu)
-        cost_axes.plot(counts, [row[value] for row in fitting], "-o", markersize=3,
+        cost_axes.plot(counts, [getattr(row, value) for row in fitting], "-o", markersize=3,
                        color=color, label=gpu)
         for row in fitting:
-            for mark in row["marks"]:
+            for mark in row.marks:
                 marker, size = SIZING_MARKERS[mark]
-                for axes, y in ((time_axes, row["step_time_s"]), (cost_axes, row[value])):
-                    axes.scatter([row["num_gpus"]], [y], marker=marker, s=size, color=color,
+                for axes, y in ((time_axes, row.step_time_s), (cost_axes, getattr(row, value))):
+                    axes.scatter([row.num_gpus], [y], marker=marker, s=size, color=color,
                                  edgecolors="black", linewidths=0.6, zorder=3)
     for mark, (marker, size) in SIZING_MARKERS.items():  # legend entries for the marks
         time_axes.scatter([], [], marker=marker, s=size, color="white", edgecolors="black",
                           label=mark)
-    counts = sorted({row["num_gpus"] for row in rows if row["fits"]})
+    counts = sorted({row.num_gpus for row in rows if row.fits})
     for axes in (time_axes, cost_axes):
         axes.set_xscale("log", base=2)
         axes.set_yscale("log")

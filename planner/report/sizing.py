@@ -1,6 +1,5 @@
-"""A sizing sweep (:mod:`planner.sizing`) as a terminal table, JSON and CSV.
-
-JSON, one row per GPU type x count::
+"""A sizing sweep (:mod:`planner.sizing`) as a terminal table and CSV.  The JSON is
+:func:`planner.output.sizing_json`'s, one row per GPU type x count::
 
     {"model", "workload", "gpus_per_node", "run": {"steps", "text"}, "prices": {...} | null,
      "min_scaling", "layouts_scored",
@@ -20,11 +19,11 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import asdict
 
+from planner.output import sizing_row_json
 from planner.report.text import format_table
 from planner.search.layout import Layout
-from planner.sizing.sweep import SECONDS_PER_HOUR, Sizing, SizingRow
+from planner.sizing.sweep import SECONDS_PER_HOUR, Sizing
 
 
 def layout_text(layout: Layout, moe: bool) -> str:
@@ -49,35 +48,6 @@ def layout_text(layout: Layout, moe: bool) -> str:
     return " ".join(parts)
 
 
-def _row_dict(row: SizingRow) -> dict:
-    out = asdict(row)
-    out["layout"] = None if row.layout is None else row.layout.to_dict()
-    out["run_hours"] = None if row.run_time_s is None else row.run_time_s / SECONDS_PER_HOUR
-    out["marks"] = list(row.marks)
-    return out
-
-
-def _where(row: SizingRow | None) -> dict | None:
-    return None if row is None else {"gpu": row.gpu, "num_gpus": row.num_gpus}
-
-
-def sizing_dict(sizing: Sizing) -> dict:
-    return {
-        "model": sizing.model.name,
-        "workload": sizing.workload.to_dict(),
-        "gpus_per_node": sizing.gpus_per_node,
-        "run": {"steps": sizing.run.steps, "text": sizing.run.text},
-        "prices": None if sizing.prices is None else sizing.prices.to_dict(),
-        "min_scaling": sizing.min_scaling,
-        "layouts_scored": sizing.scored,
-        "rows": [_row_dict(row) for row in sizing.rows],
-        "types": [asdict(summary) for summary in sizing.types],
-        "fastest": _where(sizing.fastest),
-        "cheapest": _where(sizing.cheapest),
-        "unpriced": list(sizing.unpriced),
-    }
-
-
 CSV_COLUMNS = ("gpu", "num_gpus", "num_nodes", "valid", "fits", "step_time_s",
                "tokens_per_s_per_gpu", "run_hours", "gpu_hours", "price_per_gpu_hour", "cost",
                "peak_memory_gib", "peak_phase", "marks", "layout", "blocked")
@@ -88,11 +58,11 @@ def sizing_csv(sizing: Sizing) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     for row in sizing.rows:
-        data = _row_dict(row)
+        data = sizing_row_json(row)
         data["marks"] = " ".join(row.marks)
         data["layout"] = "" if row.layout is None else layout_text(row.layout,
                                                                    sizing.model.is_moe)
-        data["blocked"] = "" if row.blocked is None else row.blocked["reason"]
+        data["blocked"] = "" if row.blocked is None else row.blocked.reason
         writer.writerow(["" if data[name] is None else data[name] for name in CSV_COLUMNS])
     return buffer.getvalue()
 
@@ -136,12 +106,12 @@ def summary_lines(sizing: Sizing) -> list[str]:
         if summary.smallest_fit is None:
             largest = max((row for row in sizing.rows if row.gpu == summary.gpu),
                           key=lambda row: row.num_gpus, default=None)
-            reason = ((largest.blocked or {}).get("reason", "") if largest else "")
+            reason = (largest.blocked.reason if largest and largest.blocked else "")
             lines.append(f"no fit:   {summary.gpu} does not fit on any count swept"
                          + (f" (at {largest.num_gpus} GPUs: {reason})" if largest else ""))
         elif blocked is not None:
             lines.append(f"will not fit below {summary.smallest_fit} GPUs of {summary.gpu}: at "
-                         f"{blocked['num_gpus']} GPUs {blocked['reason']}")
+                         f"{blocked.num_gpus} GPUs {blocked.blocked.reason}")
         else:
             lines.append(f"smallest: {summary.gpu} fits from the smallest count swept, "
                          f"{summary.smallest_fit} GPUs")
@@ -166,7 +136,7 @@ def sizing_table(sizing: Sizing) -> str:
             rows.append({"gpu": row.gpu, "n": row.num_gpus, "nodes": row.num_nodes, "step": "-",
                          "tps": "-", "run": "-", "gpuh": "-", "cost": "-",
                          "layout": ("does not fit: " if row.valid else "")
-                         + (row.blocked or {}).get("reason", ""), "marks": ""})
+                         + (row.blocked.reason if row.blocked else ""), "marks": ""})
             continue
         rows.append({"gpu": row.gpu, "n": row.num_gpus, "nodes": row.num_nodes,
                      "step": f"{row.step_time_s:.1f}", "tps": f"{row.tokens_per_s_per_gpu:.0f}",

@@ -72,6 +72,26 @@ def run_length(workload: Workload, steps: int | None = None, epochs: int | None 
 
 
 @dataclass(frozen=True)
+class Blocked:
+    """Why nothing fits at a count, from its closest miss: the phase that sets its peak (or
+    ``generate`` for a KV cache that holds no sequence, ``host`` for host memory; None when no
+    layout obeys the rules), the peak, the GPU's memory and the reason in words."""
+
+    phase: str | None
+    peak_bytes: float | None
+    capacity_bytes: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class BlockedBelow:
+    """The closest miss at the largest count below the smallest that fits."""
+
+    num_gpus: int
+    blocked: Blocked
+
+
+@dataclass(frozen=True)
 class SizingRow:
     """One GPU type at one count."""
 
@@ -87,20 +107,19 @@ class SizingRow:
     price_per_gpu_hour: float | None = None
     cost: float | None = None
     layout: Layout | None = None
-    peak_memory_gib: float | None = None
+    peak_bytes: float | None = None
     peak_phase: str | None = None
     dominant_phase: str | None = None
-    # when nothing fits: the closest miss -- phase, GiB needed, GiB per GPU, reason in words
-    blocked: dict | None = None
+    blocked: Blocked | None = None  # when nothing fits: why (the closest miss)
     marks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class TypeSummary:
     gpu: str
-    capacity_gib: float
+    capacity_bytes: float
     smallest_fit: int | None  # fewest GPUs that fit (among the counts swept)
-    blocked_below: dict | None  # the closest miss at the largest count below it
+    blocked_below: BlockedBelow | None  # the closest miss at the largest count below it
     knee: int | None
     knee_gain: float | None  # step(knee) / step(2 x knee)
     fastest: int | None
@@ -127,7 +146,7 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else value
 
 
-def _blocked(result: CountResult) -> dict:
+def _blocked(result: CountResult) -> Blocked:
     """Why nothing fits at this count, from the closest miss."""
     gpu = result.cluster.gpu
     capacity = gpu.memory_bytes / GIB
@@ -135,9 +154,9 @@ def _blocked(result: CountResult) -> dict:
     if row is None:
         top = [name for name, _ in sorted(result.rejected.items(), key=lambda item: -item[1])
                if name != "world_size"][:2]
-        return {"phase": None, "peak_gib": None, "capacity_gib": round(capacity, 2),
-                "reason": f"no layout obeys the rules at {result.cluster.num_gpus} GPUs"
-                          + (f" (most rejected by {', '.join(top)})" if top else "")}
+        return Blocked(phase=None, peak_bytes=None, capacity_bytes=gpu.memory_bytes,
+                       reason=f"no layout obeys the rules at {result.cluster.num_gpus} GPUs"
+                              + (f" (most rejected by {', '.join(top)})" if top else ""))
     phase = str(row["peak_phase"])
     peak = float(row["peak_bytes"]) / GIB
     if peak > capacity:
@@ -152,8 +171,8 @@ def _blocked(result: CountResult) -> dict:
         reason = (f"host memory: offload needs {host:.0f} GiB per node of "
                   f"{result.cluster.host_memory_per_node_bytes / GIB:.0f} GiB")
         phase = "host"
-    return {"phase": phase, "peak_gib": round(peak, 2), "capacity_gib": round(capacity, 2),
-            "reason": reason}
+    return Blocked(phase=phase, peak_bytes=float(row["peak_bytes"]),
+                   capacity_bytes=gpu.memory_bytes, reason=reason)
 
 
 def row_of(result: CountResult, run: RunLength, prices: PriceTable | None) -> SizingRow:
@@ -173,7 +192,7 @@ def row_of(result: CountResult, run: RunLength, prices: PriceTable | None) -> Si
         tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
         run_time_s=step_s * run.steps, gpu_hours=gpu_hours, price_per_gpu_hour=price,
         cost=None if price is None else gpu_hours * price,
-        layout=Layout.from_row(row), peak_memory_gib=float(row["peak_bytes"]) / GIB,
+        layout=Layout.from_row(row), peak_bytes=float(row["peak_bytes"]),
         peak_phase=str(row["peak_phase"]),
         dominant_phase=None if dominant is None else (
             dominant if isinstance(dominant, str) else PHASES[int(dominant)]))
@@ -210,14 +229,14 @@ def _summarise(sizing: Sizing, gpus: tuple[GpuSpec, ...]) -> None:
         blocked = None
         if below:
             last = max(below, key=lambda row: row.num_gpus)
-            blocked = {"num_gpus": last.num_gpus, **(last.blocked or {})}
+            blocked = BlockedBelow(last.num_gpus, last.blocked)
         for mark, row in (("fastest", fastest), ("cheapest", cheapest), ("smallest", smallest)):
             if row is not None:
                 marked.setdefault((gpu.name, row.num_gpus), []).append(mark)
         if knee_count is not None:
             marked.setdefault((gpu.name, knee_count), []).append("knee")
         sizing.types.append(TypeSummary(
-            gpu=gpu.name, capacity_gib=round(gpu.memory_bytes / GIB, 2),
+            gpu=gpu.name, capacity_bytes=gpu.memory_bytes,
             smallest_fit=None if smallest is None else smallest.num_gpus,
             blocked_below=blocked, knee=knee_count, knee_gain=gain,
             fastest=None if fastest is None else fastest.num_gpus,

@@ -22,7 +22,7 @@ from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.errors import NoFitError, PlanInputError
 from planner.extras import available
-from planner.plan import candidate_dict
+from planner.output import colocated_json
 from planner.search.layout import Layout, applicable_modules, module_names
 from planner.verl.keys import ACTOR, MEGATRON, MODEL, REF, ROLLOUT, TRANSFORMER, VERL_VERSION
 
@@ -394,7 +394,7 @@ class ExportedJob:
     cluster: ClusterSpec
     workload: GrpoWorkload
     layout: Layout
-    prediction: dict  # report.candidate_dict of the layout's row
+    prediction: dict  # what plan.json records (planner.output.prediction_json)
     rank: int = 1
     model_path: str | None = None  # None: $MODEL_PATH, default $HOME/models/<model>
     train_files: str | None = None
@@ -435,8 +435,8 @@ def job_from_plan(plan, rank: int = 1, *, model_path: str | None = None,
     if not 1 <= rank <= fitting:
         raise PlanInputError(f"--rank {rank} is outside the {fitting} layouts that fit "
                              f"(valid: 1..{fitting})")
-    row = plan.candidates.iloc[rank - 1].to_dict()
+    candidate = plan.candidate(rank - 1)
     return ExportedJob(model=plan.model, cluster=plan.cluster, workload=plan.workload,
-                       layout=Layout.from_row(row), prediction=candidate_dict(row), rank=rank,
+                       layout=candidate.layout, prediction=colocated_json(candidate), rank=rank,
                        model_path=model_path, train_files=train_files, val_files=val_files,
                        extra=tuple(check_overrides(extra_overrides)))

@@ -1,25 +1,73 @@
-"""``plan-parallel explain``: the chosen layout next to the rules of thumb, and why it differs.
+"""``sync``: verl's hybrid engine -- actor, reference and rollout engine take turns on every GPU
+(``verl.trainer.main_ppo``).  Its plan is :func:`planner.plan.make_plan`'s, unchanged; its
+explanation sets the chosen layout next to the rules of thumb users quote.
 
-The rules of thumb are the ones users quote for Megatron layouts: about 7B — TP2 x PP2; about
-30B — TP4 x PP4; 100B and more, or MoE — expert parallelism, TP4 x EP8; always BF16 rather than
-FP32 (half the weight and activation memory, tensor-core rate).  For each rule that applies, the
-best layout obeying it (the planner's own search with those sizes pinned) is scored, so the
-comparison is like for like; the reason is read from the phase times: which phase dominates the
-step, which phase the plan saves the most time in, and whether a slow link is involved.
+The rules of thumb: about 7B -- TP2 x PP2; about 30B -- TP4 x PP4; 100B and more, or MoE --
+expert parallelism, TP4 x EP8; always BF16 rather than FP32 (half the weight and activation
+memory, tensor-core rate).  For each rule that applies, the best layout obeying it (the planner's
+own search with those sizes pinned) is scored, so the comparison is like for like; the reason is
+read from the phase times: which phase dominates the step, which phase the plan saves the most
+time in, and whether a slow link is involved.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from planner.cost.columns import time_column
 from planner.cost.request import PlanRequest
 from planner.errors import NoFitError, PlanInputError
+from planner.modes.base import Launch, TrainingMode
+from planner.modes.registry import register
+from planner.output import layout_summary_json
 from planner.phases import PHASES
-from planner.plan import make_plan
+from planner.placement import ModePlan
+from planner.plan import Estimate, estimate_layout, make_plan
+from planner.results import COLOCATED_MODE, ON_POLICY, Staleness
 from planner.search.layout import Layout
 from planner.search.space import SearchOptions
 from planner.units import GIB
+from planner.verl.export import ExportedJob, job_from_plan
+
+
+@register
+class SyncMode(TrainingMode):
+    """Colocated: one plan of layouts (:func:`planner.plan.make_plan`), on-policy."""
+
+    name = COLOCATED_MODE
+    summary = "colocated hybrid engine (verl.trainer.main_ppo)"
+    colocated = True
+    off_policy = False
+
+    def plan(self, request: PlanRequest, top: int | None = None,
+             cache: dict | None = None) -> ModePlan:
+        plan = make_plan(request)
+        return ModePlan(mode=self.name, request=request,
+                        candidates=plan.top(top, staleness=self.staleness(), mode=self.name),
+                        async_options=self.settings, sync_plan=plan, splits_tried=1)
+
+    def estimate(self, request: PlanRequest, layout: Layout, pin_rollout: bool) -> Estimate:
+        """The layout on every GPU; without ``pin_rollout`` the rollout layout (and, when the
+        options give none, ``gpu_memory_utilization``) a plan would choose for it."""
+        return estimate_layout(request, layout,
+                               pick_utilization=request.options.gpu_memory_utilization is None,
+                               choose_rollout_layout=not pin_rollout)
+
+    def staleness(self) -> Staleness:
+        return ON_POLICY
+
+    def explain(self, request: PlanRequest, plan: ModePlan | None = None) -> dict:
+        return explain_layout(request)
+
+    def explain_text(self, report: dict) -> str:
+        return explain_text(report)
+
+    def job(self, plan: ModePlan, rank: int, launch: Launch) -> ExportedJob:
+        return job_from_plan(plan.sync_plan, rank, model_path=launch.model_path,
+                             train_files=launch.train_files, val_files=launch.val_files,
+                             extra_overrides=launch.extra_overrides)
+
+
+# --- explain: the rules of thumb ------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -42,15 +90,6 @@ def rules_of_thumb(model, gpus_per_node: int = 8) -> list[RuleOfThumb]:
     rules.append(RuleOfThumb(f"TP = GPUs per node ({gpus_per_node})", (("tp", gpus_per_node),),
                              "'fill the node with TP'"))
     return rules
-
-
-def _summary(row) -> dict:
-    return {"layout": Layout.from_row(row).to_dict(),
-            "step_time_s": round(float(row["step_time_s"]), 2),
-            "tokens_per_s_per_gpu": round(float(row["tokens_per_s_per_gpu"]), 1),
-            "peak_memory_gib": round(float(row["peak_bytes"]) / GIB, 1),
-            "time_s": {p: round(float(row[time_column(p)]), 2) for p in PHASES},
-            "within_error_of_best": bool(row.get("within_error_of_best", False))}
 
 
 def reason(best: dict, other: dict) -> str:
@@ -76,7 +115,7 @@ def reason(best: dict, other: dict) -> str:
             f"dominates the step ({share:.0%})")
 
 
-def explain(request: PlanRequest) -> dict:
+def explain_layout(request: PlanRequest) -> dict:
     """The plan's choice next to the rules of thumb (``request``: its options are ignored --
     the default search, and each rule's pins on it)."""
     model, cluster, workload = request.model, request.cluster, request.workload
@@ -84,13 +123,11 @@ def explain(request: PlanRequest) -> dict:
         raise PlanInputError("explain compares GRPO layouts; drop --workload pretrain")
     request = replace(request, options=SearchOptions())
     plan = make_plan(request)
-    fitting = plan.candidates[plan.candidates["fits"]]
-    if fitting.empty:
+    if not plan.fitting_count:
         raise NoFitError(f"no layout of {model.name} fits on {cluster.num_gpus} x "
-                             f"{cluster.gpu.name}; add GPUs or use a larger GPU")
-    chosen_row = fitting.iloc[0]
-    chosen = _summary(chosen_row)
-    flags = [c[5:] for c in fitting.columns if c.startswith("flag_") and bool(chosen_row[c])]
+                         f"{cluster.gpu.name}; add GPUs or use a larger GPU")
+    best = plan.candidate(0, fitting=True)
+    chosen = layout_summary_json(best)
     comparisons = []
     for rule in rules_of_thumb(model, cluster.gpus_per_node):
         pins = rule.pins
@@ -107,36 +144,38 @@ def explain(request: PlanRequest) -> dict:
             entry["verdict"] = f"not applicable: {error}"
             comparisons.append(entry)
             continue
-        fits = pinned.candidates[pinned.candidates["fits"]]
         if pinned.candidates.empty:
             entry["verdict"] = "breaks a rule for this model and cluster (" + ", ".join(
                 sorted(pinned.rejected, key=pinned.rejected.get, reverse=True)[:2]) + ")"
-        elif fits.empty:
-            closest = pinned.candidates.iloc[0]
-            entry["verdict"] = (f"does not fit: {closest['peak_bytes'] / GIB:.1f} GiB peak in "
-                                f"{closest['peak_phase']}")
+        elif not pinned.fitting_count:
+            closest = pinned.candidate(0)
+            entry["verdict"] = (f"does not fit: {closest.memory.peak_bytes / GIB:.1f} GiB peak "
+                                f"in {closest.memory.peak_phase}")
         else:
-            entry.update(_summary(fits.iloc[0]))
+            entry.update(layout_summary_json(pinned.candidate(0, fitting=True)))
             entry["verdict"] = "plan " + reason(chosen, entry)
         comparisons.append(entry)
+    weights = best.memory.breakdown.weights
     precision = {"rule": "BF16, not FP32",
                  "verdict": f"the plan trains in {workload.precision}; FP32 would double weights"
-                            f" ({chosen_row['weights_bytes'] * 2 / GIB:.1f} GiB instead of "
-                            f"{chosen_row['weights_bytes'] / GIB:.1f} GiB per GPU) and "
+                            f" ({weights * 2 / GIB:.1f} GiB instead of "
+                            f"{weights / GIB:.1f} GiB per GPU) and "
                             f"activations, and run off the tensor-core BF16 rate"}
     comparisons.append(precision)
     links = []
-    if chosen_row["flag_tp_across_nodes"]:
+    if "tp_across_nodes" in best.flags:
         links.append("tensor parallelism crosses nodes: TP collectives run at network speed")
-    exposed = float(chosen_row["update_comm_s"])
-    update = float(chosen_row["time_update_actor_s"])
+    exposed = best.update_comm_s
+    update = best.times.seconds.update_actor
     if update > 0 and exposed / update > 0.15:
         links.append(f"{exposed / update:.0%} of the actor update is exposed communication")
     return {"model": model.name, "gpus": cluster.num_gpus, "gpu_type": cluster.gpu.name,
-            "chosen": chosen, "flags": flags, "links": links, "rules_of_thumb": comparisons}
+            "chosen": chosen, "flags": list(best.flags), "links": links,
+            "rules_of_thumb": comparisons}
 
 
 def explain_text(result: dict) -> str:
+    """The rules-of-thumb report (:meth:`SyncMode.explain`) as text."""
     chosen = result["chosen"]
     layout = chosen["layout"]
     lines = [f"{result['model']} on {result['gpus']} x {result['gpu_type']}: the plan chooses "

@@ -1,0 +1,90 @@
+"""docs/plan.schema.json is the contract of ``--format json``: the real output of plan,
+estimate (valid and invalid), sizing and the training modes validates against it, and output
+that breaks it (a key added, a key missing, a wrong type) does not."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.cli.main import main
+
+jsonschema = pytest.importorskip("jsonschema", reason="the schema test needs jsonschema (the "
+                                 "`test` extra; the base CI install lacks it)")
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "docs" / "plan.schema.json")
+                    .read_text())
+QWEN = ["--model", "qwen3-8b", "--gpu-type", "h100"]
+
+
+def errors(data, name: str) -> list[str]:
+    """The ways ``data`` breaks the schema's ``$defs[name]`` (and its root, which allows every
+    output)."""
+    validator = jsonschema.validators.validator_for(SCHEMA)
+    validator.check_schema(SCHEMA)
+    part = {"$schema": SCHEMA["$schema"], "$defs": SCHEMA["$defs"], "$ref": f"#/$defs/{name}"}
+    found = [f"{list(e.absolute_path)}: {e.message}" for e in validator(part).iter_errors(data)]
+    if not validator(SCHEMA).is_valid(data):
+        found.append("the root schema refuses it")
+    return found
+
+
+def output(capsys, *argv: str, code: int = 0) -> dict:
+    assert main([*argv, "--format", "json"]) == code
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_json_follows_the_schema(capsys):
+    data = output(capsys, *QWEN, "--gpus", "8", "--top", "5")
+    assert data["candidates"] and errors(data, "plan") == []
+
+
+def test_pretraining_plan_json_follows_the_schema(capsys):
+    data = output(capsys, "--workload", "pretrain", "--model", "qwen3-8b", "--gpu-type", "h100",
+                  "--gpus", "8", "--seq-len", "4096", "--global-batch", "64", "--top", "3")
+    assert "tflops_per_gpu" in data["candidates"][0] and errors(data, "plan") == []
+
+
+def test_estimate_json_follows_the_schema(capsys):
+    data = output(capsys, "estimate", *QWEN, "--gpus", "8", "--tp", "2", "--micro-batch", "4")
+    assert data["valid"] and errors(data, "estimate") == []
+    invalid = output(capsys, "estimate", *QWEN, "--gpus", "8", "--tp", "3", code=1)
+    assert not invalid["valid"] and errors(invalid, "invalidEstimate") == []
+
+
+@pytest.mark.parametrize("mode", ["one-step-off", "fully-async"])
+def test_mode_plans_and_estimates_follow_the_schema(capsys, mode):
+    plan = output(capsys, *QWEN, "--gpus", "16", "--mode", mode, "--trainer-gpus", "8")
+    assert plan["candidates"] and errors(plan, "modePlan") == []
+    estimate = output(capsys, "estimate", *QWEN, "--gpus", "16", "--mode", mode, "--tp", "2",
+                      "--trainer-gpus", "8")
+    assert errors(estimate, "splitEstimate") == []
+
+
+def test_best_and_sync_mode_plans_follow_the_schema(capsys):
+    best = output(capsys, *QWEN, "--gpus", "16", "--mode", "best", "--trainer-gpus", "8")
+    assert len(best["modes"]) == 3 and errors(best, "bestPlan") == []
+    sync = output(capsys, *QWEN, "--gpus", "8", "--mode", "sync", "--top", "2")
+    assert errors(sync, "plan") == []  # sync's plan is the plain plan
+
+
+def test_sizing_json_follows_the_schema(capsys):
+    data = output(capsys, *QWEN, "--gpus", "1-8", "--price", "h100=2.5")
+    assert [row["num_gpus"] for row in data["rows"]] == [1, 2, 4, 8]
+    assert errors(data, "sizing") == []
+
+
+def test_output_that_breaks_the_contract_is_refused(capsys):
+    data = output(capsys, *QWEN, "--gpus", "8", "--top", "1")
+    added = copy.deepcopy(data)
+    added["candidates"][0]["surprise"] = 1
+    missing = copy.deepcopy(data)
+    del missing["candidates"][0]["peak_memory_gib"]
+    wrong = copy.deepcopy(data)
+    wrong["candidates"][0]["layout"]["tp"] = "2"
+    renamed = copy.deepcopy(data)
+    renamed["candidates"][0]["memory_gib"]["rollout"] = renamed["candidates"][0][
+        "memory_gib"].pop("generate")
+    for broken in (added, missing, wrong, renamed):
+        assert errors(broken, "plan"), broken["candidates"][0].keys()
