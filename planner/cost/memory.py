@@ -409,12 +409,13 @@ def activation_bytes_per_token(model: ModelSpec, cols: Columns, moe: bool,
     return np.where(full, layer_input, per_token)
 
 
-def _layer_activations(model, cols, tokens, dense_layers, moe_layers, recompute):
+def _layer_activations(model, cols, tokens, ranks: RankLayers, recompute):
+    """What the layers of a rank keep for backward (``recompute``: the level)."""
     per_dense = activation_bytes_per_layer(model, cols, tokens, moe=False, recompute=recompute)
-    total = dense_layers * per_dense
+    total = ranks.dense * per_dense
     if model.is_moe:
         per_moe = activation_bytes_per_layer(model, cols, tokens, moe=True, recompute=recompute)
-        total = total + moe_layers * per_moe
+        total = total + ranks.moe * per_moe
     return total
 
 
@@ -441,8 +442,8 @@ def kept_activations(model, cols, tokens, ranks: RankLayers):
     chunk = np.maximum(_f(cols.get("recompute_num_layers", np.ones(n))), 1)
     block = np.asarray(cols.get("recompute_block", np.zeros(n))).astype(bool)
     vpp = _f(cols["vpp"])
-    none = _layer_activations(model, cols, tokens, ranks.dense, ranks.moe, np.zeros(n))
-    kept = _layer_activations(model, cols, tokens, ranks.dense, ranks.moe, recompute)
+    none = _layer_activations(model, cols, tokens, ranks, np.zeros(n))
+    kept = _layer_activations(model, cols, tokens, ranks, recompute)
     working = _working_set(model, cols, tokens, ranks.dense, ranks.moe)
     full = recompute == 2
     uniform_kept = np.ceil(layers / chunk) * (kept / np.maximum(layers, 1))

@@ -127,10 +127,10 @@ def pool_sync_s(request: PlanRequest, trainer: ClusterSpec, cols: Columns
 
 
 def _state(g: np.ndarray, t: np.ndarray, step: np.ndarray, boundary: np.ndarray,
-           syncs: np.ndarray, s: np.ndarray) -> dict[str, np.ndarray]:
+           sync_per_step: np.ndarray) -> dict[str, np.ndarray]:
     with np.errstate(invalid="ignore"):  # an infeasible pool (infinite time): idle NaN
         idle = {"rollout_idle": 1 - g / step, "trainer_idle": 1 - t / step}
-    return {"step_time_s": step, "boundary_s": boundary, "sync_per_step_s": s * syncs,
+    return {"step_time_s": step, "boundary_s": boundary, "sync_per_step_s": sync_per_step,
             **idle, "rollout_bound": g >= t}
 
 
@@ -141,7 +141,7 @@ def overlapped_steady_state(generate, train, sync) -> dict[str, np.ndarray]:
     the bottleneck pool."""
     g, t, s = _f(generate), _f(train), _f(sync)
     step = np.maximum(g, t) + s
-    return _state(g, t, step, np.zeros_like(step), np.ones_like(step), s)
+    return _state(g, t, step, np.zeros_like(step), s * np.ones_like(step))
 
 
 @dataclass(frozen=True)
@@ -165,4 +165,4 @@ def streamed_steady_state(generate, train, sync, cycle: SyncCycle) -> dict[str, 
     hidden = min(1.0, cycle.staleness_threshold * k)
     boundary = np.minimum(g, t) / cycle.mini_batches_per_step * (1 - hidden) * cycles
     step = np.maximum(g, t) + boundary + s * cycles
-    return _state(g, t, step, boundary, np.full_like(g, cycles), s)
+    return _state(g, t, step, boundary, s * np.full_like(g, cycles))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from planner.diagnose.validate import JobInput, JobReading, dry_run
+from planner.diagnose.validate import JobContext, JobInput, dry_run
 from planner.errors import PlanInputError
 
 RISKS = (
@@ -58,7 +58,7 @@ def flatten(config, prefix: str = "") -> dict:
     return out
 
 
-def safe_range(key: str, job: JobReading) -> str:
+def safe_range(key: str, job: JobContext) -> str:
     """What the planner's rules allow for a parallel size or a memory knob, where it knows."""
     model, cluster = job.model, job.cluster
     if key.endswith("actor.megatron.tensor_model_parallel_size"):

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.cost.request import PlanRequest
-from planner.diagnose.validate import JobInput, JobReading, dry_run
+from planner.diagnose.validate import JobContext, JobInput, dry_run
 from planner.errors import InvalidLayoutError, PlanInputError
 from planner.output import colocated_json, fix_summary_json
 from planner.plan import estimate_layout
@@ -200,7 +200,7 @@ def score(request: PlanRequest, layout) -> ColocatedCandidate | None:
         return None
 
 
-def layout_overrides(job: JobReading, layout) -> list[str]:
+def layout_overrides(job: JobContext, layout) -> list[str]:
     """The planner's overrides of ``layout`` for the job read (its paths kept)."""
     config = job.config
     return job_overrides(job.model, job.cluster, job.workload, layout,
@@ -239,7 +239,7 @@ def greedy_chain(request: PlanRequest, layout, current: ColocatedCandidate,
     return (" + ".join(names), layout, current) if current.fits and names else None
 
 
-def mitigations(job: JobReading, policy: MemoryPolicy = DEFAULT_POLICY
+def mitigations(job: JobContext, policy: MemoryPolicy = DEFAULT_POLICY
                 ) -> tuple[ColocatedCandidate, list[Mitigation]]:
     """The job's own prediction and the scored changes, best first.
 
@@ -304,7 +304,7 @@ class FixResult:
 
     data: dict  # the --format json output
     mitigations: tuple[Mitigation, ...]
-    job: JobReading  # what the dry run read
+    job: JobContext  # what the dry run read
     report: dict | None = None  # validate's report of the same job (planner.diagnose.validate)
 
     @property

@@ -282,7 +282,7 @@ class JobInput:
 
 
 @dataclass(frozen=True)
-class JobReading:
+class JobContext:
     """What a dry run read from a job, for the commands that go on from there (``fix``,
     ``diff``): the model, cluster, workload and layout, the composed config (plain dicts) and
     the overrides it was composed with."""
@@ -305,7 +305,7 @@ class DryRun:
     ``job``, what it read (None when the config gave no model, cluster, workload and layout)."""
 
     report: dict
-    job: JobReading | None = None
+    job: JobContext | None = None
 
     @property
     def would_launch(self) -> bool:
@@ -314,7 +314,7 @@ class DryRun:
 
 def dry_run(job_input: JobInput) -> DryRun:
     """Everything validate reports about a job, and what it read (:class:`DryRun`)."""
-    reading: JobReading | None = None
+    reading: JobContext | None = None
     sets = _settings(job_input.sets)
     environ = {**os.environ, **sets}
     kind, source, config_dir, config_name, overrides, notes, problems = read_input(
@@ -394,9 +394,9 @@ def dry_run(job_input: JobInput) -> DryRun:
         findings.append(Finding("bad_value", str(error)))
     else:
         report["workload"], report["layout"] = workload.to_dict(), layout.to_dict()
-        reading = JobReading(model=model, cluster=cluster, workload=workload, layout=layout,
+        reading = JobContext(model=model, cluster=cluster, workload=workload, layout=layout,
                              config=plain, overrides=tuple(overrides))
-        shape = model_findings(plain, job, model, cluster, workload, layout)
+        shape = model_findings(plain, job, reading.request(job_input.policy), layout)
         if pools is not None:  # the rollout lives on its own pool: its rules are checked there
             shape = [f for f in shape if not f.check.startswith("rollout")]
         findings += shape

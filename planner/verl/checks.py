@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from planner.cost.request import PlanRequest
 from planner.search.pipeline import default_split, pipeline_split, split_problems
 from planner.search.rules import explain
 from planner.verl.findings import Finding
@@ -245,9 +246,11 @@ SPLIT_KEYS = {"pipeline_layout": f"{TRANSFORMER}.pipeline_model_parallel_layout"
               "account_loss": f"{TRANSFORMER}.account_for_loss_in_pipeline_split"}
 
 
-def model_findings(config: dict, job: JobReading, model, cluster, workload,
+def model_findings(config: dict, job: JobReading, request: PlanRequest,
                    layout) -> list[Finding]:
-    """The planner's rules, and the model-shape rules verl leaves to megatron-core."""
+    """The planner's rules, and the model-shape rules verl leaves to megatron-core
+    (``request``: the job's model, cluster and workload)."""
+    model, cluster, workload = request.model, request.cluster, request.workload
     out = []
     pp, layers = layout.pp, model.num_layers
     given = (job.first_stage_layers or job.last_stage_layers or layout.account_embedding
