@@ -83,4 +83,8 @@ SCHEMA = {
     **{breakdown_column(phase, part): f"{part[:-2]} seconds of {phase}"
        for phase in PHASES for part in TIME_PARTS},
     "kv_holds_sequence": "bool: a rollout rank's KV cache holds one longest sequence",
+    "tflops_per_gpu": "model TFLOP/s per GPU of a plain training step (pretraining)",
+    # a plan's ranking adds (planner.plan, planner.ranking)
+    "rank": "position in the plan, 1 = best",
+    "within_error_of_best": "bool: within the model's ranking uncertainty of the best",
 }
