@@ -24,7 +24,7 @@ from typing import Any
 
 from planner.errors import PlanInputError, ResourceLimitError
 
-# --- the bounds (README "Input checks and security" states them) -----------------------------
+# --- the bounds (docs/security.md, "One validation layer", states them) ----------------------
 # Counts (stated in --help): the largest GPU clusters announced hold about 10^5 GPUs; no verl
 # batch, length or stage count comes near these.
 MAX_GPUS = 131_072
