@@ -31,6 +31,7 @@ from planner.verl.keymap import (
     DTYPE,
     JOB_KEYS,
     PRECISION_DTYPES,
+    TOTAL_EPOCHS,
     Paths,
     Source,
     written,
@@ -189,7 +190,7 @@ def check_overrides(overrides: Sequence[str]) -> list[str]:
            or (not item.startswith("~") and "=" not in item)]
     if bad:
         raise PlanInputError(f"--override {bad[0]!r} is not KEY=VALUE (Hydra override syntax, "
-                             f"e.g. trainer.total_epochs=5 or +key.new=1)")
+                             f"e.g. {TOTAL_EPOCHS.key}=5 or +key.new=1)")
     return list(overrides)
 
 

@@ -600,7 +600,7 @@ PARTIAL_ROLLOUT = VerlKey(f"{ASYNC_TRAINING}.partial_rollout", bool, ABSENT, mod
 # what the modes' root configs set that the planner leaves as they are
 CHECKPOINT_BACKEND = VerlKey(f"{ROLLOUT}.checkpoint_engine.backend", str, "naive",
                              mode_default={"one-step-off": "nccl", "fully-async": "nccl"})
-USE_ROLLOUT_LOG_PROBS = VerlKey(f"{ACTOR}.use_rollout_log_probs", bool, False,
+USE_ROLLOUT_LOG_PROBS = VerlKey(f"{ACTOR}.use_rollout_log_probs", bool, ABSENT,
                                 mode_default={"fully-async": True})
 STANDALONE_MEMORY = VerlKey(f"{ROLLOUT}.standalone_gpu_memory_utilization", float, ABSENT,
                             mode_default={"fully-async": None})
