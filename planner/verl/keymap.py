@@ -6,7 +6,7 @@ Each row of :data:`KEYS` is one verl config key (its dotted path in the composed
   out -- verl 0.9.1's YAML value (``origin="verl"``), megatron-core's dataclass default for a
   key verl passes through (``"megatron-core"``), or what verl's code assumes (a note naming the
   file).  :class:`Follows` marks a YAML value that interpolates another key and
-  :class:`Computed` a default that depends on other keys.  ``tests/verl/test_keymap.py``
+  :class:`Computed` a default that depends on other keys.  ``tests/test_verl_keymap.py``
   composes verl's config and compares;
 * ``field``: the planner field it carries (``layout.tp``, ``workload.rollout_n``,
   ``cluster.num_nodes``, ``paths.model_path``, ``pool.rollout_nodes``,
@@ -23,8 +23,9 @@ Each row of :data:`KEYS` is one verl config key (its dotted path in the composed
   ``mode_default``: what each mode's own root config sets it to (restated in ``grpo.yaml``).
 
 The exporter (:func:`planner.verl.export.job_settings`, :func:`planner.verl.modes.mode_overrides`)
-and the reader (:func:`planner.verl.job.read_job`) are loops over this table; no key is spelled
-anywhere else.  No verl import: the table is data.
+and the reader (:func:`planner.verl.job.read_job`) are loops over this table and spell no key
+themselves, so a layout written out reads back as itself (a property test).  No verl import:
+the table is data.
 """
 
 from __future__ import annotations
@@ -121,12 +122,9 @@ class VerlKey:
     mode_default: Mapping[str, Any] | None = None
 
     @property
-    def target(self) -> str:
-        """``layout``, ``workload``, ... : what the field belongs to."""
-        return self.field.split(".", 1)[0]
-
-    @property
     def written(self) -> bool:
+        """Whether an export writes the key at all (a row without a field or a writer is one
+        the planner only reads, or a mode's root config sets)."""
         return bool(self.field or self.write)
 
     def value_of(self, source) -> tuple[bool, Any]:
@@ -317,6 +315,8 @@ MICRO_BATCH = VerlKey(f"{ACTOR}.ppo_micro_batch_size_per_gpu", int, None,
                       field="layout.micro_batch", required=True, nullable=True, read=_micro_batch)
 DYNAMIC_BATCH = VerlKey(f"{ACTOR}.use_dynamic_bsz", bool, False, field="layout.dynamic_batch",
                         required=True, read=as_bool)
+# dynamic batches: a token budget per GPU; verl packs micro-batches of up to budget x CP tokens
+# (workers/engine/utils.py prepare_micro_batches), the log-prob passes with their own budgets
 TOKEN_BUDGET = VerlKey(f"{ACTOR}.ppo_max_token_len_per_gpu", int, 16384,
                        field="layout.max_token_len", when=lambda _, s: _dynamic(s),
                        read=lambda v, got: _strict_int(v) if got[DYNAMIC_BATCH] else 0)
@@ -461,18 +461,22 @@ PIPELINE_LAYOUT = VerlKey(f"{TRANSFORMER}.pipeline_model_parallel_layout", str, 
                           origin=MEGATRON_CORE, field="layout.pipeline_layout", new=True,
                           when=lambda v, s: bool(v) and s.layout.pp > 1,
                           read=lambda v, _: str(v) if v else "")
-ACCOUNT_EMBEDDING = VerlKey(f"{TRANSFORMER}.account_for_embedding_in_pipeline_split", bool, False,
-                            origin=MEGATRON_CORE, field="layout.account_embedding", new=True,
-                            when=_uneven_split, read=as_bool)
-ACCOUNT_LOSS = VerlKey(f"{TRANSFORMER}.account_for_loss_in_pipeline_split", bool, False,
-                       origin=MEGATRON_CORE, field="layout.account_loss", new=True,
-                       when=_uneven_split, read=as_bool)
-FIRST_STAGE = VerlKey(f"{TRANSFORMER}.num_layers_in_first_pipeline_stage", int, None,
-                      origin=MEGATRON_CORE, field="layout.first_stage_layers", new=True,
-                      when=_uneven_split, read=_stage_layers)
-LAST_STAGE = VerlKey(f"{TRANSFORMER}.num_layers_in_last_pipeline_stage", int, None,
-                     origin=MEGATRON_CORE, field="layout.last_stage_layers", new=True,
-                     when=_uneven_split, read=_stage_layers)
+
+
+def _split_key(name: str, kind: type, default: Any, field: str, read) -> VerlKey:
+    """A megatron-core pipeline-split setting: written with PP > 1 and no layout string."""
+    return VerlKey(f"{TRANSFORMER}.{name}", kind, default, origin=MEGATRON_CORE,
+                   field=f"layout.{field}", new=True, when=_uneven_split, read=read)
+
+
+ACCOUNT_EMBEDDING = _split_key("account_for_embedding_in_pipeline_split", bool, False,
+                               "account_embedding", as_bool)
+ACCOUNT_LOSS = _split_key("account_for_loss_in_pipeline_split", bool, False, "account_loss",
+                          as_bool)
+FIRST_STAGE = _split_key("num_layers_in_first_pipeline_stage", int, None, "first_stage_layers",
+                         _stage_layers)
+LAST_STAGE = _split_key("num_layers_in_last_pipeline_stage", int, None, "last_stage_layers",
+                        _stage_layers)
 # megatron-core: "Bias in Moe is only supported when ETP==1"
 ADD_BIAS_LINEAR = VerlKey(f"{TRANSFORMER}.add_bias_linear", bool, True, origin=MEGATRON_CORE,
                           new=True, write=const(False),
