@@ -22,8 +22,8 @@ from typing import Sequence
 from planner.catalog.hardware import ClusterSpec
 from planner.errors import PlanInputError
 from planner.search.layout import Layout
-from planner.verl.export import ExportedJob, check_overrides, hydra_value
-from planner.verl.keys import ASYNC_TRAINING, ROLLOUT
+from planner.verl.export import ExportedJob, check_overrides, settings
+from planner.verl.keymap import Source, mode_keys
 
 
 def pool_nodes(cluster: ClusterSpec, gpus: int) -> tuple[int, int]:
@@ -33,33 +33,12 @@ def pool_nodes(cluster: ClusterSpec, gpus: int) -> tuple[int, int]:
 
 
 def mode_overrides(mode: str, cluster: ClusterSpec, candidate: dict) -> list[str]:
-    """The overrides an asynchronous mode adds to the trainer pool's job."""
+    """The overrides an asynchronous mode adds to the trainer pool's job: the key map's rows
+    for the mode (:func:`planner.verl.keymap.mode_keys`)."""
     rollout_nodes, rollout_per_node = pool_nodes(cluster, candidate["placement"]["rollout_gpus"])
-    out = [
-        "actor_rollout_ref.hybrid_engine=False",
-        f"rollout.nnodes={rollout_nodes}",
-        f"rollout.n_gpus_per_node={rollout_per_node}",
-        f"{ROLLOUT}.free_cache_engine=False",
-        f"{ROLLOUT}.calculate_log_probs=True",
-        "algorithm.rollout_correction.bypass_mode=True",
-    ]
-    if mode == "one-step-off":
-        # its root config finds ppo_trainer through file://verl/trainer/config, which resolves
-        # only inside a verl checkout; the installed package works from anywhere
-        out.append("hydra.searchpath=[pkg://verl.trainer.config]")
-    if mode == "fully-async":
-        settings = candidate["async_training"]
-        out += [
-            "data.train_batch_size=0",
-            "data.gen_batch_size=1",
-            "rollout.total_rollout_steps=null",
-            f"{ASYNC_TRAINING}.staleness_threshold={hydra_value(settings['staleness_threshold'])}",
-            f"{ASYNC_TRAINING}.trigger_parameter_sync_step="
-            f"{settings['trigger_parameter_sync_step']}",
-            f"{ASYNC_TRAINING}.require_batches={settings['require_batches']}",
-            f"{ASYNC_TRAINING}.partial_rollout={hydra_value(settings['partial_rollout'])}",
-        ]
-    return out
+    pool = {"rollout_nodes": rollout_nodes, "rollout_gpus_per_node": rollout_per_node}
+    source = Source(pool=pool, async_training=candidate.get("async_training"))
+    return [setting.override() for setting in settings(mode_keys(mode), source)]
 
 
 def job_from_mode_plan(plan, rank: int = 1, *, model_path: str | None = None,
