@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import cluster
 
 from planner.catalog.lengths import (
     DIRECT_KIND,
@@ -32,8 +33,6 @@ from planner.cost.trajectory import (
 from planner.errors import PlanInputError
 from planner.plan import estimate_layout
 from planner.search.layout import Layout
-
-from conftest import cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 
