@@ -150,3 +150,14 @@ def test_bad_runs_and_a_missing_job_exit_2(tmp_path, capsys):
     stripped.write_text('{"step": 1, "data": {"timing_s/step": 3.0}}\n')
     assert main(["advise", str(stripped), "--job", str(JOB)]) == 2
     assert "has no" in capsys.readouterr().err
+
+
+def test_a_run_whose_steady_steps_lost_their_timer_is_refused(setting, tmp_path):
+    from trials.runs import read_run
+
+    records = run_records(62, steps=3, mean=1322)
+    for _, data in records[1:]:
+        del data["timing_s/step"]
+    run = read_run(write_jsonl(tmp_path / "run.jsonl", records))
+    with pytest.raises(Exception, match="no steady step logs both timing_s/step"):
+        advise(run, setting)

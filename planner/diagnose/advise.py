@@ -340,11 +340,15 @@ def advise(run: RunRecord, setting: JobSetting, calibration: dict | None = None,
     run.require(STEP_TIME, TIMERS["generate"], TIMERS["update_actor"], RESPONSE_MEAN)
     base = calibration if calibration is not None else shipped_calibration()
     lengths = run.response_lengths(setting.workload.response_length)
-    steady = run.windows(1, warmup_steps)[0]
+    steady = _measured(run.windows(1, warmup_steps), run)[0]
     overall = measurement(setting, steady)
     gaps = phase_gaps(overall, base)
-    largest = max((gap for gap in gaps if gap.phase != "step"), key=lambda gap: abs(gap.gap_s))
-    parts = run.windows(windows, warmup_steps)
+    phases = [gap for gap in gaps if gap.phase != "step"]
+    if not phases:
+        raise PlanInputError(f"run {run.path!r}: its steady steps time no phase "
+                             f"({', '.join(TIMERS.values())})")
+    largest = max(phases, key=lambda gap: abs(gap.gap_s))
+    parts = _measured(run.windows(windows, warmup_steps), run)
     fit = calibrate_run([measurement(setting, part) for part in parts], base,
                         source=f"plan-parallel advise: {run.path} ({run.format})")
     fitted = fit.calibration
@@ -382,6 +386,16 @@ def advise(run: RunRecord, setting: JobSetting, calibration: dict | None = None,
                   uncertainty=float(ranking_uncertainty(fitted)["relative"]), policy=policy,
                   calibration_line=calibration_summary(base, calibration_label),
                   notes=tuple(notes))
+
+
+def _measured(parts: list[RunWindow], run: RunRecord) -> list[RunWindow]:
+    """The windows that logged a step time and a mean response length (a window of steps that
+    logged neither says nothing to compare)."""
+    kept = [part for part in parts if STEP_TIME in part.medians and RESPONSE_MEAN in part.medians]
+    if not kept:
+        raise PlanInputError(f"run {run.path!r}: no steady step logs both {STEP_TIME} and "
+                             f"{RESPONSE_MEAN} (--warmup-steps leaves out the first)")
+    return kept
 
 
 def _signed(value: float) -> str:
