@@ -8,7 +8,13 @@ from pathlib import Path
 
 from planner.cli import inputs
 from planner.cli.codes import ExitCode
-from planner.diagnose.advise import SHIPPED_LABEL, advise, advise_text, job_setting
+from planner.diagnose.advise import (
+    SHIPPED_LABEL,
+    advise,
+    advise_text,
+    check_run,
+    job_setting,
+)
 from planner.diagnose.validate import JobInput
 from planner.errors import PlanInputError
 from planner.verl.keys import SCRIPT_FILE
@@ -33,6 +39,7 @@ def cmd_advise(args) -> int:
     if output is not None and output.exists() and not args.force:
         raise PlanInputError(f"{output} exists; pass --force to overwrite it")
     run = read_run(args.run)
+    check_run(run)
     setting = job_setting(JobInput(inputs=(job_path(args),), sets=tuple(args.set),
                                    model=args.model, gpu_type=args.gpu_type,
                                    policy=inputs.policy(args), gpus=args.gpus))

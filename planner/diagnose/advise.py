@@ -333,11 +333,16 @@ def _row_summary(row: dict, policy: MemoryPolicy) -> dict:
             "memory_utilization": round(share, 4), "band_position": policy.position(share)}
 
 
+def check_run(run: RunRecord) -> None:
+    """The metrics advise cannot do without (checked before the job is read)."""
+    run.require(STEP_TIME, TIMERS["generate"], TIMERS["update_actor"], RESPONSE_MEAN)
+
+
 def advise(run: RunRecord, setting: JobSetting, calibration: dict | None = None,
            calibration_label: str = SHIPPED_LABEL, policy: MemoryPolicy = DEFAULT_POLICY,
            warmup_steps: int = 1, windows: int = 3) -> Advice:
     """Everything ``advise`` answers (module docstring), for a run of the job ``setting``."""
-    run.require(STEP_TIME, TIMERS["generate"], TIMERS["update_actor"], RESPONSE_MEAN)
+    check_run(run)
     base = calibration if calibration is not None else shipped_calibration()
     lengths = run.response_lengths(setting.workload.response_length)
     steady = _measured(run.windows(1, warmup_steps), run)[0]
