@@ -22,12 +22,12 @@ from planner.catalog.hardware import (
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cli.args import UsageError
 from planner.cost.efficiency import read_calibration
-
-if TYPE_CHECKING:
-    from planner.catalog.lengths import ResponseLengths
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import RECOMPUTE
 from planner.search.space import SearchOptions
+
+if TYPE_CHECKING:
+    from planner.catalog.lengths import ResponseLengths
 
 
 def resolve_cluster(args) -> ClusterSpec:
