@@ -177,6 +177,16 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mean-response-length", type=integer(0, MAX_TOKENS), default=0,
                        help="tokens generated per response on average (time follows it; "
                             "default: half of --response-length)")
+    group.add_argument("--response-lengths", type=free_text("MEAN[,P90] or START:END", 64),
+                       metavar="MEAN[,P90]|START:END|KIND",
+                       help="mean response length (tokens, or N%% of --response-length), "
+                            "with its 90th percentile, or its start:end over the run, or a kind "
+                            "of job (math, math-reasoning) for its published lengths; the plan "
+                            "times the run's mean")
+    group.add_argument("--lengths-from", type=PATH, metavar="RUN",
+                       help="take the lengths from a previous verl run: its file-logger "
+                            "JSONL, console log, a wandb/MLflow CSV export or a folder "
+                            "holding one")
     group.add_argument("--mean-prompt-length", type=integer(0, MAX_TOKENS), default=0,
                        help="prompt tokens on average (time follows it, memory the maximum; "
                             "default: --prompt-length)")
@@ -627,8 +637,36 @@ def _catalog_parsers(sub) -> None:
     output_args(gpus, ("table", "json"))
 
 
+def _advise_parser(sub) -> None:
+    parser = sub.add_parser(
+        "advise", help="what to change in the verl job you are running, from its run",
+        description="Read a verl run's metrics (file-logger JSONL, console log, wandb or MLflow "
+                    "CSV export, or a folder holding one) and its job; print measured vs "
+                    "predicted time per phase, this cluster's constants fitted from the run, "
+                    "the re-plan at the run's real lengths, the best change and whether the "
+                    "lengths drifted enough for a re-plan to pay.  Exit 0: answered; 1: no "
+                    "layout fits at the run's lengths; 2: unreadable run or job.")
+    parser.add_argument("run", type=PATH, metavar="RUN_DIR_OR_LOG",
+                        help="the run's metrics: a .jsonl, a console log, a .csv export, an "
+                             "MLflow run folder, or a folder holding one")
+    parser.add_argument("--job", type=PATH, metavar="SCRIPT",
+                        help="the job's launch script or Hydra YAML (default: the run folder's "
+                             "run_grpo.sh when plan-parallel wrote the job there)")
+    job_input_args(parser)
+    parser.add_argument("--calibration", type=PATH,
+                        help="calibration to start from and compare with (default: the "
+                             "shipped one)")
+    parser.add_argument("--warmup-steps", type=integer(0, 100_000), default=1,
+                        help="first steps left out of the medians (default 1)")
+    parser.add_argument("--write-calibration", type=PATH, metavar="FILE",
+                        help="also write the constants fitted from the run (for --calibration)")
+    parser.add_argument("--force", action="store_true",
+                        help="let --write-calibration replace an existing file")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+
+
 SUBCOMMANDS = ("plan", "estimate", "validate", "tune", "calibrate", "profile", "explain", "fix",
-               "diff", "report", "models", "gpus", "doctor")
+               "diff", "report", "models", "gpus", "doctor", "advise")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -640,6 +678,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
     for add in (_plan_parser, _estimate_parser, _validate_parser, _tune_parser, _doctor_parser,
                 _calibrate_parser, _profile_parser, _explain_parser, _fix_parser, _diff_parser,
-                _report_parser, _catalog_parsers):
+                _report_parser, _catalog_parsers, _advise_parser):
         add(sub)
     return parser

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from planner.bounds import load_json
 from planner.catalog.hardware import (
@@ -24,6 +25,9 @@ from planner.cost.efficiency import read_calibration
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import RECOMPUTE
 from planner.search.space import SearchOptions
+
+if TYPE_CHECKING:
+    from planner.catalog.lengths import ResponseLengths
 
 
 def resolve_cluster(args) -> ClusterSpec:
@@ -49,12 +53,46 @@ def resolve_cluster(args) -> ClusterSpec:
                        host_memory_gib=getattr(args, "host_memory_gib", None))
 
 
+LENGTH_FLAGS = (("--response-lengths", "response_lengths"), ("--lengths-from", "lengths_from"),
+                ("--mean-response-length", "mean_response_length"))
+
+
+def response_lengths(args) -> tuple["ResponseLengths | None", float]:
+    """``--response-lengths`` or ``--lengths-from`` as :class:`ResponseLengths` (None when
+    neither is given), and the run's mean prompt length (0: not read)."""
+    given = [flag for flag, name in LENGTH_FLAGS if getattr(args, name, None)]
+    if len(given) > 1:
+        raise UsageError(f"{given[0]} and {given[1]} both set the response lengths; give one")
+    if getattr(args, "response_lengths", None):
+        from planner.catalog.lengths import parse_response_lengths
+
+        return parse_response_lengths(args.response_lengths, args.response_length,
+                                      getattr(args, "model", None) or ""), 0.0
+    if getattr(args, "lengths_from", None):
+        from trials.runs import read_run
+
+        run = read_run(args.lengths_from)
+        prompts = run.series("prompt_length/mean")
+        return run.response_lengths(args.response_length), \
+            float(prompts.mean()) if len(prompts) else 0.0
+    return None, 0.0
+
+
 def workload(args):
     if args.workload == "pretrain":
         return PretrainWorkload(seq_len=args.seq_len, global_batch=args.global_batch,
                                 precision=args.precision)
-    return GrpoWorkload(mean_response_length=args.mean_response_length,
-                        mean_prompt_length=args.mean_prompt_length,
+    lengths, prompt = response_lengths(args)
+    mean, mean_prompt = args.mean_response_length, args.mean_prompt_length
+    if lengths is not None:
+        mean = max(int(round(lengths.mean_tokens)), 1)
+        if prompt and not mean_prompt:
+            mean_prompt = int(min(max(round(prompt), 1), args.prompt_length))
+        print(f"note: {lengths.sentence()}; timed at the run's mean, {mean} tokens"
+              + (f" (mean prompt {mean_prompt})" if prompt and mean_prompt else ""),
+              file=sys.stderr)
+    return GrpoWorkload(mean_response_length=mean,
+                        mean_prompt_length=mean_prompt,
                         overlap_grad_reduce=args.overlap_grad_reduce,
                         train_batch_size=args.train_batch_size, rollout_n=args.rollout_n,
                         prompt_length=args.prompt_length, response_length=args.response_length,

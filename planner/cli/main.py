@@ -31,6 +31,7 @@ HANDLERS = {
     "tune": ("tune", "cmd_tune"),
     "calibrate": ("calibrate", "cmd_calibrate"),
     "doctor": ("doctor", "cmd_doctor"),
+    "advise": ("advise", "cmd_advise"),
 }
 assert set(HANDLERS) == set(SUBCOMMANDS)
 

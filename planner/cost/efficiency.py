@@ -151,3 +151,29 @@ DONORS = {"H800": "H100-80GB", "H20-96GB": "H100-80GB", "H200": "H100-80GB",
           "H100-PCIe": "H100-80GB", "A100-40GB": "A100-80GB",
           "L40S": "A100-80GB", "B300": "B200"}
 # MI300X/MI325X (CDNA3) have no measured part of their architecture: the median of each family.
+
+# --- the RL constants (fitted phase by phase on published RL steps, benchmarks/rl_data.py) ---
+# (typical value, sigma of the log, bounds): HBM streaming at decode ~60-80% of the datasheet
+# (vLLM/SGLang decode benchmarks); tens of microseconds per layer of graph replay and ~1-3 ms of
+# scheduling per step (vLLM v1), ~ms more to broadcast each step to TP workers;
+# sub-millisecond per exported tensor; seconds of fixed costs.
+RL_PRIORS = {"decode_hbm": (0.7, 0.3, (0.2, 0.95)),
+             "decode_layer_s": (20e-6, 1.0, (2e-6, 60e-6)),
+             "decode_step_s": (2.5e-3, 1.0, (1e-4, 20e-3)),
+             "decode_tp_step_s": (2e-3, 1.0, (1e-4, 20e-3)),
+             "sync_tensor_s": (0.5e-3, 1.5, (1e-6, 20e-3)),
+             "bucketed_tensor_s": (0.1e-3, 1.5, (1e-7, 5e-3)),
+             "sync_fixed_s": (1.5, 1.0, (0.1, 20.0)),
+             "step_fixed_s": (3.0, 1.0, (0.1, 30.0))}
+RL_SHARED = ("decode_layer_s", "decode_step_s", "decode_tp_step_s", "sync_tensor_s",
+             "bucketed_tensor_s", "sync_fixed_s", "step_fixed_s")
+RL_BY_GPU = ("decode_hbm",)
+PER_GPU = ("gemm",) + RL_BY_GPU  # constants kept per GPU type and precision family
+
+
+def prior(name: str) -> tuple[float, float, tuple[float, float]]:
+    """``(typical value, sigma of its log, (low, high))`` of a fitted constant."""
+    if name in RL_PRIORS:
+        return RL_PRIORS[name]
+    centre, sigma = PRIORS[name]
+    return centre, sigma, BOUNDS[name]
