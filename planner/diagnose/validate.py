@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.bounds import MAX_JSON_DEPTH, json_depth, shown
+from planner.catalog.engines import engine_problem
 from planner.catalog.hardware import (
     DEFAULT_GPU,
     ClusterSpec,
@@ -65,7 +66,16 @@ from planner.verl.config import (
 )
 from planner.verl.findings import Finding
 from planner.verl.job import layout_of, read_job, workload_of
-from planner.verl.keys import MODE_CONFIG, MODE_ENTRY, ROOT_CONFIG, VERL_VERSION, get
+from planner.verl.keys import (
+    MEGATRON,
+    MODE_CONFIG,
+    MODE_ENTRY,
+    REF,
+    ROLLOUT,
+    ROOT_CONFIG,
+    VERL_VERSION,
+    get,
+)
 from planner.verl.pools import (
     PACKAGE_SEARCHPATH,
     job_mode,
@@ -214,6 +224,25 @@ def resolve_gpu(gpu_type: str | None):
         return get_gpu(DEFAULT_GPU), (f"no GPU visible through NVML; memory checked for "
                                       f"{DEFAULT_GPU} (pass --gpu-type to choose)")
     return gpu_from_detected(detected), None
+
+
+def gpu_findings(config: dict, gpu) -> list[Finding]:
+    """What the card itself rules out: BF16 on a part without it (V100: torch and vLLM stop at
+    "Bfloat16 is only supported on GPUs with compute capability of at least 8.0"), and a rollout
+    engine whose pinned build does not run on it (planner/catalog/engines.py)."""
+    out = []
+    if not gpu.bf16:
+        keys = [key for key in (f"{MEGATRON}.dtype", f"{REF}.megatron.dtype", f"{ROLLOUT}.dtype")
+                if get(config, key, "bfloat16") in ("bfloat16", "bf16")]
+        if keys:
+            fix = ", ".join(f"{key}=float16" for key in keys)
+            out.append(Finding("precision", f"{gpu.name} has no BF16 tensor cores (BF16 needs "
+                                            f"sm_80+): set {fix}", tuple(keys)))
+    engine = get(config, f"{ROLLOUT}.name", "vllm")
+    problem = engine_problem(gpu, engine) if isinstance(engine, str) else None
+    if problem:
+        out.append(Finding("rollout_engine", problem, (f"{ROLLOUT}.name",), level="warning"))
+    return out
 
 
 # --- memory -----------------------------------------------------------------------------------
@@ -375,6 +404,7 @@ def dry_run(job_input: JobInput, context: dict | None = None) -> dict:
         notes.append(gpu_note)
     cluster = ClusterSpec(gpu, job.world, job.gpus_per_node)
     report["model"], report["cluster"] = model.name, cluster.to_dict()
+    findings += gpu_findings(plain, gpu)
     pools = None
     if mode != "sync":
         pools = pools_of(plain, cluster)

@@ -249,6 +249,8 @@ def rollout_settings(workload, layout: Layout) -> list[Setting]:
         Setting(f"{ROLLOUT}.enforce_eager", workload.enforce_eager),
         Setting(f"{ROLLOUT}.free_cache_engine", workload.free_cache_engine),
     ]
+    if workload.precision == "fp16":  # the engine samples in the actor's dtype (no BF16: V100)
+        out.append(Setting(f"{ROLLOUT}.dtype", "float16"))
     if workload.rollout_precision == "fp8":
         out += [Setting(f"{ROLLOUT}.quantization", "fp8"),
                 Setting(f"{ROLLOUT}.engine_kwargs.{workload.rollout_engine}.kv_cache_dtype",
