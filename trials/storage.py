@@ -8,8 +8,10 @@
 Every storage gets heartbeats: a tuner records one per running trial every
 ``heartbeat_interval`` seconds, and any tuner that finds a RUNNING trial whose heartbeat is
 older than ``grace_period`` marks it failed and calls ``stale_callback`` (stop what it left
-running, enqueue it again).  Optuna implements this for ``RDBStorage``; for the journal,
-:class:`HeartbeatJournalStorage` records the heartbeat as a trial system attribute.
+running, enqueue it again); a trial with no heartbeat yet counts its start as its last one.
+Optuna implements heartbeats for ``RDBStorage`` (HeartbeatRDBStorage adds the start-time
+rule); for the journal, :class:`HeartbeatJournalStorage` records the heartbeat as a trial
+system attribute.
 
 Passwords in URLs are never printed: :func:`mask_url` (SQLAlchemy's own URL parser, so a
 password holding ``/``, ``?`` or ``@`` is found whole, and ``?password=`` too) is applied to
@@ -219,6 +221,44 @@ def _journal_class():
     return HeartbeatJournalStorage
 
 
+def _rdb_class():
+    from datetime import datetime, timedelta
+
+    from optuna.storages import RDBStorage
+    from optuna.trial import TrialState
+
+    class HeartbeatRDBStorage(RDBStorage):
+        """Optuna's RDBStorage, where a RUNNING trial with no heartbeat yet (its tuner died
+        between creating it and the first beat) counts its start time as its last heartbeat,
+        as :class:`HeartbeatJournalStorage` does; Optuna's own skips such a trial for good."""
+
+        def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+            stale = list(super()._get_stale_trial_ids(study_id))
+            grace = timedelta(seconds=self.grace_period if self.grace_period is not None
+                              else 2 * (self.heartbeat_interval or 0))
+            beating = self._trials_with_heartbeat(study_id)
+            now = datetime.now()  # the clock Optuna stamps datetime_start with
+            for trial in self.get_all_trials(study_id, deepcopy=False,
+                                             states=(TrialState.RUNNING,)):
+                if (trial._trial_id not in beating and trial._trial_id not in stale
+                        and trial.datetime_start is not None
+                        and now - trial.datetime_start > grace):
+                    stale.append(trial._trial_id)
+            return stale
+
+        def _trials_with_heartbeat(self, study_id: int) -> set[int]:
+            from optuna.storages._rdb import models
+            from optuna.storages._rdb.storage import _create_scoped_session
+
+            with _create_scoped_session(self.scoped_session) as session:
+                rows = (session.query(models.TrialHeartbeatModel.trial_id)
+                        .join(models.TrialModel)
+                        .filter(models.TrialModel.study_id == study_id).all())
+            return {row[0] for row in rows}
+
+    return HeartbeatRDBStorage
+
+
 def open_storage(spec: StorageSpec, *, heartbeat_interval: int, grace_period: int,
                  stale_callback: Callable | None = None) -> Any:
     """An Optuna storage with heartbeats; unreachable databases are a one-line input error."""
@@ -233,7 +273,7 @@ def open_storage(spec: StorageSpec, *, heartbeat_interval: int, grace_period: in
         Path(spec.url).parent.mkdir(parents=True, exist_ok=True)
         return _journal_class()(JournalFileBackend(spec.url), heartbeat_interval,
                                 grace_period, stale_callback)
-    from optuna.storages import RDBStorage
+    storage_class = _rdb_class()
 
     engine_kwargs = {}
     if spec.url.startswith("sqlite:"):
@@ -246,9 +286,10 @@ def open_storage(spec: StorageSpec, *, heartbeat_interval: int, grace_period: in
         engine_kwargs = {"pool_pre_ping": True}
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
-            return RDBStorage(spec.url, engine_kwargs=engine_kwargs,
-                              heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                              heartbeat_stale_trial_callback=stale_callback)
+            return storage_class(spec.url, engine_kwargs=engine_kwargs,
+                                 heartbeat_interval=heartbeat_interval,
+                                 grace_period=grace_period,
+                                 heartbeat_stale_trial_callback=stale_callback)
         except Exception as error:  # driver missing, server down, bad credentials, bad URL
             text = str(error).strip()
             if attempt + 1 < SCHEMA_ATTEMPTS and SCHEMA_RACE.search(text):
