@@ -175,6 +175,23 @@ def resolve_storage(url: str | None, sweep_dir: Path, password: str | None = Non
     return StorageSpec("rdb", url, mask_url(url, secrets), secrets)
 
 
+def storage_error(error: BaseException) -> str:
+    """The cause of a storage failure, one line: the innermost exception's message (the
+    driver's "file is not a database", "Connection refused"), not the wrapper Optuna raises
+    from it ("An exception is raised during the commit...")."""
+    chain, inner = [error], error
+    while len(chain) < 20:
+        inner = inner.__cause__ or (None if inner.__suppress_context__ else inner.__context__)
+        if inner is None:
+            break
+        chain.append(inner)
+    for candidate in reversed(chain):
+        text = str(candidate).strip()
+        if text:
+            return text.splitlines()[0]
+    return type(error).__name__
+
+
 def _heartbeat_base():
     from optuna.storages._heartbeat import BaseHeartbeat  # the interface RDBStorage implements
 
@@ -291,14 +308,13 @@ def open_storage(spec: StorageSpec, *, heartbeat_interval: int, grace_period: in
                                  grace_period=grace_period,
                                  heartbeat_stale_trial_callback=stale_callback)
         except Exception as error:  # driver missing, server down, bad credentials, bad URL
-            text = str(error).strip()
+            text = f"{error} {storage_error(error)}"
             if attempt + 1 < SCHEMA_ATTEMPTS and SCHEMA_RACE.search(text):
                 # another tuner is creating the same tables right now: its schema will do
                 time.sleep(random.uniform(0.2, 1.0))
                 continue
-            message = text.splitlines()[0] if text else type(error).__name__
             raise PlanInputError(f"cannot open storage {spec.display}: "
-                                 f"{spec.mask(message)}") from None
+                                 f"{spec.mask(storage_error(error))}") from None
 
 
 def open_storage_read_only(spec: StorageSpec) -> Any:
@@ -311,18 +327,24 @@ def open_storage_read_only(spec: StorageSpec) -> Any:
         path = Path(spec.url if spec.kind == "journal" else spec.url.split(":///", 1)[-1])
         if not path.is_file():
             raise PlanInputError(f"no study storage at {spec.display}")
+        if path.stat().st_size == 0:
+            raise PlanInputError(f"cannot read study storage {spec.display}: the file is empty "
+                                 f"(not a study database or journal)")
     if spec.kind == "journal":
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
-        return JournalStorage(JournalFileBackend(spec.url))
+        try:  # the log is replayed here: a line that is not UTF-8 JSON fails at once
+            return JournalStorage(JournalFileBackend(spec.url))
+        except (UnicodeDecodeError, ValueError) as error:
+            raise PlanInputError(f"cannot read study storage {spec.display}: not an Optuna "
+                                 f"journal ({type(error).__name__}: "
+                                 f"{storage_error(error)[:120]})") from None
     url = spec.url
     if url.startswith("sqlite:///"):
         url = f"sqlite:///file:{url.split(':///', 1)[1]}?mode=ro&uri=true"
     try:
         return RDBStorage(url, skip_table_creation=True)
     except Exception as error:  # a file that is not a study database, a server down, ...
-        text = str(error).strip()
-        message = text.splitlines()[0] if text else type(error).__name__
         raise PlanInputError(f"cannot read study storage {spec.display}: "
-                             f"{spec.mask(message)}") from None
+                             f"{spec.mask(storage_error(error))}") from None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from planner.bounds import load_json
 from planner.catalog.engines import engine_problem, training_precision
 from planner.catalog.hardware import (
     DEFAULT_GPU,
@@ -123,8 +122,7 @@ def workload(args):
 def calibration(args) -> dict | None:
     if not getattr(args, "calibration", None):
         return None
-    load_json(Path(args.calibration), "--calibration")  # size, depth, NaN checked first
-    return read_calibration(Path(args.calibration))
+    return read_calibration(Path(args.calibration))  # size, depth, NaN, schema
 
 
 def policy(args) -> MemoryPolicy:

@@ -148,25 +148,47 @@ def ranking_uncertainty(calibration: dict | None = None) -> dict:
 
 
 def read_calibration(path: Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise PlanInputError(f"cannot read calibration file {str(path)!r}: {error}") from None
-    if not isinstance(data, dict) or not ({"shared", "by_gpu"} & set(data)):
-        raise PlanInputError(f"{str(path)!r} is not a plan-parallel calibration file "
+    """A calibration file (``plan-parallel calibrate`` writes them), checked whole on read:
+    bounded size and nesting, UTF-8 JSON without NaN, and the schema -- ``shared`` an object
+    of constants, ``by_gpu`` an object of ``GPU/family`` objects, every efficiency a finite
+    number (the fitted ones within :data:`BOUNDS`).  Anything else is one input error."""
+    from planner.bounds import load_json
+
+    where = str(path)
+    data = load_json(Path(path), "--calibration")
+    if not {"shared", "by_gpu"} & set(data):
+        raise PlanInputError(f"{where!r} is not a plan-parallel calibration file "
                              f"(expects 'shared' and 'by_gpu')")
-    entries = [("shared", k, v) for k, v in (data.get("shared") or {}).items()]
-    entries += [(f"by_gpu.{gpu}", k, v) for gpu, values in (data.get("by_gpu") or {}).items()
-                if isinstance(values, dict) for k, v in values.items()]
-    for where, key, value in entries:
-        if key in BOUNDS:
-            low, high = BOUNDS[key]
+    sections = [("shared", data.get("shared"))]
+    by_gpu = data.get("by_gpu")
+    if by_gpu is not None and not isinstance(by_gpu, dict):
+        raise PlanInputError(f"{where!r}: by_gpu is {_json_type(by_gpu)}, not an object of "
+                             f"'GPU/family' entries (e.g. {{\"H100-80GB/bf16\": {{\"gemm\": "
+                             f"0.7}}}})")
+    sections += [(f"by_gpu.{key}", value) for key, value in (by_gpu or {}).items()]
+    known = {f.name for f in fields(Efficiency)}
+    for name, section in sections:
+        if section is None and name == "shared":
+            continue
+        if not isinstance(section, dict):
+            raise PlanInputError(f"{where!r}: {name} is {_json_type(section)}, not an object "
+                                 f"of constants (e.g. {{\"gemm\": 0.7}})")
+        for key, value in section.items():
+            if key not in known:
+                continue  # bookkeeping: measurements, donor, rl_donor
+            low, high = BOUNDS.get(key, (0.0, float("inf")))
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not low <= value <= high:
-                raise PlanInputError(f"{str(path)!r}: {where}.{key} = {value!r} is not a number "
-                                     f"in {low:g}..{high:g}")
+                    or not low <= value <= high or value != value or value == float("inf"):
+                shown = (f"a number in {low:g}..{high:g}" if key in BOUNDS
+                         else "a finite number >= 0")
+                raise PlanInputError(f"{where!r}: {name}.{key} = {value!r:.60} is not {shown}")
     return data
 
+
+def _json_type(value) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}
+    return f"{names.get(type(value), type(value).__name__)} ({json.dumps(value)[:40]})"
 
 
 # (typical value, sigma of the log): NCCL bus bandwidth ~75% of NVLink and ~70% of the NIC;
