@@ -19,8 +19,15 @@ import pytest
 
 optuna = pytest.importorskip("optuna", reason="needs the tune extra")
 psutil = pytest.importorskip("psutil", reason="needs the tune extra")
-from fixtures.processes import alive, wait_for  # noqa: E402
-from fixtures.tuning import events, fake_trainer, load_study, sqlite_url, tune_argv  # noqa: E402
+from fixtures.processes import alive  # noqa: E402
+from fixtures.tuning import (  # noqa: E402
+    events,
+    fake_trainer,
+    kill_9_after_start,
+    load_study,
+    sqlite_url,
+    tune_argv,
+)
 
 from planner.cli.main import main  # noqa: E402
 from trials import study_state as attrs  # noqa: E402
@@ -33,23 +40,6 @@ GRACE_S = 600
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
     return fake_trainer(tmp_path, monkeypatch)
-
-
-def kill_tuner_during_trial(argv, record, after_start_s: float) -> list[int]:
-    """Run the tuner in a child process, `kill -9` it ``after_start_s`` into its first trial;
-    the pids the trial's trainer left (the trainer itself dies with the tuner)."""
-    tuner = subprocess.Popen([sys.executable, "-m", "planner", *argv], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    try:
-        assert wait_for(lambda: any(e["event"] == "start" for e in events(record)))
-        time.sleep(after_start_s)
-        os.kill(tuner.pid, signal.SIGKILL)
-        tuner.wait()
-    finally:
-        if tuner.poll() is None:
-            tuner.kill()
-            tuner.wait()
-    return next(e for e in events(record) if e["event"] == "start")["children"]
 
 
 def rerun_orphans_at_once(tmp_path, fake, capsys, argv, left):
@@ -87,7 +77,7 @@ def test_killed_before_the_first_heartbeat(tmp_path, fake, capsys):
     record = fake(step_sleep_s=0.3, spawn_double_fork=True)
     argv = tune_argv(tmp_path, "--heartbeat-interval", "1", "--grace-period", str(GRACE_S),
                      "--steps", "50", trials=2)
-    left = kill_tuner_during_trial(argv, record, after_start_s=1.5)
+    left = kill_9_after_start(argv, record, after_s=1.5)["children"]
     assert len(left) == 1 and alive(left[0])
     with sqlite3.connect(tmp_path / "sweep" / "study.db") as db:
         db.execute("DELETE FROM trial_heartbeats")
@@ -102,7 +92,7 @@ def test_killed_after_heartbeats(tmp_path, fake, capsys):
     record = fake(step_sleep_s=0.3, spawn_double_fork=True)
     argv = tune_argv(tmp_path, "--heartbeat-interval", "1", "--grace-period", str(GRACE_S),
                      "--steps", "50", trials=2)
-    left = kill_tuner_during_trial(argv, record, after_start_s=3.0)
+    left = kill_9_after_start(argv, record, after_s=3.0)["children"]
     with sqlite3.connect(tmp_path / "sweep" / "study.db") as db:
         assert db.execute("SELECT COUNT(*) FROM trial_heartbeats").fetchone()[0] == 1
     db.close()
