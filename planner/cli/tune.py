@@ -10,7 +10,7 @@ import sys
 
 from planner.bounds import check_output_folder
 from planner.catalog.models import resolve_model
-from planner.cli import inputs
+from planner.cli import inputs, notes
 from planner.cli.args import UsageError
 from planner.errors import NoFitError, PlanInputError
 from planner.plan import make_plan
@@ -214,6 +214,7 @@ def cmd_tune(args) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, terminate)
+    notes.flush()  # the GPU's notes now, not after hours of trials
     try:
         result = tuner.run()
     except KeyboardInterrupt:
