@@ -354,6 +354,8 @@ def check_overrides(overrides: Sequence[str]) -> list[str]:
     """``--override`` values: KEY=VALUE, and (Hydra installed) each one parsed by Hydra's own
     override parser, so a value verl's command line would refuse (``$(oops)``, unbalanced
     quotes) is refused here, before any planning or trial -- every bad one named."""
+    for item in overrides:  # a newline would end the launch script's line: its own message
+        check_text("--override", item, max_chars=1 << 16, what="KEY=VALUE")
     bad = [item for item in overrides
            if not re.match(r"^(\+{0,2}|~)[A-Za-z_][\w.@/\-]*(=|$)", item)
            or (not item.startswith("~") and "=" not in item)]
