@@ -364,7 +364,8 @@ def _rounded(value):
 # Parts without RL measurements take the decode efficiency of a measured part of the same
 # memory generation (HBM3/3e Hopper; HBM3e Blackwell); the rest the median.
 RL_DONORS = {"H200": "H100-80GB", "H800": "H100-80GB", "H20-96GB": "H100-80GB",
-             "H100-PCIe": "H100-80GB", "B200": "GB200", "B300": "GB200", "GB300": "GB200"}
+             "H100-PCIe": "H100-80GB", "B200": "GB200", "B300": "GB200", "GB300": "GB200",
+             "H20-141GB": "H100-80GB", "H200-NVL": "H100-80GB"}
 
 
 def _lend_decode_efficiency(calibration: dict, fitted_keys: list[str]) -> None:

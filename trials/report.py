@@ -115,9 +115,11 @@ def check_write_dir(directory: Path, study_name: str, force: bool) -> None:
     ``force``: a job a user wrote (or another study's best) is never replaced unasked.  What
     this study wrote before (its ``tuned.json`` names it, or only its ``trials.csv`` is there)
     is its own to update when the study resumes."""
+    from planner.bounds import check_output_folder
     from planner.errors import PlanInputError
 
     directory = Path(directory)
+    check_output_folder(directory, "--write")  # a plain file, a read-only folder: at once
     present = [name for name in JOB_FILES if (directory / name).exists()]
     if force or not present:
         return

@@ -18,7 +18,8 @@ study through its storage.  What they agree on lives in the storage (:mod:`trial
   override, the same crash line), it stops with that cause instead of trying more layouts;
 * a tuner that dies (even ``kill -9``) stops sending heartbeats; another tuner (or the same
   command run again) marks its trial failed, stops what it left running, and enqueues the
-  layout again;
+  layout again -- at once when the dead tuner ran on the same host (each trial records its
+  tuner process, :mod:`trials.orphans`), else after the grace period;
 * the study stops at ``--trials`` measured trials, at ``--timeout``, after ``--patience``
   trials without improvement, or when no allowed layout is left.
 
@@ -49,6 +50,7 @@ from optuna.trial import Trial, TrialState
 
 from planner import __version__
 from planner.errors import PlanInputError
+from trials import orphans
 from trials import study_state as attrs
 from trials.candidates import CandidateSet, memory_margins
 from trials.job import TrialJobs
@@ -132,6 +134,7 @@ class Tuner:
         self._skips = 0
         # host:pid of this tuner process, and a run id (one process may run several studies)
         self.tuner_id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.tuner_process = orphans.this_tuner()  # host, pid, start: gone means orphaned
 
     # --- the study -------------------------------------------------------------------------
 
@@ -251,6 +254,7 @@ class Tuner:
         return None
 
     def objective(self, trial: Trial):
+        trial.set_user_attr(orphans.TUNER_PROCESS, self.tuner_process)  # before anything runs
         proposal = trial.relative_params
         key = self.candidates.key_of(proposal) if proposal else None
         if key is None:
@@ -425,9 +429,10 @@ class Tuner:
                            f"{self.write_dir}")
         self._job = list(paths)
 
-    def _stale_trial(self, study: optuna.Study, trial) -> None:
+    def _stale_trial(self, study: optuna.Study, trial, why: str = "") -> None:
         """Heartbeat-stale trial (its tuner died): stop its leftovers, then retry it."""
-        handle = trial.user_attrs.get(attrs.LAUNCH)
+        why = why or f"no heartbeat for {self.settings.grace_period} s"
+        handle = orphans.launch_handle(trial, trial.user_attrs.get(orphans.TUNER_PROCESS))
         what = "it had not launched"
         if handle:
             try:
@@ -436,12 +441,16 @@ class Tuner:
                 what = f"could not stop its trainer ({error})"
         measured = attrs.CATEGORY in trial.user_attrs
         retry = trial.params and not measured
-        self.progress.note(f"trial #{trial.number} lost its tuner (no heartbeat for "
-                           f"{self.settings.grace_period} s): {what}"
+        self.progress.note(f"trial #{trial.number} lost its tuner ({why}): {what}"
                            + ("; running it again" if retry else ""))
         if retry:
             optuna.storages.RetryHeartbeatStaleTrialCallback(
                 max_retry=self.settings.max_retry)(study, trial)
+
+    def _orphaned_trial(self, study: optuna.Study, trial) -> None:
+        record = trial.user_attrs.get(orphans.TUNER_PROCESS) or {}
+        self._stale_trial(study, trial, f"its tuner, pid {record.get('pid')} on "
+                                        f"{record.get('host')}, is gone")
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -457,7 +466,9 @@ class Tuner:
         write_sweep_file(self.sweep_dir, self.study_name, self.storage_spec)
         self.status.deadline = (time.monotonic() + self.settings.timeout_s
                                 if self.settings.timeout_s else None)
-        optuna.storages.fail_stale_trials(study)  # a killed tuner's trials, before enqueueing
+        # a killed tuner's trials, before enqueueing: at once when it ran here, else stale
+        orphans.fail_orphaned_trials(study, self._orphaned_trial)
+        optuna.storages.fail_stale_trials(study)
         snap = self._snapshot(study)
         self._update_status(snap)
         self.progress.note(

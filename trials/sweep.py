@@ -15,7 +15,7 @@ from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.errors import PlanInputError
 from trials import study_state
-from trials.storage import StorageSpec, open_storage_read_only, resolve_storage
+from trials.storage import StorageSpec, open_storage_read_only, resolve_storage, storage_error
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -69,8 +69,7 @@ def open_study(storage: str | None = None, sweep_dir: str | Path | None = None,
         summaries = optuna.get_all_study_summaries(backend)
     except Exception as error:  # noqa: BLE001 - not an Optuna database, or a broken one
         raise PlanInputError(f"cannot read the studies in {spec.display}: "
-                             f"{str(error).splitlines()[0][:200] if str(error) else error!r}"
-                             ) from None
+                             f"{spec.mask(storage_error(error))[:200]}") from None
     names = [s.study_name for s in summaries if study_state.STUDY in s.user_attrs]
     if name is None:
         if len(names) != 1:

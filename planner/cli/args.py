@@ -193,7 +193,9 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--overlap-grad-reduce", action="store_true",
                        help="the job sets megatron override_ddp_config.overlap_grad_reduce "
                             "(verl's default leaves the DP gradient traffic exposed)")
-    group.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
+    group.add_argument("--precision", default=None, choices=("bf16", "fp16", "fp8"),
+                       help="training precision (default bf16; fp16 on GPUs without BF16, "
+                            "V100)")
     group.add_argument("--max-num-seqs", type=integer(1, MAX_BATCH), default=256,
                        help="rollout engine's max concurrent sequences (default 256, verl's)")
     group.add_argument("--workload", choices=("grpo", "pretrain"), default="grpo",

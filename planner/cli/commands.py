@@ -27,6 +27,7 @@ from planner.report.text import (
 )
 from planner.search.layout import Layout, modules_mask
 from planner.search.pipeline import default_split, layout_vpp, split_problems
+from planner.verl.export import check_overrides
 from planner.verl.files import write_plan_job
 
 
@@ -38,6 +39,8 @@ def cmd_plan(args) -> int:
         from planner.cli.modes import cmd_plan_mode
 
         return cmd_plan_mode(args)
+    if args.write:
+        check_overrides(args.override or ())  # before any planning: Hydra's own parser
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args)
@@ -252,7 +255,10 @@ def cmd_gpus(args) -> int:
 
         print(to_json([asdict(g) for g in GPU_CATALOG]))
         return ExitCode.OK
-    rows = [{"name": g.name, "memory": f"{g.memory_gib:.1f}", "bf16": f"{g.bf16_flops / 1e12:.0f}",
+    rows = [{"name": g.name, "memory": f"{g.memory_gib:.1f}",
+             "bf16": f"{g.bf16_flops / 1e12:.0f}" + ("" if g.bf16 else "*"),
+             "sm": "-" if g.compute_capability is None else
+             f"{g.compute_capability[0]}.{g.compute_capability[1]}",
              "fp8": f"{g.fp8_flops / 1e12:.0f}" if g.fp8_flops else "-",
              "hbm": f"{g.hbm_bandwidth_bytes_per_s / 1e12:.2f}",
              "nvlink": f"{g.nvlink_bandwidth_bytes_per_s / 1e9:.0f}",
@@ -261,5 +267,7 @@ def cmd_gpus(args) -> int:
     print(format_table(rows, [("gpu", "name"), ("GiB", "memory"), ("BF16 TF/s", "bf16"),
                               ("FP8 TF/s", "fp8"), ("HBM TB/s", "hbm"),
                               ("NVLink GB/s", "nvlink"), ("net GB/s", "net"),
-                              ("NVLink GPUs", "domain")]))
+                              ("NVLink GPUs", "domain"), ("sm", "sm")]))
+    if not all(g.bf16 for g in GPU_CATALOG):
+        print("* FP16: no BF16 tensor cores (plans for it train in FP16)")
     return ExitCode.OK

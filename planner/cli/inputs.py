@@ -1,7 +1,9 @@
 """From parsed arguments to the planner's inputs: model, cluster, workload, pins, policy.
 
-Messages name the flag a value came from.  The one note printed here (no GPU visible through
-NVML) goes to stderr.
+Messages name the flag a value came from.  The note that no GPU is visible through NVML goes to
+stderr at once; the notes about the chosen GPU (FP16 on a part without BF16, a pinned rollout
+engine that does not run on it, efficiencies not calibrated on it) are held in
+:mod:`planner.cli.notes` and printed with the answer.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from planner.bounds import load_json
+from planner.catalog.engines import engine_problem, training_precision
 from planner.catalog.hardware import (
     DEFAULT_GPU,
     DEFAULT_GPUS_PER_NODE,
@@ -20,8 +22,9 @@ from planner.catalog.hardware import (
     gpu_from_detected,
 )
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
+from planner.cli import notes
 from planner.cli.args import UsageError
-from planner.cost.efficiency import read_calibration
+from planner.cost.efficiency import efficiency_source, read_calibration
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import RECOMPUTE
 from planner.search.space import SearchOptions
@@ -49,8 +52,50 @@ def resolve_cluster(args) -> ClusterSpec:
     per_node = args.gpus_per_node or (detected.count if detected else DEFAULT_GPUS_PER_NODE)
     if args.gpus is not None and args.gpus < per_node and not args.gpus_per_node:
         per_node = max(args.gpus, 1)
-    return ClusterSpec(gpu=gpu, num_gpus=gpus, gpus_per_node=per_node,
-                       host_memory_gib=getattr(args, "host_memory_gib", None))
+    cluster = ClusterSpec(gpu=gpu, num_gpus=gpus, gpus_per_node=per_node,
+                          host_memory_gib=getattr(args, "host_memory_gib", None))
+    gpu_notes(args, gpu)
+    return cluster
+
+
+def gpu_notes(args, gpu) -> None:
+    """Settle the precision on this GPU (``--precision`` unset: BF16, FP16 without BF16) and
+    hold the notes about the GPU: FP16 forced, a rollout engine the card cannot run, and the
+    efficiencies' source when the calibration has no measurements of this GPU type."""
+    if not hasattr(args, "precision"):
+        return
+    args.precision, forced = training_precision(gpu, args.precision)
+    if forced:
+        notes.note(forced)
+    engine = getattr(args, "rollout_engine", None)
+    if engine and getattr(args, "workload", "grpo") == "grpo":
+        problem = engine_problem(gpu, engine)
+        if problem:
+            notes.note(f"{problem}; the plan's times assume it")
+    source = efficiency_source(gpu, args.precision, calibration(args))
+    if source.startswith("uncalibrated"):
+        notes.note(f"{gpu.name} step times are {source} (`plan-parallel calibrate` fits a "
+                   f"cluster's own trials)")
+
+
+def precision(args) -> str:
+    """``--precision``, or when unset the one the named GPU types train in (``resolve_cluster``
+    settles it for one GPU; sizing several types reads ``--gpu-type`` here)."""
+    if args.precision is not None:
+        return args.precision
+    from planner.sizing.counts import parse_gpu_types
+
+    gpus = parse_gpu_types(args.gpu_type) if getattr(args, "gpu_type", None) else ()
+    lacking = [gpu.name for gpu in gpus if not gpu.bf16]
+    if gpus and len(lacking) == len(gpus):
+        args.precision, forced = training_precision(gpus[0], None)
+        notes.note(forced)
+        return args.precision
+    if lacking:
+        notes.note(f"{', '.join(lacking)} ha{'s' if len(lacking) == 1 else 've'} no BF16 "
+                   f"tensor cores: sized at {'its' if len(lacking) == 1 else 'their'} FP16 "
+                   f"tensor rate with the others' BF16 workload")
+    return "bf16"
 
 
 LENGTH_FLAGS = (("--response-lengths", "response_lengths"), ("--lengths-from", "lengths_from"),
@@ -81,7 +126,7 @@ def response_lengths(args) -> tuple["ResponseLengths | None", float]:
 def workload(args):
     if args.workload == "pretrain":
         return PretrainWorkload(seq_len=args.seq_len, global_batch=args.global_batch,
-                                precision=args.precision)
+                                precision=precision(args))
     lengths, prompt = response_lengths(args)
     mean, mean_prompt = args.mean_response_length, args.mean_prompt_length
     if lengths is not None:
@@ -97,7 +142,7 @@ def workload(args):
                         train_batch_size=args.train_batch_size, rollout_n=args.rollout_n,
                         prompt_length=args.prompt_length, response_length=args.response_length,
                         mini_batch_size=args.mini_batch_size, ppo_epochs=args.ppo_epochs,
-                        precision=args.precision, max_num_seqs=args.max_num_seqs,
+                        precision=precision(args), max_num_seqs=args.max_num_seqs,
                         use_kl_loss=args.kl_loss, use_kl_in_reward=args.kl_in_reward,
                         bypass_old_log_prob=args.bypass_old_log_prob,
                         fused_kernels=args.fused_kernels,
@@ -115,8 +160,7 @@ def workload(args):
 def calibration(args) -> dict | None:
     if not getattr(args, "calibration", None):
         return None
-    load_json(Path(args.calibration), "--calibration")  # size, depth, NaN checked first
-    return read_calibration(Path(args.calibration))
+    return read_calibration(Path(args.calibration))  # size, depth, NaN, schema
 
 
 def policy(args) -> MemoryPolicy:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from planner.bounds import check_output_file, check_output_folder
 from planner.catalog.models import resolve_model
 from planner.cli import inputs
 from planner.cli.args import UsageError
@@ -20,17 +21,32 @@ from planner.report.html import (
 from planner.search.space import SearchOptions
 
 
+def check_report_outputs(args) -> None:
+    """``--html`` and ``--png-dir`` checked before anything is read or drawn: a folder given
+    for the file, a file for the folder, or a missing or read-only folder is one input error
+    and nothing is written (the figures go to ``--png-dir`` before the page is written)."""
+    if args.png_dir:
+        check_output_folder(Path(args.png_dir), "--png-dir")
+    if args.html:
+        check_output_file(Path(args.html), "--html")
+    elif args.sweep and Path(args.sweep).is_dir():
+        check_output_file(Path(args.sweep) / "report.html", "--html (default)")
+    elif not args.sweep:
+        check_output_file(Path("report.html"), "--html (default)")
+
+
 def cmd_report(args) -> int:
     trials = None
+    check_report_outputs(args)
     calibration = inputs.calibration(args)
     policy = inputs.policy(args)
     if args.sweep:
         sweep = Path(args.sweep)
         if not sweep.is_dir():
             raise PlanInputError(f"sweep folder {args.sweep!r} does not exist")
-        plan = plan_from_sweep(sweep, calibration, policy)
-        if (sweep / "trials.csv").exists():
+        if (sweep / "trials.csv").exists():  # checked before the (slower) plan
             trials = load_trials(sweep / "trials.csv")
+        plan = plan_from_sweep(sweep, calibration, policy)
         output = Path(args.html) if args.html else sweep / "report.html"
     elif args.model and sizing_requested(args):
         sizing = sizing_from_args(args, SearchOptions())

@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 import sys
 
+from planner.bounds import check_output_folder
 from planner.catalog.models import resolve_model
-from planner.cli import inputs
+from planner.cli import inputs, notes
 from planner.cli.args import UsageError
 from planner.errors import NoFitError, PlanInputError
 from planner.plan import make_plan
@@ -124,6 +125,20 @@ def make_launcher(args, cluster, command: tuple[str, ...]):
     return launcher
 
 
+def check_tune_outputs(sweep_dir, storage) -> None:
+    """Every path the study writes, checked before the first trial: the sweep folder (trial
+    logs, trials.csv, sweep.json) and a local storage file (study.db, a journal)."""
+    from pathlib import Path
+
+    check_output_folder(Path(sweep_dir), "--sweep-dir")
+    if storage.is_local_file:
+        path = Path(storage.url if storage.kind == "journal" else storage.url.split(":///", 1)[-1])
+        if path.is_dir():
+            raise PlanInputError(f"--storage {storage.display}: {str(path)!r} is a folder, not "
+                                 f"a study file")
+        check_output_folder(path.parent, "--storage")
+
+
 def cmd_tune(args) -> int:
     import signal
     from pathlib import Path
@@ -165,6 +180,7 @@ def cmd_tune(args) -> int:
     password = (read_password_file(args.storage_password_file)
                 if args.storage_password_file else None)
     storage = resolve_storage(args.storage, sweep_dir, password)
+    check_tune_outputs(sweep_dir, storage)
     if args.write:
         check_write_dir(Path(args.write), study_name, args.force)
     launcher = make_launcher(args, cluster, command)
@@ -198,6 +214,7 @@ def cmd_tune(args) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, terminate)
+    notes.flush()  # the GPU's notes now, not after hours of trials
     try:
         result = tuner.run()
     except KeyboardInterrupt:

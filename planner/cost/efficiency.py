@@ -81,12 +81,48 @@ def load_efficiency(gpu: GpuSpec, precision: str, calibration: dict | None = Non
     data = _shipped() if calibration is None else calibration
     known = {f.name for f in fields(Efficiency)}
     values = {k: v for k, v in data.get("shared", {}).items() if k in known}
-    family = "fp8" if precision == "fp8" else "bf16"
-    for key in (f"{gpu.name}/{family}", f"*/{family}"):
-        if key in data.get("by_gpu", {}):
-            values.update({k: v for k, v in data["by_gpu"][key].items() if k in known})
-            break
+    key = _gpu_entry(gpu, precision, data)
+    if key is not None:
+        values.update({k: v for k, v in data["by_gpu"][key].items() if k in known})
     return replace(Efficiency(), **values)
+
+
+def _family(precision: str) -> str:
+    return "fp8" if precision == "fp8" else "bf16"  # FP16 runs the BF16 (16-bit) kernels
+
+
+def _gpu_entry(gpu: GpuSpec, precision: str, data: dict) -> str | None:
+    """The ``by_gpu`` entry a GPU's efficiencies come from: its own; else its donor's
+    (:data:`DONORS`, the closest measured architecture -- a part added to the catalog after the
+    calibration file was written); else the median of the measured parts (``*/family``)."""
+    family, by_gpu = _family(precision), data.get("by_gpu", {})
+    donor = DONORS.get(gpu.name)
+    for key in (f"{gpu.name}/{family}", f"{donor}/{family}" if donor else None, f"*/{family}"):
+        if key is not None and key in by_gpu:
+            return key
+    return None
+
+
+def efficiency_source(gpu: GpuSpec, precision: str, calibration: dict | None = None) -> str:
+    """Where a GPU's fitted efficiencies come from, in words; starts "uncalibrated" when the
+    calibration holds no measurement of this GPU type (borrowed or default constants)."""
+    data = _shipped() if calibration is None else calibration
+    family, by_gpu = _family(precision), data.get("by_gpu", {})
+    key = _gpu_entry(gpu, precision, data)
+    entry = by_gpu.get(key, {}) if key else {}
+    if key == f"{gpu.name}/{family}" and entry.get("measurements"):
+        return f"calibrated: {entry['measurements']} measurements of {key}"
+    if key is None:
+        return f"uncalibrated: no {gpu.name}/{family} entry and no default; built-in constants"
+    if key.startswith("*/"):
+        return f"uncalibrated: no {gpu.name} measurements; the median of the measured parts"
+    borrowed = entry.get("donor", key) if key == f"{gpu.name}/{family}" else key
+    if borrowed == "median":
+        return f"uncalibrated: no {gpu.name} measurements; the median of the measured parts"
+    if borrowed.startswith(f"{gpu.name}/"):
+        return f"calibrated: {borrowed}'s figure (no {family} measurements of its own)"
+    return (f"uncalibrated: no {gpu.name} measurements; efficiencies of {borrowed}, the "
+            f"closest measured architecture")
 
 
 # Used when neither the given calibration nor the shipped file states the ranking uncertainty.
@@ -112,25 +148,47 @@ def ranking_uncertainty(calibration: dict | None = None) -> dict:
 
 
 def read_calibration(path: Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise PlanInputError(f"cannot read calibration file {str(path)!r}: {error}") from None
-    if not isinstance(data, dict) or not ({"shared", "by_gpu"} & set(data)):
-        raise PlanInputError(f"{str(path)!r} is not a plan-parallel calibration file "
+    """A calibration file (``plan-parallel calibrate`` writes them), checked whole on read:
+    bounded size and nesting, UTF-8 JSON without NaN, and the schema -- ``shared`` an object
+    of constants, ``by_gpu`` an object of ``GPU/family`` objects, every efficiency a finite
+    number (the fitted ones within :data:`BOUNDS`).  Anything else is one input error."""
+    from planner.bounds import load_json
+
+    where = str(path)
+    data = load_json(Path(path), "--calibration")
+    if not {"shared", "by_gpu"} & set(data):
+        raise PlanInputError(f"{where!r} is not a plan-parallel calibration file "
                              f"(expects 'shared' and 'by_gpu')")
-    entries = [("shared", k, v) for k, v in (data.get("shared") or {}).items()]
-    entries += [(f"by_gpu.{gpu}", k, v) for gpu, values in (data.get("by_gpu") or {}).items()
-                if isinstance(values, dict) for k, v in values.items()]
-    for where, key, value in entries:
-        if key in BOUNDS:
-            low, high = BOUNDS[key]
+    sections = [("shared", data.get("shared"))]
+    by_gpu = data.get("by_gpu")
+    if by_gpu is not None and not isinstance(by_gpu, dict):
+        raise PlanInputError(f"{where!r}: by_gpu is {_json_type(by_gpu)}, not an object of "
+                             f"'GPU/family' entries (e.g. {{\"H100-80GB/bf16\": {{\"gemm\": "
+                             f"0.7}}}})")
+    sections += [(f"by_gpu.{key}", value) for key, value in (by_gpu or {}).items()]
+    known = {f.name for f in fields(Efficiency)}
+    for name, section in sections:
+        if section is None and name == "shared":
+            continue
+        if not isinstance(section, dict):
+            raise PlanInputError(f"{where!r}: {name} is {_json_type(section)}, not an object "
+                                 f"of constants (e.g. {{\"gemm\": 0.7}})")
+        for key, value in section.items():
+            if key not in known:
+                continue  # bookkeeping: measurements, donor, rl_donor
+            low, high = BOUNDS.get(key, (0.0, float("inf")))
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not low <= value <= high:
-                raise PlanInputError(f"{str(path)!r}: {where}.{key} = {value!r} is not a number "
-                                     f"in {low:g}..{high:g}")
+                    or not low <= value <= high or value != value or value == float("inf"):
+                shown = (f"a number in {low:g}..{high:g}" if key in BOUNDS
+                         else "a finite number >= 0")
+                raise PlanInputError(f"{where!r}: {name}.{key} = {value!r:.60} is not {shown}")
     return data
 
+
+def _json_type(value) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}
+    return f"{names.get(type(value), type(value).__name__)} ({json.dumps(value)[:40]})"
 
 
 # (typical value, sigma of the log): NCCL bus bandwidth ~75% of NVLink and ~70% of the NIC;
@@ -147,9 +205,16 @@ BOUNDS = {"gemm": (0.2, 0.95), "gemm_half_rows": (8.0, 4096.0), "attention": (0.
 SHARED = ("gemm_half_rows", "attention", "nvlink", "network", "dp_overlap", "ep_overlap",
           "elementwise_passes", "layer_overhead_s", "expert_gemm")
 # Parts with no measurements borrow a measured part of the same architecture.
+# A part's donor also serves at load time when the calibration file predates the part
+# (:func:`load_efficiency`): Volta (V100) has no measured part of its own and borrows the
+# nearest measured tensor-core generation (Ampere A100); Ampere GA10x (A10, A10G) and Ada (L4,
+# L40, RTX 4090) borrow the A100 as the L40S does; the Hopper variants borrow the H100.
 DONORS = {"H800": "H100-80GB", "H20-96GB": "H100-80GB", "H200": "H100-80GB",
           "H100-PCIe": "H100-80GB", "A100-40GB": "A100-80GB",
-          "L40S": "A100-80GB", "B300": "B200"}
+          "L40S": "A100-80GB", "B300": "B200",
+          "V100-16GB": "A100-80GB", "V100-32GB": "A100-80GB", "A10": "A100-80GB",
+          "A10G": "A100-80GB", "L4": "A100-80GB", "L40": "A100-80GB", "RTX-4090": "A100-80GB",
+          "H20-141GB": "H100-80GB", "H200-NVL": "H100-80GB"}
 # MI300X/MI325X (CDNA3) have no measured part of their architecture: the median of each family.
 
 # --- the RL constants (fitted phase by phase on published RL steps, benchmarks/rl_data.py) ---

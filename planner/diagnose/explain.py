@@ -2,7 +2,12 @@
 
 The rules of thumb are the ones users quote for Megatron layouts: about 7B — TP2 x PP2; about
 30B — TP4 x PP4; 100B and more, or MoE — expert parallelism, TP4 x EP8; always BF16 rather than
-FP32 (half the weight and activation memory, tensor-core rate).  For each rule that applies, the
+FP32 (half the weight and activation memory, tensor-core rate).  On a GPU without BF16 (V100)
+the seed guide's decision path for a ~7B dense model joins them: "7B -> 8xV100 -> TP x PP 2x4
+-> FP16 -> micro-batch 8" (fixed micro-batches of 8 sequences, FP16 with loss scaling; the
+search still picks what the path leaves open: recompute, offload, the rollout layout).  It is
+quoted for 8 V100s; on another count it is compared all the same, as the same path scaled by
+data parallelism.  For each rule that applies, the
 best layout obeying it (the planner's own search with those sizes pinned) is scored, so the
 comparison is like for like; the reason is read from the phase times: which phase dominates the
 step, which phase the plan saves the most time in, and whether a slow link is involved.
@@ -12,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost.columns import time_column
+from planner.cost.columns import breakdown_column, time_column
 from planner.errors import NoFitError, PlanInputError
 from planner.phases import PHASES
 from planner.plan import make_plan
@@ -27,11 +32,21 @@ class RuleOfThumb:
     name: str
     pins: tuple[tuple[str, int], ...]
     applies: str  # when people quote it
+    options: tuple[tuple[str, object], ...] = ()  # SearchOptions the rule also fixes
 
 
-def rules_of_thumb(model, gpus_per_node: int = 8) -> list[RuleOfThumb]:
+# The seed guide's decision path on V100 (no BF16): TP2 x PP4, FP16, 8 sequences per micro-batch
+SEED_V100_PATH = RuleOfThumb(
+    "seed guide: 7B -> 8xV100 -> TP x PP 2x4 -> FP16 -> micro-batch 8",
+    (("tp", 2), ("pp", 4), ("micro_batch", 8)),
+    "dense ~7B models on V100s (no BF16)", (("dynamic_batch", False),))
+
+
+def rules_of_thumb(model, gpus_per_node: int = 8, gpu=None) -> list[RuleOfThumb]:
     billions = model.params.total / 1e9
     rules = []
+    if billions < 20 and not model.is_moe and gpu is not None and not gpu.bf16:
+        rules.append(SEED_V100_PATH)
     if billions < 20 and not model.is_moe:
         rules.append(RuleOfThumb("7B: TP2 x PP2", (("tp", 2), ("pp", 2)), "dense models ~7B"))
     if 20 <= billions < 100 and not model.is_moe:
@@ -50,6 +65,10 @@ def _summary(row) -> dict:
             "tokens_per_s_per_gpu": round(float(row["tokens_per_s_per_gpu"]), 1),
             "peak_memory_gib": round(float(row["peak_bytes"]) / GIB, 1),
             "time_s": {p: round(float(row[time_column(p)]), 2) for p in PHASES},
+            "update_compute_s": round(float(row.get(breakdown_column("update_actor", "compute_s"),
+                                                    0.0)), 2),
+            "update_bubble_s": round(float(row.get("update_bubble_s", 0.0)), 2),
+            "update_comm_s": round(float(row.get("update_comm_s", 0.0)), 2),
             "within_error_of_best": bool(row.get("within_error_of_best", False))}
 
 
@@ -72,8 +91,24 @@ def reason(best: dict, other: dict) -> str:
         return (f"about as fast (within 1%); {dominant} dominates the step "
                 f"({share:.0%})")
     return (f"{speedup:.2f}x faster: {phase} takes {savings[phase]:.1f} s less "
-            f"({other['time_s'][phase]:.1f} -> {best['time_s'][phase]:.1f} s); {dominant} "
+            f"({other['time_s'][phase]:.1f} -> {best['time_s'][phase]:.1f} s"
+            f"{_update_parts(best, other) if phase == 'update_actor' else ''}); {dominant} "
             f"dominates the step ({share:.0%})")
+
+
+def _update_parts(best: dict, other: dict) -> str:
+    """The actor update's pipeline bubble and exposed communication, the other layout's first."""
+    parts = [f"{name} {other[key]:.1f} -> {best[key]:.1f} s"
+             for name, key in (("compute", "update_compute_s"),
+                               ("pipeline bubble", "update_bubble_s"),
+                               ("exposed communication", "update_comm_s"))
+             if key in best and key in other and abs(other[key] - best[key]) >= 0.5]
+    weight = {"none": 0, "selective": 1, "full": 2}  # forward work redone in the backward
+    theirs, ours = other["layout"].get("recompute"), best["layout"].get("recompute")
+    if parts and parts[0].startswith("compute") and other["update_compute_s"] > \
+            best["update_compute_s"] and weight.get(theirs, 0) > weight.get(ours, 0):
+        parts[0] += f", recompute {theirs} -> {ours}"
+    return f": {', '.join(parts)}" if parts else ""
 
 
 def explain(model, cluster, workload, calibration=None,
@@ -89,7 +124,7 @@ def explain(model, cluster, workload, calibration=None,
     chosen = _summary(chosen_row)
     flags = [c[5:] for c in fitting.columns if c.startswith("flag_") and bool(chosen_row[c])]
     comparisons = []
-    for rule in rules_of_thumb(model, cluster.gpus_per_node):
+    for rule in rules_of_thumb(model, cluster.gpus_per_node, cluster.gpu):
         pins = rule.pins
         entry = {"rule": rule.name, "applies_to": rule.applies}
         too_big = [f"{k.upper()} {v}" for k, v in pins if v > cluster.num_gpus]
@@ -99,7 +134,8 @@ def explain(model, cluster, workload, calibration=None,
             comparisons.append(entry)
             continue
         try:
-            pinned = make_plan(model, cluster, workload, SearchOptions(fixed=pins), calibration,
+            pinned = make_plan(model, cluster, workload,
+                               SearchOptions(fixed=pins, **dict(rule.options)), calibration,
                                policy)
         except PlanInputError as error:
             entry["verdict"] = f"not applicable: {error}"
@@ -117,11 +153,14 @@ def explain(model, cluster, workload, calibration=None,
             entry.update(_summary(fits.iloc[0]))
             entry["verdict"] = "plan " + reason(chosen, entry)
         comparisons.append(entry)
+    half = "BF16" if cluster.gpu.bf16 else "FP16"
+    without = "" if cluster.gpu.bf16 else (f"{cluster.gpu.name} has no BF16 tensor cores, so "
+                                           f"FP16 with loss scaling takes its place; ")
     precision = {"rule": "BF16, not FP32",
-                 "verdict": f"the plan trains in {workload.precision}; FP32 would double weights"
-                            f" ({chosen_row['weights_bytes'] * 2 / GIB:.1f} GiB instead of "
-                            f"{chosen_row['weights_bytes'] / GIB:.1f} GiB per GPU) and "
-                            f"activations, and run off the tensor-core BF16 rate"}
+                 "verdict": f"{without}the plan trains in {workload.precision}; FP32 would "
+                            f"double weights ({chosen_row['weights_bytes'] * 2 / GIB:.1f} GiB "
+                            f"instead of {chosen_row['weights_bytes'] / GIB:.1f} GiB per GPU) "
+                            f"and activations, and run off the tensor-core {half} rate"}
     comparisons.append(precision)
     links = []
     if chosen_row["flag_tp_across_nodes"]:
@@ -149,8 +188,11 @@ def explain_text(result: dict) -> str:
         line = f"- {entry['rule']}: "
         if "step_time_s" in entry:
             lay = entry["layout"]
-            line += (f"best such layout TP{lay['tp']} PP{lay['pp']} EP{lay['ep']} DP{lay['dp']} "
-                     f"-> {entry['step_time_s']:.1f} s, {entry['tokens_per_s_per_gpu']:.0f} "
-                     f"tokens/s/GPU, {entry['peak_memory_gib']:.1f} GiB; ")
+            batch = (f" micro-batch {lay['micro_batch']}" if not lay.get("dynamic_batch", True)
+                     else "")
+            line += (f"best such layout TP{lay['tp']} PP{lay['pp']} EP{lay['ep']} DP{lay['dp']}"
+                     f"{batch} -> {entry['step_time_s']:.1f} s, "
+                     f"{entry['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, "
+                     f"{entry['peak_memory_gib']:.1f} GiB peak, fits; ")
         lines.append(line + entry["verdict"])
     return "\n".join(lines)

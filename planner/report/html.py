@@ -52,7 +52,35 @@ def load_trials(path: Path):
                    "peak_memory_gib"):
         if column not in trials.columns:
             trials[column] = float("nan")
+    for column, (low, high) in TRIAL_NUMBERS.items():
+        if column in trials.columns:
+            trials[column] = _numbers(trials[column], column, path, low, high)
     return trials
+
+
+# trials.csv columns the report draws or ranks by: (low, high); blank cells are "not measured"
+TRIAL_NUMBERS = {"number": (0, 1e9), "measured_tokens_per_s_per_gpu": (0, 1e9),
+                 "predicted_tokens_per_s_per_gpu": (0, 1e9), "peak_memory_gib": (0, 1e6),
+                 "step_time_s": (0, 1e9), "duration_s": (0, 1e9), "mfu": (0, 10)}
+
+
+def _numbers(values, column: str, path: Path, low: float, high: float):
+    """A trials.csv column as numbers: every cell blank or a finite number in ``low..high``
+    (``inf`` or text in a numeric column is an input error naming the row, not a traceback
+    from the plots)."""
+    import numpy as np
+    import pandas as pd
+
+    numbers = pd.to_numeric(values, errors="coerce")
+    bad = (values.notna() & numbers.isna()) | ~np.isfinite(numbers.fillna(low)) \
+        | (numbers < low) | (numbers > high)
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        cell = values.iloc[row]
+        cell = repr(cell)[:40] if isinstance(cell, str) else f"{float(cell):g}"
+        raise PlanInputError(f"{str(path)!r} row {row + 2}: {column} = {cell} is not a finite "
+                             f"number in {low:g}..{high:g} (or blank)")
+    return numbers
 
 
 def _img(name: str, png: bytes, png_dir: Path | None) -> str:

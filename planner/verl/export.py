@@ -185,13 +185,39 @@ def override_key(override: str) -> str:
 
 
 def check_overrides(overrides: Sequence[str]) -> list[str]:
+    """``--override`` values: KEY=VALUE, and (Hydra installed) each one parsed by Hydra's own
+    override parser, so a value verl's command line would refuse (``$(oops)``, unbalanced
+    quotes) is refused here, before any planning or trial -- every bad one named."""
+    for item in overrides:  # a newline would end the launch script's line: its own message
+        check_text("--override", item, max_chars=1 << 16, what="KEY=VALUE")
     bad = [item for item in overrides
            if not re.match(r"^(\+{0,2}|~)[A-Za-z_][\w.@/\-]*(=|$)", item)
            or (not item.startswith("~") and "=" not in item)]
     if bad:
         raise PlanInputError(f"--override {bad[0]!r} is not KEY=VALUE (Hydra override syntax, "
                              f"e.g. {TOTAL_EPOCHS.key}=5 or +key.new=1)")
+    problems = hydra_syntax_problems(overrides)
+    if problems:
+        raise PlanInputError("; ".join(problems) + " (quote values with spaces or shell "
+                                                   "characters: key='a b')")
     return list(overrides)
+
+
+def hydra_syntax_problems(overrides: Sequence[str]) -> list[str]:
+    """One message per override Hydra's parser refuses (none without Hydra installed)."""
+    if not available("hydra"):
+        return []
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, out = OverridesParser.create(), []
+    for item in overrides:
+        try:
+            parser.parse_override(item)
+        except Exception as error:  # noqa: BLE001 - Hydra's parse errors vary in type
+            text = str(error).strip().splitlines()
+            out.append(f"--override {item[:120]!r} is not valid Hydra syntax "
+                       f"({text[0][:120] if text else type(error).__name__})")
+    return out
 
 
 def merge_overrides(base: Sequence[str], extra: Sequence[str]) -> list[str]:

@@ -526,6 +526,9 @@ ENFORCE_EAGER = VerlKey(f"{ROLLOUT}.enforce_eager", bool, False, field="workload
 FREE_CACHE_ENGINE = VerlKey(f"{ROLLOUT}.free_cache_engine", bool, True,
                             field="workload.free_cache_engine", read=as_bool,
                             mode_default={"one-step-off": False})
+# the engine samples in the actor's dtype: FP16 where the GPU has no BF16 (V100)
+ROLLOUT_DTYPE = VerlKey(f"{ROLLOUT}.dtype", str, "bfloat16", field="workload.precision",
+                        when=lambda v, _: v != "bf16", write=_dtype)
 QUANTIZATION = VerlKey(f"{ROLLOUT}.quantization", str, None, field="workload.rollout_precision",
                        when=lambda v, _: v == "fp8",
                        read=lambda v, _: "fp8" if v == "fp8" else "bf16")
@@ -639,7 +642,7 @@ KEYS: tuple[VerlKey, ...] = (
     REF_PARAM_OFFLOAD, REF_DTYPE, *REF_PARALLEL.values(),
     ROLLOUT_NAME, ROLLOUT_TP, ROLLOUT_DP, ROLLOUT_EP, ROLLOUT_PP, GPU_MEMORY_UTILIZATION,
     ROLLOUT_N, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, CHUNKED_PREFILL, PREFIX_CACHING,
-    ENFORCE_EAGER, FREE_CACHE_ENGINE, QUANTIZATION, *KV_CACHE_DTYPE.values(),
+    ENFORCE_EAGER, FREE_CACHE_ENGINE, ROLLOUT_DTYPE, QUANTIZATION, *KV_CACHE_DTYPE.values(),
     CRITIC_WARMUP, LOGGER, PROJECT_NAME, EXPERIMENT_NAME, GPUS_PER_NODE, NNODES, SAVE_FREQ,
     TEST_FREQ, TOTAL_EPOCHS,
     # the asynchronous modes, in the order their overrides follow the job's
