@@ -402,6 +402,19 @@ EXTRA_ALIASES = {
     "deepseek-r1": "DeepSeek-V3",  # DeepSeek-R1 is DeepSeek-V3's architecture
     "moonlight": "Moonlight-16B-A3B",
     "moonlight-16b": "Moonlight-16B-A3B",
+    "qwen3.5-35b": "Qwen3.5-35B-A3B",
+    "qwen3.6-35b-a3b": "Qwen3.5-35B-A3B",  # Qwen3.6 ships Qwen3.5's architecture and config
+    "qwen3-next": "Qwen3-Next-80B-A3B",
+    "qwen3-next-80b-a3b-thinking": "Qwen3-Next-80B-A3B",
+    "nemotron-3-nano": "NVIDIA-Nemotron-3-Nano-30B-A3B",
+    "nvidia-nemotron-3-nano-30b-a3b-bf16": "NVIDIA-Nemotron-3-Nano-30B-A3B",
+    "nemotron-3-super": "NVIDIA-Nemotron-3-Super-120B-A12B",
+    "nvidia-nemotron-3-super-120b-a12b-bf16": "NVIDIA-Nemotron-3-Super-120B-A12B",
+    "kimi-k2-instruct": "Kimi-K2",
+    "llama-4-scout": "Llama-4-Scout-17B-16E",
+    "llama-4-maverick": "Llama-4-Maverick-17B-128E",
+    "mimo-7b-rl": "MiMo-7B",
+    "mimo-7b-base": "MiMo-7B",
 }
 # Released variants that keep their base model's architecture (only fine-tuned weights), so
 # ``Qwen/Qwen2.5-7B-Instruct`` plans as Qwen2.5-7B.  Tried only after an exact match fails, so

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from planner.catalog.layers import LayerSpec, MixerKind, MlpKind, VisionTowerSpec
 
-if TYPE_CHECKING:  # models imports this module; the spec type is only annotated here
-    from planner.catalog.models import ModelSpec
+# planner.catalog.models.ModelSpec (models imports this module, so it is not imported back)
+ModelSpec = Any
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ class ParamCounts:
 # Per-kind counts
 
 
-def attention_params(model: "ModelSpec") -> tuple[int, int]:
+def attention_params(model: ModelSpec) -> tuple[int, int]:
     """(parameters, of which TP-replicated) of one softmax-attention layer."""
     h = model.hidden_size
     if model.is_mla:
@@ -187,7 +187,7 @@ def attention_params(model: "ModelSpec") -> tuple[int, int]:
     return params, replicated
 
 
-def linear_attention_params(model: "ModelSpec") -> int:
+def linear_attention_params(model: ModelSpec) -> int:
     """One Gated DeltaNet layer (transformers' Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet):
     in_proj_qkvz (h x (2k + 2v)) and in_proj_ba (h x 2 n_v) (Qwen3.5 splits them into qkv, z,
     b and a: the same sizes), a depthwise conv1d over the q, k, v channels without bias, A_log
@@ -199,7 +199,7 @@ def linear_attention_params(model: "ModelSpec") -> int:
             + g.value_dim * h)
 
 
-def mamba_params(model: "ModelSpec") -> int:
+def mamba_params(model: ModelSpec) -> int:
     """One Mamba-2 mixer (transformers' NemotronHMamba2Mixer): in_proj to z, x, B, C and dt
     (``2 d_inner + 2 G N + H``), the depthwise conv1d over x, B, C (+ bias), dt_bias, A_log
     and D per head, the gated RMSNorm over d_inner, out_proj."""
@@ -215,7 +215,7 @@ def mamba_params(model: "ModelSpec") -> int:
     return params
 
 
-def dense_mlp_params(model: "ModelSpec") -> int:
+def dense_mlp_params(model: ModelSpec) -> int:
     matrices = 3 if model.gated_mlp else 2  # SwiGLU gate+up+down, else up+down (relu2)
     params = matrices * model.hidden_size * model.ffn_hidden_size
     if model.mlp_bias:
@@ -223,7 +223,7 @@ def dense_mlp_params(model: "ModelSpec") -> int:
     return params
 
 
-def moe_params(model: "ModelSpec") -> dict[str, int]:
+def moe_params(model: ModelSpec) -> dict[str, int]:
     """One MoE block: router (+ per-expert bias, + shared-expert gate), routed experts, the
     top-k a token uses, shared experts, LatentMoE projections."""
     h = model.hidden_size
@@ -247,7 +247,7 @@ def moe_params(model: "ModelSpec") -> dict[str, int]:
             "shared": matrices * h * model.shared_expert_ffn_hidden_size, "latent": latent}
 
 
-def mixer_params(model: "ModelSpec", kind: MixerKind) -> int:
+def mixer_params(model: ModelSpec, kind: MixerKind) -> int:
     if kind.is_attention:
         return attention_params(model)[0]
     if kind is MixerKind.LINEAR:
@@ -257,7 +257,7 @@ def mixer_params(model: "ModelSpec", kind: MixerKind) -> int:
     return 0
 
 
-def mlp_params(model: "ModelSpec", kind: MlpKind) -> int:
+def mlp_params(model: ModelSpec, kind: MlpKind) -> int:
     if kind is MlpKind.DENSE:
         return dense_mlp_params(model)
     if kind is MlpKind.MOE:
@@ -266,7 +266,7 @@ def mlp_params(model: "ModelSpec", kind: MlpKind) -> int:
     return 0
 
 
-def layer_params(model: "ModelSpec", layer: LayerSpec) -> int:
+def layer_params(model: ModelSpec, layer: LayerSpec) -> int:
     """Every parameter of one layer (mixer, feed-forward block, its pre-norms)."""
     return (mixer_params(model, layer.mixer) + mlp_params(model, layer.mlp)
             + layer.norms * model.hidden_size)
@@ -303,7 +303,7 @@ def vision_params(vision: VisionTowerSpec | None) -> int:
             + merger + 2 * d + vision.deepstack_layers * (merger + 2 * merged))
 
 
-def param_counts(model: "ModelSpec") -> ParamCounts:
+def param_counts(model: ModelSpec) -> ParamCounts:
     """Analytic parameter counts (same module tree as transformers' implementations)."""
     h = model.hidden_size
     attention, replicated = attention_params(model)
@@ -339,7 +339,7 @@ def param_counts(model: "ModelSpec") -> ParamCounts:
     )
 
 
-def mtp_params(model: "ModelSpec") -> int:
+def mtp_params(model: ModelSpec) -> int:
     """Parameters of the multi-token-prediction layers, outside the total (transformers does not
     build them; the checkpoint holds them): per layer an input norm for the embedding and one for
     the hidden state, the 2h -> h projection, one decoder layer (attention + the model's last
