@@ -115,9 +115,12 @@ def linear_params_per_token(model: ModelSpec) -> dict[str, float]:
     }
 
 
-def _layer_matmul(model: ModelSpec, layer: LayerSpec, linear: dict[str, float]) -> float:
+def _layer_matmul(model: ModelSpec, layer: LayerSpec, linear: dict[str, float],
+                  attention: float | None = None) -> float:
+    """Matmul parameters of one layer (``attention`` replaces a softmax layer's count)."""
     mixer = {MixerKind.LINEAR: linear["linear_attention"], MixerKind.MAMBA: linear["mamba"],
-             MixerKind.NONE: 0.0}.get(layer.mixer, linear["attention"])
+             MixerKind.NONE: 0.0}.get(layer.mixer, linear["attention"] if attention is None
+                                      else attention)
     mlp = {MlpKind.DENSE: linear["dense_mlp"], MlpKind.NONE: 0.0}.get(
         layer.mlp, linear["router"] + linear["routed_experts"] + linear["shared_experts"])
     return mixer + mlp
@@ -229,14 +232,8 @@ def _verl_matmul_per_token(model: ModelSpec) -> float:
         moe = linear["router"] + linear["routed_experts"]
         return (model.num_layers * (attention + moe)
                 + 2.0 * model.vocab_size * h)  # embedding and output layer
-    total = 0.0
-    for layer in model.layers:
-        mixer = {MixerKind.LINEAR: linear["linear_attention"], MixerKind.MAMBA: linear["mamba"],
-                 MixerKind.NONE: 0.0}.get(layer.mixer, attention)
-        mlp = {MlpKind.DENSE: linear["dense_mlp"], MlpKind.NONE: 0.0}.get(
-            layer.mlp, linear["router"] + linear["routed_experts"] + linear["shared_experts"])
-        total += mixer + mlp
-    return total + 2.0 * model.vocab_size * h
+    return (sum(_layer_matmul(model, layer, linear, attention) for layer in model.layers)
+            + 2.0 * model.vocab_size * h)
 
 
 def verl_attention_units(model: ModelSpec, layer: LayerSpec, seq_lens) -> np.ndarray:
