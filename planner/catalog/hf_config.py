@@ -71,6 +71,9 @@ ATTENTION_OUTPUT_GATE = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwe
 # plain bias (gpt-oss), whatever topk_method says.
 ROUTER_BIAS = frozenset({"deepseek_v3", "kimi_k2", "glm4_moe", "glm4_moe_lite", "ernie4_5_moe",
                          "nemotron_h", "gpt_oss", "dots1"})
+# Sliding windows a family's transformers config class supplies when config.json omits the key
+# (GptOssConfig.sliding_window = 128).
+FAMILY_SLIDING_WINDOW = {"gpt_oss": 128}
 VISION_KINDS = {"qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl", "qwen3_5": "qwen3_vl",
                 "qwen3_5_moe": "qwen3_vl", "qwen2_5_vl": "qwen2_5_vl", "llama4": "llama4"}
 # Keys of layouts this module does not read (and verl does not run on Megatron): an error,
@@ -305,7 +308,8 @@ def read_layers(config: Mapping[str, Any], name: str, layers: int, model_type: s
                                  f"plan-parallel models; valid: {', '.join(LAYER_TYPE_NAMES)}")
         window = 0
         if kind is MixerKind.SLIDING:
-            window = _int(config, name, "sliding_window", default=0)
+            window = _int(config, name, "sliding_window",
+                          default=FAMILY_SLIDING_WINDOW.get(model_type, 0))
             if window <= 0:
                 raise PlanInputError(f"config for {name!r}: sliding_attention layers need "
                                      f"sliding_window, got {shown(config.get('sliding_window'))}")

@@ -131,7 +131,9 @@ class ModelSpec:
             value = getattr(self, field_name)
             if isinstance(value, Mapping):
                 set_(self, field_name, cls(**value))
-        if not self.layers:
+        if not self.layers or _homogeneous(self.layers):
+            # A homogeneous layer list is a function of the fields above: derive it, so that
+            # dataclasses.replace(spec, num_layers=..., num_experts=...) stays consistent.
             mixer = MixerKind.MLA if self.kv_lora_rank else MixerKind.FULL
             dense = self.num_dense_layers if self.num_experts else self.num_layers
             set_(self, "layers", tuple(LayerSpec(mixer, MlpKind.DENSE if i < dense
@@ -236,6 +238,22 @@ class ModelSpec:
             value = getattr(self, field_name)
             out[field_name] = asdict(value) if value is not None else None
         return out
+
+
+def _homogeneous(layers) -> bool:
+    """Every layer full attention (or every layer MLA) with a feed-forward block, dense layers
+    first: the transformer the scalar fields describe on their own."""
+    layers = [layer if isinstance(layer, LayerSpec) else None for layer in layers]
+    if not layers or None in layers:
+        return False
+    mixers = {layer.mixer for layer in layers}
+    if len(mixers) != 1 or not mixers <= {MixerKind.FULL, MixerKind.MLA}:
+        return False
+    mlps = [layer.mlp for layer in layers]
+    if MlpKind.NONE in mlps:
+        return False
+    first_moe = mlps.index(MlpKind.MOE) if MlpKind.MOE in mlps else len(mlps)
+    return all(mlp is MlpKind.MOE for mlp in mlps[first_moe:])
 
 
 # ---------------------------------------------------------------------------------------------
