@@ -635,6 +635,10 @@ def _calibrate_parser(sub) -> None:
 def _catalog_parsers(sub) -> None:
     models = sub.add_parser("models", help="list the built-in model catalog")
     output_args(models, ("table", "json"))
+    models.add_argument("--supported", action="store_true",
+                        help="list the architectures verl runs on Megatron (Megatron-Bridge, "
+                             "mbridge, verl's registry), which plan-parallel plans, and the "
+                             "use_mbridge/vanilla_mbridge each needs")
     gpus = sub.add_parser("gpus", help="list the GPU catalog")
     output_args(gpus, ("table", "json"))
 

@@ -234,6 +234,8 @@ def cmd_estimate_mode(args) -> int:
 
 
 def cmd_models(args) -> int:
+    if getattr(args, "supported", False):
+        return _supported_models(args)
     specs = [builtin_model(name) for name in catalog_names()]
     if args.format == "json":
         print(to_json([{**spec.to_dict(), "params": spec.params.to_dict()} for spec in specs]))
@@ -241,11 +243,33 @@ def cmd_models(args) -> int:
     rows = [{"name": s.name, "type": s.model_type, "params": f"{s.params.total / 1e9:.2f}B",
              "active": f"{s.params.active / 1e9:.2f}B", "layers": s.num_layers,
              "hidden": s.hidden_size, "heads": f"{s.num_attention_heads}/{s.num_query_groups}",
-             "experts": f"{s.num_experts} top-{s.moe_top_k}" if s.is_moe else "-"}
+             "experts": f"{s.num_experts} top-{s.moe_top_k}" if s.is_moe else "-",
+             "kinds": s.layer_summary if s.is_hybrid or s.vision else "-"}
             for s in specs]
     print(format_table(rows, [("model", "name"), ("type", "type"), ("params", "params"),
                               ("active", "active"), ("layers", "layers"), ("hidden", "hidden"),
-                              ("heads/kv", "heads"), ("experts", "experts")]))
+                              ("heads/kv", "heads"), ("experts", "experts"),
+                              ("layer kinds", "kinds")]))
+    return ExitCode.OK
+
+
+def _supported_models(args) -> int:
+    """``models --supported``: every architecture verl runs on Megatron, planned or not."""
+    from planner.catalog.support import registries, supported_rows
+
+    rows = supported_rows()
+    if args.format == "json":
+        print(to_json({"sources": registries().sources, "architectures": rows}))
+        return ExitCode.OK
+    table = [{**row, "planned": "yes" if row["planned"] else "no",
+              "vanilla": str(row.get("vanilla_mbridge", "-")).lower()} for row in rows]
+    print(format_table(table, [("architecture", "architecture"), ("family", "family"),
+                               ("planned", "planned"), ("built by", "route"),
+                               ("vanilla_mbridge", "vanilla"), ("note", "note")]))
+    print("every route needs actor_rollout_ref.actor.megatron.use_mbridge=true (verl 0.9.1's "
+          "Megatron engine asserts it)", file=sys.stderr)
+    for route, source in registries().sources.items():
+        print(f"{route}: {source}", file=sys.stderr)
     return ExitCode.OK
 
 
