@@ -18,10 +18,11 @@ from planner.report.html import (
     write_sizing_report,
 )
 from planner.search.space import SearchOptions
+from trials.sweep import confidence_statement
 
 
 def cmd_report(args) -> int:
-    trials = None
+    trials = confidence = None
     calibration = inputs.calibration(args)
     policy = inputs.policy(args)
     if args.sweep:
@@ -31,6 +32,7 @@ def cmd_report(args) -> int:
         plan = plan_from_sweep(sweep, calibration, policy)
         if (sweep / "trials.csv").exists():
             trials = load_trials(sweep / "trials.csv")
+        confidence = confidence_statement(sweep)
         output = Path(args.html) if args.html else sweep / "report.html"
     elif args.model and sizing_requested(args):
         sizing = sizing_from_args(args, SearchOptions())
@@ -49,6 +51,8 @@ def cmd_report(args) -> int:
     else:
         raise UsageError("give a sweep folder, or --model and --gpus for a plan report")
     written = write_report(plan, output, trials, Path(args.png_dir) if args.png_dir else None,
-                           args.force)
+                           args.force, confidence=confidence)
+    if confidence:
+        print(f"confidence: {confidence}")
     print(f"wrote {written}")
     return ExitCode.OK
