@@ -83,7 +83,7 @@ MEMORY_JOB_SHARE = 0.5  # of the memory error's variance, shared by the job's la
 STEPS, WARMUP_STEPS = 5, 1  # tune's defaults
 LAUNCH_S = 180.0  # assumed: Ray start, model and reference load, vLLM engine start
 STEP_NOISE = 0.03  # assumed: step-to-step spread of a step's tokens/s/GPU (log sd)
-BUDGETS = (4, 8, 12, 20)
+BUDGETS = (4, 8, 12, 16, 20)
 SIM_KEY_ENV = "PLAN_PARALLEL_SIMULATED_LAYOUT"
 
 
@@ -523,7 +523,7 @@ def summarise(runs: Sequence[StudyRun], budgets: Sequence[int],
 
 def format_table(rows: Sequence[dict]) -> str:
     lines = ["| strategy | trials | median regret | p90 regret | GPU-h (all studies) | "
-             "GPU-h vs default | trials to 1st success | pruned | OOM | stopped early |",
+             "GPU-h vs before | trials to 1st success | pruned | OOM | stopped early |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ratio = r["gpu_hours_vs_reference"]
@@ -545,6 +545,26 @@ def scratch_dir():
     with tempfile.TemporaryDirectory(prefix="tuning-regret-",
                                      dir=shm if shm.is_dir() else None) as tmp:
         yield Path(tmp)
+
+
+def same_regret(rows: Sequence[dict], reference: str = STRATEGIES[0].name) -> list[str]:
+    """Per strategy: the fewest trials whose median regret is at most the reference's at its
+    largest budget, and the GPU-hours spent there against the reference's."""
+    ref = max((r for r in rows if r["strategy"] == reference), key=lambda r: r["budget"])
+    lines = []
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        if strategy == reference:
+            continue
+        hit = next((r for r in sorted((r for r in rows if r["strategy"] == strategy),
+                                      key=lambda r: r["budget"])
+                    if r["median_regret"] <= ref["median_regret"]), None)
+        lines.append(f"{strategy}: " + (
+            f"median regret {hit['median_regret']:.1%} after {hit['budget']} trials with "
+            f"{hit['gpu_hours']:,.0f} GPU-h, {1 - hit['gpu_hours'] / ref['gpu_hours']:.0%} fewer "
+            f"than {reference} after {ref['budget']} ({ref['median_regret']:.1%}, "
+            f"{ref['gpu_hours']:,.0f} GPU-h)" if hit else
+            f"never reaches {reference}'s {ref['median_regret']:.1%}"))
+    return lines
 
 
 def run_all(jobs: Sequence[Job], strategies: Sequence[Strategy], draws: int,
@@ -600,12 +620,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                          step_noise=args.step_noise, progress=say)
     rows = summarise(runs, budgets)
     if args.json:
-        print(json.dumps({"info": info, "rows": rows}, indent=2))
+        studies = [{"job": r.job, "draw": r.draw, "strategy": r.strategy,
+                    "stop_reason": r.stop_reason,
+                    **{f"at_{b}": at_budget(r, b) for b in budgets}} for r in runs]
+        print(json.dumps({"info": info, "rows": rows, "same_regret": same_regret(rows),
+                          "studies": studies}, indent=2))
         return 0
     print(f"{len(jobs)} jobs x {args.draws} hidden tables, {len(strategies)} strategies; "
           f"memory error sd {info['memory_error_sd']:.3f}; launch {args.launch_s:g} s, step "
           f"noise {args.step_noise:.0%}; {time.perf_counter() - started:.0f} s\n")
     print(format_table(rows))
+    print("\nAt the same regret:")
+    for line in same_regret(rows):
+        print(f"- {line}")
     return 0
 
 

@@ -39,23 +39,55 @@ if TYPE_CHECKING:
 
 PRUNED = "pruned"  # the launcher's ``stopped`` for a trial the pruner stopped
 REDUCTION_FACTOR = 3  # Optuna's SuccessiveHalving/Hyperband eta: keep the best 1/3 per rung
+# A trial within this fraction of the best value at its step is never pruned: one step's
+# throughput scatters by a few percent (GRPO's response lengths vary from step to step), so a
+# layout that close may still be the better one.
+TOLERANCE = 0.05
 
 
-def make_pruner(name: str, steady_steps: int) -> "optuna.pruners.BasePruner":
+def make_pruner(name: str, steady_steps: int,
+                tolerance: float | None = None) -> "optuna.pruners.BasePruner":
     """The Optuna pruner of ``tune --pruner name`` for trials of ``steady_steps`` steps after
-    their warm-up."""
+    their warm-up, sparing trials within ``tolerance`` (default :data:`TOLERANCE`) of the
+    best value at their step."""
     import optuna
 
+    tolerance = TOLERANCE if tolerance is None else tolerance
     if name == "none":
         return optuna.pruners.NopPruner()
     if name == "successive-halving":
-        return optuna.pruners.SuccessiveHalvingPruner(
+        inner = optuna.pruners.SuccessiveHalvingPruner(
             min_resource=1, reduction_factor=REDUCTION_FACTOR, min_early_stopping_rate=0)
-    if name == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=1,
-                                              max_resource=max(int(steady_steps), 1),
-                                              reduction_factor=REDUCTION_FACTOR)
-    raise ValueError(f"pruner {name!r} is not one of {', '.join(PRUNERS)}")
+    elif name == "hyperband":
+        inner = optuna.pruners.HyperbandPruner(min_resource=1,
+                                               max_resource=max(int(steady_steps), 1),
+                                               reduction_factor=REDUCTION_FACTOR)
+    else:
+        raise ValueError(f"pruner {name!r} is not one of {', '.join(PRUNERS)}")
+    return _tolerant(inner, tolerance)
+
+
+def _tolerant(inner: "optuna.pruners.BasePruner", tolerance: float):
+    """``inner``'s decision, except for a trial within ``tolerance`` of the best value any
+    trial reported at its step (maximised values)."""
+    from optuna.pruners import BasePruner
+    from optuna.trial import TrialState
+
+    class TolerantPruner(BasePruner):
+        def prune(self, study, trial) -> bool:
+            if not inner.prune(study, trial):  # inner first: it records its rungs
+                return False
+            step = trial.last_step
+            if step is None or tolerance <= 0:
+                return True
+            value = trial.intermediate_values[step]
+            best = max((t.intermediate_values[step] for t in study.get_trials(
+                deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                        TrialState.RUNNING))
+                        if step in t.intermediate_values), default=value)
+            return value < best * (1.0 - tolerance)
+
+    return TolerantPruner()
 
 
 class _Follower:

@@ -5,8 +5,10 @@ study through its storage.  What they agree on lives in the storage (:mod:`trial
 
 * the study first runs ``--top-k`` of the cost model's tied best candidates (enqueued one at a
   time, so a retried trial goes first): the simplest, or one of each TP/EP/PP family
-  (``--first-trials``, :mod:`trials.proposals`), then :class:`~trials.sampler.LayoutSampler`
-  explores the remaining allowed layouts;
+  (``--first-trials``, :mod:`trials.proposals`), then the sampler proposes the remaining
+  allowed layouts: by default :class:`~trials.guided.GuidedSampler` (the prediction corrected
+  by the measured trials, the highest upper bound next), or Optuna's TPE or random sampler
+  over the layout fields (:class:`~trials.sampler.LayoutSampler`, ``--sampler``);
 * a trial claims its layout (the ``layout_key`` attribute) before launching and runs only if no
   other RUNNING trial claimed it and it was not measured before — two tuners never run one
   layout at once, and a finished layout is never run again;
