@@ -6,4 +6,4 @@ SAMPLERS = ("guided", "tpe", "random")  # trials.guided; Optuna's TPE or random 
 PRUNERS = ("none", "successive-halving", "hyperband")  # trials.pruning
 FIRST_TRIALS = ("simplest", "spread")  # trials.proposals
 TUNE_DEFAULTS = {"top_k": 3, "first_trials": "spread", "sampler": "guided",
-                 "pruner": "successive-halving", "stop_when_confident": False}
+                 "pruner": "hyperband", "stop_when_confident": False}

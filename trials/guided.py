@@ -181,15 +181,7 @@ class GuidedSampler(LayoutSampler):
         self.model = ErrorModel(candidates, model_error)
         self.kappa = KAPPA if kappa is None else kappa
 
-    def sample_relative(self, study: Study, trial: FrozenTrial,
-                        search_space: dict) -> dict[str, Any]:
-        fixed = {**trial.system_attrs.get("fixed_params", {}), **trial.params}
-        fields = self.candidates.fields
-        if all(name in fixed for name in fields):
-            return {name: fixed[name] for name in fields}
-        mask = self.allowed(study)
-        if not mask.any():
-            return {}
+    def choose(self, study: Study, trial: FrozenTrial, search_space: dict,
+               mask: np.ndarray) -> int:
         mean, sd = self.model.posterior(*observations(study, self.candidates))
-        score = np.where(mask, mean + self.kappa * sd, -np.inf)
-        return dict(self.candidates[int(np.argmax(score))].params)
+        return int(np.argmax(np.where(mask, mean + self.kappa * sd, -np.inf)))
