@@ -217,3 +217,13 @@ def test_tune_with_the_fake_verl_trainer_prunes_a_slow_trial(tmp_path, monkeypat
     assert main(["report", str(tmp_path / "sweep")]) == 0
     page = (tmp_path / "sweep" / "report.html").read_text()
     assert f"Confidence: {html.escape(statement)}." in page
+
+
+def test_a_pruner_with_several_objectives_is_refused(tmp_path, capsys):
+    from fixtures.tuning import tune_argv
+
+    from planner.cli.main import main
+
+    assert main(tune_argv(tmp_path, "--multi-objective", "--pruner", "hyperband")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--pruner hyperband needs one objective" in err

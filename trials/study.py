@@ -157,6 +157,8 @@ class Tuner:
         self.predicted = np.array([float(c.predicted["tokens_per_s_per_gpu"])
                                    for c in candidates.candidates])
         self.confidence: Confidence | None = None
+        # Optuna prunes on one objective only
+        self.pruner = "none" if settings.multi_objective else settings.pruner
         # host:pid of this tuner process, and a run id (one process may run several studies)
         self.tuner_id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
 
@@ -185,7 +187,7 @@ class Tuner:
                                     seed=self.settings.seed,
                                     n_startup_trials=max(self.settings.top_k, 3))
         directions = ["maximize", "minimize"] if self.settings.multi_objective else ["maximize"]
-        pruner = make_pruner(self.settings.pruner, self.jobs.steps - self.settings.warmup_steps)
+        pruner = make_pruner(self.pruner, self.jobs.steps - self.settings.warmup_steps)
         study = optuna.create_study(study_name=self.study_name, storage=storage,
                                     sampler=sampler, pruner=pruner, directions=directions,
                                     load_if_exists=True)
@@ -323,7 +325,7 @@ class Tuner:
         trial.set_user_attr(attrs.LOG, str(request.log_path))
         tokens_from_step_time = candidate.mode != "sync"
         monitor = None
-        if self.settings.pruner != "none":
+        if self.pruner != "none":
             monitor = StepReporter(trial, metrics_path=request.metrics_path,
                                    log_path=request.log_path, steps=self.jobs.steps,
                                    warmup_steps=self.settings.warmup_steps,
