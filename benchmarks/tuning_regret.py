@@ -84,7 +84,8 @@ STEPS, WARMUP_STEPS = 5, 1  # tune's defaults
 LAUNCH_S = 180.0  # assumed: Ray start, model and reference load, vLLM engine start
 STEP_NOISE = 0.03  # assumed: step-to-step spread of a step's tokens/s/GPU (log sd)
 BUDGETS = (4, 8, 12, 16, 20)
-SIM_KEY_ENV = "PLAN_PARALLEL_SIMULATED_LAYOUT"
+SIM_KEY_ENV = "PLAN_PARALLEL_SIMULATED_LAYOUT"  # the request names its layout ...
+SIM_STEPS_ENV = "PLAN_PARALLEL_SIMULATED_STEPS"  # ... and its steps (the trainer's horizon)
 
 
 # --- jobs --------------------------------------------------------------------------------------
@@ -305,11 +306,12 @@ class SimulatedLauncher(Launcher):
                           f"of which {free:.2f} GiB is free.\n")
                 outcome, code = "oom", 1
             else:
-                noise = self.truth.step_noise(key, STEPS_CAP, self.step_noise)
+                steps_asked = int(request.env.get(SIM_STEPS_ENV, STEPS))
+                noise = self.truth.step_noise(key, steps_asked, self.step_noise)
                 true_tps = float(self.truth.tokens_per_s_per_gpu[index])
                 step_s = float(self.truth.step_time_s[index])
                 tokens = true_tps * step_s * self.n_gpus
-                for step in range(1, self._steps(request) + 1):
+                for step in range(1, steps_asked + 1):
                     warm = 0.5 if step <= WARMUP_STEPS else 1.0
                     tps = true_tps * warm * noise[step - 1]
                     seconds = tokens / (tps * self.n_gpus)
@@ -329,13 +331,6 @@ class SimulatedLauncher(Launcher):
         return LaunchOutcome(exit_code=code, stopped=stopped, duration_s=duration,
                              handle=handle)
 
-    @staticmethod
-    def _steps(request) -> int:
-        return int(request.env.get("PLAN_PARALLEL_SIMULATED_STEPS", STEPS))
-
-
-STEPS_CAP = 64
-
 
 def simulated_jobs(prepared: PreparedJob, study_name: str, steps: int = STEPS):
     """The study's :class:`trials.job.TrialJobs`, whose requests name the layout for
@@ -352,7 +347,7 @@ def simulated_jobs(prepared: PreparedJob, study_name: str, steps: int = STEPS):
                                  wall_timeout_s=self.wall_timeout_s,
                                  hang_timeout_s=self.hang_timeout_s,
                                  env={SIM_KEY_ENV: candidate.key,
-                                      "PLAN_PARALLEL_SIMULATED_STEPS": str(self.steps)},
+                                      SIM_STEPS_ENV: str(self.steps)},
                                  name=f"{study_name}-{number:04d}")
 
     plan = prepared.plan
@@ -550,7 +545,10 @@ def scratch_dir():
 def same_regret(rows: Sequence[dict], reference: str = STRATEGIES[0].name) -> list[str]:
     """Per strategy: the fewest trials whose median regret is at most the reference's at its
     largest budget, and the GPU-hours spent there against the reference's."""
-    ref = max((r for r in rows if r["strategy"] == reference), key=lambda r: r["budget"])
+    mine = [r for r in rows if r["strategy"] == reference]
+    if not mine:  # the reference was not run
+        return []
+    ref = max(mine, key=lambda r: r["budget"])
     lines = []
     for strategy in dict.fromkeys(r["strategy"] for r in rows):
         if strategy == reference:
