@@ -148,6 +148,19 @@ def _is_trials_csv(path: Path) -> bool:
         return False
 
 
+def update_tuned(directory: Path, values: dict) -> Path | None:
+    """Add ``values`` to the ``tuned.json`` a study wrote in ``directory`` (None: none there)."""
+    path = Path(directory) / TUNED_FILE
+    try:
+        tuned = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(tuned, dict):
+        return None
+    _atomic_write(path, json.dumps({**tuned, **values}, indent=2, default=str) + "\n")
+    return path
+
+
 def write_best(candidate: Candidate, trial: "FrozenTrial", directory: Path, *, study_name: str,
                model_path: str | None, train_files: str | None, val_files: str | None,
                overrides: Sequence[str]) -> list[Path]:

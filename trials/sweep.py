@@ -82,6 +82,24 @@ def open_study(storage: str | None = None, sweep_dir: str | Path | None = None,
         raise PlanInputError(f"no study {name!r} in {spec.display}") from None
 
 
+def confidence_statement(sweep: Path) -> str | None:
+    """What a tuned sweep folder says about untried layouts (:mod:`trials.confidence`): from
+    the ``tuned.json`` of a ``--write`` folder, else from the study its ``sweep.json`` names;
+    None when the study has not said (no success yet, or a study from an older version)."""
+    from trials.report import TUNED_FILE
+
+    sweep = Path(sweep)
+    if (sweep / TUNED_FILE).is_file():
+        data = read_json(sweep / TUNED_FILE).get(study_state.CONFIDENCE)
+    elif (sweep / SWEEP_FILE).is_file():
+        study, _ = open_study(sweep_dir=sweep)
+        data = study.user_attrs.get(study_state.CONFIDENCE)
+    else:
+        return None
+    statement = data.get("statement") if isinstance(data, dict) else None
+    return statement if isinstance(statement, str) else None
+
+
 def study_setting(study: "Study") -> tuple[ModelSpec, ClusterSpec, GrpoWorkload]:
     """The model, cluster and workload a plan-parallel study tuned (its user attributes)."""
     info = study.user_attrs.get(study_state.STUDY)

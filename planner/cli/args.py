@@ -23,6 +23,7 @@ from planner.bounds import (
     MAX_VPP,
 )
 from planner.errors import PlanInputError
+from trials.defaults import FIRST_TRIALS, PRUNERS, SAMPLERS, TUNE_DEFAULTS
 
 
 class UsageError(PlanInputError):
@@ -486,8 +487,14 @@ def _tune_parser(sub) -> None:
                        help="training steps per trial (trainer.total_training_steps, default 5)")
     study.add_argument("--warmup-steps", type=integer(0, 100_000), default=1,
                        help="first steps left out of the medians (default 1)")
-    study.add_argument("--top-k", type=integer(1, 100_000), default=5,
-                       help="predicted best layouts run first (default 5)")
+    study.add_argument("--top-k", type=integer(1, 100_000), default=TUNE_DEFAULTS["top_k"],
+                       help=f"predicted best layouts run first (default "
+                            f"{TUNE_DEFAULTS['top_k']})")
+    study.add_argument("--first-trials", choices=FIRST_TRIALS,
+                       default=TUNE_DEFAULTS["first_trials"],
+                       help="which tied layouts run first: the simplest, or one per TP/EP/PP "
+                            f"family (default {TUNE_DEFAULTS['first_trials']}; "
+                            "docs/tuning/regret.md)")
     study.add_argument("--patience", type=integer(0, 100_000), default=0,
                        help="stop after this many trials without improvement (default 0: "
                             "never)")
@@ -496,7 +503,21 @@ def _tune_parser(sub) -> None:
                             "= 1%%)")
     study.add_argument("--multi-objective", action="store_true",
                        help="also minimise measured peak GPU memory")
-    study.add_argument("--sampler", choices=("tpe", "random"), default="tpe")
+    study.add_argument("--sampler", choices=SAMPLERS,
+                       default=TUNE_DEFAULTS["sampler"],
+                       help="guided: the cost model's prediction corrected by the measured "
+                            "trials (errors shared by TP/EP/PP and the other knobs), the "
+                            "highest upper bound next; tpe/random: Optuna's over the layout "
+                            f"fields (default {TUNE_DEFAULTS['sampler']})")
+    study.add_argument("--pruner", choices=PRUNERS,
+                       help="stop a trial that trails the study's best at equal steps "
+                            f"(default {TUNE_DEFAULTS['pruner']}, none with "
+                            "--multi-objective; none: every trial runs --steps)")
+    study.add_argument("--stop-when-confident", action=argparse.BooleanOptionalAction,
+                       default=TUNE_DEFAULTS["stop_when_confident"],
+                       help="stop when no untried layout is predicted to beat the best "
+                            "measured one by more than the model's error (default "
+                            f"{'on' if TUNE_DEFAULTS['stop_when_confident'] else 'off'})")
     study.add_argument("--seed", type=integer(0, 2**32 - 1))
     study.add_argument("--memory-margin", type=fraction(0.0, 0.95), default=0.0,
                        help="run only layouts predicted to fit with this fraction of GPU memory "

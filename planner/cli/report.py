@@ -19,6 +19,7 @@ from planner.report.html import (
     write_sizing_report,
 )
 from planner.search.space import SearchOptions
+from trials.sweep import confidence_statement
 
 
 def check_report_outputs(args) -> None:
@@ -36,7 +37,7 @@ def check_report_outputs(args) -> None:
 
 
 def cmd_report(args) -> int:
-    trials = None
+    trials = confidence = None
     check_report_outputs(args)
     calibration = inputs.calibration(args)
     policy = inputs.policy(args)
@@ -46,6 +47,7 @@ def cmd_report(args) -> int:
             raise PlanInputError(f"sweep folder {args.sweep!r} does not exist")
         if (sweep / "trials.csv").exists():  # checked before the (slower) plan
             trials = load_trials(sweep / "trials.csv")
+        confidence = confidence_statement(sweep)
         plan = plan_from_sweep(sweep, calibration, policy)
         output = Path(args.html) if args.html else sweep / "report.html"
     elif args.model and sizing_requested(args):
@@ -65,6 +67,8 @@ def cmd_report(args) -> int:
     else:
         raise UsageError("give a sweep folder, or --model and --gpus for a plan report")
     written = write_report(plan, output, trials, Path(args.png_dir) if args.png_dir else None,
-                           args.force)
+                           args.force, confidence=confidence)
+    if confidence:
+        print(f"confidence: {confidence}")
     print(f"wrote {written}")
     return ExitCode.OK

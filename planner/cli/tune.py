@@ -12,10 +12,12 @@ from planner.bounds import check_output_folder
 from planner.catalog.models import resolve_model
 from planner.cli import inputs, notes
 from planner.cli.args import UsageError
+from planner.cost.efficiency import ranking_uncertainty
 from planner.errors import NoFitError, PlanInputError
 from planner.plan import make_plan
 from planner.verl.export import check_overrides
 from trials.candidates import STALENESS_GRID, CandidateSet, mode_plans
+from trials.defaults import TUNE_DEFAULTS
 from trials.job import DEFAULT_TRAINER_COMMAND, TrialJobs, parse_env, split_command
 from trials.launchers.local import LocalLauncher
 from trials.launchers.ray_jobs import RayJobLauncher
@@ -155,6 +157,13 @@ def cmd_tune(args) -> int:
                              f"--heartbeat-interval {args.heartbeat_interval}")
     if args.workload != "grpo":
         raise PlanInputError("tune runs verl GRPO trials; --workload pretrain has no trials")
+    pruner = args.pruner or ("none" if args.multi_objective else TUNE_DEFAULTS["pruner"])
+    if args.multi_objective and pruner != "none":
+        raise UsageError(f"--pruner {pruner} needs one objective (Optuna prunes on one "
+                         f"intermediate value); leave --pruner out with --multi-objective")
+    if args.multi_objective and args.pruner is None:
+        print("note: --multi-objective: trials run all their steps (Optuna prunes on one "
+              "objective only)", file=sys.stderr)
     grid = check_mode_args(args)
     timeout = parse_duration(args.timeout, "--timeout") if args.timeout else None
     trial_timeout = parse_duration(args.trial_timeout, "--trial-timeout")
@@ -197,7 +206,10 @@ def cmd_tune(args) -> int:
         top_k=args.top_k, patience=args.patience, min_improvement=args.min_improvement,
         multi_objective=args.multi_objective, memory_margin=args.memory_margin,
         sampler=args.sampler, seed=args.seed, heartbeat_interval=args.heartbeat_interval,
-        grace_period=args.grace_period, max_retry=args.max_retry, fail_fast=args.fail_fast)
+        grace_period=args.grace_period, max_retry=args.max_retry, fail_fast=args.fail_fast,
+        pruner=pruner, first_trials=args.first_trials,
+        stop_when_confident=args.stop_when_confident,
+        model_error=float(ranking_uncertainty(inputs.calibration(args))["relative"]))
     jobs = TrialJobs(model=model, cluster=cluster, workload=workload, trainer_command=command,
                      model_path=model_path, train_files=train_files, val_files=val_files,
                      steps=args.steps, wall_timeout_s=trial_timeout,
@@ -231,6 +243,8 @@ def cmd_tune(args) -> int:
         return 1
     print(f"best: trial #{result.best_trial} {result.best_key} "
           f"{result.best_value:,.1f} tokens/s/GPU")
+    if result.confidence is not None:
+        print(f"confidence: {result.confidence.statement()}")
     for path in result.written:
         print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -119,7 +119,9 @@ def candidate_table(candidates, capacity_bytes: float, top: int = TOP) -> str:
     return f'<table class="candidates"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def render(plan, trials=None, png_dir: Path | None = None, title: str = "") -> str:
+def render(plan, trials=None, png_dir: Path | None = None, title: str = "",
+           confidence: str | None = None) -> str:
+    """The report page; ``confidence``: what the study says about its untried layouts."""
     candidates = plan.candidates
     top = candidates[candidates["fits"]].head(TOP)
     sections = [f"<h1>{html.escape(title or 'plan-parallel report')}</h1>",
@@ -143,7 +145,10 @@ def render(plan, trials=None, png_dir: Path | None = None, title: str = "") -> s
                      _img("phase_times", plots.to_png(plots.phase_time_figure(top.head(6))),
                           png_dir)]
     if trials is not None and len(trials):
-        sections += ["<h2>Trials</h2>",
+        sections += ["<h2>Trials</h2>"]
+        if confidence:
+            sections.append(f"<p class='confidence'>Confidence: {html.escape(confidence)}.</p>")
+        sections += [
                      _img("trial_history", plots.to_png(plots.trial_history_figure(trials)),
                           png_dir),
                      _img("outcomes", plots.to_png(plots.failure_figure(trials)), png_dir),
@@ -246,12 +251,12 @@ def _check_outputs(output: Path, png_dir: Path | None, force: bool) -> None:
 
 
 def write_report(plan, output: Path, trials=None, png_dir: Path | None = None,
-                 force: bool = False) -> Path:
+                 force: bool = False, confidence: str | None = None) -> Path:
     """Render and write the report; never overwrite without ``force``."""
     _check_outputs(output, png_dir, force)
     page = render(plan, trials, png_dir,
                   title=f"plan-parallel: {plan.model.name} on {plan.cluster.num_gpus} x "
-                        f"{plan.cluster.gpu.name}")
+                        f"{plan.cluster.gpu.name}", confidence=confidence)
     output.write_text(page)
     return output
 
