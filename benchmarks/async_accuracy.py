@@ -137,7 +137,9 @@ def best_split(case, generation_gpus: int) -> dict:
 
 def evaluate(path: str | Path | None = None) -> tuple[list[dict], dict[str, int]]:
     """Every published 1-step-off row: its prediction, its error, its colocated twin's measured
-    and predicted speed-up (``None`` without a twin) and the best whole-node split."""
+    and predicted speed-up (``None`` without a twin) and the best whole-node split; and
+    {reason: count} of the rows skipped (as ``rl_data.load_rl_cases``), a row whose layout is
+    not legal on its pools among them."""
     with open(path or default_path(CSV_NAME), newline="") as handle:
         rows = list(csv.DictReader(handle))
     sync_rows = {}
@@ -151,7 +153,10 @@ def evaluate(path: str | Path | None = None) -> tuple[list[dict], dict[str, int]
             continue
         try:
             case, generation = async_case(row)
-            predicted = predict_async(case, generation)
+            try:
+                predicted = predict_async(case, generation)
+            except InvalidLayoutError as error:  # e.g. ETP*EP*PP does not divide the trainer pool
+                raise Skip(f"published layout not legal on its pools ({error})") from None
             split = best_split(case, generation)
         except Skip as reason:
             skipped[str(reason)] = skipped.get(str(reason), 0) + 1

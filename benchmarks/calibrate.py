@@ -2,7 +2,9 @@
 
     python benchmarks/calibrate.py [--write planner/cost/calibration.json] [--exclude-source S]
 
-Two fits, one after the other.  First the Megatron training constants (below).  Then the RL
+Two fits, one after the other, and the provenance of both (``"provenance"``: each source's
+framework, releases and the fit's error on it, read by :mod:`planner.cost.provenance`).
+First the Megatron training constants (below).  Then the RL
 constants (decode HBM efficiency per GPU type; per-layer and per-step decode latencies; the
 weight sync's per-tensor and fixed costs; the fixed per-step overhead) on the colocated RL steps
 of ``grpo_runs.csv`` (``benchmarks/rl_data.py``), phase by phase where phases are published, with
@@ -29,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from calibration_data import CalibrationCase, load_cases  # noqa: E402
-from rl_data import fit_rl, load_rl_cases  # noqa: E402
+from rl_data import fit_rl, load_rl_cases, phase_measurement  # noqa: E402
 
 from planner.cost import calibration  # noqa: E402
 from planner.cost.efficiency import CostModel  # noqa: E402
@@ -52,6 +54,45 @@ def predict(cases: list[CalibrationCase], fitted: dict) -> np.ndarray:
     return calibration.predict(measurements(cases), CostModel.load(fitted))
 
 
+def _mape_by_source(sources: list[str], errors: list[float]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for source, error in zip(sources, errors):
+        entry = out.setdefault(source, {"errors": []})
+        entry["errors"].append(error)
+    return {source: {"measurements": len(entry["errors"]),
+                     "mape": round(float(np.mean(entry["errors"])), 4)}
+            for source, entry in sorted(out.items())}
+
+
+def provenance(cases: list[CalibrationCase], fitted: dict, rl_cases: list) -> dict:
+    """What each source of the fit was (framework and releases) and the fit's error on it:
+    training rows by publication (tokens/s/GPU), RL steps by source (every published phase)."""
+    errors = np.abs(predict(cases, fitted) / np.array([c.tokens_per_s_per_gpu for c in cases]) - 1)
+    training = _mape_by_source([case.source for case in cases], list(errors))
+    for source, entry in training.items():
+        members = [case for case in cases if case.source == source]
+        entry["versions"] = sorted({case.version for case in members if case.version})
+        entry["trainer"] = "Megatron-Core" if source in ("megatron-bridge", "dgx-cloud") \
+            else "Megatron-LM"
+    measurements = [phase_measurement(case) for case in rl_cases]
+    predicted = calibration.predict_phases(measurements, CostModel.load(fitted))
+    phase_errors = [(case.source, abs(float(np.exp(error)) - 1))
+                    for case, item, guess in zip(rl_cases, measurements, predicted)
+                    for error in calibration.phase_log_errors([item], [guess])]
+    rl = _mape_by_source([source for source, _ in phase_errors],
+                         [error for _, error in phase_errors])
+    for source, entry in rl.items():
+        members = [case for case in rl_cases if case.source == source]
+        entry["phases"] = entry.pop("measurements")
+        entry["steps"] = len(members)
+        entry["framework"] = members[0].framework
+        entry["versions"] = sorted({case.version for case in members})
+        entry["trainers"] = sorted({case.trainer for case in members})
+        entry["rollout"] = sorted({case.rollout_engine for case in members})
+    return {"training": {"source": SOURCE, "by_source": training},
+            "rl": {"source": fitted["rl_fit"]["source"], "by_source": rl}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,6 +113,7 @@ def main() -> None:
     rl_cases, _ = load_rl_cases()
     rl_cases = [case for case in rl_cases if case.source not in args.exclude_source]
     fitted = fit_rl(rl_cases, fitted)
+    fitted["provenance"] = provenance(cases, fitted, rl_cases)
     text = json.dumps(fitted, indent=2) + "\n"
     if args.write:
         if args.write.exists() and args.write.resolve() != OUTPUT.resolve() \

@@ -41,6 +41,15 @@ from calibration_data import NVL72_GPUS, default_path  # noqa: E402
 from planner.catalog.hardware import ClusterSpec, get_gpu  # noqa: E402
 from planner.catalog.models import ModelSpec, resolve_model  # noqa: E402
 from planner.catalog.workload import GrpoWorkload  # noqa: E402
+from planner.cost.calibration import (  # noqa: E402
+    PhaseFit,
+    PhaseMeasurement,
+    fit_phases,
+    gpu_key,
+    phase_log_errors,
+    predict_phases,
+)
+from planner.cost.efficiency import RL_BY_GPU, RL_SHARED, CostModel  # noqa: E402
 from planner.cost.flops import verl_training_flops  # noqa: E402
 from planner.search.layout import Layout  # noqa: E402
 from planner.search.pipeline import default_split  # noqa: E402
@@ -84,6 +93,9 @@ class RlCase:
     measured: dict  # phase -> seconds (PHASES; absent where not published)
     notes: str = ""
     group: str = field(default="")  # same model, GPUs and workload: layouts to rank
+    version: str = ""  # the framework's release as published (framework_version)
+    trainer: str = ""  # the training backend as published (framework), e.g. verl (megatron+vLLM)
+    rollout_engine: str = ""  # rollout_engine as published (vLLM, ...)
 
 
 def _float(text: str) -> float | None:
@@ -253,7 +265,9 @@ def case_from_row(row: dict) -> RlCase:
             f"|{workload.response_length}|{framework}"
     return RlCase(row_id=int(row["row_id"]), source=source, framework=framework, model=model,
                   cluster=cluster, workload=workload, layout=layout, measured=measured,
-                  notes="; ".join(notes), group=group)
+                  notes="; ".join(notes), group=group,
+                  version=row["framework_version"].strip(), trainer=row["framework"].strip(),
+                  rollout_engine=row["rollout_engine"].strip() or "vLLM")
 
 
 def load_rl_cases(path: str | Path | None = None) -> tuple[list[RlCase], dict[str, int]]:
@@ -287,7 +301,6 @@ def predicted_phases(row: dict, framework: str) -> dict[str, float]:
 def predict_rl(cases: list[RlCase], calibration: dict | None = None) -> list[dict[str, float]]:
     """Predicted seconds per measured phase of every case (``calibration``: a calibration
     dict as ``planner/cost/calibration.json`` holds; None: the shipped one)."""
-    from planner.cost.efficiency import CostModel
     from planner.cost.request import PlanRequest
     from planner.plan import estimate_layout
 
@@ -334,42 +347,28 @@ if __name__ == "__main__":
 
 # --- fitting the RL constants ------------------------------------------------------------------
 
-# (typical value, sigma of the log, bounds): HBM streaming at decode ~60-80% of the datasheet
-# (vLLM/SGLang decode benchmarks); tens of microseconds per layer of graph replay and ~1-3 ms of
-# scheduling per step (vLLM v1), ~ms more to broadcast each step to TP workers;
-# sub-millisecond per exported tensor; seconds of fixed costs.
-RL_PRIORS = {"decode_hbm": (0.7, 0.3, (0.2, 0.95)),
-             "decode_layer_s": (20e-6, 1.0, (2e-6, 60e-6)),
-             "decode_step_s": (2.5e-3, 1.0, (1e-4, 20e-3)),
-             "decode_tp_step_s": (2e-3, 1.0, (1e-4, 20e-3)),
-             "sync_tensor_s": (0.5e-3, 1.5, (1e-6, 20e-3)),
-             "bucketed_tensor_s": (0.1e-3, 1.5, (1e-7, 5e-3)),
-             "sync_fixed_s": (1.5, 1.0, (0.1, 20.0)),
-             "step_fixed_s": (3.0, 1.0, (0.1, 30.0))}
-RL_SHARED = ("decode_layer_s", "decode_step_s", "decode_tp_step_s", "sync_tensor_s",
-             "bucketed_tensor_s", "sync_fixed_s", "step_fixed_s")
-RL_BY_GPU = ("decode_hbm",)
-MAX_LOG_ERROR = float(np.log(10.0))  # an infeasible (infinite) prediction counts as 10x off
+# The planner's phase names for the keys of RlCase.measured.
+MEASURED_PHASES = {"step": "step", "generate": "generate", "update": "update_actor",
+                   "log_prob": "log_prob", "weight_sync": "weight_sync"}
+
+
+def phase_measurement(case: RlCase) -> PhaseMeasurement:
+    """The case as the phase fit reads it: verl's ``timing_s/gen`` includes the reshard."""
+    return PhaseMeasurement(case.model, case.cluster, case.workload, case.layout,
+                            {MEASURED_PHASES[phase]: seconds
+                             for phase, seconds in case.measured.items()},
+                            sync_in_generate=case.framework == "verl")
 
 
 def _rounded(value):
     return float(f"{value:.4g}") if isinstance(value, float) else value
 
 
-def _with(calibration: dict, names: list[tuple[str, str]], values) -> dict:
-    out = {"shared": dict(calibration.get("shared", {})),
-           "by_gpu": {k: dict(v) for k, v in calibration.get("by_gpu", {}).items()},
-           **{k: v for k, v in calibration.items() if k not in ("shared", "by_gpu")}}
-    for (where, name), value in zip(names, values):
-        target = out["shared"] if where == "shared" else out["by_gpu"].setdefault(where, {})
-        target[name] = float(value)
-    return out
-
-
 # Parts without RL measurements take the decode efficiency of a measured part of the same
 # memory generation (HBM3/3e Hopper; HBM3e Blackwell); the rest the median.
 RL_DONORS = {"H200": "H100-80GB", "H800": "H100-80GB", "H20-96GB": "H100-80GB",
-             "H100-PCIe": "H100-80GB", "B200": "GB200", "B300": "GB200", "GB300": "GB200"}
+             "H100-PCIe": "H100-80GB", "B200": "GB200", "B300": "GB200", "GB300": "GB200",
+             "H20-141GB": "H100-80GB", "H200-NVL": "H100-80GB"}
 
 
 def _lend_decode_efficiency(calibration: dict, fitted_keys: list[str]) -> None:
@@ -386,40 +385,22 @@ def _lend_decode_efficiency(calibration: dict, fitted_keys: list[str]) -> None:
 
 
 def log_errors(cases: list[RlCase], predicted: list[dict]) -> np.ndarray:
-    errors = []
-    for case, guess in zip(cases, predicted):
-        for phase, measured in case.measured.items():
-            ratio = guess[phase] / measured
-            errors.append(np.clip(np.log(ratio) if np.isfinite(ratio) and ratio > 0
-                                  else MAX_LOG_ERROR, -MAX_LOG_ERROR, MAX_LOG_ERROR))
-    return np.array(errors)
+    return phase_log_errors([phase_measurement(case) for case in cases],
+                            [{MEASURED_PHASES.get(k, k): v for k, v in guess.items()}
+                             for guess in predicted])
 
 
 def fit_rl(cases: list[RlCase], calibration: dict) -> dict:
     """The RL constants fitted to the cases' measured phases (least squares in log space with
-    weak priors), on top of ``calibration`` (the Megatron fit, whose constants stay as they
-    are).  ``decode_hbm`` is per GPU type and precision family, the rest shared; GPU types
-    without RL measurements keep the default (written as ``"rl_donor"``)."""
-    from scipy.optimize import least_squares
-
-    gpus = sorted({f"{case.cluster.gpu.name}/bf16" for case in cases})
-    names = [("shared", name) for name in RL_SHARED] + [(gpu, name) for gpu in gpus
-                                                       for name in RL_BY_GPU]
-    centres = np.log([RL_PRIORS[name][0] for _, name in names])
-    sigmas = np.array([RL_PRIORS[name][1] for _, name in names])
-    lower = np.log([RL_PRIORS[name][2][0] for _, name in names])
-    upper = np.log([RL_PRIORS[name][2][1] for _, name in names])
-
-    def residuals(x):
-        trial = _with(calibration, names, np.exp(x))
-        return np.concatenate([log_errors(cases, predict_rl(cases, trial)),
-                               (x - centres) / sigmas / 3])
-
-    result = least_squares(residuals, centres, bounds=(lower, upper), x_scale=1.0,
-                           diff_step=0.05, max_nfev=60)
-    fitted = _with(calibration, names, np.exp(result.x))
-    _lend_decode_efficiency(fitted, gpus)
-    errors = log_errors(cases, predict_rl(cases, fitted))
+    weak priors, :func:`planner.cost.calibration.fit_phases`), on top of ``calibration`` (the
+    Megatron fit, whose constants stay as they are).  ``decode_hbm`` is per GPU type and
+    precision family, the rest shared; GPU types without RL measurements keep the default
+    (written as ``"rl_donor"``)."""
+    measurements = [phase_measurement(case) for case in cases]
+    fitted = fit_phases(measurements, calibration, RL_SHARED + RL_BY_GPU,
+                        PhaseFit(measurement_sigma=1.0, prior_weight=1 / 3))
+    _lend_decode_efficiency(fitted, sorted({gpu_key(item) for item in measurements}))
+    errors = phase_log_errors(measurements, predict_phases(measurements, CostModel.load(fitted)))
     fitted["shared"] = {k: _rounded(v) for k, v in fitted["shared"].items()}
     fitted["by_gpu"] = {key: {k: _rounded(v) for k, v in values.items()}
                         for key, values in fitted["by_gpu"].items()}

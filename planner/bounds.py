@@ -24,7 +24,7 @@ from typing import Any
 
 from planner.errors import PlanInputError, ResourceLimitError
 
-# --- the bounds (README "Input checks and security" states them) -----------------------------
+# --- the bounds (docs/security.md, "One validation layer", states them) ----------------------
 # Counts (stated in --help): the largest GPU clusters announced hold about 10^5 GPUs; no verl
 # batch, length or stage count comes near these.
 MAX_GPUS = 131_072
@@ -254,3 +254,43 @@ def check_depth(data: Any, field: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise ResourceLimitError(f"{field}: nested more than {max_depth} levels deep; the bound "
                                  f"is {max_depth}")
     return data
+
+
+# --- output paths: checked before any work, so a bad one fails at once and writes nothing ------
+
+
+def _writable_folder(folder: Path, flag: str, target: Path) -> None:
+    """``folder`` (which holds or will hold ``target``) exists as a folder this process can
+    write, or can be created: its nearest existing ancestor is a writable folder."""
+    import os
+
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise PlanInputError(f"{flag} {str(target)!r}: {str(probe)!r} is not a folder; valid: "
+                             f"a path inside a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise PlanInputError(f"{flag} {str(target)!r}: folder {str(probe)!r} is not writable")
+
+
+def check_output_file(path: Path, flag: str, *, must_exist_folder: bool = True) -> None:
+    """An output file path: not a folder, in a folder that exists (``must_exist_folder``; else
+    one that can be created) and is writable.  Whether an existing file may be replaced is the
+    caller's rule (``--force``)."""
+    path = Path(path)
+    if path.is_dir():
+        raise PlanInputError(f"{flag} {str(path)!r} is a folder; valid: a file path")
+    folder = path.parent
+    if must_exist_folder and not folder.exists():
+        raise PlanInputError(f"{flag} {str(path)!r}: folder {str(folder)!r} does not exist "
+                             f"(create it first)")
+    _writable_folder(folder, flag, path)
+
+
+def check_output_folder(path: Path, flag: str) -> None:
+    """An output folder: a folder (or a path where one can be created) that is writable."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise PlanInputError(f"{flag} {str(path)!r} is a file, not a folder")
+    _writable_folder(path, flag, path)

@@ -282,13 +282,27 @@ def memory_report_json(c: ColocatedCandidate, policy: MemoryPolicy) -> dict:
 
 
 def layout_summary_json(c: ColocatedCandidate) -> dict:
-    """A layout as ``explain`` compares it: two decimals of seconds, one of GiB."""
+    """A layout as ``explain`` compares it: two decimals of seconds, one of GiB; the actor
+    update's compute, pipeline bubble and exposed communication beside its phase times."""
     return {"layout": c.layout.to_dict(),
             "step_time_s": round(float(c.step_time_s), 2),
             "tokens_per_s_per_gpu": round(float(c.tokens_per_s_per_gpu), 1),
             "peak_memory_gib": round(c.memory.peak_bytes / GIB, 1),
             "time_s": {phase: round(value, 2) for phase, value in c.times.seconds.items()},
+            "update_compute_s": round(c.times.parts["update_actor"].compute_s, 2)
+            if "update_actor" in c.times.parts else 0.0,
+            "update_bubble_s": round(c.update_bubble_s or 0.0, 2),
+            "update_comm_s": round(c.update_comm_s or 0.0, 2),
             "within_error_of_best": bool(c.within_error_of_best)}
+
+
+def run_advice_json(c: ColocatedCandidate, policy: MemoryPolicy) -> dict:
+    """A layout as ``advise --format json`` reports it: step time (two decimals), whether it
+    fits, the peak and where it sits against the memory band."""
+    share = c.memory.utilization
+    return {"step_time_s": round(float(c.step_time_s), 2), "fits": bool(c.fits),
+            "peak_memory_gib": gib(c.memory.peak_bytes), "memory_utilization": fraction(share),
+            "band_position": policy.position(share)}
 
 
 # --- training modes ---------------------------------------------------------------------------

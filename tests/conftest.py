@@ -30,12 +30,13 @@ EXTRAS = {
     "tune": ("optuna", "psutil", "scipy", "rich"),
     "ray": ("ray",),
     "notebooks": ("nbclient", "nbformat", "ipykernel"),
+    "docs": ("mkdocs", "material"),
 }
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs(*extras): skip unless the plan-parallel extras "
-                                       "(verl, tune, ray, notebooks) are installed")
+                                       "(verl, tune, ray, notebooks, docs) are installed")
 
 
 def pytest_runtest_setup(item):

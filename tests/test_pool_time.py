@@ -123,6 +123,30 @@ def test_published_one_step_off_runs():
     assert all(r["best_split"]["nodes_off"] <= 1 for r in results)
 
 
+def test_an_illegal_published_split_is_skipped_with_its_reason(tmp_path):
+    """A row whose trainer pool the actor's layout does not divide (EP 16 on 8 trainer GPUs) is
+    skipped and counted with the reason, as rl_data skips rows, not raised (issue 26)."""
+    import csv
+
+    from async_accuracy import evaluate
+    from calibration_data import default_path
+
+    with open(default_path("grpo_runs.csv"), newline="") as handle:
+        reader = csv.DictReader(handle)
+        row = next(r for r in reader if r["row_id"] == "8")  # Qwen3-30B-A3B, 16 gen / 16 train
+        fields = reader.fieldnames
+    row = {**row, "actor_ep": "16", "gpu_count": "32", "colocated": "no (24 gen / 8 train)"}
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerow(row)
+    results, skipped = evaluate(path)
+    assert results == []
+    [(reason, count)] = skipped.items()
+    assert count == 1 and "not legal on its pools" in reason and "does not divide 8" in reason
+
+
 def test_the_trainer_pool_holds_no_rollout_engine():
     """Separate pools: no KV pool or rollout weights beside the actor (the trainer's peak does
     not move with the rollout's settings, and is the actor's own phase peak)."""

@@ -6,8 +6,6 @@ import json
 import os
 import signal
 import stat
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +14,14 @@ import pytest
 pytest.importorskip("optuna", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
 psutil = pytest.importorskip("psutil", reason="needs the tune extra")
 from fixtures.processes import alive, wait_for  # noqa: E402
-from fixtures.tuning import events, fake_trainer, load_study, sqlite_url, tune_argv
+from fixtures.tuning import (
+    events,
+    fake_trainer,
+    kill_9_after_start,
+    load_study,
+    sqlite_url,
+    tune_argv,
+)
 
 from planner.cli.main import main
 from trials import study_state as attrs
@@ -41,18 +46,7 @@ def test_nothing_a_trial_spawned_survives_kill_9_of_the_tuner_and_a_rerun(tmp_pa
                   spawn_double_fork=True)
     argv = tune_argv(tmp_path, "--heartbeat-interval", "1", "--grace-period", "3", "--steps",
                      "20", trials=2)
-    tuner = subprocess.Popen([sys.executable, "-m", "planner", *argv], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    try:
-        assert wait_for(lambda: any(e["event"] == "start" for e in events(record)))
-        time.sleep(1.5)  # the tuner records the tree once a second
-        os.kill(tuner.pid, signal.SIGKILL)
-        tuner.wait()
-    finally:
-        if tuner.poll() is None:
-            tuner.kill()
-            tuner.wait()
-    lost = next(e for e in events(record) if e["event"] == "start")
+    lost = kill_9_after_start(argv, record, 1.5)  # the tuner records the tree once a second
     left = lost["children"]  # child, daemon, double-forked daemon
     assert len(left) == 3 and all(alive(pid) for pid in left)
     double = psutil.Process(left[2])

@@ -18,6 +18,7 @@ from fixtures.processes import alive, wait_for  # noqa: E402
 from fixtures.tuning import (
     events,
     fake_trainer,
+    kill_9_after_start,
     layout_key_of,
     load_study,
     sqlite_url,
@@ -205,25 +206,15 @@ def tuner_process(tmp_path, *extra, trials, storage=None, study="study"):
 
 def test_kill_9_of_the_tuner_mid_trial_then_resume(tmp_path, fake, capsys):
     record = fake(step_sleep_s=0.3, spawn_child=True)
-    tuner = tuner_process(tmp_path, "--steps", "4", trials=3)
-    try:
-        assert wait_for(lambda: any(e["event"] == "start" for e in events(record)))
-        time.sleep(0.5)
-        os.kill(tuner.pid, signal.SIGKILL)
-        tuner.wait()
-    finally:
-        if tuner.poll() is None:
-            tuner.kill()
-            tuner.wait()
-    lost_run = next(e for e in events(record) if e["event"] == "start")
+    argv = tune_argv(tmp_path, "--heartbeat-interval", "1", "--grace-period", "3",
+                     "--steps", "4", trials=3)
+    lost_run = kill_9_after_start(argv, record, 0.5)
     # the trainer dies with its tuner; what it spawned in its process group lives on
     assert wait_for(lambda: not alive(lost_run["pid"]), timeout=5)
     orphan = lost_run["children"][0]
     assert alive(orphan)
     time.sleep(3.5)  # the grace period passes without heartbeats
 
-    argv = tune_argv(tmp_path, "--heartbeat-interval", "1", "--grace-period", "3",
-                     "--steps", "4", trials=3)
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert not alive(orphan)  # the new tuner stopped what the dead one left running

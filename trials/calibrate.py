@@ -14,9 +14,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
-from planner.cost.calibration import Measurement, fit, mape, predict
+import numpy as np
+
+from planner.cost.calibration import (
+    Measurement,
+    PhaseFit,
+    PhaseMeasurement,
+    fit,
+    fit_phases,
+    mape,
+    phase_constants,
+    phase_log_errors,
+    predict,
+    predict_phases,
+)
 from planner.cost.efficiency import CostModel, shipped_calibration
 from planner.errors import PlanInputError
 from planner.search.layout import Layout
@@ -71,3 +84,47 @@ def write_calibration(calibration: dict, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(calibration, indent=2, sort_keys=True) + "\n")
     return path
+
+
+# --- one run instead of trials ---------------------------------------------------------------
+
+# The constants one run's phases can tell apart: the training phases' GEMM efficiency (update
+# and log-prob), decode's HBM efficiency and per-step latency (generation), and the fixed costs
+# of the weight sync and of the rest of the step; every other constant keeps its value.
+RUN_CONSTANTS = ("gemm", "decode_hbm", "decode_step_s", "sync_fixed_s", "step_fixed_s")
+
+
+def phase_mape(measurements: Sequence[PhaseMeasurement], calibration: dict | None) -> float:
+    errors = phase_log_errors(measurements,
+                              predict_phases(measurements, CostModel.load(calibration)))
+    return float(np.mean(np.abs(np.exp(errors) - 1)))
+
+
+def calibrate_run(measurements: Sequence[PhaseMeasurement], initial: dict | None, source: str,
+                  constants: Sequence[str] = RUN_CONSTANTS) -> CalibrationResult:
+    """The time model fitted to one run's measured phases (``measurements``: the run's steps
+    reduced to a few windows at their own lengths), the way :func:`calibrate_study` fits a
+    study's trials: least squares in log space with weak priors, the measurements trusted to
+    :data:`TRIAL_MEASUREMENT_SIGMA`, starting from ``initial`` (None: the shipped calibration)
+    and with the priors centred on it, so a constant the run cannot see keeps its value.  Only
+    :data:`RUN_CONSTANTS` move; ``initial`` and the shipped file are left as they were (the
+    result is a new dict)."""
+    if not measurements:
+        raise PlanInputError("the run has no measured step to fit")
+    start = initial if initial is not None else shipped_calibration()
+    before = phase_mape(measurements, start)
+    fitted = fit_phases(measurements, start, constants,
+                        PhaseFit(measurement_sigma=TRIAL_MEASUREMENT_SIGMA,
+                                 start_from_prior=False, centre_on_calibration=True))
+    names = phase_constants(measurements, constants)
+    values = {}
+    for where, name in names:
+        table = fitted["shared"] if where == "shared" else fitted["by_gpu"][where]
+        table[name] = float(f"{table[name]:.4g}")
+        values[name if where == "shared" else f"{where}.{name}"] = table[name]
+    after = phase_mape(measurements, fitted)
+    fitted["run_fit"] = {"source": source, "windows": len(measurements),
+                         "phases": int(sum(len(m.seconds) for m in measurements)),
+                         "constants": values, "mape_before": round(before, 4),
+                         "mape_after": round(after, 4)}
+    return CalibrationResult(len(measurements), before, after, fitted)

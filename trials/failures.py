@@ -15,7 +15,10 @@ Categories, in the order they are decided:
    verl's validation assertions ("must be divisible by", "Please set at least one of", ...);
 5. ``hang`` — the launcher stopped a trial that made no progress for the hang timeout;
 6. ``timeout`` — the launcher stopped a trial at the wall-clock limit;
-7. ``crash`` — anything else: killed by a signal, a non-zero exit, an exit before the last
+7. ``pruned`` — the study stopped a trial that was running well because it trailed the
+   study's best at equal steps (``tune --pruner``, :mod:`trials.pruning`); what it measured
+   until then is kept;
+8. ``crash`` — anything else: killed by a signal, a non-zero exit, an exit before the last
    step, or a log that outgrew ``--max-log-bytes``.  The reason ends with the last line of the
    log that reads like an error (``ModuleNotFoundError: No module named 'vllm'``), the cause a
    user needs.
@@ -46,6 +49,7 @@ class Category(str, enum.Enum):
     CONFIG = "config"
     HANG = "hang"
     TIMEOUT = "timeout"
+    PRUNED = "pruned"
     CRASH = "crash"
 
     def __str__(self) -> str:  # "oom", not "Category.OOM", in messages and CSV files
@@ -244,12 +248,16 @@ def classify(lines: list[str], *, exit_code: int | None, stopped: str | None,
              timeouts: tuple[float, float] | None = None, error_line: str | None = None,
              log_limit_bytes: int | None = None) -> Classification:
     """The category of a trial from its log ``lines``, exit status and the launcher's stop
-    reason (``"hang"``, ``"timeout"``, ``"log_limit"`` or None); ``timeouts`` = (wall, hang)
-    seconds, for the reason text; ``error_line``: the log's last error line when ``lines`` is
-    not the whole log (:mod:`trials.logscan`)."""
+    reason (``"hang"``, ``"timeout"``, ``"log_limit"``, ``"pruned"`` or None); ``timeouts``
+    = (wall, hang) seconds, for the reason text; ``error_line``: the log's last error line
+    when ``lines`` is not the whole log (:mod:`trials.logscan`)."""
     if steps_expected and steps_recorded >= steps_expected:
         note = f"; then {stopped}" if stopped else ""
         return Classification(Category.OK, f"{steps_recorded} steps recorded{note}")
+    if stopped == "pruned":  # stopped by the study while it ran: no failure of the layout
+        return Classification(Category.PRUNED, f"pruned after {steps_recorded} of "
+                                               f"{steps_expected} steps: it trailed the "
+                                               f"study's best at equal steps")
     exited_cleanly = exit_code == 0 and stopped is None
     found = find_signature(lines, skip_oom=exited_cleanly)
     if found:

@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from planner.bounds import MAX_TOKENS
+
 STEP_TIME = "timing_s/step"
 THROUGHPUT = "perf/throughput"  # tokens / (step time * GPUs): tokens/s/GPU
 TOTAL_TOKENS = "perf/total_num_tokens"
@@ -171,10 +173,15 @@ class MetricLimits:
             return 0.0 <= value <= 1.0  # a fraction of the peak
         if MEMORY_KEY.search(key):
             return 0.0 <= value <= self.max_memory_gb
+        if key.startswith(LENGTH_PREFIXES):  # tokens per sequence, or a share of sequences
+            return 0.0 <= value <= (1.0 if key.endswith("clip_ratio") else MAX_TOKENS)
         return True
 
 
-VALIDATED = (THROUGHPUT, TOTAL_TOKENS, TIMING_PREFIX, "perf/mfu/", "perf/time_per_step")
+# verl's compute_data_metrics: response_length/{mean,max,min,clip_ratio}, prompt_length/...
+LENGTH_PREFIXES = ("response_length/", "prompt_length/")
+VALIDATED = (THROUGHPUT, TOTAL_TOKENS, TIMING_PREFIX, "perf/mfu/", "perf/time_per_step",
+             *LENGTH_PREFIXES)
 
 
 def _validated(key: str) -> bool:

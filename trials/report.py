@@ -115,9 +115,11 @@ def check_write_dir(directory: Path, study_name: str, force: bool) -> None:
     ``force``: a job a user wrote (or another study's best) is never replaced unasked.  What
     this study wrote before (its ``tuned.json`` names it, or only its ``trials.csv`` is there)
     is its own to update when the study resumes."""
+    from planner.bounds import check_output_folder
     from planner.errors import PlanInputError
 
     directory = Path(directory)
+    check_output_folder(directory, "--write")  # a plain file, a read-only folder: at once
     present = [name for name in JOB_FILES if (directory / name).exists()]
     if force or not present:
         return
@@ -144,6 +146,19 @@ def _is_trials_csv(path: Path) -> bool:
             return handle.readline().startswith("trial,state,category,layout_key")
     except (OSError, UnicodeDecodeError):
         return False
+
+
+def update_tuned(directory: Path, values: dict) -> Path | None:
+    """Add ``values`` to the ``tuned.json`` a study wrote in ``directory`` (None: none there)."""
+    path = Path(directory) / TUNED_FILE
+    try:
+        tuned = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(tuned, dict):
+        return None
+    _atomic_write(path, json.dumps({**tuned, **values}, indent=2, default=str) + "\n")
+    return path
 
 
 def write_best(candidate: Candidate, trial: "FrozenTrial", directory: Path, *, study_name: str,

@@ -59,15 +59,17 @@ class TrialResult:
 def run_trial(request: LaunchRequest, launcher: Launcher, *, steps: int, warmup_steps: int,
               n_gpus: int, on_start: Callable[[dict], None] | None = None,
               limits: MetricLimits | None = None,
-              tokens_from_step_time: bool = False) -> TrialResult:
+              tokens_from_step_time: bool = False,
+              monitor: Callable[[], str | None] | None = None) -> TrialResult:
     """Launch ``request`` with ``launcher`` and classify what happened.  The log and metrics
     are read in one streaming pass each (bounded memory, whatever their size); metric lines
     outside ``limits`` are skipped and counted.  ``tokens_from_step_time``: an asynchronous
     trial, whose tokens/s/GPU is its tokens over its step time and all ``n_gpus`` (see
-    :func:`trials.metrics.summarise`)."""
+    :func:`trials.metrics.summarise`).  ``monitor``: the launcher's (a
+    :class:`trials.pruning.StepReporter` stops a trailing trial; it is then ``pruned``)."""
     request.workdir.mkdir(parents=True, exist_ok=True)
     write_command(request)
-    outcome = launcher.run(request, on_start)
+    outcome = launcher.run(request, on_start, monitor=monitor)
     scan = scan_log(request.log_path, limits)
     metrics = read_metrics_file(request.metrics_path, limits)
     if metrics.latest:

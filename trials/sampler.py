@@ -72,12 +72,17 @@ class LayoutSampler(BaseSampler):
         mask = self.allowed(study)
         if not mask.any():
             return {}
+        return dict(self.candidates[self.choose(study, trial, search_space, mask)].params)
+
+    def choose(self, study: Study, trial: FrozenTrial,
+               search_space: dict[str, BaseDistribution], mask: np.ndarray) -> int:
+        """The index of the allowed candidate (``mask``, not empty) to propose: the inner
+        sampler's proposal projected onto the nearest allowed candidate."""
         proposal = self.inner.sample_relative(study, trial, search_space)
-        if proposal and all(name in proposal for name in fields):
-            index = self.candidates.nearest(proposal, mask)
-        else:  # not enough history yet: explore at random among the allowed layouts
-            index = int(self._rng.choice(np.flatnonzero(mask)))
-        return dict(self.candidates[index].params)
+        if proposal and all(name in proposal for name in self.candidates.fields):
+            return self.candidates.nearest(proposal, mask)
+        # not enough history yet: explore at random among the allowed layouts
+        return int(self._rng.choice(np.flatnonzero(mask)))
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:

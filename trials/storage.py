@@ -8,8 +8,10 @@
 Every storage gets heartbeats: a tuner records one per running trial every
 ``heartbeat_interval`` seconds, and any tuner that finds a RUNNING trial whose heartbeat is
 older than ``grace_period`` marks it failed and calls ``stale_callback`` (stop what it left
-running, enqueue it again).  Optuna implements this for ``RDBStorage``; for the journal,
-:class:`HeartbeatJournalStorage` records the heartbeat as a trial system attribute.
+running, enqueue it again); a trial with no heartbeat yet counts its start as its last one.
+Optuna implements heartbeats for ``RDBStorage`` (HeartbeatRDBStorage adds the start-time
+rule); for the journal, :class:`HeartbeatJournalStorage` records the heartbeat as a trial
+system attribute.
 
 Passwords in URLs are never printed: :func:`mask_url` (SQLAlchemy's own URL parser, so a
 password holding ``/``, ``?`` or ``@`` is found whole, and ``?password=`` too) is applied to
@@ -173,6 +175,23 @@ def resolve_storage(url: str | None, sweep_dir: Path, password: str | None = Non
     return StorageSpec("rdb", url, mask_url(url, secrets), secrets)
 
 
+def storage_error(error: BaseException) -> str:
+    """The cause of a storage failure, one line: the innermost exception's message (the
+    driver's "file is not a database", "Connection refused"), not the wrapper Optuna raises
+    from it ("An exception is raised during the commit...")."""
+    chain, inner = [error], error
+    while len(chain) < 20:
+        inner = inner.__cause__ or (None if inner.__suppress_context__ else inner.__context__)
+        if inner is None:
+            break
+        chain.append(inner)
+    for candidate in reversed(chain):
+        text = str(candidate).strip()
+        if text:
+            return text.splitlines()[0]
+    return type(error).__name__
+
+
 def _heartbeat_base():
     from optuna.storages._heartbeat import BaseHeartbeat  # the interface RDBStorage implements
 
@@ -219,6 +238,44 @@ def _journal_class():
     return HeartbeatJournalStorage
 
 
+def _rdb_class():
+    from datetime import datetime, timedelta
+
+    from optuna.storages import RDBStorage
+    from optuna.trial import TrialState
+
+    class HeartbeatRDBStorage(RDBStorage):
+        """Optuna's RDBStorage, where a RUNNING trial with no heartbeat yet (its tuner died
+        between creating it and the first beat) counts its start time as its last heartbeat,
+        as :class:`HeartbeatJournalStorage` does; Optuna's own skips such a trial for good."""
+
+        def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+            stale = list(super()._get_stale_trial_ids(study_id))
+            grace = timedelta(seconds=self.grace_period if self.grace_period is not None
+                              else 2 * (self.heartbeat_interval or 0))
+            beating = self._trials_with_heartbeat(study_id)
+            now = datetime.now()  # the clock Optuna stamps datetime_start with
+            for trial in self.get_all_trials(study_id, deepcopy=False,
+                                             states=(TrialState.RUNNING,)):
+                if (trial._trial_id not in beating and trial._trial_id not in stale
+                        and trial.datetime_start is not None
+                        and now - trial.datetime_start > grace):
+                    stale.append(trial._trial_id)
+            return stale
+
+        def _trials_with_heartbeat(self, study_id: int) -> set[int]:
+            from optuna.storages._rdb import models
+            from optuna.storages._rdb.storage import _create_scoped_session
+
+            with _create_scoped_session(self.scoped_session) as session:
+                rows = (session.query(models.TrialHeartbeatModel.trial_id)
+                        .join(models.TrialModel)
+                        .filter(models.TrialModel.study_id == study_id).all())
+            return {row[0] for row in rows}
+
+    return HeartbeatRDBStorage
+
+
 def open_storage(spec: StorageSpec, *, heartbeat_interval: int, grace_period: int,
                  stale_callback: Callable | None = None) -> Any:
     """An Optuna storage with heartbeats; unreachable databases are a one-line input error."""
@@ -233,7 +290,7 @@ def open_storage(spec: StorageSpec, *, heartbeat_interval: int, grace_period: in
         Path(spec.url).parent.mkdir(parents=True, exist_ok=True)
         return _journal_class()(JournalFileBackend(spec.url), heartbeat_interval,
                                 grace_period, stale_callback)
-    from optuna.storages import RDBStorage
+    storage_class = _rdb_class()
 
     engine_kwargs = {}
     if spec.url.startswith("sqlite:"):
@@ -246,18 +303,18 @@ def open_storage(spec: StorageSpec, *, heartbeat_interval: int, grace_period: in
         engine_kwargs = {"pool_pre_ping": True}
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
-            return RDBStorage(spec.url, engine_kwargs=engine_kwargs,
-                              heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                              heartbeat_stale_trial_callback=stale_callback)
+            return storage_class(spec.url, engine_kwargs=engine_kwargs,
+                                 heartbeat_interval=heartbeat_interval,
+                                 grace_period=grace_period,
+                                 heartbeat_stale_trial_callback=stale_callback)
         except Exception as error:  # driver missing, server down, bad credentials, bad URL
-            text = str(error).strip()
+            text = f"{error} {storage_error(error)}"
             if attempt + 1 < SCHEMA_ATTEMPTS and SCHEMA_RACE.search(text):
                 # another tuner is creating the same tables right now: its schema will do
                 time.sleep(random.uniform(0.2, 1.0))
                 continue
-            message = text.splitlines()[0] if text else type(error).__name__
             raise PlanInputError(f"cannot open storage {spec.display}: "
-                                 f"{spec.mask(message)}") from None
+                                 f"{spec.mask(storage_error(error))}") from None
 
 
 def open_storage_read_only(spec: StorageSpec) -> Any:
@@ -270,18 +327,24 @@ def open_storage_read_only(spec: StorageSpec) -> Any:
         path = Path(spec.url if spec.kind == "journal" else spec.url.split(":///", 1)[-1])
         if not path.is_file():
             raise PlanInputError(f"no study storage at {spec.display}")
+        if path.stat().st_size == 0:
+            raise PlanInputError(f"cannot read study storage {spec.display}: the file is empty "
+                                 f"(not a study database or journal)")
     if spec.kind == "journal":
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
-        return JournalStorage(JournalFileBackend(spec.url))
+        try:  # the log is replayed here: a line that is not UTF-8 JSON fails at once
+            return JournalStorage(JournalFileBackend(spec.url))
+        except (UnicodeDecodeError, ValueError) as error:
+            raise PlanInputError(f"cannot read study storage {spec.display}: not an Optuna "
+                                 f"journal ({type(error).__name__}: "
+                                 f"{storage_error(error)[:120]})") from None
     url = spec.url
     if url.startswith("sqlite:///"):
         url = f"sqlite:///file:{url.split(':///', 1)[1]}?mode=ro&uri=true"
     try:
         return RDBStorage(url, skip_table_creation=True)
     except Exception as error:  # a file that is not a study database, a server down, ...
-        text = str(error).strip()
-        message = text.splitlines()[0] if text else type(error).__name__
         raise PlanInputError(f"cannot read study storage {spec.display}: "
-                             f"{spec.mask(message)}") from None
+                             f"{spec.mask(storage_error(error))}") from None

@@ -3,9 +3,12 @@
 One tuner process runs one trial at a time; any number of them (on any nodes) can share a
 study through its storage.  What they agree on lives in the storage (:mod:`trials.study_state`):
 
-* the study first runs the cost model's top candidates (enqueued one at a time, so a retried
-  trial goes first), then :class:`~trials.sampler.LayoutSampler` explores the remaining
-  allowed layouts;
+* the study first runs ``--top-k`` of the cost model's tied best candidates (enqueued one at a
+  time, so a retried trial goes first): the simplest, or one of each TP/EP/PP family
+  (``--first-trials``, :mod:`trials.proposals`), then the sampler proposes the remaining
+  allowed layouts: by default :class:`~trials.guided.GuidedSampler` (the prediction corrected
+  by the measured trials, the highest upper bound next), or Optuna's TPE or random sampler
+  over the layout fields (:class:`~trials.sampler.LayoutSampler`, ``--sampler``);
 * a trial claims its layout (the ``layout_key`` attribute) before launching and runs only if no
   other RUNNING trial claimed it and it was not measured before — two tuners never run one
   layout at once, and a finished layout is never run again;
@@ -18,9 +21,15 @@ study through its storage.  What they agree on lives in the storage (:mod:`trial
   override, the same crash line), it stops with that cause instead of trying more layouts;
 * a tuner that dies (even ``kill -9``) stops sending heartbeats; another tuner (or the same
   command run again) marks its trial failed, stops what it left running, and enqueues the
-  layout again;
-* the study stops at ``--trials`` measured trials, at ``--timeout``, after ``--patience``
-  trials without improvement, or when no allowed layout is left.
+  layout again -- at once when the dead tuner ran on the same host (each trial records its
+  tuner process, :mod:`trials.orphans`), else after the grace period;
+* with ``--pruner``, a trial reports each step after its warm-up and a layout that trails the
+  study's best at equal steps is stopped early and recorded PRUNED (:mod:`trials.pruning`);
+* after each trial the study says whether any untried layout could beat the best measured one
+  within the model's error (:mod:`trials.confidence`); with ``--stop-when-confident`` it stops
+  when none could;
+* the study stops at ``--trials`` measured trials (pruned ones count), at ``--timeout``, after
+  ``--patience`` trials without improvement, or when no allowed layout is left.
 
 Objective: measured tokens/s/GPU (maximise), optionally with the measured peak memory
 (minimise).  Predictions, measurements, the failure category, its log lines and the layout
@@ -48,14 +57,21 @@ import optuna
 from optuna.trial import Trial, TrialState
 
 from planner import __version__
+from planner.cost.efficiency import ranking_uncertainty
 from planner.errors import PlanInputError
+from trials import orphans
 from trials import study_state as attrs
 from trials.candidates import CandidateSet, memory_margins
+from trials.confidence import Confidence, assess
+from trials.defaults import TUNE_DEFAULTS
+from trials.failures import Category
 from trials.job import TrialJobs
 from trials.launchers import Launcher, launcher_for_handle
 from trials.metrics import MetricLimits
 from trials.progress import Progress, Row, Status
-from trials.report import write_best, write_trials_csv
+from trials.proposals import first_trials
+from trials.pruning import StepReporter, make_pruner
+from trials.report import update_tuned, write_best, write_trials_csv
 from trials.runner import TrialResult, run_trial
 from trials.sampler import LayoutSampler
 from trials.storage import StorageSpec, open_storage
@@ -77,17 +93,22 @@ class TuneSettings:
     trials: int = 20  # measured trials the study should have
     timeout_s: float | None = None  # this tuner starts no trial after that long
     warmup_steps: int = 1
-    top_k: int = 5  # predicted best layouts run first
+    top_k: int = TUNE_DEFAULTS["top_k"]  # tied best layouts run first
     patience: int = 0  # stop after this many trials without improvement (0: never)
     min_improvement: float = 0.01
     multi_objective: bool = False  # also minimise measured peak memory
     memory_margin: float = 0.0
-    sampler: str = "tpe"  # or "random"
+    sampler: str = TUNE_DEFAULTS["sampler"]  # guided (trials.guided), tpe or random
     seed: int | None = None
     heartbeat_interval: int = 60
     grace_period: int = 180
     max_retry: int = 3
     fail_fast: int = 3  # stop when the first this-many trials fail with one cause (0: never)
+    pruner: str = TUNE_DEFAULTS["pruner"]  # none, successive-halving, hyperband (trials.pruning)
+    first_trials: str = TUNE_DEFAULTS["first_trials"]  # simplest or spread (trials.proposals)
+    # stop when no untried layout could beat the best (trials.confidence)
+    stop_when_confident: bool = TUNE_DEFAULTS["stop_when_confident"]
+    model_error: float | None = None  # ranking uncertainty (None: the shipped calibration's)
 
 
 @dataclass(frozen=True)
@@ -99,6 +120,7 @@ class TuneResult:
     best_value: float | None
     stop_reason: str
     written: tuple[Path, ...]
+    confidence: Confidence | None = None  # could an untried layout beat the best?
 
 
 class Tuner:
@@ -130,8 +152,18 @@ class Tuner:
         self._job: list[Path] = []
         self._stop_reason = ""
         self._skips = 0
+        self.model_error = (settings.model_error if settings.model_error is not None
+                            else float(ranking_uncertainty()["relative"]))
+        self.first = first_trials(candidates.candidates, settings.top_k, settings.first_trials,
+                                  self.model_error)
+        self.predicted = np.array([float(c.predicted["tokens_per_s_per_gpu"])
+                                   for c in candidates.candidates])
+        self.confidence: Confidence | None = None
+        # Optuna prunes on one objective only
+        self.pruner = "none" if settings.multi_objective else settings.pruner
         # host:pid of this tuner process, and a run id (one process may run several studies)
         self.tuner_id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.tuner_process = orphans.this_tuner()  # host, pid, start: gone means orphaned
 
     # --- the study -------------------------------------------------------------------------
 
@@ -144,16 +176,24 @@ class Tuner:
                                heartbeat_interval=self.settings.heartbeat_interval,
                                grace_period=self.settings.grace_period,
                                stale_callback=self._stale_trial)
-        if self.settings.sampler == "random":
-            inner = optuna.samplers.RandomSampler(seed=self.settings.seed)
+        if self.settings.sampler == "guided":
+            from trials.guided import GuidedSampler
+
+            sampler = GuidedSampler(self.candidates, self._allowed, self.model_error,
+                                    seed=self.settings.seed,
+                                    inner=optuna.samplers.RandomSampler(seed=self.settings.seed))
         else:
-            inner = None  # LayoutSampler's multivariate TPE with the constant liar
-        sampler = LayoutSampler(self.candidates, self._allowed, inner=inner,
-                                seed=self.settings.seed,
-                                n_startup_trials=max(self.settings.top_k, 3))
+            inner = (optuna.samplers.RandomSampler(seed=self.settings.seed)
+                     if self.settings.sampler == "random"
+                     else None)  # LayoutSampler's multivariate TPE with the constant liar
+            sampler = LayoutSampler(self.candidates, self._allowed, inner=inner,
+                                    seed=self.settings.seed,
+                                    n_startup_trials=max(self.settings.top_k, 3))
         directions = ["maximize", "minimize"] if self.settings.multi_objective else ["maximize"]
+        pruner = make_pruner(self.pruner, self.jobs.steps - self.settings.warmup_steps)
         study = optuna.create_study(study_name=self.study_name, storage=storage,
-                                    sampler=sampler, directions=directions, load_if_exists=True)
+                                    sampler=sampler, pruner=pruner, directions=directions,
+                                    load_if_exists=True)
         if [d.name.lower() for d in study.directions] != directions:
             raise PlanInputError(f"study {self.study_name!r} exists with objectives "
                                  f"{[d.name.lower() for d in study.directions]}; use the same "
@@ -183,9 +223,10 @@ class Tuner:
         return self.candidates.allowed([*snap.measured, *snap.running], self.margins(snap))
 
     def enqueue_next(self, study: optuna.Study) -> str | None:
-        """Enqueue the best predicted of the top ``--top-k`` layouts that is not measured,
-        running or excluded yet — only when nothing waits in the queue, so a retry of a lost
-        or interrupted trial runs before the remaining top layouts.  The key, or None."""
+        """Enqueue the first of the ``--top-k`` first trials (:mod:`trials.proposals`) that is
+        not measured, running or excluded yet — only when nothing waits in the queue, so a
+        retry of a lost or interrupted trial runs before the remaining top layouts.  The key,
+        or None."""
         if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             return None
         snap = self._snapshot(study)
@@ -193,7 +234,8 @@ class Tuner:
         if relief:
             return relief
         margins = self.margins(snap)
-        for candidate in self.candidates.candidates[:self.settings.top_k]:
+        for index in self.first:
+            candidate = self.candidates[index]
             key = candidate.key
             if (key in snap.measured or key in snap.running
                     or not self.candidates.fits_margins(key, margins)):
@@ -251,6 +293,7 @@ class Tuner:
         return None
 
     def objective(self, trial: Trial):
+        trial.set_user_attr(orphans.TUNER_PROCESS, self.tuner_process)  # before anything runs
         proposal = trial.relative_params
         key = self.candidates.key_of(proposal) if proposal else None
         if key is None:
@@ -284,19 +327,29 @@ class Tuner:
         request = self.jobs.request(self.sweep_dir, trial.number, candidate,
                                     self.launcher.shares_filesystem, os.environ)
         trial.set_user_attr(attrs.LOG, str(request.log_path))
+        tokens_from_step_time = candidate.mode != "sync"
+        monitor = None
+        if self.pruner != "none":
+            monitor = StepReporter(trial, metrics_path=request.metrics_path,
+                                   log_path=request.log_path, steps=self.jobs.steps,
+                                   warmup_steps=self.settings.warmup_steps,
+                                   n_gpus=self.plan.cluster.num_gpus, limits=self.limits,
+                                   tokens_from_step_time=tokens_from_step_time)
         try:
             result = run_trial(request, self.launcher, steps=self.jobs.steps,
                                warmup_steps=self.settings.warmup_steps,
                                n_gpus=self.plan.cluster.num_gpus,
                                on_start=lambda handle: trial.set_user_attr(attrs.LAUNCH, handle),
                                limits=self.limits,
-                               tokens_from_step_time=candidate.mode != "sync")
+                               tokens_from_step_time=tokens_from_step_time, monitor=monitor)
         except KeyboardInterrupt:
             trial.set_user_attr(attrs.SKIPPED, "interrupted")
             raise
         finally:
             self.status.running = ""
         self._record(trial, result)
+        if result.category is Category.PRUNED:
+            raise optuna.TrialPruned(result.classification.reason)
         if not result.ok:
             raise TrialFailed(result.classification.reason)
         values = [result.summary.tokens_per_s_per_gpu]
@@ -352,6 +405,7 @@ class Tuner:
                 duration_s=float(user.get(attrs.DURATION) or 0.0),
                 reason=user.get(attrs.REASON, "")))
             self.write_outputs(study, snap)
+            self.update_confidence(study, snap)
         elif attrs.SKIPPED in user:
             self._skips += 1
         if self._should_stop(study, snap, user.get(attrs.SKIP_KIND)):
@@ -381,6 +435,10 @@ class Tuner:
             self._stop_reason = (f"the first {self.settings.fail_fast} trials all failed with "
                                  f"one cause: {cause} (see `plan-parallel doctor`)")
             return True
+        if (self.settings.stop_when_confident and self.confidence is not None
+                and self.confidence.confident):
+            self._stop_reason = self.confidence.statement()
+            return True
         patience = self.settings.patience
         if patience and snap.best is not None and attrs.trials_since_improvement(
                 snap.finished, self.settings.min_improvement) >= patience:
@@ -393,7 +451,8 @@ class Tuner:
 
     def _common_cause(self, snap: attrs.Snapshot) -> str | None:
         """The cause the first ``fail_fast`` trials this tuner measured all failed with, if they
-        did (OOMs excluded: they are the layouts' fault, and the study steers away from them).
+        did (OOMs excluded: they are the layouts' fault, and the study steers away from them;
+        a pruned trial ran well).
         Trials of earlier runs do not count: a rerun after fixing the cause tries again."""
         count = self.settings.fail_fast
         first = [t for t in snap.finished
@@ -402,9 +461,35 @@ class Tuner:
             return None
         causes = {t.user_attrs.get(attrs.CAUSE) for t in first}
         categories = {t.user_attrs.get(attrs.CATEGORY) for t in first}
-        if len(causes) != 1 or None in causes or categories & {"ok", "oom"}:
+        if len(causes) != 1 or None in causes or categories & {"ok", "oom", "pruned"}:
             return None
         return first[-1].user_attrs.get(attrs.REASON) or causes.pop()
+
+    def assess(self, snap: attrs.Snapshot) -> Confidence | None:
+        """Could an untried layout beat the best measured one (:mod:`trials.confidence`)?"""
+        if snap.best is None:
+            return None
+        successes = []
+        for trial in snap.finished:
+            value = attrs.measured_value(trial)
+            index = self.candidates.index.get(trial.user_attrs.get(attrs.KEY, ""))
+            if value is not None and index is not None:
+                successes.append((index, value))
+        untried = self.candidates.allowed([*snap.measured, *snap.running], self.margins(snap))
+        return assess(self.predicted, untried, successes,
+                      (snap.best.user_attrs.get(attrs.KEY, ""), attrs.measured_value(snap.best)),
+                      self.model_error)
+
+    def update_confidence(self, study: optuna.Study, snap: attrs.Snapshot) -> None:
+        """Assess the study's confidence; keep it with the study (``report`` shows it) and in
+        the written job's ``tuned.json``."""
+        self.confidence = self.assess(snap)
+        if self.confidence is None:
+            return
+        data = self.confidence.to_dict()
+        study.set_user_attr(attrs.CONFIDENCE, data)
+        if self.write_dir is not None and self._written_best is not None:
+            update_tuned(self.write_dir, {attrs.CONFIDENCE: data})
 
     def write_outputs(self, study: optuna.Study, snap: attrs.Snapshot) -> None:
         """trials.csv always; the best layout's job when the best changed."""
@@ -425,9 +510,10 @@ class Tuner:
                            f"{self.write_dir}")
         self._job = list(paths)
 
-    def _stale_trial(self, study: optuna.Study, trial) -> None:
+    def _stale_trial(self, study: optuna.Study, trial, why: str = "") -> None:
         """Heartbeat-stale trial (its tuner died): stop its leftovers, then retry it."""
-        handle = trial.user_attrs.get(attrs.LAUNCH)
+        why = why or f"no heartbeat for {self.settings.grace_period} s"
+        handle = orphans.launch_handle(trial, trial.user_attrs.get(orphans.TUNER_PROCESS))
         what = "it had not launched"
         if handle:
             try:
@@ -436,12 +522,16 @@ class Tuner:
                 what = f"could not stop its trainer ({error})"
         measured = attrs.CATEGORY in trial.user_attrs
         retry = trial.params and not measured
-        self.progress.note(f"trial #{trial.number} lost its tuner (no heartbeat for "
-                           f"{self.settings.grace_period} s): {what}"
+        self.progress.note(f"trial #{trial.number} lost its tuner ({why}): {what}"
                            + ("; running it again" if retry else ""))
         if retry:
             optuna.storages.RetryHeartbeatStaleTrialCallback(
                 max_retry=self.settings.max_retry)(study, trial)
+
+    def _orphaned_trial(self, study: optuna.Study, trial) -> None:
+        record = trial.user_attrs.get(orphans.TUNER_PROCESS) or {}
+        self._stale_trial(study, trial, f"its tuner, pid {record.get('pid')} on "
+                                        f"{record.get('host')}, is gone")
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -457,7 +547,9 @@ class Tuner:
         write_sweep_file(self.sweep_dir, self.study_name, self.storage_spec)
         self.status.deadline = (time.monotonic() + self.settings.timeout_s
                                 if self.settings.timeout_s else None)
-        optuna.storages.fail_stale_trials(study)  # a killed tuner's trials, before enqueueing
+        # a killed tuner's trials, before enqueueing: at once when it ran here, else stale
+        orphans.fail_orphaned_trials(study, self._orphaned_trial)
+        optuna.storages.fail_stale_trials(study)
         snap = self._snapshot(study)
         self._update_status(snap)
         self.progress.note(
@@ -474,13 +566,15 @@ class Tuner:
         finally:
             snap = self._snapshot(study)
             self.write_outputs(study, snap)
+            self.update_confidence(study, snap)
             self.progress.close()
         best = snap.best
         return TuneResult(study_name=self.study_name, measured=snap.measured_count,
                           best_trial=best.number if best else None,
                           best_key=best.user_attrs.get(attrs.KEY) if best else None,
                           best_value=attrs.measured_value(best) if best else None,
-                          stop_reason=self._stop_reason, written=(*self._job, *self._csv))
+                          stop_reason=self._stop_reason, written=(*self._job, *self._csv),
+                          confidence=self.confidence)
 
 
 

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 STUDY = "plan_parallel"  # the study's user attribute: what it searches (model, cluster, ...)
+# the study's user attribute: could an untried layout beat the best (trials.confidence)?
+CONFIDENCE = "confidence"
 
 # Trial user attributes (also what optuna-dashboard and trials.csv show).
 KEY = "layout_key"  # set first: a RUNNING trial with it has claimed that layout

@@ -15,7 +15,7 @@ from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.errors import PlanInputError
 from trials import study_state
-from trials.storage import StorageSpec, open_storage_read_only, resolve_storage
+from trials.storage import StorageSpec, open_storage_read_only, resolve_storage, storage_error
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -69,8 +69,7 @@ def open_study(storage: str | None = None, sweep_dir: str | Path | None = None,
         summaries = optuna.get_all_study_summaries(backend)
     except Exception as error:  # noqa: BLE001 - not an Optuna database, or a broken one
         raise PlanInputError(f"cannot read the studies in {spec.display}: "
-                             f"{str(error).splitlines()[0][:200] if str(error) else error!r}"
-                             ) from None
+                             f"{spec.mask(storage_error(error))[:200]}") from None
     names = [s.study_name for s in summaries if study_state.STUDY in s.user_attrs]
     if name is None:
         if len(names) != 1:
@@ -81,6 +80,24 @@ def open_study(storage: str | None = None, sweep_dir: str | Path | None = None,
         return optuna.load_study(study_name=name, storage=backend), spec
     except KeyError:
         raise PlanInputError(f"no study {name!r} in {spec.display}") from None
+
+
+def confidence_statement(sweep: Path) -> str | None:
+    """What a tuned sweep folder says about untried layouts (:mod:`trials.confidence`): from
+    the ``tuned.json`` of a ``--write`` folder, else from the study its ``sweep.json`` names;
+    None when the study has not said (no success yet, or a study from an older version)."""
+    from trials.report import TUNED_FILE
+
+    sweep = Path(sweep)
+    if (sweep / TUNED_FILE).is_file():
+        data = read_json(sweep / TUNED_FILE).get(study_state.CONFIDENCE)
+    elif (sweep / SWEEP_FILE).is_file():
+        study, _ = open_study(sweep_dir=sweep)
+        data = study.user_attrs.get(study_state.CONFIDENCE)
+    else:
+        return None
+    statement = data.get("statement") if isinstance(data, dict) else None
+    return statement if isinstance(statement, str) else None
 
 
 def study_setting(study: "Study") -> tuple[ModelSpec, ClusterSpec, GrpoWorkload]:

@@ -3,10 +3,13 @@
 The catalog ships each model's published Hugging Face ``config.json`` under
 ``planner/catalog/models_data/``; a user's local model directory or ``config.json`` is read with
 transformers' own config classes (any architecture they know), so both paths end in the same
-normaliser, :func:`spec_from_hf_config`.
+normaliser, :func:`spec_from_hf_config`, which reads the per-layer description
+(:mod:`planner.catalog.hf_config`, kinds in :mod:`planner.catalog.layers`).  A model outside
+the set verl runs on Megatron (:mod:`planner.catalog.support`) is refused by name.
 
-Parameter counts are analytic (:class:`ParamCounts`), per component, and are checked in the tests
-against the real module tree transformers builds on the ``meta`` device.
+Parameter counts are analytic (:mod:`planner.catalog.params`), per component and per layer kind,
+and are checked in the tests against the real module tree transformers builds on the ``meta``
+device.
 """
 
 from __future__ import annotations
@@ -14,20 +17,45 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
 from planner.bounds import check_number, check_text, load_json, shown
+from planner.catalog import hf_config
+from planner.catalog.layers import (
+    GatedDeltaNetSpec,
+    LayerSpec,
+    Mamba2Spec,
+    MixerKind,
+    MlpKind,
+    VisionTowerSpec,
+    layer_summary,
+    mixer_counts,
+    run_lengths,
+)
+from planner.catalog.params import ParamCounts, mtp_params, param_counts
+from planner.catalog.support import check_supported
 from planner.errors import PlanInputError
 from planner.extras import available
+
+__all__ = ["ModelSpec", "ParamCounts", "param_counts", "spec_from_hf_config", "resolve_model",
+           "builtin_model", "builtin_config_dict", "catalog_names", "catalog_name",
+           "load_model_config_path", "check_config_fields"]
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer, dense or MoE, with GQA or MLA attention."""
+    """A decoder-only model as a list of layers (:class:`LayerSpec`): softmax attention (GQA,
+    sliding, chunked, MLA), Gated DeltaNet or Mamba-2 mixers; dense or MoE feed-forward blocks;
+    an optional vision tower.
+
+    The fields before ``source`` keep their meaning for homogeneous transformers (every layer
+    full attention or MLA, MoE after ``num_dense_layers`` leading dense layers); ``layers`` is
+    derived from them when not given.  ``to_dict()`` writes ``layers`` run-length encoded and
+    ``ModelSpec(**spec.to_dict())`` reads it back."""
 
     name: str
     model_type: str
@@ -47,8 +75,8 @@ class ModelSpec:
     moe_top_k: int = 0
     moe_ffn_hidden_size: int = 0
     shared_expert_ffn_hidden_size: int = 0  # all shared experts together
-    num_dense_layers: int = 0  # leading dense layers of an MoE model (first_k_dense_replace)
-    router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias
+    num_dense_layers: int = 0  # dense layers of an MoE model (first_k_dense_replace, ...)
+    router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias, gpt-oss's router bias
     shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert
     # MLA (DeepSeek-V2/V3); zero when the model uses standard attention
     q_lora_rank: int = 0
@@ -56,8 +84,21 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    mtp_layers: int = 0  # multi-token-prediction layers (not trained by verl; not counted)
+    mtp_layers: int = 0  # multi-token-prediction layers (outside the total; mtp_params)
     source: str = ""
+    # The per-layer description (hybrid models) and the details of the families that need them
+    architecture: str = ""  # config.json's architectures[0], what Megatron-Bridge dispatches on
+    layers: tuple[LayerSpec, ...] = ()
+    linear_attention: GatedDeltaNetSpec | None = None
+    mamba: Mamba2Spec | None = None
+    vision: VisionTowerSpec | None = None
+    attention_output_gate: bool = False  # Qwen3-Next/3.5: q_proj also emits a sigmoid gate
+    attention_o_bias: bool = False  # gpt-oss: o_proj has a bias too
+    attention_sinks: bool = False  # gpt-oss: a learned sink logit per head
+    qk_norm_full_width: bool = False  # OLMoE: q/k RMSNorm over all heads
+    expert_bias: bool = False  # gpt-oss: expert gate_up and down biases
+    mlp_bias: bool = False  # Nemotron-H's mlp_bias
+    moe_latent_size: int = 0  # Nemotron-3 Super's LatentMoE width
 
     def __post_init__(self) -> None:
         for field_name in ("num_layers", "hidden_size", "num_attention_heads",
@@ -78,6 +119,54 @@ class ModelSpec:
         if not 0 <= self.num_dense_layers <= self.num_layers:
             raise PlanInputError(f"model {self.name}: first dense layers {self.num_dense_layers}"
                                  f" outside 0..{self.num_layers}")
+        self._normalise_structures()
+        self._check_layers()
+
+    def _normalise_structures(self) -> None:
+        """Accept the JSON form of the nested specs (``to_dict()``'s output) and derive the
+        homogeneous layer list when none is given."""
+        set_ = object.__setattr__
+        for field_name, cls in (("linear_attention", GatedDeltaNetSpec), ("mamba", Mamba2Spec),
+                                ("vision", VisionTowerSpec)):
+            value = getattr(self, field_name)
+            if isinstance(value, Mapping):
+                set_(self, field_name, cls(**value))
+        if not self.layers or _homogeneous(self.layers):
+            # A homogeneous layer list is a function of the fields above: derive it, so that
+            # dataclasses.replace(spec, num_layers=..., num_experts=...) stays consistent.
+            mixer = MixerKind.MLA if self.kv_lora_rank else MixerKind.FULL
+            dense = self.num_dense_layers if self.num_experts else self.num_layers
+            set_(self, "layers", tuple(LayerSpec(mixer, MlpKind.DENSE if i < dense
+                                                 else MlpKind.MOE)
+                                       for i in range(self.num_layers)))
+            return
+        layers: list[LayerSpec] = []
+        for entry in self.layers:
+            if isinstance(entry, LayerSpec):
+                layers.append(entry)
+            elif isinstance(entry, Mapping):  # {"mixer", "mlp", "window", "count"}
+                count = int(entry.get("count", 1))
+                layer = LayerSpec(entry["mixer"], entry["mlp"], int(entry.get("window", 0)))
+                layers.extend([layer] * count)
+            else:
+                raise PlanInputError(f"model {self.name}: layer {shown(entry)} is not a layer")
+        set_(self, "layers", tuple(layers))
+
+    def _check_layers(self) -> None:
+        if len(self.layers) != self.num_layers:
+            raise PlanInputError(f"model {self.name}: {len(self.layers)} layer kinds for "
+                                 f"{self.num_layers} layers")
+        kinds = {layer.mixer for layer in self.layers}
+        needs = {MixerKind.LINEAR: ("linear_attention", self.linear_attention),
+                 MixerKind.MAMBA: ("mamba", self.mamba)}
+        for kind, (what, spec) in needs.items():
+            if kind in kinds and spec is None:
+                raise PlanInputError(f"model {self.name}: {kind.value} layers without the "
+                                     f"{what} geometry")
+        if MixerKind.MLA in kinds and not self.kv_lora_rank:
+            raise PlanInputError(f"model {self.name}: MLA layers need kv_lora_rank")
+        if any(layer.mlp is MlpKind.MOE for layer in self.layers) and not self.num_experts:
+            raise PlanInputError(f"model {self.name}: MoE layers without experts")
 
     @property
     def is_moe(self) -> bool:
@@ -89,7 +178,13 @@ class ModelSpec:
 
     @property
     def num_moe_layers(self) -> int:
-        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+        return sum(layer.mlp is MlpKind.MOE for layer in self.layers)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Any layer that is not full attention / MLA with a feed-forward block."""
+        return any(not layer.mixer.kv_grows or layer.mlp is MlpKind.NONE
+                   for layer in self.layers)
 
     @property
     def query_projection_size(self) -> int:
@@ -100,167 +195,71 @@ class ModelSpec:
         return self.num_query_groups * self.head_dim
 
     @property
-    def params(self) -> "ParamCounts":
+    def params(self) -> ParamCounts:
         return param_counts(self)
 
+    @property
+    def mtp_params(self) -> int:
+        """Parameters of the MTP layers (not in ``params.total``)."""
+        return mtp_params(self)
+
+    # --- layer helpers ---------------------------------------------------------------------
+
+    def count(self, mixer: MixerKind | str | None = None, mlp: MlpKind | str | None = None) -> int:
+        """Layers of a mixer kind and/or feed-forward kind."""
+        return sum((mixer is None or layer.mixer is MixerKind(mixer))
+                   and (mlp is None or layer.mlp is MlpKind(mlp)) for layer in self.layers)
+
+    @property
+    def layer_counts(self) -> dict[str, int]:
+        """Layers per mixer kind (``{"linear_attention": 36, "full_attention": 12}``)."""
+        return mixer_counts(self.layers)
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers whose K/V cache grows with every token (full attention, MLA)."""
+        return sum(layer.mixer.kv_grows for layer in self.layers)
+
+    @property
+    def attention_layers(self) -> int:
+        """Softmax-attention layers of any kind (full, sliding, chunked, MLA)."""
+        return sum(layer.mixer.is_attention for layer in self.layers)
+
+    @property
+    def layer_summary(self) -> str:
+        return layer_summary(self.layers)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["layers"] = [{"mixer": layer.mixer.value, "mlp": layer.mlp.value,
+                          "window": layer.window, "count": count}
+                         for layer, count in run_lengths(self.layers)]
+        for field_name in ("linear_attention", "mamba", "vision"):
+            value = getattr(self, field_name)
+            out[field_name] = asdict(value) if value is not None else None
+        return out
 
 
-@dataclass(frozen=True)
-class ParamCounts:
-    """Parameter counts per component.  ``attention``, ``norms`` etc. are totals over layers."""
-
-    embedding: int
-    output_layer: int  # 0 when tied to the embedding
-    attention_per_layer: int  # projections, biases, q/k norms, MLA's low-rank norms
-    attention_replicated_per_layer: int  # of which not split by TP (q/k norms, MLA down-proj)
-    dense_mlp_per_layer: int
-    router_per_layer: int  # gate weight (+ expert bias, shared-expert gate)
-    experts_per_layer: int  # all routed experts of one MoE layer
-    shared_experts_per_layer: int
-    norms_per_layer: int  # input and post-attention norms
-    final_norm: int
-    num_dense_layers: int
-    num_moe_layers: int
-    active_experts_per_layer: int  # the top-k routed experts one token passes through
-
-    @property
-    def attention(self) -> int:
-        return self.attention_per_layer * (self.num_dense_layers + self.num_moe_layers)
-
-    @property
-    def dense_mlp(self) -> int:
-        return self.dense_mlp_per_layer * self.num_dense_layers
-
-    @property
-    def experts(self) -> int:
-        return self.experts_per_layer * self.num_moe_layers
-
-    @property
-    def shared_experts(self) -> int:
-        return self.shared_experts_per_layer * self.num_moe_layers
-
-    @property
-    def router(self) -> int:
-        return self.router_per_layer * self.num_moe_layers
-
-    @property
-    def norms(self) -> int:
-        layers = self.num_dense_layers + self.num_moe_layers
-        return self.norms_per_layer * layers + self.final_norm
-
-    @property
-    def dense_layer(self) -> int:
-        """Non-embedding parameters of one dense transformer layer."""
-        return self.attention_per_layer + self.dense_mlp_per_layer + self.norms_per_layer
-
-    @property
-    def moe_layer_non_expert(self) -> int:
-        """Parameters of one MoE layer that are not routed experts (replicated over EP)."""
-        return (self.attention_per_layer + self.router_per_layer + self.shared_experts_per_layer
-                + self.norms_per_layer)
-
-    @property
-    def dense_layer_replicated(self) -> int:
-        """Parameters of a dense layer every TP rank holds in full (norms)."""
-        return self.attention_replicated_per_layer + self.norms_per_layer
-
-    @property
-    def moe_layer_replicated(self) -> int:
-        """Parameters of an MoE layer every TP rank holds in full (norms, router)."""
-        return self.attention_replicated_per_layer + self.norms_per_layer + self.router_per_layer
-
-    @property
-    def total(self) -> int:
-        return (self.embedding + self.output_layer + self.attention + self.dense_mlp
-                + self.router + self.experts + self.shared_experts + self.norms)
-
-    @property
-    def active(self) -> int:
-        """Parameters one token passes through (routed experts: only its top-k)."""
-        inactive_per_layer = self.experts_per_layer - self.active_experts_per_layer
-        return self.total - inactive_per_layer * self.num_moe_layers
-
-    def to_dict(self) -> dict[str, int]:
-        return {"total": self.total, "active": self.active, "embedding": self.embedding,
-                "output_layer": self.output_layer, "attention": self.attention,
-                "dense_mlp": self.dense_mlp, "router": self.router, "experts": self.experts,
-                "shared_experts": self.shared_experts, "norms": self.norms}
-
-
-def param_counts(model: ModelSpec) -> ParamCounts:
-    """Analytic parameter counts (same module tree as transformers' implementations)."""
-    h = model.hidden_size
-    mlp_matrices = 3 if model.gated_mlp else 2  # SwiGLU gate+up+down, else up+down
-    if model.is_mla:
-        # DeepSeek-V2 paper (arXiv 2405.04434) §2.1.2, transformers' DeepseekV3Attention:
-        # q_a (h x q_lora) + q_a_norm + q_b (q_lora x heads*(nope+rope)), or a plain q_proj;
-        # kv_a (h x (kv_lora+rope)) + kv_a_norm + kv_b (kv_lora x heads*(nope+v)); o_proj.
-        qk_head = model.qk_nope_head_dim + model.qk_rope_head_dim
-        if model.q_lora_rank:
-            q_params = (h * model.q_lora_rank + model.q_lora_rank
-                        + model.q_lora_rank * model.num_attention_heads * qk_head)
-        else:
-            q_params = h * model.num_attention_heads * qk_head
-        kv_params = (h * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
-                     + model.kv_lora_rank * model.num_attention_heads
-                     * (model.qk_nope_head_dim + model.v_head_dim))
-        attention = q_params + kv_params + model.num_attention_heads * model.v_head_dim * h
-        # Down-projections and their norms are replicated over TP (megatron-core MLA).
-        replicated = (h * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
-                      + model.q_lora_rank + model.kv_lora_rank)
-    else:
-        replicated = 0
-        q_out = model.num_attention_heads * model.head_dim
-        kv_out = 2 * model.num_query_groups * model.head_dim
-        attention = h * (q_out + kv_out) + q_out * h
-        if model.qkv_bias:
-            attention += q_out + kv_out
-        if model.qk_norm:
-            attention += 2 * model.head_dim  # RMSNorm over head_dim for q and for k
-            replicated += 2 * model.head_dim
-    router = 0
-    experts = shared = active_experts = 0
-    if model.is_moe:
-        router = model.num_experts * h
-        if model.router_bias:
-            router += model.num_experts
-        if model.shared_expert_gate:
-            router += h
-        per_expert = mlp_matrices * h * model.moe_ffn_hidden_size
-        experts = model.num_experts * per_expert
-        active_experts = model.moe_top_k * per_expert
-        shared = mlp_matrices * h * model.shared_expert_ffn_hidden_size
-    num_dense = model.num_layers - model.num_moe_layers
-    return ParamCounts(
-        embedding=model.vocab_size * h,
-        output_layer=0 if model.tied_embeddings else model.vocab_size * h,
-        attention_per_layer=attention,
-        attention_replicated_per_layer=replicated,
-        dense_mlp_per_layer=mlp_matrices * h * model.ffn_hidden_size if num_dense else 0,
-        router_per_layer=router,
-        experts_per_layer=experts,
-        shared_experts_per_layer=shared,
-        norms_per_layer=2 * h,  # RMSNorm weights, no bias
-        final_norm=h,
-        num_dense_layers=num_dense,
-        num_moe_layers=model.num_moe_layers,
-        active_experts_per_layer=active_experts,
-    )
+def _homogeneous(layers) -> bool:
+    """Every layer full attention (or every layer MLA) with a feed-forward block, dense layers
+    first: the transformer the scalar fields describe on their own."""
+    layers = [layer if isinstance(layer, LayerSpec) else None for layer in layers]
+    if not layers or None in layers:
+        return False
+    mixers = {layer.mixer for layer in layers}
+    if len(mixers) != 1 or not mixers <= {MixerKind.FULL, MixerKind.MLA}:
+        return False
+    mlps = [layer.mlp for layer in layers]
+    if MlpKind.NONE in mlps:
+        return False
+    first_moe = mlps.index(MlpKind.MOE) if MlpKind.MOE in mlps else len(mlps)
+    return all(mlp is MlpKind.MOE for mlp in mlps[first_moe:])
 
 
 # ---------------------------------------------------------------------------------------------
 # config.json -> ModelSpec
 
-
-def _first(config: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
-    for key in keys:
-        value = config.get(key)
-        if value is not None:
-            return value
-    return default
-
+_first = hf_config.first
 
 # config.json fields the planner reads as integers -> (low, high): what real models use, with
 # wide margins (the largest published configs: hidden 16,384 / 128 layers / 256 experts /
@@ -275,11 +274,20 @@ INTEGER_FIELDS = {
     "shared_expert_intermediate_size": (0, 1 << 24), "num_experts": (0, 1 << 16),
     "num_local_experts": (0, 1 << 16), "n_routed_experts": (0, 1 << 16),
     "moe_num_experts": (0, 1 << 16), "num_experts_per_tok": (0, 1 << 16),
-    "moe_top_k": (0, 1 << 16), "n_shared_experts": (0, 1 << 12),
-    "num_shared_experts": (0, 1 << 12), "first_k_dense_replace": (0, 4096),
+    "moe_top_k": (0, 1 << 16), "moe_k": (0, 1 << 16), "n_shared_experts": (0, 1 << 12),
+    "num_shared_experts": (0, 1 << 12), "moe_num_shared_experts": (0, 1 << 12),
+    "first_k_dense_replace": (0, 4096), "moe_layer_freq": (1, 4096),
+    "decoder_sparse_step": (1, 4096), "interleave_moe_layer_step": (1, 4096),
     "q_lora_rank": (0, _WIDTH), "kv_lora_rank": (0, _WIDTH), "qk_nope_head_dim": (0, 1 << 16),
     "qk_rope_head_dim": (0, 1 << 16), "v_head_dim": (0, 1 << 16),
-    "num_nextn_predict_layers": (0, 4096),
+    "num_nextn_predict_layers": (0, 4096), "mtp_num_hidden_layers": (0, 4096),
+    "sliding_window": (0, 1 << 30), "attention_chunk_size": (0, 1 << 30),
+    "full_attention_interval": (1, 4096), "linear_num_key_heads": (1, 1 << 16),
+    "linear_num_value_heads": (1, 1 << 16), "linear_key_head_dim": (1, 1 << 16),
+    "linear_value_head_dim": (1, 1 << 16), "linear_conv_kernel_dim": (1, 1 << 10),
+    "mamba_num_heads": (1, 1 << 16), "mamba_head_dim": (1, 1 << 16),
+    "ssm_state_size": (1, 1 << 16), "n_groups": (1, 1 << 16), "conv_kernel": (1, 1 << 10),
+    "moe_latent_size": (0, _WIDTH), "moe_shared_expert_intermediate_size": (0, 1 << 24),
 }
 
 
@@ -295,15 +303,17 @@ def check_config_fields(config: Mapping[str, Any], name: str) -> None:
             check_number(f"config for {name!r}: {key}", config[key], low, high, integer=True)
 
 
-def spec_from_hf_config(config: Mapping[str, Any], name: str, source: str = "") -> ModelSpec:
-    """Normalise a Hugging Face config dict (any of the common decoder families) to a spec."""
+def _text_config(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     text_config = config.get("text_config")
     if text_config is not None and not isinstance(text_config, Mapping):
         raise PlanInputError(f"config for {name!r}: text_config {shown(text_config)} is not "
                              f"valid; valid: the language model's config (a JSON object)")
-    if isinstance(text_config, Mapping):  # multimodal wrappers: the language model
-        config = {**text_config, "model_type": text_config.get(
-            "model_type", config.get("model_type", ""))}
+    return hf_config.text_part(config)
+
+
+def spec_from_hf_config(config: Mapping[str, Any], name: str, source: str = "") -> ModelSpec:
+    """Normalise a Hugging Face config dict (any family verl runs on Megatron) to a spec."""
+    config = _text_config(config, name)
     check_config_fields(config, name)
     try:
         model_type = str(config.get("model_type", ""))
@@ -316,38 +326,30 @@ def spec_from_hf_config(config: Mapping[str, Any], name: str, source: str = "") 
                              f"LLM config.json") from None
     except (TypeError, ValueError) as bad:
         raise PlanInputError(f"config for {name!r} has a non-integer size: {bad}") from None
+    hf_config.check_layout_keys(config, name, model_type)
     kv_heads = int(_first(config, "num_key_value_heads", default=heads))
     head_dim = int(_first(config, "head_dim", default=hidden // heads))
-    num_experts = int(_first(config, "num_experts", "num_local_experts", "n_routed_experts",
-                             "moe_num_experts", default=0))
-    top_k = int(_first(config, "num_experts_per_tok", "moe_top_k", default=0)) if num_experts else 0
-    moe_ffn = int(_first(config, "moe_intermediate_size", default=0)) if num_experts else 0
-    dense_ffn = int(_first(config, "intermediate_size", default=4 * hidden))
-    if num_experts and not moe_ffn:  # Mixtral: every expert is a full-width MLP
-        moe_ffn = dense_ffn
-    shared_ffn = 0
+    num_experts = hf_config.num_experts(config, name)
+    top_k = hf_config.experts_per_token(config, name) if num_experts else 0
+    dense_ffn = int(_first(config, "intermediate_size_mlp", "intermediate_size",
+                           default=4 * hidden))
+    moe_ffn = shared_ffn = 0
     shared_gate = False
     if num_experts:
-        n_shared = int(_first(config, "n_shared_experts", "num_shared_experts", default=0))
-        shared_ffn = n_shared * moe_ffn
-        if config.get("shared_expert_intermediate_size"):  # Qwen2-MoE
-            shared_ffn = int(config["shared_expert_intermediate_size"])
-            shared_gate = True
-    first_dense = int(_first(config, "first_k_dense_replace", default=0)) if num_experts else 0
-    if num_experts and config.get("mlp_only_layers"):
-        raise PlanInputError(f"config for {name!r}: mlp_only_layers "
-                             f"{config['mlp_only_layers']} (dense layers amid MoE) is not "
-                             f"supported")
-    if num_experts and int(_first(config, "decoder_sparse_step", "moe_layer_freq", default=1)) != 1:
-        raise PlanInputError(f"config for {name!r}: MoE layers on every k-th layer only "
-                             f"(decoder_sparse_step/moe_layer_freq != 1) are not supported")
+        moe_ffn = hf_config.expert_width(config, name, int(_first(
+            config, "intermediate_size", default=4 * hidden)))
+        shared_ffn, shared_gate = hf_config.shared_expert_width(config, name, moe_ffn)
     kv_lora = int(_first(config, "kv_lora_rank", default=0))
-    act = str(_first(config, "hidden_act", "hidden_activation", default="silu"))
+    layer_specs = hf_config.read_layers(config, name, layers, model_type, mla=bool(kv_lora))
+    kinds = {layer.mixer for layer in layer_specs}
+    act = str(_first(config, "mlp_hidden_act", "hidden_act", "hidden_activation",
+                     default="silu"))
     model_type_gated = act in ("silu", "swiglu", "gelu_pytorch_tanh") or "llama" in model_type
+    qk_full = model_type in hf_config.QK_NORM_FULL_WIDTH
     return ModelSpec(
         name=name,
         model_type=model_type,
-        num_layers=layers,
+        num_layers=len(layer_specs),
         hidden_size=hidden,
         ffn_hidden_size=dense_ffn,
         num_attention_heads=heads,
@@ -357,28 +359,52 @@ def spec_from_hf_config(config: Mapping[str, Any], name: str, source: str = "") 
         vocab_size=vocab,
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=bool(_first(config, "attention_bias", "qkv_bias",
-                             default=model_type in ("qwen2", "qwen2_moe"))),
-        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+                             *(("use_bias",) if model_type.startswith("ernie") else ()),
+                             default=model_type in hf_config.QKV_BIAS_DEFAULT)),
+        qk_norm=(model_type in hf_config.QK_NORM_PER_HEAD
+                 or config.get("text_model_type") in hf_config.QK_NORM_PER_HEAD
+                 or (bool(config.get("use_qk_norm")) and model_type == "glm4_moe")),
         gated_mlp=model_type_gated,
         num_experts=num_experts,
         moe_top_k=top_k,
         moe_ffn_hidden_size=moe_ffn,
         shared_expert_ffn_hidden_size=shared_ffn,
-        num_dense_layers=first_dense,
-        router_bias=bool(num_experts) and config.get("topk_method") == "noaux_tc",
+        num_dense_layers=(sum(layer.mlp is MlpKind.DENSE for layer in layer_specs)
+                          if num_experts else 0),
+        router_bias=bool(num_experts) and (config.get("topk_method") == "noaux_tc"
+                                           or model_type in hf_config.ROUTER_BIAS),
         shared_expert_gate=shared_gate,
         q_lora_rank=int(_first(config, "q_lora_rank", default=0)) if kv_lora else 0,
         kv_lora_rank=kv_lora,
         qk_nope_head_dim=int(config.get("qk_nope_head_dim", 0)) if kv_lora else 0,
         qk_rope_head_dim=int(config.get("qk_rope_head_dim", 0)) if kv_lora else 0,
         v_head_dim=int(config.get("v_head_dim", 0)) if kv_lora else 0,
-        mtp_layers=int(_first(config, "num_nextn_predict_layers", default=0)),
+        mtp_layers=hf_config.mtp_layers(config, name),
         source=source or str(config.get("_source", "")),
+        architecture=hf_config.architecture_of(config),
+        layers=layer_specs,
+        linear_attention=(hf_config.read_linear_attention(config, name)
+                          if MixerKind.LINEAR in kinds else None),
+        mamba=hf_config.read_mamba(config, name) if MixerKind.MAMBA in kinds else None,
+        vision=hf_config.read_vision(config, name, model_type, hidden),
+        attention_output_gate=bool(_first(config, "attn_output_gate", default=(
+            model_type in hf_config.ATTENTION_OUTPUT_GATE))),
+        attention_o_bias=((model_type == "gpt_oss" and bool(config.get("attention_bias", True)))
+                          or (model_type.startswith("ernie") and bool(config.get("use_bias")))),
+        attention_sinks=model_type == "gpt_oss",
+        qk_norm_full_width=qk_full,
+        expert_bias=model_type == "gpt_oss",
+        mlp_bias=bool(config.get("mlp_bias", False)),
+        moe_latent_size=int(_first(config, "moe_latent_size", default=0)) if num_experts else 0,
     )
 
 
 # ---------------------------------------------------------------------------------------------
 # Catalog and lookup
+
+# Families whose published config.json names a model_type only their remote code defines
+# (Kimi-K2's ``kimi_k2``, MiMo's ``mimo``): read by the normaliser's own rules.
+REMOTE_CODE_TYPES = frozenset({"kimi_k2", "mimo"})
 
 # Short names users type, beyond the normalised canonical names (case/punctuation ignored).
 EXTRA_ALIASES = {
@@ -394,6 +420,19 @@ EXTRA_ALIASES = {
     "deepseek-r1": "DeepSeek-V3",  # DeepSeek-R1 is DeepSeek-V3's architecture
     "moonlight": "Moonlight-16B-A3B",
     "moonlight-16b": "Moonlight-16B-A3B",
+    "qwen3.5-35b": "Qwen3.5-35B-A3B",
+    "qwen3.6-35b-a3b": "Qwen3.5-35B-A3B",  # Qwen3.6 ships Qwen3.5's architecture and config
+    "qwen3-next": "Qwen3-Next-80B-A3B",
+    "qwen3-next-80b-a3b-thinking": "Qwen3-Next-80B-A3B",
+    "nemotron-3-nano": "NVIDIA-Nemotron-3-Nano-30B-A3B",
+    "nvidia-nemotron-3-nano-30b-a3b-bf16": "NVIDIA-Nemotron-3-Nano-30B-A3B",
+    "nemotron-3-super": "NVIDIA-Nemotron-3-Super-120B-A12B",
+    "nvidia-nemotron-3-super-120b-a12b-bf16": "NVIDIA-Nemotron-3-Super-120B-A12B",
+    "kimi-k2-instruct": "Kimi-K2",
+    "llama-4-scout": "Llama-4-Scout-17B-16E",
+    "llama-4-maverick": "Llama-4-Maverick-17B-128E",
+    "mimo-7b-rl": "MiMo-7B",
+    "mimo-7b-base": "MiMo-7B",
 }
 # Released variants that keep their base model's architecture (only fine-tuned weights), so
 # ``Qwen/Qwen2.5-7B-Instruct`` plans as Qwen2.5-7B.  Tried only after an exact match fails, so
@@ -462,21 +501,28 @@ def load_model_config_path(path: Path) -> ModelSpec:
     name = path.name if path.is_dir() else path.parent.name or config_file.stem
     # The sizes the planner needs must be in the file itself: transformers would fill a missing
     # one with its class default, a different model than the user's.
-    spec_from_hf_config(raw, name=name, source=str(config_file))
+    check_config_fields(_text_config(raw, name), name)
     if "model_type" not in raw:
         raise PlanInputError(f"{str(config_file)!r} has no model_type; not a transformers config")
-    if not available("transformers"):
-        # The normaliser knows every field it reads; transformers only adds class defaults.
-        return spec_from_hf_config(raw, name=name, source=str(config_file))
-    from transformers import AutoConfig  # lazy: transformers is heavy
+    if not isinstance(raw["model_type"], str):
+        raise PlanInputError(f"{str(config_file)!r}: model_type {shown(raw['model_type'])} is "
+                             f"not a string; valid: a transformers model type such as 'qwen3'")
+    values = raw
+    if available("transformers"):
+        from transformers import AutoConfig  # lazy: transformers is heavy
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    try:
-        config = AutoConfig.for_model(**raw)
-    except Exception as error:  # noqa: BLE001 - transformers raises ValueError, TypeError,
-        # KeyError and huggingface_hub's StrictDataclassFieldValidationError for bad fields
-        raise PlanInputError(f"{str(config_file)!r}: transformers cannot read it "
-                             f"({str(error).splitlines()[0]})") from None
-    values = {**raw, **config.to_dict()}
+        if raw["model_type"] in CONFIG_MAPPING_NAMES or raw["model_type"] not in REMOTE_CODE_TYPES:
+            try:
+                config = AutoConfig.for_model(**raw)
+            except Exception as error:  # noqa: BLE001 - transformers raises ValueError,
+                # TypeError, KeyError and StrictDataclassFieldValidationError for bad fields
+                raise PlanInputError(f"{str(config_file)!r}: transformers cannot read it "
+                                     f"({str(error).splitlines()[0]})") from None
+            values = {**raw, **config.to_dict()}
+    # else: the normaliser knows every field it reads; transformers only adds class defaults
+    check_supported(values, name)
+    spec_from_hf_config(raw, name=name, source=str(config_file))
     return spec_from_hf_config(values, name=name, source=str(config_file))
 
 

@@ -23,6 +23,7 @@ from planner.bounds import (
     MAX_VPP,
 )
 from planner.errors import PlanInputError
+from trials.defaults import FIRST_TRIALS, PRUNERS, SAMPLERS, TUNE_DEFAULTS
 
 
 class UsageError(PlanInputError):
@@ -177,13 +178,25 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mean-response-length", type=integer(0, MAX_TOKENS), default=0,
                        help="tokens generated per response on average (time follows it; "
                             "default: half of --response-length)")
+    group.add_argument("--response-lengths", type=free_text("MEAN[,P90] or START:END", 64),
+                       metavar="MEAN[,P90]|START:END|KIND",
+                       help="mean response length (tokens, or N%% of --response-length), "
+                            "with its 90th percentile, or its start:end over the run, or a kind "
+                            "of job (math, math-reasoning) for its published lengths; the plan "
+                            "times the run's mean")
+    group.add_argument("--lengths-from", type=PATH, metavar="RUN",
+                       help="take the lengths from a previous verl run: its file-logger "
+                            "JSONL, console log, a wandb/MLflow CSV export or a folder "
+                            "holding one")
     group.add_argument("--mean-prompt-length", type=integer(0, MAX_TOKENS), default=0,
                        help="prompt tokens on average (time follows it, memory the maximum; "
                             "default: --prompt-length)")
     group.add_argument("--overlap-grad-reduce", action="store_true",
                        help="the job sets megatron override_ddp_config.overlap_grad_reduce "
                             "(verl's default leaves the DP gradient traffic exposed)")
-    group.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
+    group.add_argument("--precision", default=None, choices=("bf16", "fp16", "fp8"),
+                       help="training precision (default bf16; fp16 on GPUs without BF16, "
+                            "V100)")
     group.add_argument("--max-num-seqs", type=integer(1, MAX_BATCH), default=256,
                        help="rollout engine's max concurrent sequences (default 256, verl's)")
     group.add_argument("--workload", choices=("grpo", "pretrain"), default="grpo",
@@ -242,6 +255,11 @@ class _ModeChoices:
 
     def __iter__(self):
         return iter(self._names())
+
+    def baseline(self) -> str:
+        """What no ``--mode`` means: the first registered mode (the CLI reference shows it as
+        the default)."""
+        return self._names()[0]
 
 
 MODE_CHOICES = _ModeChoices()
@@ -495,8 +513,14 @@ def _tune_parser(sub) -> None:
                        help="training steps per trial (trainer.total_training_steps, default 5)")
     study.add_argument("--warmup-steps", type=integer(0, 100_000), default=1,
                        help="first steps left out of the medians (default 1)")
-    study.add_argument("--top-k", type=integer(1, 100_000), default=5,
-                       help="predicted best layouts run first (default 5)")
+    study.add_argument("--top-k", type=integer(1, 100_000), default=TUNE_DEFAULTS["top_k"],
+                       help=f"predicted best layouts run first (default "
+                            f"{TUNE_DEFAULTS['top_k']})")
+    study.add_argument("--first-trials", choices=FIRST_TRIALS,
+                       default=TUNE_DEFAULTS["first_trials"],
+                       help="which tied layouts run first: the simplest, or one per TP/EP/PP "
+                            f"family (default {TUNE_DEFAULTS['first_trials']}; "
+                            "docs/tuning/regret.md)")
     study.add_argument("--patience", type=integer(0, 100_000), default=0,
                        help="stop after this many trials without improvement (default 0: "
                             "never)")
@@ -505,7 +529,21 @@ def _tune_parser(sub) -> None:
                             "= 1%%)")
     study.add_argument("--multi-objective", action="store_true",
                        help="also minimise measured peak GPU memory")
-    study.add_argument("--sampler", choices=("tpe", "random"), default="tpe")
+    study.add_argument("--sampler", choices=SAMPLERS,
+                       default=TUNE_DEFAULTS["sampler"],
+                       help="guided: the cost model's prediction corrected by the measured "
+                            "trials (errors shared by TP/EP/PP and the other knobs), the "
+                            "highest upper bound next; tpe/random: Optuna's over the layout "
+                            f"fields (default {TUNE_DEFAULTS['sampler']})")
+    study.add_argument("--pruner", choices=PRUNERS,
+                       help="stop a trial that trails the study's best at equal steps "
+                            f"(default {TUNE_DEFAULTS['pruner']}, none with "
+                            "--multi-objective; none: every trial runs --steps)")
+    study.add_argument("--stop-when-confident", action=argparse.BooleanOptionalAction,
+                       default=TUNE_DEFAULTS["stop_when_confident"],
+                       help="stop when no untried layout is predicted to beat the best "
+                            "measured one by more than the model's error (default "
+                            f"{'on' if TUNE_DEFAULTS['stop_when_confident'] else 'off'})")
     study.add_argument("--seed", type=integer(0, 2**32 - 1))
     study.add_argument("--memory-margin", type=fraction(0.0, 0.95), default=0.0,
                        help="run only layouts predicted to fit with this fraction of GPU memory "
@@ -644,12 +682,44 @@ def _calibrate_parser(sub) -> None:
 def _catalog_parsers(sub) -> None:
     models = sub.add_parser("models", help="list the built-in model catalog")
     output_args(models, ("table", "json"))
+    models.add_argument("--supported", action="store_true",
+                        help="list the architectures verl runs on Megatron (Megatron-Bridge, "
+                             "mbridge, verl's registry), which plan-parallel plans, and the "
+                             "use_mbridge/vanilla_mbridge each needs")
     gpus = sub.add_parser("gpus", help="list the GPU catalog")
     output_args(gpus, ("table", "json"))
 
 
+def _advise_parser(sub) -> None:
+    parser = sub.add_parser(
+        "advise", help="what to change in the verl job you are running, from its run",
+        description="Read a verl run's metrics (file-logger JSONL, console log, wandb or MLflow "
+                    "CSV export, or a folder holding one) and its job; print measured vs "
+                    "predicted time per phase, this cluster's constants fitted from the run, "
+                    "the re-plan at the run's real lengths, the best change and whether the "
+                    "lengths drifted enough for a re-plan to pay.  Exit 0: answered; 1: no "
+                    "layout fits at the run's lengths; 2: unreadable run or job.")
+    parser.add_argument("run", type=PATH, metavar="RUN_DIR_OR_LOG",
+                        help="the run's metrics: a .jsonl, a console log, a .csv export, an "
+                             "MLflow run folder, or a folder holding one")
+    parser.add_argument("--job", type=PATH, metavar="SCRIPT",
+                        help="the job's launch script or Hydra YAML (default: the run folder's "
+                             "run_grpo.sh when plan-parallel wrote the job there)")
+    job_input_args(parser)
+    parser.add_argument("--calibration", type=PATH,
+                        help="calibration to start from and compare with (default: the "
+                             "shipped one)")
+    parser.add_argument("--warmup-steps", type=integer(0, 100_000), default=1,
+                        help="first steps left out of the medians (default 1)")
+    parser.add_argument("--write-calibration", type=PATH, metavar="FILE",
+                        help="also write the constants fitted from the run (for --calibration)")
+    parser.add_argument("--force", action="store_true",
+                        help="let --write-calibration replace an existing file")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+
+
 SUBCOMMANDS = ("plan", "estimate", "validate", "tune", "calibrate", "profile", "explain", "fix",
-               "diff", "report", "models", "gpus", "doctor")
+               "diff", "report", "models", "gpus", "doctor", "advise")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -661,6 +731,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
     for add in (_plan_parser, _estimate_parser, _validate_parser, _tune_parser, _doctor_parser,
                 _calibrate_parser, _profile_parser, _explain_parser, _fix_parser, _diff_parser,
-                _report_parser, _catalog_parsers):
+                _report_parser, _catalog_parsers, _advise_parser):
         add(sub)
     return parser

@@ -22,9 +22,9 @@ def cmd_calibrate(args) -> int:
         Path(args.sweep_dir) / "calibration.json" if args.sweep_dir else Path("calibration.json"))
     if output.exists() and not args.force:
         raise PlanInputError(f"{output} exists; pass --force to overwrite it (or --output FILE)")
+    initial = read_calibration(Path(args.calibration)) if args.calibration else None
     study, spec = open_study(args.storage, args.sweep_dir, args.study_name)
     name = study.study_name
-    initial = read_calibration(Path(args.calibration)) if args.calibration else None
     result = calibrate_study(study, initial, source=f"plan-parallel calibrate: study {name} "
                                                     f"({spec.display})")
     write_calibration(result.calibration, output)

@@ -1,4 +1,4 @@
-"""Exit codes of every ``plan-parallel`` command (documented in the README)."""
+"""Exit codes of every ``plan-parallel`` command (documented once, in docs/security.md)."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from planner.report.text import estimate_text, format_table, plan_csv, plan_tabl
 from planner.search.layout import Layout, modules_mask
 from planner.search.pipeline import default_split, layout_vpp, split_problems
 from planner.search.space import SearchOptions
+from planner.verl.export import check_overrides
 from planner.verl.files import write_plan_job
 
 
@@ -36,6 +37,8 @@ def cmd_plan(args) -> int:
         from planner.cli.modes import cmd_plan_mode
 
         return cmd_plan_mode(args)
+    if args.write:
+        check_overrides(args.override or ())  # before any planning: Hydra's own parser
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args)
@@ -217,6 +220,8 @@ def _print_split_estimate(args, estimate: SplitEstimate) -> int:
 
 
 def cmd_models(args) -> int:
+    if getattr(args, "supported", False):
+        return _supported_models(args)
     specs = [builtin_model(name) for name in catalog_names()]
     if args.format == "json":
         print(to_json([{**spec.to_dict(), "params": spec.params.to_dict()} for spec in specs]))
@@ -224,11 +229,33 @@ def cmd_models(args) -> int:
     rows = [{"name": s.name, "type": s.model_type, "params": f"{s.params.total / 1e9:.2f}B",
              "active": f"{s.params.active / 1e9:.2f}B", "layers": s.num_layers,
              "hidden": s.hidden_size, "heads": f"{s.num_attention_heads}/{s.num_query_groups}",
-             "experts": f"{s.num_experts} top-{s.moe_top_k}" if s.is_moe else "-"}
+             "experts": f"{s.num_experts} top-{s.moe_top_k}" if s.is_moe else "-",
+             "kinds": s.layer_summary if s.is_hybrid or s.vision else "-"}
             for s in specs]
     print(format_table(rows, [("model", "name"), ("type", "type"), ("params", "params"),
                               ("active", "active"), ("layers", "layers"), ("hidden", "hidden"),
-                              ("heads/kv", "heads"), ("experts", "experts")]))
+                              ("heads/kv", "heads"), ("experts", "experts"),
+                              ("layer kinds", "kinds")]))
+    return ExitCode.OK
+
+
+def _supported_models(args) -> int:
+    """``models --supported``: every architecture verl runs on Megatron, planned or not."""
+    from planner.catalog.support import registries, supported_rows
+
+    rows = supported_rows()
+    if args.format == "json":
+        print(to_json({"sources": registries().sources, "architectures": rows}))
+        return ExitCode.OK
+    table = [{**row, "planned": "yes" if row["planned"] else "no",
+              "vanilla": str(row.get("vanilla_mbridge", "-")).lower()} for row in rows]
+    print(format_table(table, [("architecture", "architecture"), ("family", "family"),
+                               ("planned", "planned"), ("built by", "route"),
+                               ("vanilla_mbridge", "vanilla"), ("note", "note")]))
+    print("every route needs actor_rollout_ref.actor.megatron.use_mbridge=true (verl 0.9.1's "
+          "Megatron engine asserts it)", file=sys.stderr)
+    for route, source in registries().sources.items():
+        print(f"{route}: {source}", file=sys.stderr)
     return ExitCode.OK
 
 
@@ -238,7 +265,10 @@ def cmd_gpus(args) -> int:
 
         print(to_json([asdict(g) for g in GPU_CATALOG]))
         return ExitCode.OK
-    rows = [{"name": g.name, "memory": f"{g.memory_gib:.1f}", "bf16": f"{g.bf16_flops / 1e12:.0f}",
+    rows = [{"name": g.name, "memory": f"{g.memory_gib:.1f}",
+             "bf16": f"{g.bf16_flops / 1e12:.0f}" + ("" if g.bf16 else "*"),
+             "sm": "-" if g.compute_capability is None else
+             f"{g.compute_capability[0]}.{g.compute_capability[1]}",
              "fp8": f"{g.fp8_flops / 1e12:.0f}" if g.fp8_flops else "-",
              "hbm": f"{g.hbm_bandwidth_bytes_per_s / 1e12:.2f}",
              "nvlink": f"{g.nvlink_bandwidth_bytes_per_s / 1e9:.0f}",
@@ -247,5 +277,7 @@ def cmd_gpus(args) -> int:
     print(format_table(rows, [("gpu", "name"), ("GiB", "memory"), ("BF16 TF/s", "bf16"),
                               ("FP8 TF/s", "fp8"), ("HBM TB/s", "hbm"),
                               ("NVLink GB/s", "nvlink"), ("net GB/s", "net"),
-                              ("NVLink GPUs", "domain")]))
+                              ("NVLink GPUs", "domain"), ("sm", "sm")]))
+    if not all(g.bf16 for g in GPU_CATALOG):
+        print("* FP16: no BF16 tensor cores (plans for it train in FP16)")
     return ExitCode.OK

@@ -1,15 +1,18 @@
 """From parsed arguments to the planner's inputs: model, cluster, workload, pins, policy.
 
-Messages name the flag a value came from.  The one note printed here (no GPU visible through
-NVML) goes to stderr.
+Messages name the flag a value came from.  The note that no GPU is visible through NVML goes to
+stderr at once; the notes about the chosen GPU (FP16 on a part without BF16, a pinned rollout
+engine that does not run on it, efficiencies not calibrated on it) are held in
+:mod:`planner.cli.notes` and printed with the answer.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from planner.bounds import load_json
+from planner.catalog.engines import engine_problem, training_precision
 from planner.catalog.hardware import (
     DEFAULT_GPU,
     DEFAULT_GPUS_PER_NODE,
@@ -19,6 +22,7 @@ from planner.catalog.hardware import (
     gpu_from_detected,
 )
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
+from planner.cli import notes
 from planner.cli.args import UsageError
 from planner.cost.efficiency import CostModel, read_calibration
 from planner.cost.request import PlanRequest
@@ -26,6 +30,9 @@ from planner.modes import BEST, all_modes, get_mode, mode_names
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import RECOMPUTE
 from planner.search.space import SearchOptions
+
+if TYPE_CHECKING:
+    from planner.catalog.lengths import ResponseLengths
 
 
 def resolve_cluster(args) -> ClusterSpec:
@@ -47,21 +54,97 @@ def resolve_cluster(args) -> ClusterSpec:
     per_node = args.gpus_per_node or (detected.count if detected else DEFAULT_GPUS_PER_NODE)
     if args.gpus is not None and args.gpus < per_node and not args.gpus_per_node:
         per_node = max(args.gpus, 1)
-    return ClusterSpec(gpu=gpu, num_gpus=gpus, gpus_per_node=per_node,
-                       host_memory_gib=getattr(args, "host_memory_gib", None))
+    cluster = ClusterSpec(gpu=gpu, num_gpus=gpus, gpus_per_node=per_node,
+                          host_memory_gib=getattr(args, "host_memory_gib", None))
+    gpu_notes(args, gpu)
+    return cluster
+
+
+def gpu_notes(args, gpu) -> None:
+    """Settle the precision on this GPU (``--precision`` unset: BF16, FP16 without BF16) and
+    hold the notes about the GPU: FP16 forced, a rollout engine the card cannot run, and the
+    efficiencies' source when the calibration has no measurements of this GPU type."""
+    if not hasattr(args, "precision"):
+        return
+    args.precision, forced = training_precision(gpu, args.precision)
+    if forced:
+        notes.note(forced)
+    engine = getattr(args, "rollout_engine", None)
+    if engine and getattr(args, "workload", "grpo") == "grpo":
+        problem = engine_problem(gpu, engine)
+        if problem:
+            notes.note(f"{problem}; the plan's times assume it")
+    source = cost_model(args).source_of(gpu, args.precision)
+    if source.startswith("uncalibrated"):
+        notes.note(f"{gpu.name} step times are {source} (`plan-parallel calibrate` fits a "
+                   f"cluster's own trials)")
+
+
+def precision(args) -> str:
+    """``--precision``, or when unset the one the named GPU types train in (``resolve_cluster``
+    settles it for one GPU; sizing several types reads ``--gpu-type`` here)."""
+    if args.precision is not None:
+        return args.precision
+    from planner.sizing.counts import parse_gpu_types
+
+    gpus = parse_gpu_types(args.gpu_type) if getattr(args, "gpu_type", None) else ()
+    lacking = [gpu.name for gpu in gpus if not gpu.bf16]
+    if gpus and len(lacking) == len(gpus):
+        args.precision, forced = training_precision(gpus[0], None)
+        notes.note(forced)
+        return args.precision
+    if lacking:
+        notes.note(f"{', '.join(lacking)} ha{'s' if len(lacking) == 1 else 've'} no BF16 "
+                   f"tensor cores: sized at {'its' if len(lacking) == 1 else 'their'} FP16 "
+                   f"tensor rate with the others' BF16 workload")
+    return "bf16"
+
+
+LENGTH_FLAGS = (("--response-lengths", "response_lengths"), ("--lengths-from", "lengths_from"),
+                ("--mean-response-length", "mean_response_length"))
+
+
+def response_lengths(args) -> tuple["ResponseLengths | None", float]:
+    """``--response-lengths`` or ``--lengths-from`` as :class:`ResponseLengths` (None when
+    neither is given), and the run's mean prompt length (0: not read)."""
+    given = [flag for flag, name in LENGTH_FLAGS if getattr(args, name, None)]
+    if len(given) > 1:
+        raise UsageError(f"{given[0]} and {given[1]} both set the response lengths; give one")
+    if getattr(args, "response_lengths", None):
+        from planner.catalog.lengths import parse_response_lengths
+
+        return parse_response_lengths(args.response_lengths, args.response_length,
+                                      getattr(args, "model", None) or ""), 0.0
+    if getattr(args, "lengths_from", None):
+        from trials.runs import read_run
+
+        run = read_run(args.lengths_from)
+        prompts = run.series("prompt_length/mean")
+        return run.response_lengths(args.response_length), \
+            float(prompts.mean()) if len(prompts) else 0.0
+    return None, 0.0
 
 
 def workload(args):
     if args.workload == "pretrain":
         return PretrainWorkload(seq_len=args.seq_len, global_batch=args.global_batch,
-                                precision=args.precision)
-    return GrpoWorkload(mean_response_length=args.mean_response_length,
-                        mean_prompt_length=args.mean_prompt_length,
+                                precision=precision(args))
+    lengths, prompt = response_lengths(args)
+    mean, mean_prompt = args.mean_response_length, args.mean_prompt_length
+    if lengths is not None:
+        mean = max(int(round(lengths.mean_tokens)), 1)
+        if prompt and not mean_prompt:
+            mean_prompt = int(min(max(round(prompt), 1), args.prompt_length))
+        print(f"note: {lengths.sentence()}; timed at the run's mean, {mean} tokens"
+              + (f" (mean prompt {mean_prompt})" if prompt and mean_prompt else ""),
+              file=sys.stderr)
+    return GrpoWorkload(mean_response_length=mean,
+                        mean_prompt_length=mean_prompt,
                         overlap_grad_reduce=args.overlap_grad_reduce,
                         train_batch_size=args.train_batch_size, rollout_n=args.rollout_n,
                         prompt_length=args.prompt_length, response_length=args.response_length,
                         mini_batch_size=args.mini_batch_size, ppo_epochs=args.ppo_epochs,
-                        precision=args.precision, max_num_seqs=args.max_num_seqs,
+                        precision=precision(args), max_num_seqs=args.max_num_seqs,
                         use_kl_loss=args.kl_loss, use_kl_in_reward=args.kl_in_reward,
                         bypass_old_log_prob=args.bypass_old_log_prob,
                         fused_kernels=args.fused_kernels,
@@ -80,7 +163,7 @@ def cost_model(args) -> CostModel:
     """The cost model: ``--calibration FILE`` read once, else the shipped calibration."""
     if not getattr(args, "calibration", None):
         return CostModel.load()
-    load_json(Path(args.calibration), "--calibration")  # size, depth, NaN checked first
+    # size, depth, NaN, schema
     return CostModel.load(read_calibration(Path(args.calibration)), source=args.calibration)
 
 

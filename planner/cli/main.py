@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Sequence
 
+from planner.cli import notes
 from planner.cli.args import SUBCOMMANDS, build_parser
 from planner.cli.codes import ExitCode
 from planner.errors import InvalidLayoutError, NoFitError, PlanInputError
@@ -31,6 +32,7 @@ HANDLERS = {
     "tune": ("tune", "cmd_tune"),
     "calibrate": ("calibrate", "cmd_calibrate"),
     "doctor": ("doctor", "cmd_doctor"),
+    "advise": ("advise", "cmd_advise"),
 }
 assert set(HANDLERS) == set(SUBCOMMANDS)
 
@@ -57,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv.insert(0, "plan")  # `plan-parallel --model ... --gpus ...`
     if not argv:
         argv = ["--help"]
+    notes.drop()
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:
@@ -76,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             raise missing from None
         sys.stdout.flush()
+        notes.flush()  # the assumptions the answer rests on, after it (errors drop them)
         return code
     except PlanInputError as error:
         _error(error)

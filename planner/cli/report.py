@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from planner.bounds import check_output_file, check_output_folder
 from planner.catalog.models import resolve_model
 from planner.cli import inputs
 from planner.cli.args import UsageError
@@ -13,30 +14,51 @@ from planner.cost.request import PlanRequest
 from planner.errors import NoFitError, PlanInputError
 from planner.plan import make_plan
 from planner.report.html import (
+    ReportFiles,
     load_trials,
     plan_from_sweep,
     write_report,
     write_sizing_report,
 )
 from planner.search.space import SearchOptions
+from trials.sweep import confidence_statement
+
+
+def check_report_outputs(args) -> None:
+    """``--html`` and ``--png-dir`` checked before anything is read or drawn: a folder given
+    for the file, a file for the folder, or a missing or read-only folder is one input error
+    and nothing is written (the figures go to ``--png-dir`` before the page is written)."""
+    if args.png_dir:
+        check_output_folder(Path(args.png_dir), "--png-dir")
+    if args.html:
+        check_output_file(Path(args.html), "--html")
+    elif args.sweep and Path(args.sweep).is_dir():
+        check_output_file(Path(args.sweep) / "report.html", "--html (default)")
+    elif not args.sweep:
+        check_output_file(Path("report.html"), "--html (default)")
+
+
+def _files(args, page: Path) -> ReportFiles:
+    return ReportFiles(page, Path(args.png_dir) if args.png_dir else None, args.force)
 
 
 def cmd_report(args) -> int:
-    trials = None
+    trials = confidence = None
+    check_report_outputs(args)
     cost = inputs.cost_model(args)
     policy = inputs.policy(args)
     if args.sweep:
         sweep = Path(args.sweep)
         if not sweep.is_dir():
             raise PlanInputError(f"sweep folder {args.sweep!r} does not exist")
-        plan = plan_from_sweep(sweep, cost, policy)
-        if (sweep / "trials.csv").exists():
+        if (sweep / "trials.csv").exists():  # checked before the (slower) plan
             trials = load_trials(sweep / "trials.csv")
+        confidence = confidence_statement(sweep)
+        plan = plan_from_sweep(sweep, cost, policy)
         output = Path(args.html) if args.html else sweep / "report.html"
     elif args.model and sizing_requested(args):
         sizing = sizing_from_args(args, SearchOptions())
-        written = write_sizing_report(sizing, Path(args.html or "report.html"),
-                                      Path(args.png_dir) if args.png_dir else None, args.force)
+        written = write_sizing_report(sizing, _files(args, Path(args.html or "report.html")))
         print(f"wrote {written}")
         return ExitCode.OK if any(row.fits for row in sizing.rows) else ExitCode.NO
     elif args.model:
@@ -49,7 +71,8 @@ def cmd_report(args) -> int:
         output = Path(args.html or "report.html")
     else:
         raise UsageError("give a sweep folder, or --model and --gpus for a plan report")
-    written = write_report(plan, output, trials, Path(args.png_dir) if args.png_dir else None,
-                           args.force)
+    written = write_report(plan, _files(args, output), trials, confidence)
+    if confidence:
+        print(f"confidence: {confidence}")
     print(f"wrote {written}")
     return ExitCode.OK

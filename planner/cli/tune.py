@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 import sys
 
+from planner.bounds import check_output_folder
 from planner.catalog.models import resolve_model
-from planner.cli import inputs
+from planner.cli import inputs, notes
 from planner.cli.args import UsageError
 from planner.errors import NoFitError, PlanInputError
 from planner.modes import BEST, all_modes, mode_names
@@ -17,6 +18,7 @@ from planner.modes.fully_async import STALENESS_GRID
 from planner.plan import make_plan
 from planner.verl.export import check_overrides
 from trials.candidates import CandidateSet, mode_plans
+from trials.defaults import TUNE_DEFAULTS
 from trials.job import DEFAULT_TRAINER_COMMAND, TrialJobs, parse_env, split_command
 from trials.launchers.local import LocalLauncher
 from trials.launchers.ray_jobs import RayJobLauncher
@@ -127,6 +129,20 @@ def make_launcher(args, cluster, command: tuple[str, ...]):
     return launcher
 
 
+def check_tune_outputs(sweep_dir, storage) -> None:
+    """Every path the study writes, checked before the first trial: the sweep folder (trial
+    logs, trials.csv, sweep.json) and a local storage file (study.db, a journal)."""
+    from pathlib import Path
+
+    check_output_folder(Path(sweep_dir), "--sweep-dir")
+    if storage.is_local_file:
+        path = Path(storage.url if storage.kind == "journal" else storage.url.split(":///", 1)[-1])
+        if path.is_dir():
+            raise PlanInputError(f"--storage {storage.display}: {str(path)!r} is a folder, not "
+                                 f"a study file")
+        check_output_folder(path.parent, "--storage")
+
+
 def cmd_tune(args) -> int:
     import signal
     from pathlib import Path
@@ -143,6 +159,13 @@ def cmd_tune(args) -> int:
                              f"--heartbeat-interval {args.heartbeat_interval}")
     if args.workload != "grpo":
         raise PlanInputError("tune runs verl GRPO trials; --workload pretrain has no trials")
+    pruner = args.pruner or ("none" if args.multi_objective else TUNE_DEFAULTS["pruner"])
+    if args.multi_objective and pruner != "none":
+        raise UsageError(f"--pruner {pruner} needs one objective (Optuna prunes on one "
+                         f"intermediate value); leave --pruner out with --multi-objective")
+    if args.multi_objective and args.pruner is None:
+        print("note: --multi-objective: trials run all their steps (Optuna prunes on one "
+              "objective only)", file=sys.stderr)
     grid = check_mode_args(args)
     timeout = parse_duration(args.timeout, "--timeout") if args.timeout else None
     trial_timeout = parse_duration(args.trial_timeout, "--trial-timeout")
@@ -168,6 +191,7 @@ def cmd_tune(args) -> int:
     password = (read_password_file(args.storage_password_file)
                 if args.storage_password_file else None)
     storage = resolve_storage(args.storage, sweep_dir, password)
+    check_tune_outputs(sweep_dir, storage)
     if args.write:
         check_write_dir(Path(args.write), study_name, args.force)
     launcher = make_launcher(args, cluster, command)
@@ -184,7 +208,10 @@ def cmd_tune(args) -> int:
         top_k=args.top_k, patience=args.patience, min_improvement=args.min_improvement,
         multi_objective=args.multi_objective, memory_margin=args.memory_margin,
         sampler=args.sampler, seed=args.seed, heartbeat_interval=args.heartbeat_interval,
-        grace_period=args.grace_period, max_retry=args.max_retry, fail_fast=args.fail_fast)
+        grace_period=args.grace_period, max_retry=args.max_retry, fail_fast=args.fail_fast,
+        pruner=pruner, first_trials=args.first_trials,
+        stop_when_confident=args.stop_when_confident,
+        model_error=inputs.cost_model(args).uncertainty)
     jobs = TrialJobs(model=model, cluster=cluster, workload=workload, trainer_command=command,
                      model_path=model_path, train_files=train_files, val_files=val_files,
                      steps=args.steps, wall_timeout_s=trial_timeout,
@@ -201,6 +228,7 @@ def cmd_tune(args) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, terminate)
+    notes.flush()  # the GPU's notes now, not after hours of trials
     try:
         result = tuner.run()
     except KeyboardInterrupt:
@@ -217,6 +245,8 @@ def cmd_tune(args) -> int:
         return 1
     print(f"best: trial #{result.best_trial} {result.best_key} "
           f"{result.best_value:,.1f} tokens/s/GPU")
+    if result.confidence is not None:
+        print(f"confidence: {result.confidence.statement()}")
     for path in result.written:
         print(f"wrote {path}", file=sys.stderr)
     return 0

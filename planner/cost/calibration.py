@@ -13,14 +13,24 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Sequence, Union
+from typing import Mapping, Sequence, Union
 
 import numpy as np
 
 from planner.catalog.hardware import GPU_CATALOG, ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
-from planner.cost.efficiency import BOUNDS, DONORS, PRIORS, SHARED, CostModel, Efficiency
+from planner.cost.efficiency import (
+    BOUNDS,
+    DONORS,
+    PER_GPU,
+    PRIORS,
+    SHARED,
+    CostModel,
+    Efficiency,
+    prior,
+)
+from planner.cost.memory import estimate_memory
 from planner.cost.request import PlanRequest
 from planner.cost.timing import step_columns
 from planner.search.layout import Columns, Layout
@@ -37,7 +47,7 @@ class Measurement:
     tokens_per_s_per_gpu: float
 
 
-def gpu_key(measurement: Measurement) -> str:
+def gpu_key(measurement: Union[Measurement, "PhaseMeasurement"]) -> str:
     family = "fp8" if measurement.workload.precision == "fp8" else "bf16"
     return f"{measurement.cluster.gpu.name}/{family}"
 
@@ -156,3 +166,169 @@ def fit(measurements: Sequence[Measurement], initial: dict | None = None,
 
 def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
     return float(np.mean(np.abs(np.asarray(predicted) / np.asarray(measured) - 1)))
+
+
+# --- phase by phase: the RL constants from published steps, a cluster's constants from a run ---
+
+# Seconds a measurement may give, each the sum of the time model's phase columns it spans.
+# ``log_prob`` is old + reference (as published sources report it); ``step`` the whole step.
+PHASE_COLUMNS = {"step": ("step_time_s",), "generate": ("time_generate_s",),
+                 "old_log_prob": ("time_old_log_prob_s",), "ref": ("time_ref_s",),
+                 "log_prob": ("time_old_log_prob_s", "time_ref_s"),
+                 "update_actor": ("time_update_actor_s",),
+                 "weight_sync": ("time_weight_sync_s",)}
+MAX_LOG_ERROR = float(np.log(10.0))  # an infeasible (infinite) prediction counts as 10x off
+
+
+@dataclass(frozen=True)
+class PhaseMeasurement:
+    """One measured GRPO step (or a run's median step), phase by phase: seconds per key of
+    :data:`PHASE_COLUMNS`, in the order the fit weighs them.  ``sync_in_generate``: the source
+    times the weight sync inside generation (verl before 0.6 timed the reshard inside
+    ``timing_s/gen``), so the predicted sync is added to the predicted generation."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    workload: GrpoWorkload
+    layout: Layout
+    seconds: Mapping[str, float]
+    sync_in_generate: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.seconds) - set(PHASE_COLUMNS))
+        if unknown:
+            raise ValueError(f"phases {unknown} are not among {sorted(PHASE_COLUMNS)}")
+
+
+def predicted_seconds(measurement: PhaseMeasurement, columns: Mapping[str, np.ndarray]
+                      ) -> dict[str, float]:
+    """The time model's seconds for each phase the measurement gives, as its source counts
+    them (:data:`PHASE_COLUMNS`, ``sync_in_generate``)."""
+    out = {}
+    for phase in measurement.seconds:
+        value = sum(float(np.asarray(columns[name])[0]) for name in PHASE_COLUMNS[phase])
+        if phase == "generate" and measurement.sync_in_generate:
+            value += float(np.asarray(columns["time_weight_sync_s"])[0])
+        out[phase] = value
+    return out
+
+
+def _request(measurement: PhaseMeasurement, cost: CostModel | None = None) -> PlanRequest:
+    return PlanRequest(measurement.model, measurement.cluster, measurement.workload,
+                       **({} if cost is None else {"cost": cost}))
+
+
+def phase_memory(measurements: Sequence[PhaseMeasurement]) -> list[Columns]:
+    """Each measurement's memory columns: what the time model reads of memory (KV-cache room,
+    offloaded bytes) does not depend on the efficiencies, so a fit computes it once."""
+    return [estimate_memory(_request(item), item.layout.to_columns()) for item in measurements]
+
+
+def predict_phases(measurements: Sequence[PhaseMeasurement], cost: CostModel,
+                   memory: Sequence[Columns] | None = None) -> list[dict[str, float]]:
+    """Predicted seconds of every measured phase with a cost model (a calibration, loaded:
+    :meth:`CostModel.load`), the layouts scored as a plan scores them (the rollout's
+    ``gpu_memory_utilization`` taken from the layout); ``memory``: :func:`phase_memory` of the
+    measurements, when known."""
+    out = []
+    for index, item in enumerate(measurements):
+        columns = step_columns(_request(item, cost), item.layout.to_columns(),
+                               None if memory is None else memory[index])
+        out.append(predicted_seconds(item, columns))
+    return out
+
+
+def phase_log_errors(measurements: Sequence[PhaseMeasurement],
+                     predicted: Sequence[Mapping[str, float]]) -> np.ndarray:
+    """log(predicted / measured) of every measured phase, cut at +-log(10) (an impossible
+    prediction counts as ten times off)."""
+    errors = []
+    for item, guess in zip(measurements, predicted):
+        for phase, measured in item.seconds.items():
+            ratio = guess[phase] / measured
+            errors.append(np.clip(np.log(ratio) if np.isfinite(ratio) and ratio > 0
+                                  else MAX_LOG_ERROR, -MAX_LOG_ERROR, MAX_LOG_ERROR))
+    return np.array(errors)
+
+
+def with_constants(calibration: dict, names: Sequence[tuple[str, str]], values) -> dict:
+    """A copy of ``calibration`` with ``(where, name)`` set (``where``: ``"shared"`` or a
+    ``by_gpu`` key); ``calibration`` itself is not changed."""
+    out = {"shared": dict(calibration.get("shared", {})),
+           "by_gpu": {k: dict(v) for k, v in calibration.get("by_gpu", {}).items()},
+           **{k: v for k, v in calibration.items() if k not in ("shared", "by_gpu")}}
+    for (where, name), value in zip(names, values):
+        target = out["shared"] if where == "shared" else out["by_gpu"].setdefault(where, {})
+        target[name] = float(value)
+    return out
+
+
+def phase_constants(measurements: Sequence[PhaseMeasurement], constants: Sequence[str]
+                    ) -> list[tuple[str, str]]:
+    """``(where, name)`` of each constant a phase fit moves: per GPU type and precision family
+    for :data:`PER_GPU` (one per measured GPU), shared otherwise."""
+    gpus = sorted({gpu_key(item) for item in measurements})
+    shared = [("shared", name) for name in constants if name not in PER_GPU]
+    return shared + [(gpu, name) for gpu in gpus for name in constants if name in PER_GPU]
+
+
+def _current(calibration: dict, where: str, name: str) -> float | None:
+    table = calibration.get("shared", {}) if where == "shared" else \
+        calibration.get("by_gpu", {}).get(where) or calibration.get("by_gpu", {}).get(
+            f"*/{where.split('/')[-1]}", {})
+    value = table.get(name)
+    return getattr(Efficiency(), name) if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class PhaseFit:
+    """How :func:`fit_phases` weighs and starts: each phase's residual is divided by
+    ``measurement_sigma``, each prior's multiplied by ``prior_weight``; the priors centre on
+    their typical values or (``centre_on_calibration``) on the calibration's; the search starts
+    from the priors' centres (``start_from_prior``) or from the calibration's values, and stops
+    after ``max_evaluations``."""
+
+    measurement_sigma: float = 1.0
+    prior_weight: float = 1.0
+    start_from_prior: bool = True
+    centre_on_calibration: bool = False
+    max_evaluations: int = 60
+
+
+def fit_phases(measurements: Sequence[PhaseMeasurement], calibration: Mapping,
+               constants: Sequence[str], how: PhaseFit = PhaseFit()) -> dict:
+    """Least squares in log space of the measured phases, over ``constants`` (the rest of
+    ``calibration`` held), with the weak priors of :func:`planner.cost.efficiency.prior`.
+
+    Residuals: each phase's ``log(predicted / measured) / measurement_sigma`` and each
+    constant's ``(log value - log centre) / sigma * prior_weight`` (:class:`PhaseFit`).  The
+    centre is the prior's typical value, or with ``centre_on_calibration`` the value
+    ``calibration`` holds (an update of what is known: a constant the measurements cannot see
+    stays where it was).  Starts from the priors' centres (``start_from_prior``) or from
+    ``calibration``'s values.  Returns a new calibration dict (unrounded); ``calibration`` is
+    not changed.
+    """
+    from scipy.optimize import least_squares  # lazy: only calibration needs scipy
+
+    names = phase_constants(measurements, constants)
+    centres = np.log([prior(name)[0] for _, name in names])
+    sigmas = np.array([prior(name)[1] for _, name in names])
+    lower = np.log([prior(name)[2][0] for _, name in names])
+    upper = np.log([prior(name)[2][1] for _, name in names])
+    held = np.clip(np.log([_current(calibration, where, name) for where, name in names]),
+                   lower, upper)
+    centres = held if how.centre_on_calibration else centres
+    x0 = centres if how.start_from_prior else held
+
+    memory = phase_memory(measurements)
+
+    def residuals(x):
+        trial = with_constants(calibration, names, np.exp(x))
+        errors = phase_log_errors(measurements, predict_phases(
+            measurements, CostModel.load(trial, "fit"), memory))
+        return np.concatenate([errors / how.measurement_sigma,
+                               (x - centres) / sigmas * how.prior_weight])
+
+    result = least_squares(residuals, x0, bounds=(lower, upper), x_scale=1.0, diff_step=0.05,
+                           max_nfev=how.max_evaluations)
+    return with_constants(calibration, names, np.exp(result.x))

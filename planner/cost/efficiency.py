@@ -16,7 +16,7 @@ precision family it states, the ranking uncertainty, where it came from), which 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -80,8 +80,11 @@ def shipped_calibration() -> dict:
     return json.loads(json.dumps(_shipped()))
 
 
+
+
 def _family(precision: str) -> str:
-    """The precision family a calibration's GEMM efficiency is fitted for."""
+    """The precision family a calibration's GEMM efficiency is fitted for (FP16 runs the BF16,
+    16-bit, kernels)."""
     return "fp8" if precision == "fp8" else "bf16"
 
 
@@ -124,6 +127,11 @@ class CostModel:
     uncertainty: float  # ranking uncertainty: step-time ratio within which layouts are ties
     uncertainty_source: str  # where that figure was measured
     source: str = SHIPPED_SOURCE  # where the calibration came from
+    # calibration key -> its bookkeeping: how many measurements it was fitted on, or its donor
+    fitted_on: Mapping[str, Mapping] = field(default_factory=lambda: MappingProxyType({}))
+    # the calibration as read (read-only): what a refit starts from (``advise``) and the
+    # provenance it records (:mod:`planner.cost.provenance`); empty for :meth:`fixed`
+    calibration: Mapping = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def load(cls, calibration: Mapping | None = None, source: str | None = None) -> "CostModel":
@@ -136,11 +144,15 @@ class CostModel:
                                           if k in known})
         by_key = {key: replace(shared, **{k: v for k, v in entry.items() if k in known})
                   for key, entry in calibration.get("by_gpu", {}).items()}
+        fitted_on = {key: MappingProxyType({k: entry[k] for k in ("measurements", "donor")
+                                            if k in entry})
+                     for key, entry in calibration.get("by_gpu", {}).items()}
         uncertainty = ranking_uncertainty(calibration)
         return cls(by_key=MappingProxyType(by_key), shared=shared,
                    uncertainty=float(uncertainty["relative"]),
                    uncertainty_source=str(uncertainty.get("source", "")),
-                   source=source or "given calibration")
+                   source=source or "given calibration", fitted_on=MappingProxyType(fitted_on),
+                   calibration=MappingProxyType(calibration))
 
     @classmethod
     def fixed(cls, efficiency: Efficiency, source: str = "given efficiency") -> "CostModel":
@@ -150,14 +162,44 @@ class CostModel:
                    uncertainty=shipped.uncertainty,
                    uncertainty_source=shipped.uncertainty_source, source=source)
 
-    def efficiency(self, gpu: GpuSpec, precision: str) -> Efficiency:
-        """The constants for a GPU type and precision: its own entry, else its precision
-        family's ``*`` entry, else the shared constants alone."""
+    def entry(self, gpu: GpuSpec, precision: str) -> str | None:
+        """The calibration entry a GPU's efficiencies come from: its own; else its donor's
+        (:data:`DONORS`, the closest measured architecture -- a part added to the catalog after
+        the calibration file was written); else the median of the measured parts
+        (``*/family``); None: the shared constants alone."""
         family = _family(precision)
-        for key in (f"{gpu.name}/{family}", f"*/{family}"):
-            if key in self.by_key:
-                return self.by_key[key]
-        return self.shared
+        donor = DONORS.get(gpu.name)
+        for key in (f"{gpu.name}/{family}", f"{donor}/{family}" if donor else None,
+                    f"*/{family}"):
+            if key is not None and key in self.by_key:
+                return key
+        return None
+
+    def efficiency(self, gpu: GpuSpec, precision: str) -> Efficiency:
+        """The constants for a GPU type and precision (from :meth:`entry`)."""
+        key = self.entry(gpu, precision)
+        return self.shared if key is None else self.by_key[key]
+
+    def source_of(self, gpu: GpuSpec, precision: str) -> str:
+        """Where a GPU's fitted efficiencies come from, in words; starts "uncalibrated" when
+        the calibration holds no measurement of this GPU type (borrowed or default
+        constants)."""
+        family, key = _family(precision), self.entry(gpu, precision)
+        fitted = self.fitted_on.get(key, {}) if key else {}
+        if key == f"{gpu.name}/{family}" and fitted.get("measurements"):
+            return f"calibrated: {fitted['measurements']} measurements of {key}"
+        if key is None:
+            return (f"uncalibrated: no {gpu.name}/{family} entry and no default; built-in "
+                    f"constants")
+        if key.startswith("*/"):
+            return f"uncalibrated: no {gpu.name} measurements; the median of the measured parts"
+        borrowed = fitted.get("donor", key) if key == f"{gpu.name}/{family}" else key
+        if borrowed == "median":
+            return f"uncalibrated: no {gpu.name} measurements; the median of the measured parts"
+        if borrowed.startswith(f"{gpu.name}/"):
+            return f"calibrated: {borrowed}'s figure (no {family} measurements of its own)"
+        return (f"uncalibrated: no {gpu.name} measurements; efficiencies of {borrowed}, the "
+                f"closest measured architecture")
 
 
 @cache
@@ -177,26 +219,54 @@ def load_efficiency(gpu: GpuSpec, precision: str, calibration: Mapping | None = 
     return CostModel.load(calibration).efficiency(gpu, precision)
 
 
+def efficiency_source(gpu: GpuSpec, precision: str, calibration: Mapping | None = None) -> str:
+    """Where a GPU's efficiencies come from in ``calibration`` (None: the shipped one), in words
+    (:meth:`CostModel.source_of`)."""
+    return CostModel.load(calibration).source_of(gpu, precision)
+
+
 def read_calibration(path: Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise PlanInputError(f"cannot read calibration file {str(path)!r}: {error}") from None
-    if not isinstance(data, dict) or not ({"shared", "by_gpu"} & set(data)):
-        raise PlanInputError(f"{str(path)!r} is not a plan-parallel calibration file "
+    """A calibration file (``plan-parallel calibrate`` writes them), checked whole on read:
+    bounded size and nesting, UTF-8 JSON without NaN, and the schema -- ``shared`` an object
+    of constants, ``by_gpu`` an object of ``GPU/family`` objects, every efficiency a finite
+    number (the fitted ones within :data:`BOUNDS`).  Anything else is one input error."""
+    from planner.bounds import load_json
+
+    where = str(path)
+    data = load_json(Path(path), "--calibration")
+    if not {"shared", "by_gpu"} & set(data):
+        raise PlanInputError(f"{where!r} is not a plan-parallel calibration file "
                              f"(expects 'shared' and 'by_gpu')")
-    entries = [("shared", k, v) for k, v in (data.get("shared") or {}).items()]
-    entries += [(f"by_gpu.{gpu}", k, v) for gpu, values in (data.get("by_gpu") or {}).items()
-                if isinstance(values, dict) for k, v in values.items()]
-    for where, key, value in entries:
-        if key in BOUNDS:
-            low, high = BOUNDS[key]
+    sections = [("shared", data.get("shared"))]
+    by_gpu = data.get("by_gpu")
+    if by_gpu is not None and not isinstance(by_gpu, dict):
+        raise PlanInputError(f"{where!r}: by_gpu is {_json_type(by_gpu)}, not an object of "
+                             f"'GPU/family' entries (e.g. {{\"H100-80GB/bf16\": {{\"gemm\": "
+                             f"0.7}}}})")
+    sections += [(f"by_gpu.{key}", value) for key, value in (by_gpu or {}).items()]
+    known = {f.name for f in fields(Efficiency)}
+    for name, section in sections:
+        if section is None and name == "shared":
+            continue
+        if not isinstance(section, dict):
+            raise PlanInputError(f"{where!r}: {name} is {_json_type(section)}, not an object "
+                                 f"of constants (e.g. {{\"gemm\": 0.7}})")
+        for key, value in section.items():
+            if key not in known:
+                continue  # bookkeeping: measurements, donor, rl_donor
+            low, high = BOUNDS.get(key, (0.0, float("inf")))
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not low <= value <= high:
-                raise PlanInputError(f"{str(path)!r}: {where}.{key} = {value!r} is not a number "
-                                     f"in {low:g}..{high:g}")
+                    or not low <= value <= high or value != value or value == float("inf"):
+                shown = (f"a number in {low:g}..{high:g}" if key in BOUNDS
+                         else "a finite number >= 0")
+                raise PlanInputError(f"{where!r}: {name}.{key} = {value!r:.60} is not {shown}")
     return data
 
+
+def _json_type(value) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}
+    return f"{names.get(type(value), type(value).__name__)} ({json.dumps(value)[:40]})"
 
 
 # (typical value, sigma of the log): NCCL bus bandwidth ~75% of NVLink and ~70% of the NIC;
@@ -213,7 +283,40 @@ BOUNDS = {"gemm": (0.2, 0.95), "gemm_half_rows": (8.0, 4096.0), "attention": (0.
 SHARED = ("gemm_half_rows", "attention", "nvlink", "network", "dp_overlap", "ep_overlap",
           "elementwise_passes", "layer_overhead_s", "expert_gemm")
 # Parts with no measurements borrow a measured part of the same architecture.
+# A part's donor also serves at load time when the calibration file predates the part
+# (:meth:`CostModel.entry`): Volta (V100) has no measured part of its own and borrows the
+# nearest measured tensor-core generation (Ampere A100); Ampere GA10x (A10, A10G) and Ada (L4,
+# L40, RTX 4090) borrow the A100 as the L40S does; the Hopper variants borrow the H100.
 DONORS = {"H800": "H100-80GB", "H20-96GB": "H100-80GB", "H200": "H100-80GB",
           "H100-PCIe": "H100-80GB", "A100-40GB": "A100-80GB",
-          "L40S": "A100-80GB", "B300": "B200"}
+          "L40S": "A100-80GB", "B300": "B200",
+          "V100-16GB": "A100-80GB", "V100-32GB": "A100-80GB", "A10": "A100-80GB",
+          "A10G": "A100-80GB", "L4": "A100-80GB", "L40": "A100-80GB", "RTX-4090": "A100-80GB",
+          "H20-141GB": "H100-80GB", "H200-NVL": "H100-80GB"}
 # MI300X/MI325X (CDNA3) have no measured part of their architecture: the median of each family.
+
+# --- the RL constants (fitted phase by phase on published RL steps, benchmarks/rl_data.py) ---
+# (typical value, sigma of the log, bounds): HBM streaming at decode ~60-80% of the datasheet
+# (vLLM/SGLang decode benchmarks); tens of microseconds per layer of graph replay and ~1-3 ms of
+# scheduling per step (vLLM v1), ~ms more to broadcast each step to TP workers;
+# sub-millisecond per exported tensor; seconds of fixed costs.
+RL_PRIORS = {"decode_hbm": (0.7, 0.3, (0.2, 0.95)),
+             "decode_layer_s": (20e-6, 1.0, (2e-6, 60e-6)),
+             "decode_step_s": (2.5e-3, 1.0, (1e-4, 20e-3)),
+             "decode_tp_step_s": (2e-3, 1.0, (1e-4, 20e-3)),
+             "sync_tensor_s": (0.5e-3, 1.5, (1e-6, 20e-3)),
+             "bucketed_tensor_s": (0.1e-3, 1.5, (1e-7, 5e-3)),
+             "sync_fixed_s": (1.5, 1.0, (0.1, 20.0)),
+             "step_fixed_s": (3.0, 1.0, (0.1, 30.0))}
+RL_SHARED = ("decode_layer_s", "decode_step_s", "decode_tp_step_s", "sync_tensor_s",
+             "bucketed_tensor_s", "sync_fixed_s", "step_fixed_s")
+RL_BY_GPU = ("decode_hbm",)
+PER_GPU = ("gemm",) + RL_BY_GPU  # constants kept per GPU type and precision family
+
+
+def prior(name: str) -> tuple[float, float, tuple[float, float]]:
+    """``(typical value, sigma of its log, (low, high))`` of a fitted constant."""
+    if name in RL_PRIORS:
+        return RL_PRIORS[name]
+    centre, sigma = PRIORS[name]
+    return centre, sigma, BOUNDS[name]

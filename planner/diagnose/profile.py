@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.bounds import MAX_TRACE_BYTES, check_number, invalid, parse_json, read_bytes
-from planner.errors import PlanInputError, ResourceLimitError
+from planner.errors import PlanInputError
 
 COMM_KERNEL = re.compile(r"nccl|nvshmem|deep_?ep|userbuffers|all_?reduce|all_?gather|"
                          r"reduce_?scatter|all_?to_?all|sendrecv|c10d", re.IGNORECASE)
@@ -105,12 +105,7 @@ def read_trace(path: Path) -> dict:
     """A Chrome trace, with its size (also gunzipped) and nesting bounded before parsing."""
     field = f"trace {str(path)!r}"
     raw = read_bytes(path, "trace", MAX_TRACE_BYTES)
-    try:
-        data = parse_json(raw, field)
-    except ResourceLimitError:
-        raise
-    except PlanInputError as error:
-        raise PlanInputError(f"cannot read {error}") from None
+    data = parse_json(raw, field)  # its message already reads "cannot read trace '...': ..."
     if isinstance(data, list):
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
@@ -144,6 +139,19 @@ def _checked(event: dict, index: int, where: str) -> dict:
     return event
 
 
+MAX_STEP_DIGITS = 18  # a step number below 10**18: int() of it is cheap and exact
+
+
+def step_number(digits: str, where: str) -> int:
+    """The N of ``ProfilerStep#N``, its length bounded before ``int()`` (Python refuses to
+    convert more than 4,300 digits, and no run has that many steps)."""
+    if len(digits) > MAX_STEP_DIGITS:
+        raise PlanInputError(f"{where}: ProfilerStep#{digits[:12]}... has a step number of "
+                             f"{len(digits):,} digits; valid: fewer than "
+                             f"{MAX_STEP_DIGITS + 1} digits")
+    return int(digits)
+
+
 def profile_trace(data: dict, rank: int, where: str = "trace") -> list[StepProfile]:
     events = [_checked(e, index, where) for index, e in enumerate(data["traceEvents"])
               if isinstance(e, dict) and e.get("ph") == "X"
@@ -154,7 +162,7 @@ def profile_trace(data: dict, rank: int, where: str = "trace") -> list[StepProfi
                              "activities including CUDA")
     steps = []
     for category in ("gpu_user_annotation", "user_annotation"):
-        steps = [(int(m.group(1)), e["ts"], e["ts"] + e["dur"]) for e in events
+        steps = [(step_number(m.group(1), where), e["ts"], e["ts"] + e["dur"]) for e in events
                  if e.get("cat") == category and (m := STEP_ANNOTATION.search(e.get("name", "")))]
         if steps:
             break
@@ -244,13 +252,17 @@ def profile_traces(paths: list[str]) -> dict:
         data = read_trace(path)
         where = f"trace {path.name}"
         steps += profile_trace(data, trace_rank(data, index, where), where)
-    for step in steps:  # a NaN or negative time is never "targets met"
+    for step in steps:  # a NaN, negative or empty time is never "targets met"
         for name in ("step_s", "comm_s", "overlapped_s", "compute_s"):
             value = getattr(step, name)
             if not math.isfinite(value) or value < 0:
                 raise PlanInputError(f"rank {step.rank} step {step.step}: {name} = {value!r} "
                                      f"is not a time; valid: a finite number >= 0 (the "
                                      f"trace's ts/dur)")
+        if step.step_s == 0:
+            raise PlanInputError(f"rank {step.rank} step {step.step} lasts 0 s (its "
+                                 f"ProfilerStep annotation, or its kernels, have no duration); "
+                                 f"nothing to measure -- profile at least one whole step")
     within = all(s.comm_share <= COMM_SHARE_TARGET and s.overlap >= OVERLAP_TARGET for s in steps)
     return {"steps": [{"rank": s.rank, "step": s.step, "step_s": s.step_s,
                        "comm_s": s.comm_s, "comm_share": round(s.comm_share, 4),

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.bounds import MAX_JSON_DEPTH, json_depth, shown
+from planner.catalog.engines import engine_problem
 from planner.catalog.hardware import (
     DEFAULT_GPU,
     ClusterSpec,
@@ -55,19 +56,29 @@ from planner.verl.config import (
     ComposeError,
     added_keys,
     compose,
+    entry_dir,
     installed_verl_version,
     mode_base_config,
-    mode_config_dir,
     read_yaml_document,
+    resolve_config_dir,
+    resolve_config_path,
     target_findings,
     to_plain,
     verl_checks,
     verl_config_dir,
-    verl_trainer_dir,
 )
 from planner.verl.findings import Finding
 from planner.verl.job import layout_of, read_job, workload_of
-from planner.verl.keys import MODE_CONFIG, ROOT_CONFIG, VERL_VERSION, get
+from planner.verl.keys import (
+    MEGATRON,
+    MODE_CONFIG,
+    MODE_ENTRY,
+    REF,
+    ROLLOUT,
+    ROOT_CONFIG,
+    VERL_VERSION,
+    get,
+)
 from planner.verl.pools import PACKAGE_SEARCHPATH, pool_memory, pools_of
 from planner.verl.script import expand_override, read_launch_script
 
@@ -109,6 +120,12 @@ def _is_path(item: str) -> bool:
         return False
 
 
+def _inside_verl_experimental(config_dir: Path) -> bool:
+    """A config folder of the installed verl's ``verl/experimental`` (the asynchronous modes)."""
+    experimental = verl_config_dir().parents[1] / "experimental"
+    return Path(config_dir).resolve().is_relative_to(experimental.resolve())
+
+
 def _check_override(item: str) -> str:
     """An override's nesting is bounded before Hydra's parser (which recurses) sees it."""
     depth = json_depth(item)
@@ -119,8 +136,9 @@ def _check_override(item: str) -> str:
 
 
 def read_input(inputs: list[str], environ: dict[str, str]):
-    """``(kind, source, config_dir, config_name, overrides, notes, problems)`` for the inputs
-    (``problems``: errors found in reading them, e.g. a CRLF launch script)."""
+    """``(kind, source, config_dir, config_name, overrides, notes, problems, extra_dirs)`` for
+    the inputs (``problems``: errors found in reading them, e.g. a CRLF launch script;
+    ``extra_dirs``: a script's ``--config-dir``, searched before ``config_dir``)."""
     if not inputs:
         raise PlanInputError("validate needs a launch script, a Hydra YAML or `-- key=value` "
                              "overrides")
@@ -128,29 +146,37 @@ def read_input(inputs: list[str], environ: dict[str, str]):
     extra = [expand_override(_check_override(item), environ)
              for item in inputs[1 if path else 0:]]
     if path is None:
-        return "overrides", "overrides", verl_config_dir(), ROOT_CONFIG, extra, [], ()
+        return "overrides", "overrides", verl_config_dir(), ROOT_CONFIG, extra, [], (), ()
     if not path.is_file():
         raise PlanInputError(f"{str(path)!r} is not a file (a launch script or Hydra YAML), nor "
                              f"a key=value override")
     if path.suffix in YAML_SUFFIXES:
         read_yaml_document(path)  # size, encoding, document shape, nesting: before Hydra
-        return "yaml", str(path), path.resolve().parent, path.stem, extra, [], ()
+        return "yaml", str(path), path.resolve().parent, path.stem, extra, [], (), ()
     command = read_launch_script(path, environ)
     notes = list(command.notes)
-    config_dir = verl_config_dir() if command.mode == "sync" else mode_config_dir(command.mode)
-    if command.config_path:
-        given = Path(command.config_path)
-        config_dir = given if given.is_absolute() else verl_trainer_dir() / given
-        if not config_dir.is_dir():
-            raise PlanInputError(
-                f"{path.name} line {command.line}: --config-path {command.config_path} is not a "
-                f"directory (Hydra resolves a relative path against {verl_trainer_dir()}; use "
-                f"an absolute path)")
+    where = f"{path.name} line {command.line}"
+    config_dir = resolve_config_path(command.mode, command.config_path)
+    if not config_dir.is_dir():
+        raise PlanInputError(
+            f"{where}: --config-path {command.config_path} is not a directory (Hydra resolves a "
+            f"relative path against the folder of {MODE_ENTRY[command.mode]}, "
+            f"{entry_dir(command.mode)}; valid: an existing folder, relative to it or absolute)")
+    extra_dirs: tuple[Path, ...] = ()
+    if command.config_dir is not None:
+        searched = resolve_config_dir(command.config_dir)
+        if not searched.is_dir():
+            raise PlanInputError(f"{where}: --config-dir {command.config_dir} is not a directory "
+                                 f"(Hydra: \"Additional config directory '{searched}' not "
+                                 f"found\"; a relative one is taken from the current folder)")
+        extra_dirs = (searched,)
+        notes.append(f"--config-dir {command.config_dir}: {searched} searched before "
+                     f"{config_dir}")
     name = command.config_name or MODE_CONFIG[command.mode][1]
     for suffix in YAML_SUFFIXES:
         name = name[:-len(suffix)] if name.endswith(suffix) else name
     return ("script", str(path), config_dir, name, [*command.overrides, *extra], notes,
-            command.problems)
+            command.problems, extra_dirs)
 
 
 # --- model and cluster ----------------------------------------------------------------------
@@ -194,6 +220,25 @@ def resolve_gpu(gpu_type: str | None):
         return get_gpu(DEFAULT_GPU), (f"no GPU visible through NVML; memory checked for "
                                       f"{DEFAULT_GPU} (pass --gpu-type to choose)")
     return gpu_from_detected(detected), None
+
+
+def gpu_findings(config: dict, gpu) -> list[Finding]:
+    """What the card itself rules out: BF16 on a part without it (V100: torch and vLLM stop at
+    "Bfloat16 is only supported on GPUs with compute capability of at least 8.0"), and a rollout
+    engine whose pinned build does not run on it (planner/catalog/engines.py)."""
+    out = []
+    if not gpu.bf16:
+        keys = [key for key in (f"{MEGATRON}.dtype", f"{REF}.megatron.dtype", f"{ROLLOUT}.dtype")
+                if get(config, key, "bfloat16") in ("bfloat16", "bf16")]
+        if keys:
+            fix = ", ".join(f"{key}=float16" for key in keys)
+            out.append(Finding("precision", f"{gpu.name} has no BF16 tensor cores (BF16 needs "
+                                            f"sm_80+): set {fix}", tuple(keys)))
+    engine = get(config, f"{ROLLOUT}.name", "vllm")
+    problem = engine_problem(gpu, engine) if isinstance(engine, str) else None
+    if problem:
+        out.append(Finding("rollout_engine", problem, (f"{ROLLOUT}.name",), level="warning"))
+    return out
 
 
 # --- memory -----------------------------------------------------------------------------------
@@ -317,7 +362,7 @@ def dry_run(job_input: JobInput) -> DryRun:
     reading: JobContext | None = None
     sets = _settings(job_input.sets)
     environ = {**os.environ, **sets}
-    kind, source, config_dir, config_name, overrides, notes, problems = read_input(
+    kind, source, config_dir, config_name, overrides, notes, problems, extra_dirs = read_input(
         list(job_input.inputs), environ)
     report = {"source": source, "input": kind, "config": f"{config_dir}/{config_name}",
               "verl": {"installed": installed_verl_version(), "targeted": VERL_VERSION},
@@ -333,13 +378,14 @@ def dry_run(job_input: JobInput) -> DryRun:
         report["would_launch"] = not any(f.level == "error" for f in findings)
         return DryRun(report, reading)
 
-    if (config_dir.name == "config" and config_dir.parent.name == "one_step_off_policy"
+    if (_inside_verl_experimental(config_dir)
             and not any(item.startswith("hydra.searchpath") for item in overrides)):
-        # its config finds ppo_trainer through file://verl/trainer/config (verl's checkout)
+        # the asynchronous trainers' configs find ppo_trainer through file://verl/trainer/config
+        # (a path relative to a verl checkout); the installed package is found from anywhere
         overrides = [*overrides, PACKAGE_SEARCHPATH]
     with _environment(sets):
         try:
-            config, unknown = compose(overrides, config_dir, config_name)
+            config, unknown = compose(overrides, config_dir, config_name, extra_dirs)
         except ComposeError as error:
             findings.append(Finding("compose", f"verl's Hydra config does not compose: {error}"))
             return finish()
@@ -380,6 +426,7 @@ def dry_run(job_input: JobInput) -> DryRun:
         notes.append(gpu_note)
     cluster = ClusterSpec(gpu, job.world, job.gpus_per_node)
     report["model"], report["cluster"] = model.name, cluster.to_dict()
+    findings += gpu_findings(plain, gpu)
     pools = None
     if not mode.colocated:
         pools = pools_of(plain, cluster)

@@ -17,9 +17,8 @@ from planner.cost.pools import StreamingLimits, SyncCycle, streamed_steady_state
 from planner.modes.registry import register
 from planner.modes.split import SplitMode
 from planner.placement import mini_batches_per_step
-from planner.results import AsyncTraining, Candidate, SplitCandidate, Staleness
+from planner.results import AsyncTraining, Candidate, Staleness
 from planner.search.layout import Columns
-from planner.verl.export import hydra_value
 from planner.verl.findings import Finding
 from planner.verl.keys import ACTOR, ASYNC_TRAINING, get
 
@@ -93,19 +92,6 @@ class FullyAsyncMode(SplitMode):
                 "staleness_threshold": self.settings.staleness_threshold}
 
     # --- export and reading back -----------------------------------------------------------
-
-    def mode_overrides(self, candidate: SplitCandidate) -> list[str]:
-        settings = candidate.async_training
-        return [
-            "data.train_batch_size=0",
-            "data.gen_batch_size=1",
-            "rollout.total_rollout_steps=null",
-            f"{ASYNC_TRAINING}.staleness_threshold={hydra_value(settings.staleness_threshold)}",
-            f"{ASYNC_TRAINING}.trigger_parameter_sync_step="
-            f"{settings.trigger_parameter_sync_step}",
-            f"{ASYNC_TRAINING}.require_batches={settings.require_batches}",
-            f"{ASYNC_TRAINING}.partial_rollout={hydra_value(settings.partial_rollout)}",
-        ]
 
     def reads_config(self, config: dict) -> bool:
         """verl's ``async_training`` section."""

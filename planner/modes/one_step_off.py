@@ -8,7 +8,7 @@ from planner.catalog.workload import GrpoWorkload
 from planner.cost.pools import overlapped_steady_state
 from planner.modes.registry import register
 from planner.modes.split import SplitMode
-from planner.results import SplitCandidate, Staleness
+from planner.results import Staleness
 from planner.search.layout import Columns
 from planner.verl.findings import Finding
 from planner.verl.keys import ASYNC_TRAINING, ROLLOUT, get
@@ -28,11 +28,6 @@ class OneStepOffMode(SplitMode):
 
     def staleness(self) -> Staleness:
         return Staleness(max_versions_behind=1, stale_sample_fraction=1.0, off_policy=True)
-
-    def mode_overrides(self, candidate: SplitCandidate) -> list[str]:
-        # its root config finds ppo_trainer through file://verl/trainer/config, which resolves
-        # only inside a verl checkout; the installed package works from anywhere
-        return ["hydra.searchpath=[pkg://verl.trainer.config]"]
 
     def reads_config(self, config: dict) -> bool:
         """The rollout pool's keys without verl's ``async_training`` section."""

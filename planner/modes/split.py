@@ -12,7 +12,11 @@ of the trainer pool's layout (``export.job_overrides`` with the trainer pool as 
   ``rollout.free_cache_engine=False`` and ``calculate_log_probs=True``, and
   ``algorithm.rollout_correction.bypass_mode=True`` -- what the asynchronous recipes' configs
   set;
-* what the mode itself adds (:meth:`SplitMode.mode_overrides`).
+* what the mode itself adds (one-step-off's Hydra search path, fully-async's streaming and
+  ``async_training`` keys).
+
+These are the key map's rows for the mode (:func:`planner.verl.keymap.mode_keys`), each key
+spelled once there.
 
 The explanation (``explain --mode``): the split the plan chooses, which pool is the bottleneck
 and by how much (its busy time over the other pool's), each pool's idle fraction, the
@@ -44,8 +48,9 @@ from planner.placement import (
 from planner.results import AsyncTraining, Candidate, SplitCandidate
 from planner.search.layout import Columns, Layout
 from planner.search.space import SearchOptions
-from planner.verl.export import ExportedJob, check_overrides
+from planner.verl.export import ExportedJob, check_overrides, settings
 from planner.verl.findings import Finding
+from planner.verl.keymap import Source, mode_keys
 from planner.verl.keys import ROLLOUT, get
 from planner.verl.pools import Pools
 
@@ -57,7 +62,7 @@ class SplitMode(TrainingMode):
 
     A subclass states how the pools overlap: :meth:`steady_state` (and :meth:`streaming` when
     the rollout pool streams), :meth:`staleness`, :meth:`async_training`, and what its job adds
-    (:meth:`mode_overrides`, :meth:`mode_findings`, :meth:`reads_config`)."""
+    (its rows in :mod:`planner.verl.keymap`, :meth:`mode_findings`, :meth:`reads_config`)."""
 
     colocated = False
     off_policy = True
@@ -101,22 +106,13 @@ class SplitMode(TrainingMode):
 
     # --- export ---------------------------------------------------------------------------
 
-    def mode_overrides(self, candidate: SplitCandidate) -> list[str]:
-        """What the mode adds to the overrides every split job has; none by default."""
-        return []
-
     def job_overrides(self, cluster: ClusterSpec, candidate: SplitCandidate) -> list[str]:
-        """The overrides the mode adds to the trainer pool's job (see the module docstring)."""
+        """The overrides the mode adds to the trainer pool's job: the key map's rows for the
+        mode (:func:`planner.verl.keymap.mode_keys`; see the module docstring)."""
         rollout_nodes, rollout_per_node = pool_nodes(cluster, candidate.placement.rollout_gpus)
-        return [
-            "actor_rollout_ref.hybrid_engine=False",
-            f"rollout.nnodes={rollout_nodes}",
-            f"rollout.n_gpus_per_node={rollout_per_node}",
-            f"{ROLLOUT}.free_cache_engine=False",
-            f"{ROLLOUT}.calculate_log_probs=True",
-            "algorithm.rollout_correction.bypass_mode=True",
-            *self.mode_overrides(candidate),
-        ]
+        pool = {"rollout_nodes": rollout_nodes, "rollout_gpus_per_node": rollout_per_node}
+        source = Source(pool=pool, async_training=candidate.async_training)
+        return [setting.override() for setting in settings(mode_keys(self.name), source)]
 
     def job(self, plan: ModePlan, rank: int, launch: Launch) -> ExportedJob:
         """The split ranked ``rank`` among those that fit, as a job on the trainer pool."""

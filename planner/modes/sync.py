@@ -2,12 +2,18 @@
 (``verl.trainer.main_ppo``).  Its plan is :func:`planner.plan.make_plan`'s, unchanged; its
 explanation sets the chosen layout next to the rules of thumb users quote.
 
-The rules of thumb: about 7B -- TP2 x PP2; about 30B -- TP4 x PP4; 100B and more, or MoE --
-expert parallelism, TP4 x EP8; always BF16 rather than FP32 (half the weight and activation
-memory, tensor-core rate).  For each rule that applies, the best layout obeying it (the planner's
-own search with those sizes pinned) is scored, so the comparison is like for like; the reason is
+The rules of thumb are the ones users quote for Megatron layouts: about 7B -- TP2 x PP2; about
+30B -- TP4 x PP4; 100B and more, or MoE -- expert parallelism, TP4 x EP8; always BF16 rather than
+FP32 (half the weight and activation memory, tensor-core rate).  On a GPU without BF16 (V100)
+the seed guide's decision path for a ~7B dense model joins them: "7B -> 8xV100 -> TP x PP 2x4
+-> FP16 -> micro-batch 8" (fixed micro-batches of 8 sequences, FP16 with loss scaling; the
+search still picks what the path leaves open: recompute, offload, the rollout layout).  It is
+quoted for 8 V100s; on another count it is compared all the same, as the same path scaled by
+data parallelism.  For each rule that applies, the best layout obeying it (the planner's own
+search with those sizes pinned) is scored, so the comparison is like for like; the reason is
 read from the phase times: which phase dominates the step, which phase the plan saves the most
-time in, and whether a slow link is involved.
+time in (for the actor update, its compute, pipeline bubble and exposed communication), and
+whether a slow link is involved.
 """
 
 from __future__ import annotations
@@ -75,11 +81,21 @@ class RuleOfThumb:
     name: str
     pins: tuple[tuple[str, int], ...]
     applies: str  # when people quote it
+    options: tuple[tuple[str, object], ...] = ()  # SearchOptions the rule also fixes
 
 
-def rules_of_thumb(model, gpus_per_node: int = 8) -> list[RuleOfThumb]:
+# The seed guide's decision path on V100 (no BF16): TP2 x PP4, FP16, 8 sequences per micro-batch
+SEED_V100_PATH = RuleOfThumb(
+    "seed guide: 7B -> 8xV100 -> TP x PP 2x4 -> FP16 -> micro-batch 8",
+    (("tp", 2), ("pp", 4), ("micro_batch", 8)),
+    "dense ~7B models on V100s (no BF16)", (("dynamic_batch", False),))
+
+
+def rules_of_thumb(model, gpus_per_node: int = 8, gpu=None) -> list[RuleOfThumb]:
     billions = model.params.total / 1e9
     rules = []
+    if billions < 20 and not model.is_moe and gpu is not None and not gpu.bf16:
+        rules.append(SEED_V100_PATH)
     if billions < 20 and not model.is_moe:
         rules.append(RuleOfThumb("7B: TP2 x PP2", (("tp", 2), ("pp", 2)), "dense models ~7B"))
     if 20 <= billions < 100 and not model.is_moe:
@@ -92,8 +108,9 @@ def rules_of_thumb(model, gpus_per_node: int = 8) -> list[RuleOfThumb]:
     return rules
 
 
-def reason(best: dict, other: dict) -> str:
-    """Words for why ``best`` beats ``other``, from their phase times."""
+def reason(best: dict, other: dict, recompute: tuple[str, str] = ("none", "none")) -> str:
+    """Words for why ``best`` beats ``other``, from their phase times (``recompute``: the two
+    layouts' recompute settings, ``other``'s first)."""
     dominant = max(best["time_s"], key=best["time_s"].get)
     share = best["time_s"][dominant] / max(best["step_time_s"], 1e-9)
     savings = {p: other["time_s"][p] - best["time_s"][p] for p in PHASES}
@@ -111,8 +128,26 @@ def reason(best: dict, other: dict) -> str:
         return (f"about as fast (within 1%); {dominant} dominates the step "
                 f"({share:.0%})")
     return (f"{speedup:.2f}x faster: {phase} takes {savings[phase]:.1f} s less "
-            f"({other['time_s'][phase]:.1f} -> {best['time_s'][phase]:.1f} s); {dominant} "
+            f"({other['time_s'][phase]:.1f} -> {best['time_s'][phase]:.1f} s"
+            f"{_update_parts(best, other, recompute) if phase == 'update_actor' else ''}); "
+            f"{dominant} "
             f"dominates the step ({share:.0%})")
+
+
+def _update_parts(best: dict, other: dict, recompute: tuple[str, str]) -> str:
+    """The actor update's compute, pipeline bubble and exposed communication, the other
+    layout's first; a drop in compute names the recompute setting it comes from."""
+    parts = [f"{name} {other[key]:.1f} -> {best[key]:.1f} s"
+             for name, key in (("compute", "update_compute_s"),
+                               ("pipeline bubble", "update_bubble_s"),
+                               ("exposed communication", "update_comm_s"))
+             if key in best and key in other and abs(other[key] - best[key]) >= 0.5]
+    weight = {"none": 0, "selective": 1, "full": 2}  # forward work redone in the backward
+    theirs, ours = recompute
+    if parts and parts[0].startswith("compute") and other["update_compute_s"] > \
+            best["update_compute_s"] and weight.get(theirs, 0) > weight.get(ours, 0):
+        parts[0] += f", recompute {theirs} -> {ours}"
+    return f": {', '.join(parts)}" if parts else ""
 
 
 def explain_layout(request: PlanRequest) -> dict:
@@ -129,7 +164,7 @@ def explain_layout(request: PlanRequest) -> dict:
     best = plan.candidate(0, fitting=True)
     chosen = layout_summary_json(best)
     comparisons = []
-    for rule in rules_of_thumb(model, cluster.gpus_per_node):
+    for rule in rules_of_thumb(model, cluster.gpus_per_node, cluster.gpu):
         pins = rule.pins
         entry = {"rule": rule.name, "applies_to": rule.applies}
         too_big = [f"{k.upper()} {v}" for k, v in pins if v > cluster.num_gpus]
@@ -139,7 +174,8 @@ def explain_layout(request: PlanRequest) -> dict:
             comparisons.append(entry)
             continue
         try:
-            pinned = make_plan(replace(request, options=SearchOptions(fixed=pins)))
+            pinned = make_plan(replace(request, options=SearchOptions(fixed=pins,
+                                                                      **dict(rule.options))))
         except PlanInputError as error:
             entry["verdict"] = f"not applicable: {error}"
             comparisons.append(entry)
@@ -152,15 +188,20 @@ def explain_layout(request: PlanRequest) -> dict:
             entry["verdict"] = (f"does not fit: {closest.memory.peak_bytes / GIB:.1f} GiB peak "
                                 f"in {closest.memory.peak_phase}")
         else:
-            entry.update(layout_summary_json(pinned.candidate(0, fitting=True)))
-            entry["verdict"] = "plan " + reason(chosen, entry)
+            rule_best = pinned.candidate(0, fitting=True)
+            entry.update(layout_summary_json(rule_best))
+            entry["verdict"] = "plan " + reason(chosen, entry, (rule_best.layout.recompute,
+                                                                best.layout.recompute))
         comparisons.append(entry)
     weights = best.memory.breakdown.weights
+    half = "BF16" if cluster.gpu.bf16 else "FP16"
+    without = "" if cluster.gpu.bf16 else (f"{cluster.gpu.name} has no BF16 tensor cores, so "
+                                           f"FP16 with loss scaling takes its place; ")
     precision = {"rule": "BF16, not FP32",
-                 "verdict": f"the plan trains in {workload.precision}; FP32 would double weights"
-                            f" ({weights * 2 / GIB:.1f} GiB instead of "
-                            f"{weights / GIB:.1f} GiB per GPU) and "
-                            f"activations, and run off the tensor-core BF16 rate"}
+                 "verdict": f"{without}the plan trains in {workload.precision}; FP32 would "
+                            f"double weights ({weights * 2 / GIB:.1f} GiB "
+                            f"instead of {weights / GIB:.1f} GiB per GPU) "
+                            f"and activations, and run off the tensor-core {half} rate"}
     comparisons.append(precision)
     links = []
     if "tp_across_nodes" in best.flags:
@@ -190,8 +231,11 @@ def explain_text(result: dict) -> str:
         line = f"- {entry['rule']}: "
         if "step_time_s" in entry:
             lay = entry["layout"]
-            line += (f"best such layout TP{lay['tp']} PP{lay['pp']} EP{lay['ep']} DP{lay['dp']} "
-                     f"-> {entry['step_time_s']:.1f} s, {entry['tokens_per_s_per_gpu']:.0f} "
-                     f"tokens/s/GPU, {entry['peak_memory_gib']:.1f} GiB; ")
+            batch = (f" micro-batch {lay['micro_batch']}" if not lay.get("dynamic_batch", True)
+                     else "")
+            line += (f"best such layout TP{lay['tp']} PP{lay['pp']} EP{lay['ep']} DP{lay['dp']}"
+                     f"{batch} -> {entry['step_time_s']:.1f} s, "
+                     f"{entry['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, "
+                     f"{entry['peak_memory_gib']:.1f} GiB peak, fits; ")
         lines.append(line + entry["verdict"])
     return "\n".join(lines)

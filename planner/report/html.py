@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import html
+from dataclasses import dataclass
 from pathlib import Path
 
 from planner.bounds import CLUSTER_LIMITS, check_fields
@@ -55,7 +56,35 @@ def load_trials(path: Path):
                    "peak_memory_gib"):
         if column not in trials.columns:
             trials[column] = float("nan")
+    for column, (low, high) in TRIAL_NUMBERS.items():
+        if column in trials.columns:
+            trials[column] = _numbers(trials[column], column, path, low, high)
     return trials
+
+
+# trials.csv columns the report draws or ranks by: (low, high); blank cells are "not measured"
+TRIAL_NUMBERS = {"number": (0, 1e9), "measured_tokens_per_s_per_gpu": (0, 1e9),
+                 "predicted_tokens_per_s_per_gpu": (0, 1e9), "peak_memory_gib": (0, 1e6),
+                 "step_time_s": (0, 1e9), "duration_s": (0, 1e9), "mfu": (0, 10)}
+
+
+def _numbers(values, column: str, path: Path, low: float, high: float):
+    """A trials.csv column as numbers: every cell blank or a finite number in ``low..high``
+    (``inf`` or text in a numeric column is an input error naming the row, not a traceback
+    from the plots)."""
+    import numpy as np
+    import pandas as pd
+
+    numbers = pd.to_numeric(values, errors="coerce")
+    bad = (values.notna() & numbers.isna()) | ~np.isfinite(numbers.fillna(low)) \
+        | (numbers < low) | (numbers > high)
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        cell = values.iloc[row]
+        cell = repr(cell)[:40] if isinstance(cell, str) else f"{float(cell):g}"
+        raise PlanInputError(f"{str(path)!r} row {row + 2}: {column} = {cell} is not a finite "
+                             f"number in {low:g}..{high:g} (or blank)")
+    return numbers
 
 
 def _img(name: str, png: bytes, png_dir: Path | None) -> str:
@@ -95,7 +124,9 @@ def candidate_table(candidates, capacity_bytes: float, top: int = TOP) -> str:
     return f'<table class="candidates"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def render(plan, trials=None, png_dir: Path | None = None, title: str = "") -> str:
+def render(plan, trials=None, png_dir: Path | None = None, title: str = "",
+           confidence: str | None = None) -> str:
+    """The report page; ``confidence``: what the study says about its untried layouts."""
     candidates = plan.candidates
     top = candidates[candidates["fits"]].head(TOP)
     sections = [f"<h1>{html.escape(title or 'plan-parallel report')}</h1>",
@@ -119,7 +150,10 @@ def render(plan, trials=None, png_dir: Path | None = None, title: str = "") -> s
                      _img("phase_times", plots.to_png(plots.phase_time_figure(top.head(6))),
                           png_dir)]
     if trials is not None and len(trials):
-        sections += ["<h2>Trials</h2>",
+        sections += ["<h2>Trials</h2>"]
+        if confidence:
+            sections.append(f"<p class='confidence'>Confidence: {html.escape(confidence)}.</p>")
+        sections += [
                      _img("trial_history", plots.to_png(plots.trial_history_figure(trials)),
                           png_dir),
                      _img("outcomes", plots.to_png(plots.failure_figure(trials)), png_dir),
@@ -214,32 +248,42 @@ def plan_from_sweep(sweep: Path, cost: CostModel | None = None,
     return make_plan(PlanRequest(*setting, cost=cost, policy=policy))
 
 
-def _check_outputs(output: Path, png_dir: Path | None, force: bool) -> None:
-    if output.exists() and not force:
-        raise PlanInputError(f"{output} exists; pass --force to overwrite it")
-    if png_dir is not None and not force and png_dir.is_dir() and any(
-            (png_dir / f"{name}.png").exists() for name in FIGURES):
-        raise PlanInputError(f"{png_dir} already holds report figures; pass --force to "
-                             f"overwrite them")
+@dataclass(frozen=True)
+class ReportFiles:
+    """Where a report goes: the page, and (when given) a folder for its figures as PNG files;
+    existing ones are overwritten only with ``force``."""
+
+    page: Path
+    png_dir: Path | None = None
+    force: bool = False
+
+    def check(self) -> None:
+        """Refuse to overwrite the page or figures without ``force``."""
+        if self.page.exists() and not self.force:
+            raise PlanInputError(f"{self.page} exists; pass --force to overwrite it")
+        png_dir = self.png_dir
+        if png_dir is not None and not self.force and png_dir.is_dir() and any(
+                (png_dir / f"{name}.png").exists() for name in FIGURES):
+            raise PlanInputError(f"{png_dir} already holds report figures; pass --force to "
+                                 f"overwrite them")
 
 
-def write_report(plan, output: Path, trials=None, png_dir: Path | None = None,
-                 force: bool = False) -> Path:
-    """Render and write the report; never overwrite without ``force``."""
-    _check_outputs(output, png_dir, force)
-    page = render(plan, trials, png_dir,
+def write_report(plan, files: ReportFiles, trials=None, confidence: str | None = None) -> Path:
+    """Render and write the report (``confidence``: what the study says about its untried
+    layouts); never overwrite without ``files.force``."""
+    files.check()
+    page = render(plan, trials, files.png_dir,
                   title=f"plan-parallel: {plan.model.name} on {plan.cluster.num_gpus} x "
-                        f"{plan.cluster.gpu.name}")
-    output.write_text(page)
-    return output
+                        f"{plan.cluster.gpu.name}", confidence=confidence)
+    files.page.write_text(page)
+    return files.page
 
 
-def write_sizing_report(sizing, output: Path, png_dir: Path | None = None,
-                        force: bool = False) -> Path:
-    """Render and write a sizing report; never overwrite without ``force``."""
-    _check_outputs(output, png_dir, force)
+def write_sizing_report(sizing, files: ReportFiles) -> Path:
+    """Render and write a sizing report; never overwrite without ``files.force``."""
+    files.check()
     types = ", ".join(summary.gpu for summary in sizing.types)
-    output.write_text(render_sizing(sizing, png_dir,
-                                    title=f"plan-parallel: sizing {sizing.model.name} on "
-                                          f"{types}"))
-    return output
+    files.page.write_text(render_sizing(sizing, files.png_dir,
+                                        title=f"plan-parallel: sizing {sizing.model.name} on "
+                                              f"{types}"))
+    return files.page

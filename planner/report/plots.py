@@ -23,7 +23,8 @@ MEMORY_PARTS = (("weights_bytes", "weights"), ("grads_bytes", "fp32 grads"),
                 ("optimizer_bytes", "optimizer"), ("train_activations_bytes", "activations"),
                 ("train_logits_bytes", "log-prob logits"), ("ref_weights_bytes", "reference"))
 CATEGORY_COLORS = {"ok": "#2a9d8f", "oom": "#e76f51", "nccl": "#8e44ad", "hang": "#f4a261",
-                   "timeout": "#e9c46a", "config": "#264653", "crash": "#6c757d"}
+                   "timeout": "#e9c46a", "config": "#264653", "crash": "#6c757d",
+                   "pruned": "#90be6d"}
 
 
 def _pyplot():

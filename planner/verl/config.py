@@ -20,6 +20,7 @@ import contextlib
 import functools
 import importlib.util
 import io
+import os
 import re
 import warnings
 from pathlib import Path
@@ -27,10 +28,13 @@ from typing import Any, Sequence
 
 from planner.bounds import MAX_JSON_DEPTH, json_depth, read_text, shown
 from planner.errors import MissingExtraError, PlanInputError, ResourceLimitError
+from planner.results import COLOCATED_MODE
 from planner.verl.export import override_key
 from planner.verl.findings import Finding
+from planner.verl.keymap import HYDRA_SEARCHPATH, mode_keys
 from planner.verl.keys import (
     MODE_CONFIG,
+    MODE_ENTRY,
     RETIRED_KEYS,
     ROOT_CONFIG,
     TRANSFORMER_CONFIG_KEY,
@@ -131,7 +135,48 @@ def mode_config_dir(mode: str) -> Path:
 
 def verl_trainer_dir() -> Path:
     """Where Hydra resolves a relative ``--config-path`` given to ``-m verl.trainer.main_ppo``."""
-    return verl_config_dir().parent
+    return entry_dir(COLOCATED_MODE)
+
+
+def _package_dir(package: str) -> Path:
+    """A package's folder; verl's found by path arithmetic (nothing of verl is imported)."""
+    if package == "verl" or package.startswith("verl."):
+        return verl_config_dir().parents[2] / Path(*package.split("."))
+    spec = importlib.util.find_spec(package.split(".")[0])
+    if spec is None or not spec.submodule_search_locations:
+        raise PlanInputError(f"--config-path pkg://{package}: no installed package "
+                             f"{package.split('.')[0]!r}")
+    return Path(list(spec.submodule_search_locations)[0]).parent / Path(*package.split("."))
+
+
+def entry_dir(mode: str) -> Path:
+    """The folder of a training mode's entry module (``keys.MODE_ENTRY``), the file that
+    declares ``@hydra.main``: Hydra resolves a relative ``--config-path`` against it."""
+    return _package_dir(MODE_ENTRY[mode].rpartition(".")[0])
+
+
+def resolve_config_path(mode: str, config_path: str | None) -> Path:
+    """The primary config folder of a launch, as Hydra computes it
+    (``hydra/_internal/utils.py::compute_search_path_dir``): none given, the entry point's own
+    ``config_path="config"``; an absolute path as it is; ``pkg://a.b`` that package's folder;
+    anything else relative to the entry module's folder, ``../`` climbing out of it (so
+    ``-m verl.experimental.fully_async_policy.fully_async_main --config-path=config`` is
+    ``verl/experimental/fully_async_policy/config``).  A script that names the entry point
+    by file (``python3 verl/trainer/main_ppo.py``) resolves against the installed verl's copy."""
+    if config_path is None:
+        return mode_config_dir(mode)
+    if config_path.startswith("pkg://"):
+        return _package_dir(config_path[len("pkg://"):].strip("/").replace("/", "."))
+    if os.path.isabs(config_path):
+        return Path(os.path.normpath(config_path))
+    return Path(os.path.normpath(entry_dir(mode) / config_path))
+
+
+def resolve_config_dir(config_dir: str, cwd: Path | None = None) -> Path:
+    """``--config-dir``/``-cd``: Hydra takes ``os.path.abspath`` of it (relative to the folder
+    the command runs in) and searches it before the primary config folder
+    (``hydra/_internal/utils.py::_run_hydra``, ``add_conf_dir``)."""
+    return Path(os.path.normpath(Path(cwd or os.getcwd()) / config_dir))
 
 
 def root_cause(error: BaseException) -> str:
@@ -156,13 +201,33 @@ def _quiet():
     return stack
 
 
-def _compose_once(overrides: Sequence[str], config_dir: Path, config_name: str):
+def _compose_once(overrides: Sequence[str], config_dir: Path, config_name: str,
+                  extra_dirs: Sequence[Path] = ()):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
-    with _quiet(), initialize_config_dir(config_dir=str(config_dir), version_base=None):
-        return compose(config_name=config_name, overrides=list(overrides))
+    if not extra_dirs:
+        with _quiet(), initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            return compose(config_name=config_name, overrides=list(overrides))
+    # --config-dir: the search path Hydra's own command line builds (hydra/_internal/utils.py
+    # ::_run_hydra): the primary folder, and each extra folder searched before it
+    from hydra import version
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    version.setbase(None)  # as initialize_config_dir(version_base=None)
+    search_path = create_config_search_path(str(config_dir))
+    for extra in extra_dirs:
+        search_path.prepend(provider="command-line", path=f"file://{extra}",
+                            anchor=SearchPathQuery(provider="schema"))
+    try:
+        with _quiet():
+            Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
+            return compose(config_name=config_name, overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def _bad_syntax(overrides: Sequence[str]) -> str:
@@ -212,7 +277,7 @@ def _retired_hint(key: str) -> str:
 
 
 def compose(overrides: Sequence[str], config_dir: Path | None = None,
-            config_name: str = ROOT_CONFIG):
+            config_name: str = ROOT_CONFIG, extra_dirs: Sequence[Path] = ()):
     """Compose as ``main_ppo`` would; returns ``(config, problems)``.
 
     Overrides of keys verl does not have are dropped (each one a problem) and composition is
@@ -231,13 +296,15 @@ def compose(overrides: Sequence[str], config_dir: Path | None = None,
     version = installed_verl_version() or VERL_VERSION
     for _ in range(len(remaining) + 1):
         try:
-            return _compose_once(remaining, config_dir, config_name), problems
+            return _compose_once(remaining, config_dir, config_name,
+                                 extra_dirs), problems
         except OverrideParseException:
             raise PlanInputError(_bad_syntax(remaining)) from None
         except MissingConfigException as error:
             text = str(error)
             if "primary config" in text.lower():
-                raise PlanInputError(f"no Hydra config {config_name!r} in {config_dir}: "
+                where = ", ".join(str(d) for d in (*extra_dirs, config_dir))
+                raise PlanInputError(f"no Hydra config {config_name!r} in {where}: "
                                      f"{text.splitlines()[0]}") from None
             raise ComposeError(text.splitlines()[0]) from None
         except ConfigCompositionException as error:
@@ -263,10 +330,11 @@ def base_config(model_engine: str = "megatron"):
 @functools.cache
 def mode_base_config(model_engine: str, mode: str):
     """The defaults of a training mode's root config (``keys.MODE_CONFIG``)."""
-    if mode == "sync":
+    if mode == COLOCATED_MODE:
         return base_config(model_engine)
     overrides = [f"model_engine={model_engine}"]
-    if mode == "one-step-off":  # its searchpath is file://verl/trainer/config (verl's checkout)
+    if HYDRA_SEARCHPATH in mode_keys(mode):
+        # one-step-off's searchpath is file://verl/trainer/config (verl's checkout)
         overrides.append("hydra.searchpath=[pkg://verl.trainer.config]")
     return _compose_once(overrides, mode_config_dir(mode), MODE_CONFIG[mode][1])
 

@@ -3,10 +3,10 @@
 verl's example scripts (``examples/grpo_trainer/run_*_megatron.sh``) set shell variables and
 then run ``python3 -m verl.trainer.main_ppo`` with one ``key=value`` per continued line.  The
 script is read with :mod:`planner.verl.shell` (nothing runs); this module finds the one verl
-command, splits Hydra's own flags (``--config-path``/``--config-name``) from the overrides, and
-decides what unknown values matter: a variable that is not set is an error only when the verl
-command uses it (directly or through another variable), and the error names it; command
-substitutions (``$(date +%s)``) are kept as text and reported.
+command, splits Hydra's own flags (``--config-path``/``--config-name``/``--config-dir``) from the
+overrides, and decides what unknown values matter: a variable that is not set is an error only
+when the verl command uses it (directly or through another variable), and the error names it;
+command substitutions (``$(date +%s)``) are kept as text and reported.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class LaunchCommand:
     overrides: tuple[str, ...]
     config_path: str | None = None
     config_name: str | None = None
+    config_dir: str | None = None  # --config-dir/-cd: searched before the primary folder
     line: int = 0
     notes: tuple[str, ...] = ()  # what was not run or not understood, for the report
     problems: tuple[str, ...] = ()  # why bash itself would fail (a CRLF file), errors
@@ -130,10 +131,10 @@ def parse_launch_script(text: str, environ: Mapping[str, str],
     overrides, flags, ignored = command_arguments(arguments)
     notes += [f"argument {item} of {ENTRY_MODULE} ignored" for item in ignored]
     notes += [f"{ENTRY_MODULE} argument --{name.replace('_', '-')} {value} ignored"
-              for name, value in flags.items() if name in ("config_dir", "cfg", "package")]
+              for name, value in flags.items() if name in ("cfg", "package")]
     return LaunchCommand(overrides=tuple(overrides), config_path=flags.get("config_path"),
-                         config_name=flags.get("config_name"), line=line, notes=tuple(notes),
-                         mode=modes[0])
+                         config_name=flags.get("config_name"), config_dir=flags.get("config_dir"),
+                         line=line, notes=tuple(notes), mode=modes[0])
 
 
 def read_launch_script(path: Path, environ: Mapping[str, str]) -> LaunchCommand:

@@ -49,11 +49,16 @@ class LaunchOutcome:
 class Watchdog:
     """Wall-clock, no-progress and log-size limits.  Progress is any growth of the watched
     files (the trainer's log and metrics); :meth:`check` says ``"timeout"``, ``"hang"``,
-    ``"log_limit"`` (the first file, the log, outgrew ``max_log_bytes``) or None."""
+    ``"log_limit"`` (the first file, the log, outgrew ``max_log_bytes``) or None.
+
+    ``monitor`` (see :meth:`Launcher.run`) is asked after each growth of the files, once the
+    limits have passed; what it returns (``"pruned"``) is the check's answer."""
 
     def __init__(self, wall_timeout_s: float, hang_timeout_s: float,
                  paths: Sequence[Path | None], clock: Callable[[], float] = time.monotonic,
-                 max_log_bytes: int | None = None):
+                 max_log_bytes: int | None = None,
+                 monitor: Callable[[], str | None] | None = None):
+        self.monitor = monitor
         self.max_log_bytes = max_log_bytes
         self.wall_timeout_s = wall_timeout_s
         self.hang_timeout_s = hang_timeout_s
@@ -78,7 +83,8 @@ class Watchdog:
     def check(self) -> str | None:
         now = self.clock()
         sizes = self._measure()
-        if sizes != self._sizes:
+        grew = sizes != self._sizes
+        if grew:
             self._sizes, self.last_progress = sizes, now
         if self.max_log_bytes is not None and sizes and sizes[0] > self.max_log_bytes:
             return "log_limit"
@@ -86,6 +92,8 @@ class Watchdog:
             return "timeout"
         if now - self.last_progress >= self.hang_timeout_s:
             return "hang"
+        if grew and self.monitor is not None:
+            return self.monitor()
         return None
 
 
@@ -102,7 +110,10 @@ class Launcher(abc.ABC):
     * when it returns *or raises* (KeyboardInterrupt included) every process the command
       started has been stopped and reaped, and the GPUs it used are free for the next trial;
     * once the command runs it calls ``on_start(handle)`` with a JSON-able dict; a later tuner
-      passes that dict to :meth:`abandon` to stop what a killed tuner left running.
+      passes that dict to :meth:`abandon` to stop what a killed tuner left running;
+    * while the command runs it calls ``monitor()`` (when given) after the log or the metrics
+      file grew; a reason it returns (``"pruned"``: :mod:`trials.pruning`) stops the command
+      like a limit does, with ``stopped`` set to that reason.
 
     ``shares_filesystem`` says whether files the trainer writes (verl's metrics JSONL) can be
     read by the tuner; when False the metrics come from the console log only.
@@ -113,8 +124,10 @@ class Launcher(abc.ABC):
 
     @abc.abstractmethod
     def run(self, request: LaunchRequest,
-            on_start: Callable[[dict], None] | None = None) -> LaunchOutcome:
-        """Run ``request`` to completion or a limit (see the class contract)."""
+            on_start: Callable[[dict], None] | None = None,
+            monitor: Callable[[], str | None] | None = None) -> LaunchOutcome:
+        """Run ``request`` to completion, a limit or a stop ``monitor`` asks for (see the
+        class contract)."""
 
     @abc.abstractmethod
     def abandon(self, handle: Mapping[str, object]) -> str:

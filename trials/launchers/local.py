@@ -62,7 +62,8 @@ class LocalLauncher(Launcher):
         self.nvml = nvml
 
     def run(self, request: LaunchRequest,
-            on_start: Callable[[dict], None] | None = None) -> LaunchOutcome:
+            on_start: Callable[[dict], None] | None = None,
+            monitor: Callable[[], str | None] | None = None) -> LaunchOutcome:
         import psutil
 
         marker = f"{request.name}-{uuid.uuid4().hex[:12]}"
@@ -96,7 +97,8 @@ class LocalLauncher(Launcher):
                         on_start(handle)
                     watchdog = Watchdog(request.wall_timeout_s, request.hang_timeout_s,
                                         [request.log_path, request.metrics_path],
-                                        max_log_bytes=request.max_log_bytes)
+                                        max_log_bytes=request.max_log_bytes,
+                                        monitor=monitor)
                     sampler.start()
                     last_refresh = 0.0
                     while exit_status(process.pid) is None:

@@ -148,7 +148,8 @@ class RayJobLauncher(Launcher):
         return f"mkdir -p {workdir} && cd {workdir} && exec {command}"
 
     def run(self, request: LaunchRequest,
-            on_start: Callable[[dict], None] | None = None) -> LaunchOutcome:
+            on_start: Callable[[dict], None] | None = None,
+            monitor: Callable[[], str | None] | None = None) -> LaunchOutcome:
         client = self.client()
         request.workdir.mkdir(parents=True, exist_ok=True)
         submission_id = f"plan-parallel-{request.name}-{uuid.uuid4().hex[:8]}"
@@ -167,7 +168,7 @@ class RayJobLauncher(Launcher):
                     on_start(handle)
                 watchdog = Watchdog(request.wall_timeout_s, request.hang_timeout_s,
                                     [request.log_path, request.metrics_path],
-                                    max_log_bytes=request.max_log_bytes)
+                                    max_log_bytes=request.max_log_bytes, monitor=monitor)
                 follower.start()
                 while True:
                     status = str(client.get_job_status(submission_id).value)

@@ -1,0 +1,164 @@
+"""How well one run predicts the job's other layouts, and how often the default length band
+holds the published steps.
+
+    python benchmarks/advise_accuracy.py [--loo] [--band]   (both by default)
+
+``--loo`` -- leave one layout out on the verl sweeps of ``grpo_runs.csv``: for every job run
+with several layouts, fit this cluster's constants from one layout's published step
+(:func:`trials.calibrate.calibrate_run`, what ``advise`` does with a run) and predict the step
+time of the job's other layouts; MAPE over every (source, target) pair.  A *job* is one sweep
+(source file), on one GPU count, with one set of kernel switches (the sweep's ``other=`` column:
+``apply_rope_fusion``, fused kernels -- settings a job keeps while its layout changes; a looser
+grouping across them is reported too).  The targets' lengths are either their own (recovered
+from their MFU, as the calibration does) or the source run's (what a user's run gives).  Rows
+whose micro-batches the sweep does not state (``benchmarks/rl_data.py`` assumes 4/10) are
+reported with and without.
+
+``--band`` -- every published colocated step (``rl_data.load_rl_cases``) planned with no lengths
+given: the default trajectory for the model's kind (:func:`planner.catalog.lengths.
+default_lengths`) gives a step time at its start and at its end; how many measured steps fall
+inside that band (and inside it widened by the model's own error on these steps, the shipped
+``rl_fit`` MAPE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from calibration_data import default_path  # noqa: E402
+from rl_data import CSV_NAME, load_rl_cases, phase_measurement  # noqa: E402
+
+from planner.catalog.lengths import default_lengths  # noqa: E402
+from planner.cost.calibration import predict_phases  # noqa: E402
+from planner.cost.efficiency import CostModel, shipped_calibration  # noqa: E402
+from planner.cost.trajectory import step_time_band, workload_at  # noqa: E402
+from trials.calibrate import calibrate_run  # noqa: E402
+
+UNSTATED = "micro-batches not stated"
+
+
+def _kernels(notes: str) -> str:
+    found = re.search(r"other='([^']*)'", notes)
+    return found.group(1) if found else ""
+
+
+def sweep_jobs(strict: bool = True) -> dict[tuple, list]:
+    """The verl sweep cases grouped into jobs (see the module docstring)."""
+    rows = {}
+    with open(default_path(CSV_NAME), newline="") as handle:
+        for row in csv.DictReader(handle):
+            rows[int(row["row_id"])] = row
+    groups = defaultdict(list)
+    cases, _ = load_rl_cases()
+    for case in cases:
+        if case.framework != "verl":
+            continue
+        row = rows[case.row_id]
+        key = (row["source_url"].rsplit("/", 1)[-1], case.cluster.num_gpus)
+        groups[key + ((_kernels(row["notes"]),) if strict else ())].append(case)
+    return {key: members for key, members in groups.items() if len(members) > 1}
+
+
+def _step(case, calibration, workload=None) -> float:
+    item = phase_measurement(case if workload is None else replace(case, workload=workload))
+    return predict_phases([item], CostModel.load(calibration))[0]["step"]
+
+
+def leave_one_layout_out(strict: bool = True, skip_unstated: bool = False) -> dict:
+    errors = {"shipped": [], "fitted": [], "fitted_source_lengths": []}
+    per_job = {}
+    for key, members in sorted(sweep_jobs(strict).items()):
+        if skip_unstated:
+            members = [case for case in members if UNSTATED not in case.notes]
+        if len(members) < 2:
+            continue
+        job = {"shipped": [], "fitted": []}
+        for source in members:
+            fitted = calibrate_run([phase_measurement(source)], None,
+                                   source=f"row {source.row_id}").calibration
+            for target in members:
+                if target is source:
+                    continue
+                measured = target.measured["step"]
+                shipped = abs(_step(target, None) / measured - 1)
+                own = abs(_step(target, fitted) / measured - 1)
+                lengths = replace(target.workload,
+                                  mean_response_length=source.workload.mean_response_length)
+                theirs = abs(_step(target, fitted, lengths) / measured - 1)
+                errors["shipped"].append(shipped)
+                errors["fitted"].append(own)
+                errors["fitted_source_lengths"].append(theirs)
+                job["shipped"].append(shipped)
+                job["fitted"].append(own)
+        per_job[" | ".join(str(part) for part in key)] = {
+            "rows": [case.row_id for case in members], "pairs": len(job["fitted"]),
+            "shipped": float(np.mean(job["shipped"])), "fitted": float(np.mean(job["fitted"]))}
+    return {"pairs": len(errors["fitted"]),
+            **{name: float(np.mean(values)) for name, values in errors.items()},
+            "jobs": per_job}
+
+
+def band_coverage() -> dict:
+    cases, _ = load_rl_cases()
+    widen = float(shipped_calibration().get("rl_fit", {}).get("mape", 0.0))
+    inside = near = 0
+    rows = []
+    for case in cases:
+        lengths = default_lengths(case.workload.response_length, case.model.name)
+
+        def at(mean, case=case):
+            return _step(case, None, workload_at(case.workload, mean))
+
+        band = step_time_band(lengths, at)
+        low, high = float(band.low_s), float(band.high_s)
+        measured = case.measured["step"]
+        inside += low <= measured <= high
+        near += low * (1 - widen) <= measured <= high * (1 + widen)
+        rows.append((case.row_id, case.model.name, lengths.kind, low, high, measured))
+    return {"steps": len(cases), "inside": inside, "inside_widened": near, "widen": widen,
+            "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--loo", action="store_true", help="leave one layout out only")
+    parser.add_argument("--band", action="store_true", help="the default band only")
+    args = parser.parse_args()
+    both = not (args.loo or args.band)
+    if args.loo or both:
+        for strict, skip in ((True, False), (True, True), (False, False)):
+            result = leave_one_layout_out(strict, skip)
+            jobs = "sweep x GPUs x kernel switches" if strict else "sweep x GPUs"
+            print(f"leave one layout out (jobs = {jobs}"
+                  f"{', rows with unstated micro-batches left out' if skip else ''}): "
+                  f"{result['pairs']} pairs, step-time MAPE shipped {result['shipped']:.1%}, "
+                  f"fitted from one run {result['fitted']:.1%} (targets' own lengths), "
+                  f"{result['fitted_source_lengths']:.1%} (the source run's lengths)")
+            for job, entry in result["jobs"].items():
+                print(f"  {job}: rows {entry['rows']}, {entry['pairs']} pairs, shipped "
+                      f"{entry['shipped']:.1%}, fitted {entry['fitted']:.1%}")
+    if args.band or both:
+        result = band_coverage()
+        print(f"default length band (no lengths given): {result['inside']} of {result['steps']} "
+              f"published steps inside the predicted start/end step-time band; "
+              f"{result['inside_widened']} inside it widened by the model's RL error "
+              f"({result['widen']:.0%})")
+        for row_id, model, kind, low, high, measured in result["rows"]:
+            mark = "in " if low <= measured <= high else "out"
+            print(f"  {mark} row {row_id:>3} {model[:18]:18} {kind:15} band {low:7.1f}-"
+                  f"{high:7.1f} s, measured {measured:7.1f} s")
+
+
+if __name__ == "__main__":
+    main()

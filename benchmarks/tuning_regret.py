@@ -1,0 +1,639 @@
+"""Tuning regret: how close ``plan-parallel tune`` gets to the truly fastest layout, and at what
+cost in GPU-hours, measured against a hidden truth.
+
+    python benchmarks/tuning_regret.py [--draws 3] [--budgets 4,8,12,20] [--json]
+                                       [--jobs NAME,...] [--strategies NAME,...]
+
+No process is started: every job is planned through the planner's public functions
+(:func:`planner.plan.make_plan`, :meth:`trials.candidates.CandidateSet.from_plan`), each
+candidate gets a hidden true throughput, and the real :class:`trials.study.Tuner` -- the same
+:class:`~trials.sampler.LayoutSampler`, memory margins, OOM relief, pruner, first trials and
+confidence stop as ``tune`` -- runs its study with :class:`SimulatedLauncher`, a launcher that
+answers from the hidden table: it writes verl's metric records (and PyTorch's OOM message) to
+the trial's files, as the trainer would, and advances a simulated clock by the time the steps
+it ran would take.  The trial runner, the metric parsing, the failure classification and
+Optuna's storage are the product's.
+
+Noise model (docs/tuning/regret.md):
+
+* **throughput**: true tokens/s/GPU = predicted x exp(e), with
+  e = sigma * (sqrt(w_tp) z_TP + sqrt(w_ep) z_EP + sqrt(w_pp) z_PP + sqrt(w_layout) z_layout),
+  one standard normal z per distinct TP, EP and PP value of the job (layouts sharing a value
+  share its term: the same communication, pipeline and expert-dispatch terms err alike) and one
+  per layout (micro-batch, recompute, rollout, ...).  The shares ``FAMILY_SHARES`` split the
+  variance; sigma is solved per job so that the median over pairs of the job's candidates of
+  |e_a - e_b| -- the error of the predicted throughput ratio of two layouts -- equals the
+  model's measured ranking uncertainty (``ranking_uncertainty`` of planner/cost/calibration.json,
+  ln(1.162) = 0.150).  A job-wide factor is left out: regret, pruning and the confidence rule
+  use ratios and measured values only, so it would change nothing but the absolute GPU-hours.
+* **memory**: a layout predicted to fit runs out of memory when its predicted peak x exp(m)
+  exceeds the GPU, m = s (sqrt(1/2) z_job + sqrt(1/2) z_layout); s is the maximum-likelihood
+  fit to ``benchmarks/memory_anchors.py`` (the fit/OOM outcomes of verl's example jobs and of
+  verl's Qwen2.5-7B sweep, and DeepSeek-V3's measured peak): P(OOM) = Phi(ln(peak/capacity)/s),
+  so the nearer a layout's predicted peak is to capacity the likelier its OOM.  It fails in its
+  predicted peak phase during the first step, with PyTorch's message (the measured need).
+* **steps**: each step's throughput is the layout's true one x exp(N(0, ``--step-noise``)),
+  the warm-up step runs at half speed, and a trial costs ``--launch-s`` (Ray, model load, vLLM
+  start) plus its steps' time on all the job's GPUs (``--steps`` 5 with ``--warmup-steps`` 1, as
+  ``tune`` runs by default).  A pruned trial costs the steps it ran.
+
+Every study of a (job, draw) pair sees the same hidden table and the same step noise per layout
+and the same sampler seed, so strategies are compared on equal terms.  Regret of a budget of
+``b`` trials: 1 - true(layout the study writes back after b trials) / max true over the study's
+candidates (100% when none of the b trials succeeded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from planner.catalog.hardware import ClusterSpec, get_gpu  # noqa: E402
+from planner.catalog.models import resolve_model  # noqa: E402
+from planner.catalog.workload import GrpoWorkload  # noqa: E402
+from planner.cost.efficiency import ranking_uncertainty  # noqa: E402
+from planner.cost.request import PlanRequest  # noqa: E402
+from planner.plan import make_plan  # noqa: E402
+from planner.units import GIB  # noqa: E402
+from trials.launchers.base import Launcher, LaunchOutcome  # noqa: E402
+
+# The error terms: the fields whose value a term is shared by, and its share of the variance of
+# e.  TP, EP and PP carry most of it; the other knobs a little each; one small term per layout.
+FAMILIES = {"tp": ("tp",), "ep": ("ep", "etp"), "pp": ("pp",), "vpp": ("vpp",), "cp": ("cp",),
+            "micro_batch": ("micro_batch",), "recompute": ("recompute",),
+            "offload": ("param_offload", "optimizer_offload", "ref_param_offload"),
+            "rollout": ("rollout_tp", "rollout_dp", "rollout_ep", "gpu_memory_utilization")}
+FAMILY_SHARES = {"tp": 0.25, "ep": 0.20, "pp": 0.25, "vpp": 0.03, "cp": 0.03,
+                 "micro_batch": 0.06, "recompute": 0.06, "offload": 0.04, "rollout": 0.06,
+                 "layout": 0.02}
+MEMORY_JOB_SHARE = 0.5  # of the memory error's variance, shared by the job's layouts
+STEPS, WARMUP_STEPS = 5, 1  # tune's defaults
+LAUNCH_S = 180.0  # assumed: Ray start, model and reference load, vLLM engine start
+STEP_NOISE = 0.03  # assumed: step-to-step spread of a step's tokens/s/GPU (log sd)
+BUDGETS = (4, 8, 12, 16, 20)
+SIM_KEY_ENV = "PLAN_PARALLEL_SIMULATED_LAYOUT"  # the request names its layout ...
+SIM_STEPS_ENV = "PLAN_PARALLEL_SIMULATED_STEPS"  # ... and its steps (the trainer's horizon)
+
+
+# --- jobs --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    model: str
+    gpus: int
+    gpu: str = "h100"
+    workload: Mapping[str, int] = field(default_factory=dict)
+    kind: str = "dense"  # dense, moe or mla (MLA models are MoE too)
+
+    def setting(self):
+        return (resolve_model(self.model), ClusterSpec(get_gpu(self.gpu), self.gpus,
+                                                       min(8, self.gpus)),
+                GrpoWorkload(**self.workload))
+
+
+LONG = {"train_batch_size": 512, "rollout_n": 8, "response_length": 4096,
+        "mini_batch_size": 128}
+JOBS = (
+    Job("qwen2.5-7b-8", "qwen2.5-7b", 8),
+    Job("qwen3-8b-8", "qwen3-8b", 8),
+    Job("qwen3-8b-16-long", "qwen3-8b", 16, workload=LONG),
+    Job("llama3.1-8b-16", "llama3.1-8b", 16),
+    Job("qwen3-14b-16", "qwen3-14b", 16),
+    Job("qwen2.5-32b-32", "qwen2.5-32b", 32),
+    Job("qwen3-32b-32-h200-long", "qwen3-32b", 32, "h200", LONG),
+    Job("llama3.1-70b-32", "llama3.1-70b", 32),
+    Job("llama3.1-70b-64-long", "llama3.1-70b", 64, workload=LONG),
+    Job("qwen2.5-72b-64-h200", "qwen2.5-72b", 64, "h200"),
+    Job("qwen3-30b-8", "qwen3-30b", 8, kind="moe"),
+    Job("qwen3-30b-16", "qwen3-30b", 16, kind="moe"),
+    Job("qwen3-30b-32-h200-long", "qwen3-30b", 32, "h200", LONG, kind="moe"),
+    Job("mixtral-8x7b-16", "mixtral-8x7b", 16, kind="moe"),
+    Job("mixtral-8x22b-64", "mixtral-8x22b", 64, kind="moe"),
+    Job("qwen3-235b-64", "qwen3-235b", 64, kind="moe"),
+    Job("qwen3-235b-128-h200", "qwen3-235b", 128, "h200", kind="moe"),
+    Job("moonlight-8", "moonlight", 8, kind="mla"),
+    Job("moonlight-16-long", "moonlight", 16, workload=LONG, kind="mla"),
+    Job("deepseek-v3-128-h200", "deepseek-v3", 128, "h200", kind="mla"),
+    Job("deepseek-v3-256", "deepseek-v3", 256, kind="mla"),
+)
+SMALL_JOBS = ("qwen2.5-7b-8", "qwen3-30b-8", "moonlight-8")  # the tests' three
+
+
+@dataclass
+class PreparedJob:
+    job: Job
+    plan: object
+    candidates: object  # trials.candidates.CandidateSet
+    plan_s: float
+    sigmas: dict = field(default_factory=dict)  # target -> solved sigma (hidden_truth)
+
+
+def prepare(job: Job, max_candidates: int = 5000) -> PreparedJob:
+    """Plan ``job`` as ``tune`` does (the study's candidate set)."""
+    from trials.candidates import CandidateSet
+
+    start = time.perf_counter()
+    model, cluster, workload = job.setting()
+    plan = make_plan(PlanRequest(model, cluster, workload))
+    candidates = CandidateSet.from_plan(plan, 0.0, max_candidates)
+    return PreparedJob(job, plan, candidates, time.perf_counter() - start)
+
+
+# --- the hidden truth --------------------------------------------------------------------------
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def memory_error_sd() -> float:
+    """Maximum-likelihood log-sd of the peak-memory error from benchmarks/memory_anchors.py:
+    each anchor's fit/OOM outcome has probability Phi(+-ln(predicted peak / capacity) / s), a
+    measured peak adds the normal density of ln(predicted / measured)."""
+    from benchmarks.memory_anchors import anchors, evaluate
+
+    rows = []
+    for anchor in anchors():
+        result = evaluate(anchor)
+        capacity_gib = get_gpu(anchor.gpu).memory_bytes / GIB
+        measured = result.get("measured_gib")
+        rows.append((math.log(result["peak_gib"] / capacity_gib), anchor.expect_fits,
+                     math.log(result["peak_gib"] / measured) if measured else None))
+
+    def log_likelihood(s: float) -> float:
+        total = 0.0
+        for ratio, fits, error in rows:
+            oom = _normal_cdf(ratio / s)
+            total += math.log(max(1 - oom if fits else oom, 1e-300))
+            if error is not None:
+                total += -0.5 * (error / s) ** 2 - math.log(s * math.sqrt(2 * math.pi))
+        return total
+
+    grid = np.arange(0.01, 0.5, 0.0025)
+    return float(grid[int(np.argmax([log_likelihood(s) for s in grid]))])
+
+
+@dataclass(frozen=True)
+class Truth:
+    """The hidden table of one (job, draw): per candidate index."""
+
+    tokens_per_s_per_gpu: np.ndarray  # true throughput
+    step_time_s: np.ndarray  # true step time
+    oom_need: np.ndarray  # true peak / GPU memory of the predicted peak phase (>1: OOM)
+    sigma: float
+    seed: int
+
+    @property
+    def best(self) -> float:
+        return float(self.tokens_per_s_per_gpu.max())
+
+    def step_noise(self, key: str, steps: int, sd: float) -> np.ndarray:
+        """This layout's step-to-step noise (the same in every study of this draw)."""
+        digest = hashlib.sha256(f"{self.seed}:{key}".encode()).digest()
+        return np.exp(np.random.default_rng(int.from_bytes(digest[:8], "little"))
+                      .normal(0.0, sd, steps))
+
+
+def hidden_truth(prepared: PreparedJob, seed: int, memory_sd: float,
+                 target: float | None = None) -> Truth:
+    from trials.guided import family_codes, pair_weights, solve_sigma
+
+    candidates = prepared.candidates.candidates
+    codes = family_codes([c.params for c in candidates], FAMILIES)
+    target = target if target is not None else math.log1p(ranking_uncertainty()["relative"])
+    if target not in prepared.sigmas:
+        prepared.sigmas[target] = solve_sigma(
+            pair_weights(codes, FAMILY_SHARES, np.random.default_rng(0)), target)
+    sigma = prepared.sigmas[target]
+    rng = np.random.default_rng(seed)
+    e = np.zeros(len(candidates))
+    for name in FAMILIES:
+        terms = rng.normal(size=int(codes[name].max()) + 1)
+        e += math.sqrt(FAMILY_SHARES[name]) * terms[codes[name]]
+    e += math.sqrt(FAMILY_SHARES["layout"]) * rng.normal(size=len(candidates))
+    predicted = np.array([c.predicted["tokens_per_s_per_gpu"] for c in candidates])
+    step = np.array([c.predicted["step_time_s"] for c in candidates])
+    true = predicted * np.exp(sigma * e)
+    m = memory_sd * (math.sqrt(MEMORY_JOB_SHARE) * rng.normal()
+                     + math.sqrt(1 - MEMORY_JOB_SHARE) * rng.normal(size=len(candidates)))
+    capacity = float(prepared.plan.cluster.gpu.memory_bytes)
+    peak = np.array([c.predicted["peak_gib"] * GIB for c in candidates])
+    return Truth(tokens_per_s_per_gpu=true, step_time_s=step * predicted / true,
+                 oom_need=peak * np.exp(m) / capacity, sigma=sigma, seed=seed)
+
+
+# --- the simulated launcher --------------------------------------------------------------------
+
+PHASE_FRAME = {  # a traceback line that names the phase (trials.failures.PHASE_MARKERS)
+    "generate": "  File \"vllm/v1/worker/gpu_model_runner.py\", line 1, in generate_sequences",
+    "old_log_prob": "  File \"verl/workers/engine_workers.py\", line 705, in compute_log_prob",
+    "ref": "  File \"verl/workers/engine_workers.py\", line 698, in compute_ref_log_prob",
+    "update_actor": "  File \"verl/workers/engine_workers.py\", line 300, in train_mini_batch",
+    "weight_sync": "  File \"verl/workers/engine_workers.py\", line 790, in update_weights",
+}
+
+
+@dataclass
+class Launch:
+    key: str
+    index: int
+    outcome: str  # ok, oom or the launcher's stop reason (pruned)
+    steps: int
+    duration_s: float
+
+
+class SimulatedLauncher(Launcher):
+    """A :class:`trials.launchers.base.Launcher` answering from a :class:`Truth`: it writes the
+    step records verl's file logger and console would (or PyTorch's OOM message), calls the
+    ``monitor`` after each step as a real launcher does when the files grow, and advances
+    :attr:`clock_s` by the simulated time instead of sleeping."""
+
+    name = "simulated"
+    shares_filesystem = True
+
+    def __init__(self, prepared: PreparedJob, truth: Truth, *, launch_s: float = LAUNCH_S,
+                 step_noise: float = STEP_NOISE):
+        self.prepared = prepared
+        self.truth = truth
+        self.launch_s = launch_s
+        self.step_noise = step_noise
+        self.n_gpus = prepared.plan.cluster.num_gpus
+        self.capacity_gib = prepared.plan.cluster.gpu.memory_bytes / GIB
+        self.clock_s = 0.0
+        self.launches: list[Launch] = []
+
+    def describe(self) -> str:
+        return "simulated (no processes)"
+
+    def abandon(self, handle) -> str:
+        return "a simulated trial leaves nothing running"
+
+    def run(self, request, on_start: Callable | None = None,
+            monitor: Callable[[], str | None] | None = None):
+        key = request.env[SIM_KEY_ENV]
+        index = self.prepared.candidates.index[key]
+        candidate = self.prepared.candidates[index]
+        handle = {"launcher": self.name, "key": key}
+        if on_start:
+            on_start(handle)
+        duration = self.launch_s
+        need = float(self.truth.oom_need[index])
+        steps, outcome, code, stopped = 0, "ok", 0, None
+        with open(request.log_path, "a") as log, open(request.metrics_path, "a") as metrics:
+            if need > 1.0:
+                phase = str(candidate.predicted["peak_phase"])
+                duration += 0.5 * float(self.truth.step_time_s[index])
+                total = self.capacity_gib
+                requested = max(2.0, need * total - total + 0.5)
+                free = total - need * total + requested
+                log.write("Traceback (most recent call last):\n"
+                          f"{PHASE_FRAME.get(phase, PHASE_FRAME['update_actor'])}\n"
+                          f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                          f"{requested:.2f} GiB. GPU 0 has a total capacity of {total:.2f} GiB "
+                          f"of which {free:.2f} GiB is free.\n")
+                outcome, code = "oom", 1
+            else:
+                steps_asked = int(request.env.get(SIM_STEPS_ENV, STEPS))
+                noise = self.truth.step_noise(key, steps_asked, self.step_noise)
+                true_tps = float(self.truth.tokens_per_s_per_gpu[index])
+                step_s = float(self.truth.step_time_s[index])
+                tokens = true_tps * step_s * self.n_gpus
+                for step in range(1, steps_asked + 1):
+                    warm = 0.5 if step <= WARMUP_STEPS else 1.0
+                    tps = true_tps * warm * noise[step - 1]
+                    seconds = tokens / (tps * self.n_gpus)
+                    duration += seconds
+                    data = {"training/global_step": step, "timing_s/step": seconds,
+                            "perf/total_num_tokens": tokens, "perf/throughput": tps}
+                    metrics.write(json.dumps({"step": step, "data": data}) + "\n")
+                    metrics.flush()
+                    steps = step
+                    stopped = monitor() if monitor is not None else None
+                    if stopped:
+                        outcome, code = stopped, -15
+                        break
+                log.write("Training finished.\n" if not stopped else "Terminated\n")
+        self.clock_s += duration
+        self.launches.append(Launch(key, index, outcome, steps, duration))
+        return LaunchOutcome(exit_code=code, stopped=stopped, duration_s=duration,
+                             handle=handle)
+
+
+def simulated_jobs(prepared: PreparedJob, study_name: str, steps: int = STEPS):
+    """The study's :class:`trials.job.TrialJobs`, whose requests name the layout for
+    :class:`SimulatedLauncher` instead of exporting a verl command."""
+    from trials.job import LOG_FILE, METRICS_FILE, TrialJobs
+    from trials.launchers.base import LaunchRequest
+
+    class SimulatedJobs(TrialJobs):
+        def request(self, sweep_dir, number, candidate, shares_filesystem, inherited_env):
+            workdir = self.workdir(sweep_dir, number, candidate)
+            return LaunchRequest(argv=("simulated-verl", candidate.key), workdir=workdir,
+                                 log_path=workdir / LOG_FILE,
+                                 metrics_path=workdir / METRICS_FILE,
+                                 wall_timeout_s=self.wall_timeout_s,
+                                 hang_timeout_s=self.hang_timeout_s,
+                                 env={SIM_KEY_ENV: candidate.key,
+                                      SIM_STEPS_ENV: str(self.steps)},
+                                 name=f"{study_name}-{number:04d}")
+
+    plan = prepared.plan
+    return SimulatedJobs(model=plan.model, cluster=plan.cluster, workload=plan.workload,
+                         trainer_command=("simulated-verl",), model_path="-", train_files="-",
+                         val_files="-", steps=steps, wall_timeout_s=1e9, hang_timeout_s=1e9,
+                         study_name=study_name)
+
+
+# --- strategies and studies --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    first_trials: str = "simplest"
+    pruner: str = "none"
+    stop_when_confident: bool = False
+    top_k: int = 5
+    sampler: str = "tpe"
+    note: str = ""
+
+
+STRATEGIES = (
+    Strategy("default (before)", note="top-5 simplest ties, then TPE; every trial runs 5 steps"),
+    Strategy("spread", first_trials="spread"),
+    Strategy("spread+sh", first_trials="spread", pruner="successive-halving"),
+    Strategy("guided-top5", first_trials="spread", sampler="guided"),
+    Strategy("guided", first_trials="spread", sampler="guided", top_k=3),
+    Strategy("guided+sh", first_trials="spread", sampler="guided", top_k=3,
+             pruner="successive-halving"),
+    Strategy("guided+hyperband", first_trials="spread", sampler="guided", top_k=3,
+             pruner="hyperband"),
+    Strategy("guided+sh+stop", first_trials="spread", sampler="guided", top_k=3,
+             pruner="successive-halving", stop_when_confident=True),
+)
+
+
+class _Quiet:
+    """A :class:`trials.progress.Progress` that shows nothing."""
+
+    def started(self, status, number, key):
+        pass
+
+    def finished(self, status, row):
+        pass
+
+    def note(self, text):
+        pass
+
+    def close(self):
+        pass
+
+
+@dataclass
+class StudyRun:
+    job: str
+    draw: int
+    strategy: str
+    trials: list[dict]  # in order: key, category, value (measured), true, duration_s
+    stop_reason: str
+    best_true: float
+    n_gpus: int
+
+
+@contextlib.contextmanager
+def quiet_outputs():
+    """Skip the study's trials.csv (a file for people, rewritten after every trial; it decides
+    nothing): most of a simulated trial's time otherwise."""
+    from trials import study
+
+    saved = study.write_trials_csv
+    study.write_trials_csv = lambda study_, directories: []
+    try:
+        yield
+    finally:
+        study.write_trials_csv = saved
+
+
+def run_study(prepared: PreparedJob, truth: Truth, strategy: Strategy, trials: int, seed: int,
+              workdir: Path, *, launch_s: float = LAUNCH_S, step_noise: float = STEP_NOISE,
+              steps: int = STEPS, write_dir: Path | None = None) -> StudyRun:
+    """One ``tune`` study of ``prepared`` against ``truth`` with the real Tuner (``write_dir``:
+    where it writes the best layout back as a verl job, as ``tune --write`` does)."""
+    from trials import study_state as attrs
+    from trials.storage import resolve_storage
+    from trials.study import Tuner, TuneSettings, study_info
+
+    name = f"{prepared.job.name}-{truth.seed}-{strategy.name}".replace(" ", "_")
+    name = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name)
+    sweep = workdir / name
+    launcher = SimulatedLauncher(prepared, truth, launch_s=launch_s, step_noise=step_noise)
+    settings = TuneSettings(trials=trials, warmup_steps=WARMUP_STEPS, top_k=strategy.top_k,
+                            seed=seed, first_trials=strategy.first_trials,
+                            pruner=strategy.pruner,
+                            stop_when_confident=strategy.stop_when_confident, fail_fast=0,
+                            sampler=strategy.sampler,
+                            heartbeat_interval=3600, grace_period=7200)
+    storage = resolve_storage(f"journal:{sweep / 'study.journal'}", sweep)
+    tuner = Tuner(plan=prepared.plan, candidates=prepared.candidates,
+                  jobs=simulated_jobs(prepared, name, steps), launcher=launcher,
+                  storage=storage, study_name=name, sweep_dir=sweep, write_dir=write_dir,
+                  settings=settings, progress=_Quiet(),
+                  study_info=study_info(prepared.job.model, prepared.plan, settings, launcher,
+                                        steps))
+    with quiet_outputs():
+        result = tuner.run()
+    study = tuner.open_study()
+    snap = attrs.read_snapshot(study)
+    rows = []
+    for trial in snap.finished:
+        key = trial.user_attrs[attrs.KEY]
+        index = prepared.candidates.index[key]
+        rows.append({"key": key, "category": trial.user_attrs[attrs.CATEGORY],
+                     "value": attrs.measured_value(trial),
+                     "true": float(truth.tokens_per_s_per_gpu[index]),
+                     "duration_s": float(trial.user_attrs.get(attrs.DURATION) or 0.0)})
+    return StudyRun(prepared.job.name, truth.seed, strategy.name, rows, result.stop_reason,
+                    truth.best, prepared.plan.cluster.num_gpus)
+
+
+def at_budget(run: StudyRun, budget: int) -> dict:
+    """What the study had after ``budget`` trials (all, when it stopped earlier)."""
+    trials = run.trials[:budget]
+    ok = [t for t in trials if t["value"] is not None]
+    best = max(ok, key=lambda t: t["value"]) if ok else None
+    first = next((i + 1 for i, t in enumerate(trials) if t["value"] is not None), None)
+    return {"regret": 1.0 - best["true"] / run.best_true if best else 1.0,
+            "gpu_hours": sum(t["duration_s"] for t in trials) * run.n_gpus / 3600.0,
+            "trials": len(trials), "first_success": first,
+            "pruned": sum(t["category"] == "pruned" for t in trials),
+            "oom": sum(t["category"] == "oom" for t in trials)}
+
+
+def summarise(runs: Sequence[StudyRun], budgets: Sequence[int],
+              reference: str = STRATEGIES[0].name) -> list[dict]:
+    """One row per strategy and budget: median and p90 regret, GPU-hours (total, and the
+    median per-study ratio to ``reference`` at the same budget), trials to the first success,
+    the share of studies that stopped confident before the budget."""
+    by_study = {(r.job, r.draw, r.strategy): r for r in runs}
+    rows = []
+    for strategy in dict.fromkeys(r.strategy for r in runs):
+        mine = [r for r in runs if r.strategy == strategy]
+        for budget in budgets:
+            points = [at_budget(r, budget) for r in mine]
+            regret = np.array([p["regret"] for p in points])
+            hours = np.array([p["gpu_hours"] for p in points])
+            base = [at_budget(by_study[(r.job, r.draw, reference)], budget)["gpu_hours"]
+                    for r in mine if (r.job, r.draw, reference) in by_study]
+            first = [p["first_success"] for p in points if p["first_success"] is not None]
+            rows.append({
+                "strategy": strategy, "budget": budget, "studies": len(mine),
+                "median_regret": float(np.median(regret)),
+                "p90_regret": float(np.percentile(regret, 90)),
+                "mean_regret": float(np.mean(regret)),
+                "gpu_hours": float(hours.sum()),
+                "gpu_hours_vs_reference": (float(np.median(hours / np.array(base)))
+                                           if len(base) == len(mine) else None),
+                "trials_run": float(np.mean([p["trials"] for p in points])),
+                "first_success_median": float(np.median(first)) if first else None,
+                "no_success": int(sum(p["first_success"] is None for p in points)),
+                "pruned": float(np.mean([p["pruned"] for p in points])),
+                "oom": float(np.mean([p["oom"] for p in points])),
+                "stopped_confident": float(np.mean([r.stop_reason.startswith("no untried")
+                                                    and len(r.trials) < budget
+                                                    for r in mine]))})
+    return rows
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    lines = ["| strategy | trials | median regret | p90 regret | GPU-h (all studies) | "
+             "GPU-h vs before | trials to 1st success | pruned | OOM | stopped early |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ratio = r["gpu_hours_vs_reference"]
+        first = r["first_success_median"]
+        lines.append(
+            f"| {r['strategy']} | {r['budget']} | {r['median_regret']:.1%} | "
+            f"{r['p90_regret']:.1%} | {r['gpu_hours']:,.0f} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}'} | "
+            f"{'-' if first is None else f'{first:.0f}'} | "
+            f"{r['pruned']:.1f} | {r['oom']:.1f} | {r['stopped_confident']:.0%} |")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def scratch_dir():
+    """A temporary directory for the studies' storage and trial files, in memory where the
+    system has /dev/shm (Optuna's journal fsyncs every write)."""
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(prefix="tuning-regret-",
+                                     dir=shm if shm.is_dir() else None) as tmp:
+        yield Path(tmp)
+
+
+def same_regret(rows: Sequence[dict], reference: str = STRATEGIES[0].name) -> list[str]:
+    """Per strategy: the fewest trials whose median regret is at most the reference's at its
+    largest budget, and the GPU-hours spent there against the reference's."""
+    mine = [r for r in rows if r["strategy"] == reference]
+    if not mine:  # the reference was not run
+        return []
+    ref = max(mine, key=lambda r: r["budget"])
+    lines = []
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        if strategy == reference:
+            continue
+        hit = next((r for r in sorted((r for r in rows if r["strategy"] == strategy),
+                                      key=lambda r: r["budget"])
+                    if r["median_regret"] <= ref["median_regret"]), None)
+        lines.append(f"{strategy}: " + (
+            f"median regret {hit['median_regret']:.1%} after {hit['budget']} trials with "
+            f"{hit['gpu_hours']:,.0f} GPU-h, {1 - hit['gpu_hours'] / ref['gpu_hours']:.0%} fewer "
+            f"than {reference} after {ref['budget']} ({ref['median_regret']:.1%}, "
+            f"{ref['gpu_hours']:,.0f} GPU-h)" if hit else
+            f"never reaches {reference}'s {ref['median_regret']:.1%}"))
+    return lines
+
+
+def run_all(jobs: Sequence[Job], strategies: Sequence[Strategy], draws: int,
+            budgets: Sequence[int], *, launch_s: float = LAUNCH_S,
+            step_noise: float = STEP_NOISE, progress: Callable[[str], None] | None = None
+            ) -> tuple[list[StudyRun], dict]:
+    memory_sd = memory_error_sd()
+    runs: list[StudyRun] = []
+    info = {"memory_error_sd": memory_sd, "jobs": {}}
+    with scratch_dir() as tmp:
+        for job in jobs:
+            prepared = prepare(job)
+            for draw in range(draws):
+                seed = int.from_bytes(hashlib.sha256(f"{job.name}:{draw}".encode())
+                                      .digest()[:4], "little")
+                truth = hidden_truth(prepared, seed, memory_sd)
+                info["jobs"].setdefault(job.name, {
+                    "candidates": len(prepared.candidates), "kind": job.kind,
+                    "gpus": job.gpus, "sigma": round(truth.sigma, 4),
+                    "plan_s": round(prepared.plan_s, 2),
+                    "predicted_oom_share": round(float(np.mean(truth.oom_need > 1)), 3)})
+                for strategy in strategies:
+                    started = time.perf_counter()
+                    runs.append(run_study(prepared, truth, strategy, max(budgets), draw,
+                                          Path(tmp), launch_s=launch_s,
+                                          step_noise=step_noise))
+                    if progress:
+                        progress(f"{job.name} draw {draw} {strategy.name}: "
+                                 f"{len(runs[-1].trials)} trials, "
+                                 f"{time.perf_counter() - started:.1f} s")
+    return runs, info
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--draws", type=int, default=3, help="hidden tables per job")
+    parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
+    parser.add_argument("--jobs", help="comma-separated job names (default: all)")
+    parser.add_argument("--strategies", help="comma-separated strategy names (default: all)")
+    parser.add_argument("--launch-s", type=float, default=LAUNCH_S)
+    parser.add_argument("--step-noise", type=float, default=STEP_NOISE)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    budgets = tuple(int(b) for b in args.budgets.split(","))
+    jobs = [j for j in JOBS if not args.jobs or j.name in args.jobs.split(",")]
+    strategies = [s for s in STRATEGIES
+                  if not args.strategies or s.name in args.strategies.split(",")]
+    say = None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
+    started = time.perf_counter()
+    runs, info = run_all(jobs, strategies, args.draws, budgets, launch_s=args.launch_s,
+                         step_noise=args.step_noise, progress=say)
+    rows = summarise(runs, budgets)
+    if args.json:
+        studies = [{"job": r.job, "draw": r.draw, "strategy": r.strategy,
+                    "stop_reason": r.stop_reason,
+                    **{f"at_{b}": at_budget(r, b) for b in budgets}} for r in runs]
+        print(json.dumps({"info": info, "rows": rows, "same_regret": same_regret(rows),
+                          "studies": studies}, indent=2))
+        return 0
+    print(f"{len(jobs)} jobs x {args.draws} hidden tables, {len(strategies)} strategies; "
+          f"memory error sd {info['memory_error_sd']:.3f}; launch {args.launch_s:g} s, step "
+          f"noise {args.step_noise:.0%}; {time.perf_counter() - started:.0f} s\n")
+    print(format_table(rows))
+    print("\nAt the same regret:")
+    for line in same_regret(rows):
+        print(f"- {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

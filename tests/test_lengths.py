@@ -1,0 +1,189 @@
+"""Response lengths as a distribution (planner/catalog/lengths.py), the default fitted to the
+published runs (benchmarks/fit_lengths.py), the step-time band over a trajectory
+(planner/cost/trajectory.py) and the plan/estimate flags that take them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import cluster
+
+from planner.catalog.lengths import (
+    DIRECT_KIND,
+    REASONING_KIND,
+    ResponseLengths,
+    default_lengths,
+    job_kind,
+    length_defaults,
+    parse_response_lengths,
+)
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.cli.main import main
+from planner.cost.request import PlanRequest
+from planner.cost.trajectory import (
+    expected_over_run,
+    node_lengths,
+    step_time_band,
+    workload_at,
+)
+from planner.errors import PlanInputError
+from planner.plan import estimate_layout
+from planner.search.layout import Layout
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- --response-lengths ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, start, end, p90", [
+    ("1500", 1500, 1500, 0), ("1500,3000", 1500, 1500, 3000), ("1500:6000", 1500, 6000, 0),
+    ("25%", 2048, 2048, 0), ("10%:50%", 819.2, 4096, 0), (" 6000 : 1500 ", 6000, 1500, 0)])
+def test_the_three_ways_to_give_lengths(text, start, end, p90):
+    lengths = parse_response_lengths(text, 8192)
+    assert (lengths.start_tokens, lengths.end_tokens, lengths.p90_tokens) == \
+        pytest.approx((start, end, p90))
+    assert lengths.source == "given" and lengths.max_tokens == 8192
+    assert lengths.mean_tokens == pytest.approx((start + end) / 2)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("abc", "is not a number"), ("0", "outside 1..8192"), ("9000", "outside 1..8192"),
+    ("150%", "outside 1..8192"), ("1:2:3", "is not valid"), ("1,2,3", "is not valid"),
+    ("1:2,3", "is not valid"), ("-5", "is not a number"), ("nan", "is not a number"),
+    ("inf", "is not a number"), ("1e3", "is not a number"), ("5000,100", "below the mean"),
+    ("", "is empty"), ("x" * 100, "the bound is 64"), ("1\n2", "control characters")])
+def test_bad_lengths_are_one_line_errors(text, message):
+    with pytest.raises(PlanInputError) as error:
+        parse_response_lengths(text, 8192)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_kind_of_job_gives_its_published_default():
+    lengths = parse_response_lengths("math-reasoning", 4096, "Llama-3.1-8B")
+    assert lengths.source == "default" and lengths.kind == REASONING_KIND
+
+
+def test_lengths_check_themselves():
+    with pytest.raises(PlanInputError, match="outside 1..1024"):
+        ResponseLengths(2000, 2000, 1024)
+    with pytest.raises(PlanInputError, match="p90"):
+        ResponseLengths(500, 900, 1024, p90_tokens=600)
+    with pytest.raises(PlanInputError, match="not one of"):
+        ResponseLengths(500, 900, 1024, source="guess")
+
+
+# --- the documented default ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("Qwen3-30B-A3B", REASONING_KIND), ("Qwen3-235B-A22B", REASONING_KIND),
+    ("DeepSeek-R1-Distill-Qwen-7B", REASONING_KIND), ("QwQ-32B", REASONING_KIND),
+    ("Qwen3-30B-A3B-Thinking-2507", REASONING_KIND), ("Qwen3-8B-Base", DIRECT_KIND),
+    ("Qwen3-30B-A3B-Instruct-2507", DIRECT_KIND), ("Llama-3.1-8B", DIRECT_KIND),
+    ("DeepSeek-V3", DIRECT_KIND), ("Qwen2.5-Math-7B", DIRECT_KIND)])
+def test_the_kind_of_job_follows_whether_the_model_thinks(name, kind):
+    assert job_kind(name) == kind
+
+
+def test_the_default_is_the_published_runs_band_and_says_so():
+    thinking = default_lengths(4096, "Qwen3-32B")
+    # Qwen3 runs of NeMo RL answer at ~69-79% of the cap (grpo_runs.csv rows 5-33, 49, 50)
+    assert 0.6 * 4096 < thinking.start_tokens <= thinking.end_tokens < 0.85 * 4096
+    direct = default_lengths(4096, "Llama-3.1-8B")
+    # instruct and base models answer in a few hundred to ~1.5k tokens whatever the cap
+    assert 300 < direct.start_tokens < direct.end_tokens < 1600
+    assert default_lengths(512, "Llama-3.1-8B").end_tokens == 512  # cut at the maximum
+    sentence = thinking.sentence()
+    assert sentence.startswith("assumed mean response 69%->79% of max")
+    assert "published" in sentence and "grpo_runs.csv" in sentence
+    assert "--lengths-from RUN" in sentence and "--mean-response-length" in sentence
+
+
+def test_the_stored_default_is_what_the_fit_script_computes_from_the_shared_data():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fit_lengths
+
+    rows = fit_lengths.published_lengths()
+    assert len(rows) >= 50 and {row["kind"] for row in rows} == {REASONING_KIND, DIRECT_KIND}
+    assert fit_lengths.fit(rows) == length_defaults()
+    stored = json.loads((ROOT / "planner/catalog/response_lengths.json").read_text())
+    assert stored["source"].startswith("benchmarks/fit_lengths.py")
+    assert all(entry["rows"] for entry in stored["kinds"].values())
+
+
+# --- the band over a trajectory ------------------------------------------------------------------
+
+
+def test_simpsons_rule_is_exact_for_a_cubic_in_the_length():
+    lengths = ResponseLengths(1000, 5000, 8192)
+
+    def cubic(mean):
+        return 3.0 + 2e-3 * mean + 4e-7 * mean ** 2 + 1e-11 * mean ** 3
+
+    exact = np.mean([cubic(lengths.at(s)) for s in np.linspace(0, 1, 200_001)])
+    assert expected_over_run([cubic(m) for m in node_lengths(lengths)]) == \
+        pytest.approx(exact, rel=1e-6)
+
+
+def _step_time(workload, mean):
+    layout = Layout(tp=2, pp=1, dp=4, micro_batch=2, sequence_parallel=True,
+                    rollout_tp=2, gpu_memory_utilization=0.5)
+    request = PlanRequest(resolve_model("qwen3-8b"), cluster(8), workload_at(workload, mean))
+    return estimate_layout(request, layout).candidate.step_time_s
+
+
+def test_the_band_is_ordered_for_growing_lengths_with_the_real_time_model():
+    workload = GrpoWorkload(train_batch_size=128, rollout_n=8, mini_batch_size=32,
+                            prompt_length=1024, response_length=8192)
+    lengths = ResponseLengths(1500, 6000, 8192)
+    band = step_time_band(lengths, lambda mean: _step_time(workload, mean))
+    assert band.start_s < band.expected_s < band.end_s
+    assert band.low_s == band.start_s and band.high_s == band.end_s
+    # a mean over the run, not the time at the mean length: close, not equal
+    assert band.expected_s == pytest.approx(_step_time(workload, lengths.mean_tokens), rel=0.1)
+    shrinking = step_time_band(ResponseLengths(6000, 1500, 8192),
+                               lambda mean: _step_time(workload, mean))
+    assert shrinking.end_s < shrinking.expected_s < shrinking.start_s
+
+
+def test_constant_lengths_call_the_time_model_once():
+    calls = []
+    band = step_time_band(ResponseLengths(700, 700, 1024), lambda mean: calls.append(mean) or 9.0)
+    assert calls == [700] and band.start_s == band.end_s == band.expected_s == 9.0
+
+
+# --- the flags ------------------------------------------------------------------------------------
+
+PLAN = ["plan", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--top", "1",
+        "--format", "json", "--response-length", "8192"]
+
+
+def test_plan_times_the_given_trajectory_at_its_mean_and_says_so(capsys):
+    assert main(PLAN + ["--response-lengths", "1500:6000"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["workload"]["mean_response_length"] == 3750
+    assert "note: mean response 1500->6000 tokens, linear over the run" in err
+    assert "timed at the run's mean, 3750 tokens" in err
+
+
+def test_two_length_flags_are_a_usage_error(capsys):
+    assert main(PLAN + ["--response-lengths", "2000", "--mean-response-length", "900"]) == 2
+    assert "both set the response lengths" in capsys.readouterr().err
+
+
+def test_lengths_from_a_run_log(tmp_path, capsys):
+    from fixtures.verl_runs import run_records, write_jsonl
+
+    run = write_jsonl(tmp_path / "run.jsonl", run_records(62, steps=10, growth=2.0, mean=1500))
+    assert main(PLAN + ["--lengths-from", str(run)]) == 0
+    out, err = capsys.readouterr()
+    workload = json.loads(out)["workload"]
+    assert workload["mean_response_length"] == pytest.approx(1591, abs=2)  # the line's midpoint
+    assert workload["mean_prompt_length"] == 200  # prompt_length/mean of the run
+    assert "read from run.jsonl (jsonl), steps 1-10" in err

@@ -1,0 +1,146 @@
+"""The tuning simulator (benchmarks/tuning_regret.py): its noise model, and the real Tuner
+against a hidden truth on three small jobs with fixed seeds -- the pruner stops trailing trials,
+a study whose first trials all run out of memory still writes a success back, and the default
+strategy beats the one before it."""
+
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("optuna", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import tuning_regret as sim  # noqa: E402
+from planner.cost.efficiency import ranking_uncertainty  # noqa: E402
+from trials.defaults import TUNE_DEFAULTS  # noqa: E402
+from trials.guided import family_codes  # noqa: E402
+from trials.proposals import first_trials  # noqa: E402
+
+JOBS = {job.name: job for job in sim.JOBS}
+MEMORY_SD = 0.09  # memory_error_sd()'s fit, pinned so the studies below need not refit it
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    return {name: sim.prepare(JOBS[name]) for name in sim.SMALL_JOBS}
+
+
+def strategy(name):
+    return next(s for s in sim.STRATEGIES if s.name == name)
+
+
+def default_strategy():
+    """The strategy ``tune`` runs by default (trials.defaults), as the simulator names it."""
+    return next(s for s in sim.STRATEGIES
+                if (s.sampler, s.pruner, s.first_trials, s.top_k, s.stop_when_confident)
+                == (TUNE_DEFAULTS["sampler"], TUNE_DEFAULTS["pruner"],
+                    TUNE_DEFAULTS["first_trials"], TUNE_DEFAULTS["top_k"],
+                    TUNE_DEFAULTS["stop_when_confident"]))
+
+
+def test_the_benchmark_has_twenty_jobs_of_every_kind():
+    assert len(sim.JOBS) >= 20
+    assert {job.kind for job in sim.JOBS} == {"dense", "moe", "mla"}
+    assert min(job.gpus for job in sim.JOBS) == 8 and max(job.gpus for job in sim.JOBS) == 256
+
+
+def test_noise_matches_the_measured_ranking_uncertainty(prepared):
+    """Over many draws, the median error of the true throughput ratio of two layouts that
+    differ in TP, EP or PP is the model's measured ranking uncertainty; layouts of one TP/EP/PP
+    family err alike (their ratio errs much less)."""
+    target = math.log1p(ranking_uncertainty()["relative"])
+    rng = np.random.default_rng(5)
+    for job in prepared.values():
+        candidates = job.candidates.candidates
+        predicted = np.array([c.predicted["tokens_per_s_per_gpu"] for c in candidates])
+        codes = family_codes([c.params for c in candidates], sim.FAMILIES)
+        a, b = rng.integers(0, len(candidates), (2, 20_000))
+        differ = np.zeros(len(a), dtype=bool)
+        for name in ("tp", "ep", "pp"):
+            differ |= codes[name][a] != codes[name][b]
+        same = ~differ & (a != b)
+        across, within = [], []
+        for seed in range(30):
+            error = np.log(sim.hidden_truth(job, seed, MEMORY_SD).tokens_per_s_per_gpu
+                           / predicted)
+            across.append(np.median(np.abs(error[a[differ]] - error[b[differ]])))
+            within.append(np.median(np.abs(error[a[same]] - error[b[same]])))
+        assert np.mean(across) == pytest.approx(target, rel=0.10), job.job.name
+        assert np.mean(within) < 0.7 * np.mean(across), job.job.name
+
+
+def test_memory_error_fits_the_anchors_and_ooms_nearer_capacity(prepared):
+    sd = sim.memory_error_sd()
+    assert 0.05 <= sd <= 0.15  # the anchors: 0 of 13 predicted fits ran out, 1 of 4 OOMs ran
+    job = prepared["qwen3-30b-8"]
+    peak = np.array([c.predicted["peak_gib"] for c in job.candidates.candidates])
+    share = peak * (2 ** 30) / job.plan.cluster.gpu.memory_bytes
+    ooms = np.mean([sim.hidden_truth(job, seed, sd).oom_need > 1 for seed in range(200)],
+                   axis=0)
+    order = np.argsort(share)
+    low, high = order[:len(order) // 10], order[-len(order) // 10:]
+    assert ooms[high].mean() > 3 * ooms[low].mean()
+    # each layout's OOM rate is Phi(ln(peak / capacity) / sd)
+    nearest = order[-1]
+    expected = 0.5 * (1 + math.erf(math.log(share[nearest]) / (sd * math.sqrt(2))))
+    assert ooms[nearest] == pytest.approx(expected, abs=0.08)
+
+
+def test_pruner_stops_trailing_trials_early(prepared, tmp_path):
+    job = prepared["qwen3-30b-8"]
+    truth = sim.hidden_truth(job, 11, MEMORY_SD)
+    pruned = sim.run_study(job, truth, strategy("guided+sh"), 8, 0, tmp_path)
+    full = sim.run_study(job, truth, strategy("guided"), 8, 0, tmp_path)
+    stopped = [t for t in pruned.trials if t["category"] == "pruned"]
+    assert stopped, pruned.trials
+    best = max(t["value"] for t in pruned.trials if t["value"] is not None)
+    for trial in stopped:
+        assert trial["value"] is None and trial["true"] < best  # it trailed, it is not a best
+        # a full trial: the launch, the half-speed warm-up step (2 steps' time) and 4 steps
+        step_s = float(truth.step_time_s[job.candidates.index[trial["key"]]])
+        assert trial["duration_s"] < sim.LAUNCH_S + 5 * step_s
+    assert sim.at_budget(pruned, 8)["gpu_hours"] < sim.at_budget(full, 8)["gpu_hours"]
+
+
+def test_a_study_whose_first_trials_all_oom_still_writes_back_a_success(prepared, tmp_path):
+    job = prepared["qwen2.5-7b-8"]
+    chosen = default_strategy()
+    first = first_trials(job.candidates.candidates, chosen.top_k, chosen.first_trials,
+                         ranking_uncertainty()["relative"])
+    truth = sim.hidden_truth(job, 3, MEMORY_SD)
+    need = truth.oom_need.copy()
+    need[first] = 1.2  # every first trial needs 20% more than the GPU has
+    truth = dataclasses.replace(truth, oom_need=need)
+    run = sim.run_study(job, truth, chosen, 8, 0, tmp_path, write_dir=tmp_path / "out")
+    categories = [t["category"] for t in run.trials]
+    assert categories.count("oom") >= len(first) and "ok" in categories
+    tuned = json.loads((tmp_path / "out" / "tuned.json").read_text())
+    written = next(t for t in run.trials if t["key"] == tuned["layout_key"])
+    assert written["category"] == "ok" and tuned["measured"]["tokens_per_s_per_gpu"] > 0
+    assert (tmp_path / "out" / "run_grpo.sh").is_file()
+    assert "confidence" in tuned and tuned["confidence"]["statement"]
+
+
+def test_default_strategy_beats_the_one_before_on_three_jobs(prepared, tmp_path):
+    """Fixed seeds, budget 12: the default's regret is lower on average and it spends fewer
+    GPU-hours; the same seeds give the same numbers."""
+    runs = []
+    for job in prepared.values():
+        truth = sim.hidden_truth(job, 7, MEMORY_SD)
+        for chosen in (strategy("default (before)"), default_strategy()):
+            runs.append(sim.run_study(job, truth, chosen, 12, 0, tmp_path))
+    rows = {row["strategy"]: row for row in sim.summarise(runs, (12,))}
+    before, now = rows["default (before)"], rows[default_strategy().name]
+    assert 0.0 <= now["mean_regret"] < before["mean_regret"] <= 1.0
+    assert now["gpu_hours"] < 0.9 * before["gpu_hours"]
+    again = sim.run_study(prepared["moonlight-8"], sim.hidden_truth(prepared["moonlight-8"], 7,
+                                                                      MEMORY_SD),
+                          default_strategy(), 12, 0, tmp_path / "again")
+    assert [t["key"] for t in again.trials] == [t["key"] for t in runs[-1].trials]

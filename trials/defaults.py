@@ -1,0 +1,9 @@
+"""What a ``tune`` study does unless told otherwise: the strategy ``benchmarks/tuning_regret.py``
+measured best (docs/tuning/regret.md has the table).  Standard library only: the command-line
+parser reads it."""
+
+SAMPLERS = ("guided", "tpe", "random")  # trials.guided; Optuna's TPE or random over the fields
+PRUNERS = ("none", "successive-halving", "hyperband")  # trials.pruning
+FIRST_TRIALS = ("simplest", "spread")  # trials.proposals
+TUNE_DEFAULTS = {"top_k": 3, "first_trials": "spread", "sampler": "guided",
+                 "pruner": "hyperband", "stop_when_confident": False}
