@@ -11,10 +11,11 @@ from benchmarks import code_shape  # noqa: E402
 
 # Functions that still take more, each with the reason it is left (a follow-up's list).
 WIDE = {
-    "planner/verl/export.py job_overrides": "the verl key map's (one table of keys) to redo",
-    "planner/verl/export.py job_settings": "the verl key map's to redo",
-    "planner/verl/export.py job_from_plan": "the verl key map's to redo",
-    "planner/verl/files.py write_plan_job": "the export's paths: with the key map's job",
+    # the key map (planner/verl/keymap.py) writes from one Source; these still take its parts
+    "planner/verl/export.py job_overrides": "the job's parts and paths, to become a Source",
+    "planner/verl/export.py job_settings": "the job's parts and paths, to become a Source",
+    "planner/verl/export.py job_from_plan": "the launch paths, to become keymap.Paths",
+    "planner/verl/files.py write_plan_job": "the launch paths, to become keymap.Paths",
     "planner/verl/shell.py __init__": "a shell parser's state, not a planning function",
     "planner/search/pipeline.py split_problems": "megatron-core's split knobs, one per flag",
     "planner/search/pipeline.py pipeline_split": "megatron-core's split knobs, vectorised",
