@@ -203,10 +203,46 @@ def check_overrides(overrides: Sequence[str]) -> list[str]:
     return list(overrides)
 
 
+# Hydra 1.3's override lexer in value mode (hydra/grammar/OverrideLexer.g4): quoted values,
+# ``${...}`` interpolations, escapes, whitespace, the grammar's punctuation and the characters
+# it allows in unquoted strings.  Anything else is the lexer's "token recognition error".
+_HYDRA_VALUE_TOKEN = re.compile(
+    r"""'(?:\\\\)*'|'.*?[^\\](?:\\\\)*'"""          # single-quoted
+    r'''|"(?:\\\\)*"|".*?[^\\](?:\\\\)*"'''         # double-quoted
+    r"|\$\{[^}]+\}"                                 # interpolation
+    r"|(?:\\\\|\\[()\[\]{}:=, \t])+"                # escapes
+    r"|[A-Za-z0-9_/\-\\+.$%*@?|]+|[ \t]+|[\[\]{}(),:=]")
+# the functions Hydra's grammar may call in a value (hydra/_internal/grammar/grammar_functions)
+_HYDRA_FUNCTIONS = ("choice", "range", "interval", "sort", "shuffle", "tag", "glob",
+                    "str", "int", "float", "bool", "extend_list")
+
+
+def _hydra_lexer_problem(override: str) -> str | None:
+    """Without Hydra installed: the first thing Hydra's lexer or grammar would refuse in
+    ``override``'s value (a character outside the grammar, an unbalanced quote, a call of a
+    function Hydra does not define), in Hydra's own words; None when it reads."""
+    value = override.split("=", 1)[1] if "=" in override else ""
+    position = 0
+    while position < len(value):
+        token = _HYDRA_VALUE_TOKEN.match(value, position)
+        if token is None:
+            rest = value[position:] if value[position] in "'\"" else value[position]
+            return f"token recognition error at: {rest[:40]!r}"
+        if token.group() == "(":
+            called = re.search(r"([A-Za-z_]\w*)[ \t]*$", value[:position])
+            if called is None or called.group(1) not in _HYDRA_FUNCTIONS:
+                return "mismatched input '(' expecting <EOF>"
+        position = token.end()
+    return None
+
+
 def hydra_syntax_problems(overrides: Sequence[str]) -> list[str]:
-    """One message per override Hydra's parser refuses (none without Hydra installed)."""
+    """One message per override Hydra's parser refuses.  Without Hydra installed (the base
+    install), the same refusals from its lexer's rules (:func:`_hydra_lexer_problem`)."""
     if not available("hydra"):
-        return []
+        return [f"--override {item[:120]!r} is not valid Hydra syntax ({problem})"
+                for item in overrides
+                if (problem := _hydra_lexer_problem(item)) is not None]
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser, out = OverridesParser.create(), []
