@@ -5,7 +5,7 @@ holds the published steps.
 
 ``--loo`` -- leave one layout out on the verl sweeps of ``grpo_runs.csv``: for every job run
 with several layouts, fit this cluster's constants from one layout's published step
-(:func:`trials.calibrate.calibrate_run`, what ``advise`` does with a run) and predict the step
+(:func:`trials.calibration_fit.calibrate_run`, what ``advise`` does with a run) and predict the step
 time of the job's other layouts; MAPE over every (source, target) pair.  A *job* is one sweep
 (source file), on one GPU count, with one set of kernel switches (the sweep's ``other=`` column:
 ``apply_rope_fusion``, fused kernels -- settings a job keeps while its layout changes; a looser
@@ -42,7 +42,7 @@ from planner.catalog.lengths import default_lengths  # noqa: E402
 from planner.cost.calibration import predict_phases  # noqa: E402
 from planner.cost.efficiency import CostModel, shipped_calibration  # noqa: E402
 from planner.cost.trajectory import step_time_band, workload_at  # noqa: E402
-from trials.calibrate import calibrate_run  # noqa: E402
+from trials.calibration_fit import calibrate_run  # noqa: E402
 
 UNSTATED = "micro-batches not stated"
 

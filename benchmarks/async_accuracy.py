@@ -5,7 +5,7 @@
 The non-colocated rows of ``grpo_runs.csv`` (NeMo RL v0.4/v0.5 ``*-async-1off`` recipes, their
 generation/training split in ``colocated``: "no (16 gen / 16 train)") are read with
 :mod:`rl_data`'s parsing (the row as a colocated case on the training GPUs), then predicted with
-planner/cost/pools.py: generation on the rollout pool, training on the trainer pool, the
+planner/cost/pool_time.py: generation on the rollout pool, training on the trainer pool, the
 parameter sync between them, ``max(G, T) + S``.  Each is paired with the colocated row of the
 same release, model, GPU and workload; the predicted async/sync speed-up is printed next to the
 measured one (target: within 20%).  Nothing is fitted here: the time model's constants are
@@ -29,7 +29,7 @@ from calibration_data import default_path  # noqa: E402
 from rl_data import CSV_NAME, Skip, case_from_row, predict_rl  # noqa: E402
 
 from planner.cost.memory import rollout_memory  # noqa: E402
-from planner.cost.pools import (  # noqa: E402
+from planner.cost.pool_time import (  # noqa: E402
     overlapped_steady_state,
     pool_sync_s,
     streaming_generate_s,

@@ -23,7 +23,7 @@ from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cost.request import PlanRequest
 from planner.plan import make_plan
-from planner.report.sizing import sizing_table
+from planner.report.sizing_table import sizing_table
 from planner.sizing.counts import parse_counts
 from planner.sizing.sweep import SizingRequest, run_length, size_cluster
 

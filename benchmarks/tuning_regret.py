@@ -69,7 +69,7 @@ from planner.cost.efficiency import ranking_uncertainty  # noqa: E402
 from planner.cost.request import PlanRequest  # noqa: E402
 from planner.plan import make_plan  # noqa: E402
 from planner.units import GIB  # noqa: E402
-from trials.launchers.base import Launcher, LaunchOutcome  # noqa: E402
+from trials.launchers.launcher import Launcher, LaunchOutcome  # noqa: E402
 
 # The error terms: the fields whose value a term is shared by, and its share of the variance of
 # e.  TP, EP and PP carry most of it; the other knobs a little each; one small term per layout.
@@ -257,7 +257,7 @@ class Launch:
 
 
 class SimulatedLauncher(Launcher):
-    """A :class:`trials.launchers.base.Launcher` answering from a :class:`Truth`: it writes the
+    """A :class:`trials.launchers.launcher.Launcher` answering from a :class:`Truth`: it writes the
     step records verl's file logger and console would (or PyTorch's OOM message), calls the
     ``monitor`` after each step as a real launcher does when the files grow, and advances
     :attr:`clock_s` by the simulated time instead of sleeping."""
@@ -334,10 +334,10 @@ class SimulatedLauncher(Launcher):
 
 
 def simulated_jobs(prepared: PreparedJob, study_name: str, steps: int = STEPS):
-    """The study's :class:`trials.job.TrialJobs`, whose requests name the layout for
+    """The study's :class:`trials.trial_job.TrialJobs`, whose requests name the layout for
     :class:`SimulatedLauncher` instead of exporting a verl command."""
-    from trials.job import LOG_FILE, METRICS_FILE, TrialJobs
-    from trials.launchers.base import LaunchRequest
+    from trials.trial_job import LOG_FILE, METRICS_FILE, TrialJobs
+    from trials.launchers.launcher import LaunchRequest
 
     class SimulatedJobs(TrialJobs):
         def request(self, sweep_dir, number, candidate, shares_filesystem, inherited_env):

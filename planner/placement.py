@@ -41,7 +41,7 @@ from planner.cost.memory import (
     estimate_memory,
     rollout_memory,
 )
-from planner.cost.pools import StreamingLimits, pool_sync_s, streaming_generate_s
+from planner.cost.pool_time import StreamingLimits, pool_sync_s, streaming_generate_s
 from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import generate_s, grpo_step, weight_sync_s
 from planner.errors import InvalidLayoutError, NoFitError, PlanInputError
@@ -103,7 +103,7 @@ class SplitSchedule(Protocol):
 
     def steady_state(self, generate: float, train: float, sync: float,
                      workload: GrpoWorkload) -> Columns:
-        """Seconds per step from the pools' times of one step (:mod:`planner.cost.pools`'s
+        """Seconds per step from the pools' times of one step (:mod:`planner.cost.pool_time`'s
         steady-state columns)."""
 
     def staleness(self) -> Staleness:

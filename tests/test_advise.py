@@ -17,7 +17,7 @@ from fixtures.verl_runs import run_records, write_console, write_jsonl
 from planner.cli.main import main
 from planner.cost.efficiency import CostModel, load_efficiency, shipped_calibration
 from planner.cost.provenance import calibration_summary, version_notes
-from planner.diagnose.advise import JobSetting, advise, advise_text, measured_seconds
+from planner.diagnose.advice import JobSetting, advise, advise_text, measured_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "data" / "runs" / "dapo_qwen2.5_math_7b_8xh100.sh"

@@ -1,4 +1,4 @@
-"""Training modes (planner/placement.py, planner/cost/pools.py): pool arithmetic, memory per
+"""Training modes (planner/placement.py, planner/cost/pool_time.py): pool arithmetic, memory per
 pool, sync as today's plan, rollout-pool throughput, and the fully-async export validating."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
 from planner.cost.efficiency import CostModel, load_efficiency
-from planner.cost.pools import SyncCycle, overlapped_steady_state, streamed_steady_state
+from planner.cost.pool_time import SyncCycle, overlapped_steady_state, streamed_steady_state
 from planner.cost.request import PlanRequest
 from planner.modes import get_mode
 from planner.output import candidate_json

@@ -1,4 +1,4 @@
-"""Time of the separate-pool modes (planner/cost/pools.py): the pipelined bucketed sync, the
+"""Time of the separate-pool modes (planner/cost/pool_time.py): the pipelined bucketed sync, the
 streaming rollout's in-flight bound, and the published 1-step-off runs they were checked on
 (benchmarks/async_accuracy.py)."""
 
@@ -16,7 +16,7 @@ from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cost.efficiency import CostModel, load_efficiency
 from planner.cost.memory import rollout_memory
-from planner.cost.pools import StreamingLimits, pool_sync_s, streaming_generate_s
+from planner.cost.pool_time import StreamingLimits, pool_sync_s, streaming_generate_s
 from planner.cost.request import PlanRequest
 from planner.cost.timing import generate_s
 from planner.placement import ROLLOUT_RESIDENT_BYTES, pool_cluster

@@ -23,7 +23,7 @@ from planner.cost.efficiency import CostModel, shipped_calibration
 from planner.cost.request import PlanRequest
 from planner.plan import make_plan
 from planner.search.space import SearchOptions
-from trials.calibrate import study_measurements
+from trials.calibration_fit import study_measurements
 from trials.candidates import CandidateSet
 
 pytestmark = pytest.mark.needs("tune")

@@ -8,7 +8,7 @@ import pytest
 from fixtures.tuning import job_files, tune_argv
 
 from planner.cli.main import main
-from trials.doctor import DoctorInputs, probe_trainer, run_checks, split_files
+from trials.preflight import DoctorInputs, probe_trainer, run_checks, split_files
 
 PYTHON = sys.executable
 

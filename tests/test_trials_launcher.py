@@ -16,7 +16,7 @@ from fixtures.processes import alive  # noqa: E402
 import trials.gpu_monitor as gpu_monitor
 from planner.units import GIB
 from trials.gpu_monitor import GpuSampler, open_nvml, visible_devices
-from trials.launchers.base import LaunchRequest, Watchdog
+from trials.launchers.launcher import LaunchRequest, Watchdog
 from trials.launchers.local import LocalLauncher
 from trials.processes import ProcessTree, start_group
 

@@ -15,8 +15,8 @@ from planner.cli.main import main
 from planner.verl.keys import MODE_ENTRY
 from trials import study_state as attrs
 from trials.candidates import STALENESS_GRID, candidate_key, study_fields
-from trials.doctor import DoctorInputs, run_checks
-from trials.job import mode_command
+from trials.preflight import DoctorInputs, run_checks
+from trials.trial_job import mode_command
 from trials.metrics import parse_jsonl, summarise
 
 # 4 GPUs in one node: splits of 1, 2 and 3 trainer GPUs

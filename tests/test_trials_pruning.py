@@ -14,7 +14,7 @@ optuna = pytest.importorskip("optuna", reason="needs the tune extra: pip install
 
 from trials.confidence import assess  # noqa: E402
 from trials.failures import Category, classify  # noqa: E402
-from trials.launchers.base import Watchdog  # noqa: E402
+from trials.launchers.launcher import Watchdog  # noqa: E402
 from trials.proposals import family, first_trials, tied  # noqa: E402
 from trials.pruning import PRUNED, TOLERANCE, StepReporter, make_pruner  # noqa: E402
 

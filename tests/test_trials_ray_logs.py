@@ -4,7 +4,7 @@ the job's log reaches the trial's log once, however many polls it takes."""
 import asyncio
 from types import SimpleNamespace
 
-from trials.launchers.base import LaunchRequest
+from trials.launchers.launcher import LaunchRequest
 from trials.launchers.ray_jobs import RayJobLauncher
 from trials.metrics import parse_console_line
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from trials.failures import Category, Classification, classify
-from trials.job import write_command, write_private
-from trials.launchers.base import Launcher, LaunchOutcome, LaunchRequest
+from trials.trial_job import write_command, write_private
+from trials.launchers.launcher import Launcher, LaunchOutcome, LaunchRequest
 from trials.logscan import scan_log
 from trials.metrics import MetricLimits, MetricsSummary, read_metrics_file, summarise
 

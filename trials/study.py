@@ -38,7 +38,7 @@ are user attributes of each trial, for ``optuna-dashboard``.
 Training modes (``tune --mode``): the candidates are the mode plans' (:mod:`trials.candidates`),
 the split and the staleness threshold are trial parameters, the trial's ``placement`` user
 attribute says its mode, pools and threshold, each trial runs its mode's job
-(:mod:`trials.job`), its tokens/s/GPU counts every GPU of both pools, and the best trial is
+(:mod:`trials.trial_job`), its tokens/s/GPU counts every GPU of both pools, and the best trial is
 written back as its mode's job.
 """
 
@@ -65,17 +65,17 @@ from trials.candidates import CandidateSet, memory_margins
 from trials.confidence import Confidence, assess
 from trials.defaults import TUNE_DEFAULTS
 from trials.failures import Category
-from trials.job import TrialJobs
+from trials.trial_job import TrialJobs
 from trials.launchers import Launcher, launcher_for_handle
 from trials.metrics import MetricLimits
 from trials.progress import Progress, Row, Status
 from trials.proposals import first_trials
 from trials.pruning import StepReporter, make_pruner
-from trials.report import update_tuned, write_best, write_trials_csv
+from trials.study_outputs import update_tuned, write_best, write_trials_csv
 from trials.runner import TrialResult, run_trial
 from trials.sampler import LayoutSampler
 from trials.storage import StorageSpec, open_storage
-from trials.sweep import SWEEP_FILE
+from trials.sweep_folder import SWEEP_FILE
 
 MAX_CONSECUTIVE_SKIPS = 50
 

@@ -1,4 +1,4 @@
-"""Handler of ``advise RUN_DIR_OR_LOG [--job SCRIPT]`` (:mod:`planner.diagnose.advise`)."""
+"""Handler of ``advise RUN_DIR_OR_LOG [--job SCRIPT]`` (:mod:`planner.diagnose.advice`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from planner.cli import inputs
 from planner.cli.codes import ExitCode
-from planner.diagnose.advise import (
+from planner.diagnose.advice import (
     RunWindows,
     advise,
     advise_text,
@@ -18,7 +18,7 @@ from planner.diagnose.advise import (
 from planner.diagnose.validate import JobInput
 from planner.errors import PlanInputError
 from planner.verl.keys import SCRIPT_FILE
-from trials.calibrate import write_calibration
+from trials.calibration_fit import write_calibration
 from trials.runs import read_run
 
 

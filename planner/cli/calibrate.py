@@ -13,8 +13,8 @@ from pathlib import Path
 from planner.cli.codes import ExitCode
 from planner.cost.efficiency import read_calibration
 from planner.errors import PlanInputError
-from trials.calibrate import calibrate_study, write_calibration
-from trials.sweep import open_study
+from trials.calibration_fit import calibrate_study, write_calibration
+from trials.sweep_folder import open_study
 
 
 def cmd_calibrate(args) -> int:

@@ -20,7 +20,7 @@ from planner.output import estimate_json, plan_json, split_estimate_json
 from planner.placement import SplitEstimate, pool_layout
 from planner.plan import make_plan
 from planner.policy import FILL_POLICY
-from planner.report.modes import split_estimate_text
+from planner.report.mode_tables import split_estimate_text
 from planner.report.text import estimate_text, format_table, plan_csv, plan_table, to_json
 from planner.search.layout import Layout, modules_mask
 from planner.search.pipeline import default_split, layout_vpp, split_problems

@@ -16,7 +16,7 @@ def doctor_inputs(args, cluster, workload, command: tuple[str, ...],
     """``modes``: the training modes a ``tune --mode`` study runs (their entry modules must
     import too)."""
     from planner.verl.keys import MODE_ENTRY, VERL_VERSION
-    from trials.doctor import DoctorInputs
+    from trials.preflight import DoctorInputs
 
     model_path, train_files, val_files = paths
     address = getattr(args, "ray_address", None) or os.environ.get("RAY_ADDRESS")
@@ -33,7 +33,7 @@ def doctor_inputs(args, cluster, workload, command: tuple[str, ...],
 def report_checks(inputs, *, before: str | None = None) -> list:
     """Run the checks and print one line each; before ``tune``, print only the failed ones
     (on stderr) and stop with the first failure's fix."""
-    from trials.doctor import run_checks
+    from trials.preflight import run_checks
 
     checks = run_checks(inputs)
     failed = [check for check in checks if check.status == "fail"]
@@ -47,7 +47,7 @@ def report_checks(inputs, *, before: str | None = None) -> list:
 
 def cmd_doctor(args) -> int:
     from planner.cli import inputs as cli_inputs
-    from trials.job import DEFAULT_TRAINER_COMMAND, split_command
+    from trials.trial_job import DEFAULT_TRAINER_COMMAND, split_command
 
     cluster = cli_inputs.resolve_cluster(args)
     workload = cli_inputs.workload(args)

@@ -13,7 +13,7 @@ from planner.cli.codes import ExitCode
 from planner.modes import BEST, Launch, get_mode, off_policy_note, plan_all
 from planner.output import best_json, mode_plan_json, reported_step
 from planner.placement import AsyncOptions
-from planner.report.modes import best_table, mode_table
+from planner.report.mode_tables import best_table, mode_table
 from planner.report.text import to_json
 from planner.verl.files import write_job
 

@@ -21,7 +21,7 @@ from planner.report.html import (
     write_sizing_report,
 )
 from planner.search.space import SearchOptions
-from trials.sweep import confidence_statement
+from trials.sweep_folder import confidence_statement
 
 
 def check_report_outputs(args) -> None:

@@ -73,7 +73,7 @@ def sizing_from_args(args, options: SearchOptions | None = None) -> Sizing:
 
 def cmd_size(args) -> int:
     from planner.output import sizing_json
-    from planner.report.sizing import sizing_csv, sizing_table
+    from planner.report.sizing_table import sizing_csv, sizing_table
     from planner.report.text import to_json
 
     if getattr(args, "write", None):

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.catalog.workload import GrpoWorkload
-from planner.cost.pools import StreamingLimits, SyncCycle, streamed_steady_state
+from planner.cost.pool_time import StreamingLimits, SyncCycle, streamed_steady_state
 from planner.modes.registry import register
 from planner.modes.split import SplitMode
 from planner.placement import mini_batches_per_step

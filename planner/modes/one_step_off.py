@@ -5,7 +5,7 @@ each batch waits for its longest response (verl's one-step-off has no partial ro
 from __future__ import annotations
 
 from planner.catalog.workload import GrpoWorkload
-from planner.cost.pools import overlapped_steady_state
+from planner.cost.pool_time import overlapped_steady_state
 from planner.modes.registry import register
 from planner.modes.split import SplitMode
 from planner.results import Staleness

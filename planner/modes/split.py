@@ -79,7 +79,7 @@ class SplitMode(TrainingMode):
     @abc.abstractmethod
     def steady_state(self, generate: float, train: float, sync: float,
                      workload: GrpoWorkload) -> Columns:
-        """Seconds per step from the pools' times of one step (planner.cost.pools)."""
+        """Seconds per step from the pools' times of one step (planner.cost.pool_time)."""
 
     def async_training(self, workload: GrpoWorkload) -> AsyncTraining | None:
         return None

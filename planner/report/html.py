@@ -31,10 +31,10 @@ from planner.report.text import legend_lines, peak_cell
 from planner.search.layout import Layout
 from planner.units import GIB
 from planner.verl.keys import PLAN_FILE
-from trials.sweep import SWEEP_FILE, open_study, read_json, study_setting
+from trials.sweep_folder import SWEEP_FILE, open_study, read_json, study_setting
 
 TOP = 10
-# trials.csv (written by `plan-parallel tune`, trials/report.py) column -> the report's name
+# trials.csv (written by `plan-parallel tune`, trials/study_outputs.py) column -> the report's name
 TRIAL_COLUMNS = {"trial": "number", "tokens_per_s_per_gpu": "measured_tokens_per_s_per_gpu"}
 
 
@@ -181,7 +181,7 @@ def render_sizing(sizing, png_dir: Path | None = None, title: str = "") -> str:
     against GPU count, and the table of every GPU type and count."""
     import pandas as pd
 
-    from planner.report.sizing import layout_text, summary_lines
+    from planner.report.sizing_table import layout_text, summary_lines
     from planner.sizing.sweep import SECONDS_PER_HOUR
 
     currency = sizing.prices.currency if sizing.prices else "$"

@@ -1,12 +1,12 @@
 """Where trials run: :class:`~trials.launchers.local.LocalLauncher` (a process group on this
 node) or :class:`~trials.launchers.ray_jobs.RayJobLauncher` (a job on a Ray cluster), both
-behind :class:`~trials.launchers.base.Launcher`."""
+behind :class:`~trials.launchers.launcher.Launcher`."""
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from trials.launchers.base import Launcher, LaunchOutcome, LaunchRequest, Watchdog
+from trials.launchers.launcher import Launcher, LaunchOutcome, LaunchRequest, Watchdog
 
 LAUNCHERS = ("local", "ray")
 

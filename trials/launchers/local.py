@@ -12,7 +12,7 @@ from typing import Callable, Mapping
 
 from trials import fate
 from trials.gpu_monitor import GpuSampler, visible_devices
-from trials.launchers.base import Launcher, LaunchOutcome, LaunchRequest, Watchdog
+from trials.launchers.launcher import Launcher, LaunchOutcome, LaunchRequest, Watchdog
 from trials.processes import (
     PROCESSES_FILE,
     TRIAL_MARK_ENV,

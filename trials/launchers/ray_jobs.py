@@ -29,7 +29,7 @@ import time
 import uuid
 from typing import Callable, Mapping
 
-from trials.launchers.base import Launcher, LaunchOutcome, LaunchRequest, Watchdog
+from trials.launchers.launcher import Launcher, LaunchOutcome, LaunchRequest, Watchdog
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 

@@ -86,7 +86,7 @@ def confidence_statement(sweep: Path) -> str | None:
     """What a tuned sweep folder says about untried layouts (:mod:`trials.confidence`): from
     the ``tuned.json`` of a ``--write`` folder, else from the study its ``sweep.json`` names;
     None when the study has not said (no success yet, or a study from an older version)."""
-    from trials.report import TUNED_FILE
+    from trials.study_outputs import TUNED_FILE
 
     sweep = Path(sweep)
     if (sweep / TUNED_FILE).is_file():

@@ -13,10 +13,10 @@ read as ``validate`` reads it), then:
    where the model books the sync and the fixed per-step costs.  A run without
    ``timing_s/update_weights`` timed the sync inside ``gen`` (verl before 0.6): its generation
    is compared with predicted generation + sync, and its step as a whole.
-2. **this cluster's constants** -- :func:`trials.calibrate.calibrate_run`: the same
+2. **this cluster's constants** -- :func:`trials.calibration_fit.calibrate_run`: the same
    least-squares fit ``calibrate`` runs on trials, on the run's steps cut into
    ``windows`` windows (each at its own mean length), moving only the constants a run's phases
-   tell apart (:data:`trials.calibrate.RUN_CONSTANTS`).  The result is a new calibration;
+   tell apart (:data:`trials.calibration_fit.RUN_CONSTANTS`).  The result is a new calibration;
    the one it started from, and the shipped file, stay as they were.
 3. **the re-plan** -- every layout ranked at the run's latest mean length (the last window)
    with the fitted constants, and the job's own layout scored the same way.
@@ -63,7 +63,7 @@ from planner.policy import DEFAULT_POLICY, PEAK_NAME, MemoryPolicy
 from planner.results import ColocatedCandidate
 from planner.search.layout import Layout
 from planner.units import GIB
-from trials.calibrate import calibrate_run
+from trials.calibration_fit import calibrate_run
 from trials.runs import RESPONSE_MEAN, STEP_TIME, RunRecord, RunWindow
 
 # verl 0.9.1 timers (RayPPOTrainer.fit) -> the time model's phases
@@ -279,7 +279,7 @@ class Advice:
     now_tokens: float  # mean response length of the run's last window
     gaps: tuple[PhaseGap, ...]
     largest: PhaseGap
-    fit: Any  # trials.calibrate.CalibrationResult
+    fit: Any  # trials.calibration_fit.CalibrationResult
     current: ColocatedCandidate  # the job's layout at now_tokens, fitted constants
     replanned: ColocatedCandidate | None  # the re-plan's best layout
     changes: tuple[Change, ...]

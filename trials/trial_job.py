@@ -39,7 +39,7 @@ from planner.modes import Launch, export_job
 from planner.verl.export import ENVIRONMENT, hydra_value
 from planner.verl.keys import ENTRY_MODULE, MODE_ENTRY
 from trials.candidates import Candidate
-from trials.launchers.base import LaunchRequest
+from trials.launchers.launcher import LaunchRequest
 
 DEFAULT_TRAINER_COMMAND = "python3 -m verl.trainer.main_ppo"
 PROJECT_NAME = "plan_parallel_trials"

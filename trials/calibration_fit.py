@@ -34,7 +34,7 @@ from planner.cost.efficiency import CostModel, shipped_calibration
 from planner.errors import PlanInputError
 from planner.search.layout import Layout
 from trials import study_state as attrs
-from trials.sweep import study_setting
+from trials.sweep_folder import study_setting
 
 if TYPE_CHECKING:
     from optuna import Study

@@ -1,0 +1,25 @@
+"""Every module name means one thing across the tree (issue 25): no two modules of the product
+(``planner/``, ``trials/``) share a file name, and a module named like a package is only the
+command-line face of that package (``planner/cli/sizing.py`` runs ``planner/sizing/``)."""
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = [path for top in ("planner", "trials") for path in sorted((ROOT / top).rglob("*.py"))
+           if path.name not in ("__init__.py", "__main__.py")]
+
+
+def test_module_names_are_unique():
+    by_name = defaultdict(list)
+    for path in MODULES:
+        by_name[path.stem].append(str(path.relative_to(ROOT)))
+    repeated = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not repeated, f"module names used twice: {repeated}"
+
+
+def test_a_module_named_like_a_package_is_its_command_line():
+    packages = {path.parent.name for top in ("planner", "trials")
+                for path in (ROOT / top).rglob("__init__.py")}
+    clashing = [str(path.relative_to(ROOT)) for path in MODULES
+                if path.stem in packages and path.parent.name != "cli"]
+    assert not clashing, f"modules named like a package: {clashing}"
