@@ -7,7 +7,7 @@ One section per subcommand, in ``plan-parallel --help``'s order: its help and de
 one table per argument group (argument, value, default, help).  Read from the parsers' actions,
 not from ``--help``'s text, so the page does not depend on the terminal width or on the Python
 version's help layout.  ``benchmarks/readme_examples.py`` runs this too, and
-``tests/test_docs.py`` checks the page is current.
+``tests/project/test_docs.py`` checks the page is current.
 """
 
 from __future__ import annotations

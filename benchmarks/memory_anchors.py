@@ -13,7 +13,7 @@ Anchors (sources in ``tests/verl_examples/`` and ``tests/data/``):
   rest of the published table).
 
 Prints, per anchor, the predicted peak, the phase and stage that set it, and the error or
-whether the fit/OOM verdict matches.  ``anchors()`` is what ``tests/test_memory_anchors.py``
+whether the fit/OOM verdict matches.  ``anchors()`` is what ``tests/cost/test_memory_anchors.py``
 checks.
 """
 

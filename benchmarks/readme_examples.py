@@ -16,7 +16,7 @@ output's first lines and those below it its last ones, and regenerating keeps th
 A benchmark that takes minutes (``accuracy.py``) keeps a *stored* output: its command line ends
 in ``# stored YYYY-MM-DD``, the day the output last changed.  ``--write`` reruns it too (and
 moves the date when the output changed); ``--skip-stored`` leaves stored outputs alone, and
-``tests/test_readme_examples.py`` checks everything else.
+``tests/project/test_readme_examples.py`` checks everything else.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ tables, pandas; never torch, verl or optuna.  Public entry points::
 
 Layers: each imports only from those below it.  The list lives in one place,
 ``LAYERS`` of ``benchmarks/import_graph.py`` (``python benchmarks/import_graph.py --layers``
-prints it; ``tests/test_import_graph.py`` checks the graph against it).
+prints it; ``tests/project/test_import_graph.py`` checks the graph against it).
 """
 
 from planner.versions import planner_version

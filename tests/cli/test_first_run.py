@@ -19,7 +19,7 @@ from planner.cost.request import PlanRequest
 from planner.plan import estimate_layout, make_plan
 from planner.search.layout import Layout
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ROLLOUT = ("rollout_tp", "rollout_dp", "rollout_ep", "gpu_memory_utilization")
 
 

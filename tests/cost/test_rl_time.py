@@ -32,7 +32,7 @@ from planner.cost.timing import (
 from planner.phases import PHASES
 from planner.search.layout import Layout
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 EFF = Efficiency()
 
 

@@ -10,7 +10,7 @@ from planner.cli.main import main
 from planner.diagnose.validate import read_input
 from planner.errors import PlanInputError
 
-EXAMPLES = Path(__file__).parent / "verl_examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "verl_examples"
 FULLY_ASYNC = EXAMPLES / "grpo_30b_a3b_base_math_megatron_96_32.sh"
 
 pytestmark = pytest.mark.needs("verl")

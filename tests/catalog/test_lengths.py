@@ -35,7 +35,7 @@ from planner.errors import PlanInputError
 from planner.plan import estimate_layout
 from planner.search.layout import Layout
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- --response-lengths ------------------------------------------------------------------------

@@ -4,7 +4,7 @@ parameters (benchmarks/code_shape.py measures it), but for the few named here wi
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import code_shape  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("optuna", reason="needs the tune extra: pip install 'plan-parallel[tune]'")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import tuning_regret as sim  # noqa: E402

@@ -15,7 +15,7 @@ from planner.cost.memory import NOMINAL_ENGINE, engine_of
 from planner.cost.request import PlanRequest
 from planner.plan import make_plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import code_shape  # noqa: E402

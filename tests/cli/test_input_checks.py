@@ -21,7 +21,7 @@ from planner.plan import make_plan
 from planner.verl.arith import Arithmetic
 from planner.verl.script import parse_launch_script
 
-EXAMPLES = Path(__file__).parent / "verl_examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "verl_examples"
 V = ["--model", "qwen2.5-7b", "--gpu-type", "h100"]
 HEAD = ("hydra:\n  searchpath: [pkg://verl.trainer.config]\ndefaults:\n  - ppo_trainer\n"
         "  - _self_\nmodel_engine: megatron\n")

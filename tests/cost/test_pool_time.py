@@ -22,7 +22,7 @@ from planner.cost.timing import generate_s
 from planner.placement import ROLLOUT_RESIDENT_BYTES, pool_cluster
 from planner.search.layout import Layout
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 H100 = get_gpu("h100")
 WHOLE = ClusterSpec(H100, 32, 8)

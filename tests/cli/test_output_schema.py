@@ -13,7 +13,7 @@ from planner.cli.main import main
 jsonschema = pytest.importorskip("jsonschema", reason="the schema test needs jsonschema (the "
                                  "`test` extra; the base CI install lacks it)")
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "docs" / "plan.schema.json")
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "plan.schema.json")
                     .read_text())
 QWEN = ["--model", "qwen3-8b", "--gpu-type", "h100"]
 

@@ -6,7 +6,7 @@ import pytest
 
 pytestmark = pytest.mark.needs("notebooks")
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def execute(path: Path, cwd: Path) -> None:

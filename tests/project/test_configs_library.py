@@ -17,7 +17,7 @@ from planner.verl.library import (
     render_library,
 )
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 REQUIRED_MODELS = {"Qwen2.5-7B", "Qwen3-8B", "Qwen3-32B", "Qwen3-30B-A3B", "Qwen3-235B-A22B",
                    "Llama-3.1-8B", "Llama-3.1-70B", "DeepSeek-V3"}
 

@@ -1,7 +1,7 @@
 """Property tests, one per input boundary: whatever is generated, the reader either answers or
 raises the planner's input error (the CLI: exit 2, one line), never another exception, and
 within a time bound.  Small example counts keep the suite fast on a shared 2-core machine;
-the checked-in corpus (tests/test_bad_inputs.py) holds the nastiest cases found."""
+the checked-in corpus (tests/cli/test_bad_inputs.py) holds the nastiest cases found."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from planner.cost.efficiency import CostModel, load_efficiency, shipped_calibrat
 from planner.cost.provenance import calibration_summary, version_notes
 from planner.diagnose.advice import JobSetting, advise, advise_text, measured_seconds
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "data" / "runs" / "dapo_qwen2.5_math_7b_8xh100.sh"
 pytestmark = pytest.mark.needs("tune")  # the fit needs scipy
 

@@ -110,7 +110,7 @@ def test_the_built_in_modes_are_named_in_their_own_modules_only():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root))
     from benchmarks import code_shape
 

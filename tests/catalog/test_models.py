@@ -159,7 +159,7 @@ def hf_counts():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     counts = {}
-    for name in sorted(REQUIRED):  # the newer families: tests/test_architectures.py
+    for name in sorted(REQUIRED):  # the newer families: tests/catalog/test_architectures.py
         config = transformers.AutoConfig.for_model(**builtin_config_dict(name))
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(config)

@@ -24,7 +24,7 @@ import pytest
 
 from planner.cli.main import main
 
-CORPUS = Path(__file__).parent / "data" / "bad_inputs"
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "bad_inputs"
 TIME_BOUND_S = 60  # generous for a loaded 2-core machine; the bounds trip in well under 1 s
 
 

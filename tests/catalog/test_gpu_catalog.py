@@ -128,7 +128,7 @@ def test_v100_job_exports_fp16_everywhere(tmp_path, capsys):
 def test_validate_refuses_bf16_on_v100(capsys):
     from pathlib import Path
 
-    script = Path(__file__).parent / "verl_examples" / "run_qwen2-7b_math_megatron.sh"
+    script = Path(__file__).resolve().parents[1] / "verl_examples" / "run_qwen2-7b_math_megatron.sh"
     code = main(["validate", str(script), "--gpu-type", "v100", "--model", "qwen2-7b"])
     out, _ = capsys.readouterr()
     assert code == 1
