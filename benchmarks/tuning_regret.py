@@ -336,8 +336,8 @@ class SimulatedLauncher(Launcher):
 def simulated_jobs(prepared: PreparedJob, study_name: str, steps: int = STEPS):
     """The study's :class:`trials.trial_job.TrialJobs`, whose requests name the layout for
     :class:`SimulatedLauncher` instead of exporting a verl command."""
-    from trials.trial_job import LOG_FILE, METRICS_FILE, TrialJobs
     from trials.launchers.launcher import LaunchRequest
+    from trials.trial_job import LOG_FILE, METRICS_FILE, TrialJobs
 
     class SimulatedJobs(TrialJobs):
         def request(self, sweep_dir, number, candidate, shares_filesystem, inherited_env):

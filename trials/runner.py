@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Callable
 
 from trials.failures import Category, Classification, classify
-from trials.trial_job import write_command, write_private
 from trials.launchers.launcher import Launcher, LaunchOutcome, LaunchRequest
 from trials.logscan import scan_log
 from trials.metrics import MetricLimits, MetricsSummary, read_metrics_file, summarise
+from trials.trial_job import write_command, write_private
 
 RESULT_FILE = "result.json"
 

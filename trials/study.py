@@ -65,17 +65,17 @@ from trials.candidates import CandidateSet, memory_margins
 from trials.confidence import Confidence, assess
 from trials.defaults import TUNE_DEFAULTS
 from trials.failures import Category
-from trials.trial_job import TrialJobs
 from trials.launchers import Launcher, launcher_for_handle
 from trials.metrics import MetricLimits
 from trials.progress import Progress, Row, Status
 from trials.proposals import first_trials
 from trials.pruning import StepReporter, make_pruner
-from trials.study_outputs import update_tuned, write_best, write_trials_csv
 from trials.runner import TrialResult, run_trial
 from trials.sampler import LayoutSampler
 from trials.storage import StorageSpec, open_storage
+from trials.study_outputs import update_tuned, write_best, write_trials_csv
 from trials.sweep_folder import SWEEP_FILE
+from trials.trial_job import TrialJobs
 
 MAX_CONSECUTIVE_SKIPS = 50
 

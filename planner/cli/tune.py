@@ -19,13 +19,13 @@ from planner.plan import make_plan
 from planner.verl.export import check_overrides
 from trials.candidates import CandidateSet, mode_plans
 from trials.defaults import TUNE_DEFAULTS
-from trials.trial_job import DEFAULT_TRAINER_COMMAND, TrialJobs, parse_env, split_command
 from trials.launchers.local import LocalLauncher
 from trials.launchers.ray_jobs import RayJobLauncher
 from trials.progress import make_progress
-from trials.study_outputs import check_write_dir
 from trials.storage import mask_url, read_password_file, resolve_storage
 from trials.study import Tuner, TuneSettings, study_info
+from trials.study_outputs import check_write_dir
+from trials.trial_job import DEFAULT_TRAINER_COMMAND, TrialJobs, parse_env, split_command
 
 DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?"
                       r"(?:(\d+(?:\.\d+)?)s?)?$")

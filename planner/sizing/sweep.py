@@ -29,9 +29,9 @@ from planner.phases import PHASES
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import Layout
 from planner.search.space import SearchOptions
+from planner.sizing.best_per_count import CountResult, best_layout
 from planner.sizing.counts import AUTO_MAX_GPUS, GpuCounts, auto_counts
 from planner.sizing.prices import PriceTable
-from planner.sizing.best_per_count import CountResult, best_layout
 from planner.units import GIB
 
 DEFAULT_STEPS = 100  # a round number for the run figures when neither --steps nor --epochs
@@ -297,7 +297,8 @@ class SizingRequest:
 
 def size_cluster(request: SizingRequest) -> Sizing:
     """The sweep: every GPU type at every count (``auto``: the doubling ladder until each type
-    passes its knee), each with its best layout (:func:`planner.sizing.best_per_count.best_layout`)."""
+    passes its knee), each with its best layout
+    (:func:`planner.sizing.best_per_count.best_layout`)."""
     min_scaling, counts = request.min_scaling, request.counts
     if not min_scaling > 1:
         raise PlanInputError(f"--min-scaling {min_scaling} must be above 1 (a doubling of GPUs "

@@ -23,3 +23,10 @@ def test_a_module_named_like_a_package_is_its_command_line():
     clashing = [str(path.relative_to(ROOT)) for path in MODULES
                 if path.stem in packages and path.parent.name != "cli"]
     assert not clashing, f"modules named like a package: {clashing}"
+
+
+def test_tests_mirror_the_packages():
+    """Tests live in folders named after what they test (``tests/cost/``, ``tests/verl/``, ...),
+    shared helpers in ``tests/conftest.py`` and ``tests/fixtures/``."""
+    loose = sorted(path.name for path in (ROOT / "tests").glob("test_*.py"))
+    assert not loose, f"tests outside a package folder: {loose}"

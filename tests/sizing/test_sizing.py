@@ -17,9 +17,9 @@ from planner.errors import PlanInputError
 from planner.output import sizing_json
 from planner.plan import make_plan
 from planner.search.space import SearchOptions, build_space
+from planner.sizing.best_per_count import best_layout
 from planner.sizing.counts import GpuCounts, auto_counts, parse_counts
 from planner.sizing.prices import parse_prices, read_prices
-from planner.sizing.best_per_count import best_layout
 from planner.sizing.sweep import SizingRequest, SizingRow, knee, run_length, size_cluster
 
 # Long responses make memory, not only time, depend on the GPU: Qwen3-30B-A3B needs 8 L40S,

@@ -15,9 +15,9 @@ from planner.cli.main import main
 from planner.verl.keys import MODE_ENTRY
 from trials import study_state as attrs
 from trials.candidates import STALENESS_GRID, candidate_key, study_fields
+from trials.metrics import parse_jsonl, summarise
 from trials.preflight import DoctorInputs, run_checks
 from trials.trial_job import mode_command
-from trials.metrics import parse_jsonl, summarise
 
 # 4 GPUs in one node: splits of 1, 2 and 3 trainer GPUs
 FOUR = ("--gpus", "4")

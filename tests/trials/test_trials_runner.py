@@ -16,9 +16,9 @@ from planner.cost.request import PlanRequest
 from planner.plan import make_plan
 from planner.search.space import SearchOptions
 from trials.candidates import CandidateSet, layout_key
-from trials.trial_job import TrialJobs
 from trials.launchers.local import LocalLauncher
 from trials.runner import run_trial
+from trials.trial_job import TrialJobs
 
 
 @pytest.fixture(scope="module")
