@@ -6,8 +6,8 @@ Each row of :data:`KEYS` is one verl config key (its dotted path in the composed
   out -- verl 0.9.1's YAML value (``origin="verl"``), megatron-core's dataclass default for a
   key verl passes through (``"megatron-core"``), or what verl's code assumes (a note naming the
   file).  :class:`Follows` marks a YAML value that interpolates another key and
-  :class:`Computed` a default that depends on other keys.  ``tests/verl/test_verl_keymap.py``
-  composes verl's config and compares;
+  :class:`Computed` a default that depends on other keys.
+  ``tests/verl_adapter/test_verl_keymap.py`` composes verl's config and compares;
 * ``field``: the planner field it carries (``layout.tp``, ``workload.rollout_n``,
   ``cluster.num_nodes``, ``paths.model_path``, ``pool.rollout_nodes``,
   ``async_training.require_batches``); empty for a constant or a key only read;

@@ -26,7 +26,19 @@ def test_a_module_named_like_a_package_is_its_command_line():
 
 
 def test_tests_mirror_the_packages():
-    """Tests live in folders named after what they test (``tests/cost/``, ``tests/verl/``, ...),
+    """Tests live in folders named after what they test (``tests/cost/``, ``tests/verl_adapter/``, ...),
     shared helpers in ``tests/conftest.py`` and ``tests/fixtures/``."""
     loose = sorted(path.name for path in (ROOT / "tests").glob("test_*.py"))
     assert not loose, f"tests outside a package folder: {loose}"
+
+
+def test_no_test_folder_shadows_a_package():
+    """pytest puts ``tests/`` on ``sys.path`` (its conftest has no package), where a folder
+    without ``__init__.py`` is a namespace package: ``tests/verl/`` would be imported as verl
+    wherever verl is not installed.  So no test folder takes the name of a package the product
+    imports."""
+    imported = {"planner", "trials", "benchmarks", "verl", "megatron", "torch", "transformers",
+                "optuna", "hydra", "omegaconf", "vllm", "sglang", "ray", "pynvml", "pandas",
+                "numpy", "scipy", "mbridge", "psutil", "rich", "matplotlib", "jsonschema"}
+    folders = {path.name for path in (ROOT / "tests").iterdir() if path.is_dir()}
+    assert not folders & imported, sorted(folders & imported)

@@ -1,6 +1,6 @@
 """Multi-fidelity trials, tie-aware first trials, the confidence statement and the guided
-sampler, piece by piece (the whole study: tests/trials/test_tuning_regret.py with the simulator,
-tests/trials/test_trials_study.py with the fake verl trainer)."""
+sampler, piece by piece (the whole study: tests/tuning/test_tuning_regret.py with the simulator,
+tests/tuning/test_trials_study.py with the fake verl trainer)."""
 
 import html
 import json
