@@ -1,0 +1,159 @@
+"""The layer kinds wired into the cost model: rollout cache memory and concurrency, decode traffic
+and prefill/training mixing FLOPs read each layer's kind (issue 22 phase B)."""
+
+import dataclasses
+
+import numpy as np
+from conftest import cluster
+
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.cost.flops import (
+    decode_mixing_flops_per_token,
+    mixer_matmul_per_layer,
+    mixing_flops_per_layer,
+    mixing_flops_per_sequence,
+)
+from planner.cost.memory import (
+    decode_cache_bytes,
+    estimate_memory,
+    kv_bytes_per_token,
+    sequence_state_tokens,
+)
+from planner.cost.request import PlanRequest
+from planner.cost.timing import generate_s, rollout_concurrency
+from planner.search.layout import Layout
+
+
+def cols_of(**values):
+    values = {"sequence_parallel": values.get("tp", 1) > 1, **values}
+    return Layout(**values).to_columns()
+
+
+# Qwen3.5-35B-A3B: 40 layers, every 4th full attention (2 KV heads x 256), 30 Gated DeltaNet
+# layers (16 key heads, 32 value heads, 128 x 128, conv kernel 4, fp32 state).
+QWEN35_FULL_TOKEN_BYTES = 10 * 2 * 2 * 256 * 2  # K and V of 10 layers, bf16
+QWEN35_GDN_STATE = 3 * (2 * 16 * 128 + 32 * 128) * 2 + 32 * 128 * 128 * 4  # conv + state
+QWEN35_BLOCK = 16 * -(-QWEN35_GDN_STATE // (16 * 2 * 2 * 256 * 2))  # hybrid-aligned page
+
+
+def test_growing_kv_counts_only_full_attention_layers():
+    model = resolve_model("Qwen3.5-35B-A3B")
+    assert QWEN35_BLOCK == 1056
+    assert float(kv_bytes_per_token(model, cols_of(rollout_tp=1))[0]) == QWEN35_FULL_TOKEN_BYTES
+    # gpt-oss-20b: 12 of 24 layers full attention, 8 KV heads x 64 (the windowed ones add a
+    # fixed amount per sequence instead)
+    oss = resolve_model("gpt-oss-20b")
+    assert float(kv_bytes_per_token(oss, cols_of(rollout_tp=1))[0]) == 12 * 2 * 8 * 64 * 2
+
+
+def test_state_pages_per_sequence_by_hand():
+    """Qwen3.5: 30 GDN layers in 3 groups of 10 (the 10 full layers set the group size), two
+    state pages each with prefix caching (mamba_cache_mode="align"), a page padded to the
+    attention page of 1056 tokens; the growing K/V rounded up to whole 1056-token blocks."""
+    model = resolve_model("Qwen3.5-35B-A3B")
+    page = QWEN35_BLOCK * 2 * 2 * 256 * 2
+    fixed = 3 * 2 * page * 10
+    rounding = 8 * QWEN35_BLOCK - 8192
+    expected = fixed / QWEN35_FULL_TOKEN_BYTES + rounding
+    state = sequence_state_tokens(model, cols_of(rollout_tp=1), GrpoWorkload(), 8192)
+    assert float(state[0]) == expected == 6592
+    # without prefix caching one state page per group
+    alone = sequence_state_tokens(model, cols_of(rollout_tp=1),
+                                  GrpoWorkload(prefix_caching=False), 8192)
+    assert float(alone[0]) == 3 * page * 10 / QWEN35_FULL_TOKEN_BYTES + rounding
+    # a transformer keeps nothing beside its K/V
+    dense = resolve_model("Qwen3-30B-A3B")
+    assert float(sequence_state_tokens(dense, cols_of(rollout_tp=1), GrpoWorkload(),
+                                       8192)[0]) == 0
+
+
+def test_sliding_layers_add_their_window_pages():
+    """gpt-oss-20b: 12 sliding layers (window 128) in one group of 12: cdiv(128, 16) + 1 = 9
+    pages of 16 tokens per sequence, whatever its length."""
+    model = resolve_model("gpt-oss-20b")
+    per_token = 12 * 2 * 8 * 64 * 2
+    page = 16 * 2 * 8 * 64 * 2
+    state = sequence_state_tokens(model, cols_of(rollout_tp=1), GrpoWorkload(), 8192)
+    assert float(state[0]) == 9 * page * 12 / per_token == 144
+
+
+def _concurrency(name, pool_bytes, tp=1):
+    model = resolve_model(name)
+    workload = GrpoWorkload(prompt_length=1024, response_length=7168, mean_response_length=7168,
+                            max_num_seqs=100_000)
+    cols = cols_of(rollout_tp=tp)
+    tokens = np.floor(pool_bytes / kv_bytes_per_token(model, cols, workload))
+    state = sequence_state_tokens(model, cols, workload, workload.sequence_length)
+    return float(rollout_concurrency(workload, tokens, state)[0])
+
+
+def test_hybrid_runs_3x_more_sequences_than_transformer_of_its_size():
+    pool = 60 * 2**30
+    hybrid = _concurrency("Qwen3-Next-80B-A3B", pool)
+    transformer = _concurrency("Qwen2.5-72B", pool)
+    assert hybrid >= 3 * transformer
+    # and the state is not free: fewer than the growing K/V alone would allow
+    model = resolve_model("Qwen3-Next-80B-A3B")
+    kv_only = pool / kv_bytes_per_token(model, cols_of(rollout_tp=1))[0] / 8192
+    assert hybrid < 0.8 * kv_only
+
+
+def test_rollout_memory_fits_states_and_concurrency():
+    model = resolve_model("Qwen3.5-35B-A3B")
+    workload = GrpoWorkload(prompt_length=1024, response_length=7168)
+    request = PlanRequest(model, cluster(8, "H200"), workload)
+    cols = cols_of(ep=8, dp=8, rollout_tp=1, rollout_dp=8, rollout_ep=8,
+                   gpu_memory_utilization=0.5)
+    out = estimate_memory(request, cols)
+    assert float(out["kv_state_tokens_per_seq"][0]) == 6592
+    # the concurrency at the maximum length counts each sequence's state pages
+    per_seq = 1024 / workload.rollout_n + 7168 + 6592
+    assert float(out["rollout_concurrent_seqs"][0]) == min(
+        np.floor(out["kv_cache_tokens_per_gpu"][0] / per_seq), workload.max_num_seqs)
+    times = generate_s(request, cols, out)
+    assert np.isfinite(times["total_s"][0])
+
+
+def test_linear_layers_read_their_state_not_the_sequence():
+    model = resolve_model("Qwen3.5-35B-A3B")
+    cols = cols_of(rollout_tp=1)
+    short, long = (float(decode_cache_bytes(model, cols, GrpoWorkload(), c)[0])
+                   for c in (1000, 9000))
+    # only the 10 full-attention layers' reads grow with the context
+    assert long - short == 8000 * QWEN35_FULL_TOKEN_BYTES
+    assert short == 1000 * QWEN35_FULL_TOKEN_BYTES + 30 * 2 * QWEN35_GDN_STATE
+    # a transformer: the whole context's K/V, as before
+    dense = resolve_model("Qwen3-30B-A3B")
+    assert float(decode_cache_bytes(dense, cols, GrpoWorkload(), 1000)[0]) == \
+        1000 * float(kv_bytes_per_token(dense, cols)[0])
+
+
+def test_window_caps_decode_and_prefill_mixing():
+    oss = resolve_model("gpt-oss-20b")
+    full_only = dataclasses.replace(
+        oss, layers=tuple(dataclasses.replace(layer, mixer="full_attention", window=0)
+                          for layer in oss.layers))
+    per_pair = 2.0 * oss.num_attention_heads * 2 * oss.head_dim
+    # decode at 8000 tokens: 12 layers see 8000 keys, 12 see 128
+    assert float(decode_mixing_flops_per_token(oss, 8000)) == per_pair * (12 * 8000 + 12 * 128)
+    assert float(decode_mixing_flops_per_token(full_only, 8000)) == per_pair * 24 * 8000
+    # prefill of 4096 tokens: the sliding layers compute s*w - w^2/2 pairs
+    s, w = 4096.0, 128.0
+    assert float(mixing_flops_per_sequence(oss, s)) == per_pair * (12 * s * s / 2
+                                                                  + 12 * (s * w - w * w / 2))
+
+
+def test_training_mean_layer_by_kind():
+    model = resolve_model("Qwen3.5-35B-A3B")
+    dense = resolve_model("Qwen3-30B-A3B")
+    from planner.cost.flops import attention_core_flops_per_layer, linear_params_per_token
+    linear = linear_params_per_token(model)
+    assert mixer_matmul_per_layer(model) == (10 * linear["attention"]
+                                             + 30 * linear["linear_attention"]) / 40
+    assert mixer_matmul_per_layer(dense) == linear_params_per_token(dense)["attention"]
+    # a transformer's mean layer is one attention core, exactly as before
+    assert float(mixing_flops_per_layer(dense, 4, 8192)) == float(
+        attention_core_flops_per_layer(dense, 4 * 8192 ** 2))
+    assert float(mixing_flops_per_layer(model, 4, 8192)) == float(
+        4 * mixing_flops_per_sequence(model, 8192) / 40)
