@@ -157,3 +157,41 @@ def test_training_mean_layer_by_kind():
         attention_core_flops_per_layer(dense, 4 * 8192 ** 2))
     assert float(mixing_flops_per_layer(model, 4, 8192)) == float(
         4 * mixing_flops_per_sequence(model, 8192) / 40)
+
+
+# --- megatron-core's rules for linear-attention and Mamba layers ----------------------------
+
+def _broken(name, **values):
+    from planner.search.rules import explain
+    layout = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "etp": 1, "dp": 1,
+              "micro_batch": 1, "rollout_tp": 1, "rollout_dp": 1, "rollout_ep": 1, **values}
+    layout["dp"] = 1
+    model = resolve_model(name)
+    world = layout["tp"] * layout["cp"]
+    return {rule: message for rule, message in explain(model, cluster(world), GrpoWorkload(),
+                                                         layout)}
+
+
+def test_gated_deltanet_heads_divide_by_tp_and_refuse_cp():
+    # Qwen3.5-35B-A3B: 16 key heads, 32 value heads, 16 attention heads, 2 KV heads
+    assert "tp_divides_linear_attention_heads" not in _broken("Qwen3.5-35B-A3B", tp=4)
+    broken = _broken("Qwen3.5-35B-A3B", tp=32)
+    assert "tp_divides_linear_attention_heads" in broken
+    assert "16 key, 32 value" in broken["tp_divides_linear_attention_heads"]
+    cp = _broken("Qwen3.5-35B-A3B", cp=2)
+    assert cp["cp_linear_attention"] == (
+        "context_parallel_size 2: Qwen3.5-35B-A3B's Gated DeltaNet layers run without context "
+        "parallelism in megatron-core 0.16.1 (CP must be 1)")
+    # a transformer keeps CP
+    assert "cp_linear_attention" not in _broken("Qwen3-30B-A3B", cp=2)
+
+
+def test_mamba_heads_and_groups_divide_by_tp_and_cp():
+    model = resolve_model("NVIDIA-Nemotron-3-Nano-30B-A3B")
+    heads, groups = model.mamba.num_heads, model.mamba.n_groups
+    assert heads % 8 == 0 and groups == 8
+    assert "tp_divides_mamba_heads" not in _broken("NVIDIA-Nemotron-3-Nano-30B-A3B", tp=8)
+    assert "tp_divides_mamba_heads" in _broken("NVIDIA-Nemotron-3-Nano-30B-A3B", tp=16)
+    # CP: heads per TP rank must divide by CP; groups per TP rank (8/2 = 4) split or replicate
+    assert "cp_divides_mamba_heads" not in _broken("NVIDIA-Nemotron-3-Nano-30B-A3B", tp=2, cp=8)
+    assert "cp_divides_mamba_heads" in _broken("NVIDIA-Nemotron-3-Nano-30B-A3B", tp=2, cp=3)
