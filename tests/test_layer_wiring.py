@@ -195,3 +195,39 @@ def test_mamba_heads_and_groups_divide_by_tp_and_cp():
     # CP: heads per TP rank must divide by CP; groups per TP rank (8/2 = 4) split or replicate
     assert "cp_divides_mamba_heads" not in _broken("NVIDIA-Nemotron-3-Nano-30B-A3B", tp=2, cp=8)
     assert "cp_divides_mamba_heads" in _broken("NVIDIA-Nemotron-3-Nano-30B-A3B", tp=2, cp=3)
+
+
+# --- output: the architecture object, the model line, verl's MFU -------------------------------
+
+def test_estimate_json_carries_the_architecture(capsys):
+    import json
+
+    from planner.cli.main import main
+    argv = ["estimate", "--model", "Qwen3.5-35B-A3B", "--gpus", "8", "--gpu-type", "h200",
+            "--prompt-length", "1024", "--response-length", "7168", "--tp", "1", "--ep", "8",
+            "--format", "json"]
+    assert main(argv) in (0, 1)  # 1: the peak sits above the memory band (still reported)
+    arch = json.loads(capsys.readouterr().out)["architecture"]
+    assert arch["layer_counts"] == {"linear_attention": 30, "full_attention": 10}
+    assert arch["mlp_counts"] == {"moe": 40}
+    assert arch["kv_cache_bytes_per_token"] == QWEN35_FULL_TOKEN_BYTES
+    # 8192 tokens: 8 attention blocks of 1056 tokens + 3 GDN groups x 2 state pages, each
+    # block id spanning 10 layers' pages
+    page = QWEN35_BLOCK * 2 * 2 * 256 * 2
+    assert arch["sequence_tokens"] == 8192
+    assert arch["kv_cache_bytes_per_sequence"] == (8 + 3 * 2) * page * 10
+    assert arch["verl_reports_mfu"] is True and arch["train_tflops_per_sequence"] > 0
+
+
+def test_text_names_layer_kinds_and_verl_mfu_zero(capsys):
+    from planner.cli.main import main
+    argv = ["estimate", "--model", "NVIDIA-Nemotron-3-Nano-30B-A3B", "--gpus", "8",
+            "--gpu-type", "h200", "--prompt-length", "1024", "--response-length", "1024",
+            "--tp", "1", "--ep", "8"]
+    assert main(argv) in (0, 1)
+    text = capsys.readouterr().out
+    assert "(verl logs MFU 0 for model_type nemotron_h: no FlopsCounter function)" in text
+    from planner.report.text import layer_kinds_text
+    assert layer_kinds_text(resolve_model("Qwen3.5-35B-A3B")) == \
+        " (30 linear_attention + 10 full_attention)"
+    assert layer_kinds_text(resolve_model("Qwen3-30B-A3B")) == ""
