@@ -231,3 +231,26 @@ def test_text_names_layer_kinds_and_verl_mfu_zero(capsys):
     assert layer_kinds_text(resolve_model("Qwen3.5-35B-A3B")) == \
         " (30 linear_attention + 10 full_attention)"
     assert layer_kinds_text(resolve_model("Qwen3-30B-A3B")) == ""
+
+
+# --- export: the bridge verl builds the model through ------------------------------------------
+
+def _settings(name):
+    from planner.search.layout import Layout
+    from planner.verl.export import job_settings
+    model = resolve_model(name)
+    ep = 8 if model.is_moe else 1
+    layout = Layout(tp=1, ep=ep, dp=8, rollout_tp=1, rollout_dp=8 if model.is_moe else 1,
+                    rollout_ep=ep if model.is_moe else 1)
+    return {s.key: s.value for s in job_settings(model, cluster(8), GrpoWorkload(), layout,
+                                                 model_path="m", train_files="t",
+                                                 val_files="v")}
+
+
+def test_export_writes_the_bridge_a_family_needs():
+    key = "actor_rollout_ref.actor.megatron.vanilla_mbridge"
+    # Mixtral is registered only in the legacy mbridge (model_type dispatch)
+    assert _settings("Mixtral-8x7B")[key] is True
+    # Megatron-Bridge's AutoBridge is verl's default: nothing written
+    qwen = _settings("Qwen3.5-35B-A3B")
+    assert key not in qwen and "actor_rollout_ref.actor.megatron.use_mbridge" not in qwen
