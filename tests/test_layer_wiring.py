@@ -254,3 +254,64 @@ def test_export_writes_the_bridge_a_family_needs():
     # Megatron-Bridge's AutoBridge is verl's default: nothing written
     qwen = _settings("Qwen3.5-35B-A3B")
     assert key not in qwen and "actor_rollout_ref.actor.megatron.use_mbridge" not in qwen
+
+
+# --- training: stage weights, activations and weight sync by layer kind -----------------------
+
+def test_stage_weights_sum_to_the_model_by_layer_kind():
+    from planner.cost.memory import actor_params_per_gpu, layer_group_params
+    for name in ("Qwen3.5-35B-A3B", "NVIDIA-Nemotron-3-Nano-30B-A3B", "Qwen3-30B-A3B"):
+        model = resolve_model(name)
+        p = model.params
+        (dense_split, dense_full), (moe_split, moe_full) = layer_group_params(model)
+        dense = model.num_layers - model.num_moe_layers
+        layers = (dense * (dense_split + dense_full)
+                  + model.num_moe_layers * (moe_split + moe_full + p.experts_per_layer))
+        assert layers + p.embedding + p.output_layer + p.final_norm + p.vision == p.total
+        # one rank, no parallelism: every parameter but the vision tower
+        non_expert, expert = actor_params_per_gpu(model, cols_of())[0]
+        assert float(non_expert[0] + expert[0]) == p.total - p.vision
+    # Qwen3.5's mean layer holds 3 Gated DeltaNet mixers for each attention one: fewer
+    # parameters than 40 attention layers would
+    model = resolve_model("Qwen3.5-35B-A3B")
+    p = model.params
+    moe_split, moe_full = layer_group_params(model)[1]
+    assert moe_split + moe_full == (10 * p.attention_per_layer + 30 * p.linear_attention_per_layer
+                                    ) / 40 + p.router_per_layer + p.shared_experts_per_layer \
+        + p.norms_per_layer
+
+
+def test_training_activations_by_mixer_kind():
+    from planner.catalog.layers import MixerKind
+    from planner.cost.layer_kinds import mixer_activation_bytes_per_token
+    from planner.cost.memory import activation_bytes_per_token
+    model = resolve_model("Qwen3.5-35B-A3B")
+    attention_only = dataclasses.replace(
+        model, layers=tuple(dataclasses.replace(layer, mixer="full_attention")
+                            for layer in model.layers))
+    cols = cols_of(tp=2)
+    hybrid = float(activation_bytes_per_token(model, cols, True)[0])
+    full = float(activation_bytes_per_token(attention_only, cols, True)[0])
+    gdn = float(mixer_activation_bytes_per_token(model, MixerKind.LINEAR, 2))
+    attn = float(mixer_activation_bytes_per_token(model, MixerKind.FULL, 2))
+    # the transformer formula keeps Q, K, V and the output (2 bytes each over TP 2); the
+    # hybrid's mean layer 3/4 of a Gated DeltaNet's tensors and 1/4 of a gated attention's
+    plain_attention = 2 * (16 * 256 + 2 * 2 * 256 + 16 * 256) / 2
+    assert np.isclose(hybrid - full, 0.75 * gdn + 0.25 * attn - plain_attention)
+    # Nemotron-H: the MoE layers have no mixer and one norm; the Mamba/attention layers no MLP
+    nemotron = resolve_model("NVIDIA-Nemotron-3-Nano-30B-A3B")
+    mamba_group = float(activation_bytes_per_token(nemotron, cols_of(), False)[0])
+    layers = [layer for layer in nemotron.layers if layer.mlp.value != "moe"]
+    mixers = sum(float(mixer_activation_bytes_per_token(nemotron, layer.mixer, 1))
+                 for layer in layers) / len(layers)
+    h = nemotron.hidden_size
+    assert np.isclose(mamba_group, mixers + 2 * 2 * h)  # one norm: its input and output
+
+
+def test_weight_sync_counts_each_layer_kind():
+    from planner.cost.timing import tensor_count
+    nemotron = resolve_model("NVIDIA-Nemotron-3-Nano-30B-A3B")
+    from planner.cost.layer_kinds import weight_sync_tensors
+    assert tensor_count(nemotron) == sum(weight_sync_tensors(nemotron).values())
+    # a transformer keeps its calibrated count
+    assert tensor_count(resolve_model("Qwen3-30B-A3B")) == 48 * (8 + 1 + 3 * 128) + 3

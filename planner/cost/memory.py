@@ -35,13 +35,15 @@ Sources and scope
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
 from planner.catalog.hardware import ClusterSpec
-from planner.catalog.layers import MixerKind
+from planner.catalog.layers import MixerKind, MlpKind
 from planner.catalog.models import ModelSpec
+from planner.catalog.params import layer_params
 from planner.catalog.workload import RolloutEngine
 from planner.cost.columns import memory_column, part_column, working_set_column
 from planner.cost.layer_kinds import (
@@ -50,6 +52,7 @@ from planner.cost.layer_kinds import (
     decode_bytes_per_step,
     kv_cache_bytes_per_token,
     kv_cache_layout,
+    mixer_activation_bytes_per_token,
 )
 from planner.cost.request import PlanRequest
 from planner.phases import PHASES, TRAINING_PHASES
@@ -238,6 +241,36 @@ def rank_layers(model: ModelSpec, cols: Columns) -> list[RankLayers]:
     return [RankLayers(**values) for values in arrays]
 
 
+def layer_group_params(model: ModelSpec) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(split by TP, held in full) parameters of a mean non-MoE layer and of a mean MoE layer
+    without its routed experts, the means over the model's layers of that feed-forward kind
+    (:func:`planner.catalog.params.layer_params` per layer: its mixer -- attention, Gated
+    DeltaNet, Mamba-2 or none -- its feed-forward block and norms).  A pipeline stage holds
+    ``count x mean``: exact in total, and per stage where the stage holds the model's mix of
+    layer kinds.  Every TP rank holds the norms, the router and the attention's replicated
+    part in full.  For a transformer these are its one layer's counts."""
+    p = model.params
+    if not model.is_hybrid:
+        return ((p.dense_layer - p.dense_layer_replicated, p.dense_layer_replicated),
+                (p.moe_layer_non_expert - p.moe_layer_replicated, p.moe_layer_replicated))
+    h = model.hidden_size
+    groups = {True: [0.0, 0.0, 0], False: [0.0, 0.0, 0]}  # is MoE -> split, full, layers
+    for layer in model.layers:
+        moe = layer.mlp is MlpKind.MOE
+        total = layer_params(model, layer) - (p.experts_per_layer if moe else 0)
+        full = (layer.norms * h + (p.router_per_layer if moe else 0)
+                + (p.attention_replicated_per_layer if layer.mixer.is_attention else 0))
+        group = groups[moe]
+        group[0] += total - full
+        group[1] += full
+        group[2] += 1
+
+    def mean(group) -> tuple[float, float]:
+        return (group[0] / max(group[2], 1), group[1] / max(group[2], 1))
+
+    return mean(groups[False]), mean(groups[True])
+
+
 def actor_params_per_gpu(model: ModelSpec, cols: Columns, ranks: list[RankLayers] | None = None):
     """(non-expert, expert) parameters held by a rank of each of :data:`STAGES`.
 
@@ -250,12 +283,12 @@ def actor_params_per_gpu(model: ModelSpec, cols: Columns, ranks: list[RankLayers
     tp, pp = _f(cols["tp"]), cols["pp"]
     expert_shards = _f(cols["ep"] * cols["etp"])
     head_params = np.where(pp > 1, p.output_layer or p.embedding, p.output_layer)
+    (dense_split, dense_replicated), (moe_split, moe_replicated) = layer_group_params(model)
     out = []
     for r in ranks or rank_layers(model, cols):
-        split = (r.dense * (p.dense_layer - p.dense_layer_replicated)
-                 + r.moe * (p.moe_layer_non_expert - p.moe_layer_replicated)
+        split = (r.dense * dense_split + r.moe * moe_split
                  + np.where(r.embedding, p.embedding, 0) + np.where(r.head, head_params, 0))
-        replicated = (r.dense * p.dense_layer_replicated + r.moe * p.moe_layer_replicated
+        replicated = (r.dense * dense_replicated + r.moe * moe_replicated
                       + np.where(r.head, p.final_norm, 0))
         out.append((split / tp + replicated, r.moe * p.experts_per_layer / expert_shards))
     return out
@@ -389,7 +422,20 @@ def activation_bytes_per_token(model: ModelSpec, cols: Columns, moe: bool,
     ln_outputs = np.where(bits["layernorm"], 0, 2 * ACTIVATION_BYTES * h)  # QKV and MLP inputs
     replicated = 2 * ACTIVATION_BYTES * h + ln_outputs + dropout_masks  # LN inputs + LN outputs
     attention_split = qkv + ACTIVATION_BYTES * ho
-    per_token = replicated / sp_shards + latents + attention_split / tp
+    mixer = latents + attention_split / tp
+    mlp_share = 1.0
+    if model.is_hybrid:
+        # the mean layer of this feed-forward kind: its mixers' own tensors by kind
+        # (layer_kinds.mixer_activation_bytes_per_token), one norm per sub-block it has, the
+        # feed-forward block where it has one (Nemotron-H's layers hold one sub-block each)
+        layers = [layer for layer in model.layers if (layer.mlp is MlpKind.MOE) == moe]
+        count = max(len(layers), 1)
+        kinds = Counter(layer.mixer for layer in layers)
+        mixer = sum(n * mixer_activation_bytes_per_token(model, kind, tp)
+                    for kind, n in kinds.items()) / count
+        replicated = replicated * sum(layer.norms for layer in layers) / (2 * count)
+        mlp_share = sum(layer.mlp is not MlpKind.NONE for layer in layers) / count
+    per_token = replicated / sp_shards + mixer
     if moe:
         k, f = model.moe_top_k, model.moe_ffn_hidden_size
         # Router on the sequence-parallel shard: fp32 logits over all experts.
@@ -411,7 +457,8 @@ def activation_bytes_per_token(model: ModelSpec, cols: Columns, moe: bool,
         per_token = per_token + block
     else:
         f = model.ffn_hidden_size
-        per_token = per_token + np.where(bits["mlp"], 0, ACTIVATION_BYTES * (gated * f + f) / tp)
+        per_token = per_token + mlp_share * np.where(bits["mlp"], 0,
+                                                     ACTIVATION_BYTES * (gated * f + f) / tp)
     full = recompute == 2
     layer_input = ACTIVATION_BYTES * h / sp_shards
     return np.where(full, layer_input, per_token)

@@ -62,6 +62,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.catalog.hardware import ClusterSpec
+from planner.catalog.layers import MlpKind
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.cost.columns import TIME_PARTS, breakdown_column, time_column
@@ -76,6 +77,7 @@ from planner.cost.flops import (
     training_flops,
     verl_training_flops,
 )
+from planner.cost.layer_kinds import weight_sync_tensors
 from planner.cost.memory import (
     MAIN_GRAD_BYTES,
     WEIGHT_BYTES,
@@ -454,7 +456,15 @@ def generate_s(request: PlanRequest, cols: Columns, memory: Columns) -> dict[str
 def tensor_count(model: ModelSpec) -> int:
     """Tensors a Hugging Face checkpoint of the model holds (what verl exports one by one):
     per layer q, k, v, o, two norms (+ q/k norms), gate, up, down; an MoE layer's router and
-    three tensors per routed and shared expert; embedding, final norm and output layer."""
+    three tensors per routed and shared expert; embedding, final norm and output layer.
+
+    A model with layers other than softmax attention + feed-forward (Gated DeltaNet, Mamba-2,
+    mixer- or MLP-only layers) is counted layer by layer
+    (:func:`planner.cost.layer_kinds.weight_sync_tensors`: each kind's own tensors).  A
+    transformer keeps the count the per-tensor latency was calibrated with (it leaves out
+    biases and sinks; the layer-by-layer count would add them, e.g. Qwen2's q/k/v biases)."""
+    if any(not layer.mixer.is_attention or layer.mlp is MlpKind.NONE for layer in model.layers):
+        return sum(weight_sync_tensors(model).values())
     attention = 4 + 2 + (2 if model.qk_norm else 0)
     dense = model.num_layers - model.num_moe_layers
     moe = model.num_moe_layers
