@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from planner.cost.architecture import architecture_summary
+from planner.cost.memory import engine_cache
 from planner.phases import PHASES
 from planner.policy import PEAK_NAME, MemoryPolicy
 from planner.results import (
@@ -236,6 +238,24 @@ def _model_json(model) -> dict:
     return {**model.to_dict(), "params": model.params.to_dict()}
 
 
+def architecture_json(model, workload) -> dict:
+    """The ``architecture`` object (issue 22): parameters, layer counts by kind, the rollout
+    cache of one whole sequence of the workload's prompt + response length at its KV dtype (on
+    one engine rank without TP, so the whole model's cache), and the training FLOPs of such a
+    sequence in verl ``FlopsCounter``'s convention."""
+    summary = architecture_summary(model, 0, workload.sequence_length,
+                                   engine_cache(model, workload, 1))
+    return {"family": summary.family, "verl_route": summary.verl_route,
+            "total_params": summary.total_params, "active_params": summary.active_params,
+            "vision_params": summary.vision_params, "mtp_params": summary.mtp_params,
+            "layer_counts": summary.layer_counts, "mlp_counts": summary.mlp_counts,
+            "kv_cache_bytes_per_token": summary.kv_cache_bytes_per_token,
+            "kv_cache_bytes_per_sequence": summary.kv_cache_bytes_per_sequence,
+            "sequence_tokens": summary.sequence_tokens, "kv_dtype": summary.kv_dtype,
+            "train_tflops_per_sequence": round(summary.train_tflops_per_sequence, 3),
+            "verl_reports_mfu": summary.verl_reports_mfu}
+
+
 def ranking_json(plan: "Plan") -> dict:
     """How the plan ranks: the tolerance within which layouts are ties and its source."""
     return {"tie_tolerance": fraction(plan.tie_tolerance), "source": plan.tie_source,
@@ -246,6 +266,7 @@ def plan_json(plan: "Plan", top: int | None) -> dict:
     """``plan --format json``."""
     return {
         "model": _model_json(plan.model),
+        "architecture": architecture_json(plan.model, plan.workload),
         "cluster": plan.cluster.to_dict(),
         "workload": plan.workload.to_dict(),
         "enumerated": int(plan.enumerated),
@@ -262,7 +283,9 @@ def plan_json(plan: "Plan", top: int | None) -> dict:
 def estimate_json(estimate: "Estimate") -> dict:
     """``estimate --format json`` (without ``valid``)."""
     c = estimate.candidate
-    return {"model": estimate.model.name, "cluster": estimate.cluster.to_dict(),
+    return {"model": estimate.model.name,
+            "architecture": architecture_json(estimate.model, estimate.workload),
+            "cluster": estimate.cluster.to_dict(),
             "workload": estimate.workload.to_dict(), "memory_band": band_json(estimate.policy),
             **colocated_json(c), "band_position": estimate.policy.position(c.memory.utilization)}
 
@@ -332,7 +355,9 @@ def mode_bests(plans: Sequence["ModePlan"]) -> list[tuple["ModePlan", Candidate 
 def mode_plan_json(plan: "ModePlan", top: int | None) -> dict:
     """``plan --mode M --format json``."""
     shown = plan.candidates if top is None else plan.candidates[:top]
-    return {"model": _model_json(plan.model), "cluster": plan.cluster.to_dict(),
+    return {"model": _model_json(plan.model),
+            "architecture": architecture_json(plan.model, plan.workload),
+            "cluster": plan.cluster.to_dict(),
             "workload": plan.workload.to_dict(), "mode": plan.mode,
             "splits_tried": plan.splits_tried, "notes": plan.notes,
             "candidates": [candidate_json(c) for c in shown]}
@@ -343,7 +368,9 @@ def best_json(plans: Sequence["ModePlan"], note: str) -> dict:
     off-policy caveat)."""
     first = plans[0]
     rows = mode_bests(plans)
-    return {"model": _model_json(first.model), "cluster": first.cluster.to_dict(),
+    return {"model": _model_json(first.model),
+            "architecture": architecture_json(first.model, first.workload),
+            "cluster": first.cluster.to_dict(),
             "workload": first.workload.to_dict(), "mode": "best", "note": note,
             "modes": [{"mode": plan.mode, "speedup_vs_sync": speedup,
                        "best": None if best is None else candidate_json(best)}
@@ -363,7 +390,9 @@ def split_estimate_json(estimate: "SplitEstimate", note: str) -> dict:
     """``estimate --mode`` of a split mode: the reported split in the contract of a plan
     candidate of the mode, ``valid``, and every split scored (``splits``, the reported one
     first)."""
-    return {"valid": True, "model": estimate.model.name, "cluster": estimate.cluster.to_dict(),
+    return {"valid": True, "model": estimate.model.name,
+            "architecture": architecture_json(estimate.model, estimate.workload),
+            "cluster": estimate.cluster.to_dict(),
             "workload": estimate.workload.to_dict(), **split_json(estimate.candidate),
             "splits": [split_summary_json(c) for c in estimate.splits],
             "notes": list(estimate.notes), "note": note}

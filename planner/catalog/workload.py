@@ -104,6 +104,7 @@ class RolloutEngine:
     enforce_eager: bool = False  # no CUDA graphs
     free_cache_engine: bool = True  # sleep during training
     kv_sharing: int = 1  # sequences that share a prompt's KV blocks (prefix caching: rollout.n)
+    prefix_caching: bool = True  # enable_prefix_caching: Mamba/GDN layers keep 2 state pages
 
 
 # every count of a GRPO workload -> (low, high), the flags' bounds (planner/bounds.py)
@@ -236,7 +237,8 @@ class GrpoWorkload:
                              max_num_batched_tokens=self.max_num_batched_tokens,
                              enforce_eager=self.enforce_eager,
                              free_cache_engine=self.free_cache_engine,
-                             kv_sharing=self.rollout_n if self.prefix_caching else 1)
+                             kv_sharing=self.rollout_n if self.prefix_caching else 1,
+                             prefix_caching=self.prefix_caching)
 
     @property
     def sequences_per_mini_batch(self) -> int:

@@ -60,6 +60,9 @@ SCHEMA = {
     "memory_utilization": "peak_bytes / GPU memory",
     "kv_cache_bytes": "rollout KV cache per GPU",
     "kv_cache_tokens_per_gpu": "tokens the KV cache of one GPU holds",
+    "kv_state_tokens_per_seq": "what a sequence keeps beside its growing K/V (window pages, "
+                               "Gated DeltaNet/Mamba state pages, hybrid page rounding), in "
+                               "tokens of that K/V; 0 for full attention",
     "rollout_concurrent_seqs": "sequences a rollout rank runs at once",
     "rollout_seqs_per_rank": "sequences each rollout attention rank generates per step",
     "rollout_waves": "rounds of generation when a rank's sequences exceed its concurrency",

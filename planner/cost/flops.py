@@ -176,18 +176,75 @@ def recurrent_flops_per_token(model: ModelSpec, layer: LayerSpec) -> float:
     return 0.0
 
 
-def mixing_flops_per_sequence(model: ModelSpec, seq_lens) -> np.ndarray:
-    """Forward token-mixing FLOPs (attention cores, recurrences) of whole sequences."""
-    s = np.asarray(seq_lens, dtype=np.float64)
-    d_qk, d_v = _head_dims(model)
-    per_pair = 2.0 * model.num_attention_heads * (d_qk + d_v)
-    total = np.zeros_like(s)
+def _mixer_groups(model: ModelSpec) -> dict[tuple[MixerKind, int], int]:
+    """Layers per (mixer kind, window), in layer order of first appearance."""
+    counts: dict[tuple[MixerKind, int], int] = {}
     for layer in model.layers:
-        if layer.mixer.is_attention:
-            total = total + per_pair * attention_pairs(layer, s)
+        key = (layer.mixer, layer.window)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def mixing_flops_per_sequence(model: ModelSpec, seq_lens) -> np.ndarray:
+    """Forward token-mixing FLOPs (attention cores, recurrences) of whole sequences: per
+    attention layer ``2 heads (d_qk + d_v)`` per causal (query, key) pair it computes
+    (:func:`attention_pairs`: all, the last ``w``, or the current chunk), per Gated DeltaNet /
+    Mamba-2 layer :func:`recurrent_flops_per_token` per token."""
+    s = np.asarray(seq_lens, dtype=np.float64)
+    total = np.zeros_like(s)
+    for (kind, window), count in _mixer_groups(model).items():
+        layer = LayerSpec(kind, MlpKind.DENSE, window)  # the mixer alone matters here
+        if kind is MixerKind.NONE:
+            continue
+        if kind.kv_grows:
+            total = total + count * attention_core_flops_per_layer(model, s * s)
+        elif kind.is_attention:
+            total = total + count * attention_core_flops_per_layer(model, 2 * attention_pairs(
+                layer, s))
         else:
-            total = total + s * recurrent_flops_per_token(model, layer)
+            total = total + count * s * recurrent_flops_per_token(model, layer)
     return total
+
+
+def decode_mixing_flops_per_token(model: ModelSpec, context) -> np.ndarray:
+    """Forward token-mixing FLOPs of one decoded token after ``context`` tokens: an attention
+    layer scores and sums the keys it attends to (all, the last ``w``, the chunk so far); a
+    Gated DeltaNet / Mamba-2 layer updates and reads its state, whatever the context."""
+    ctx = np.asarray(context, dtype=np.float64)
+    total = np.zeros_like(ctx)
+    for (kind, window), count in _mixer_groups(model).items():
+        if kind.kv_grows:
+            seen = ctx
+        elif kind is MixerKind.SLIDING:
+            seen = np.minimum(ctx, float(window))
+        elif kind is MixerKind.CHUNKED:
+            seen = np.mod(ctx, float(window))
+        else:  # recurrent, or no mixer (0)
+            total = total + count * recurrent_flops_per_token(model,
+                                                              LayerSpec(kind, MlpKind.DENSE))
+            continue
+        total = total + count * attention_core_flops_per_layer(model, 2 * seen)
+    return total
+
+
+def mixing_flops_per_layer(model: ModelSpec, sequences, seq_len) -> np.ndarray:
+    """Forward token-mixing FLOPs of a mean layer for ``sequences`` sequences of ``seq_len``
+    tokens (a transformer's: the attention core of one layer)."""
+    if all(layer.mixer.kv_grows for layer in model.layers):
+        return attention_core_flops_per_layer(model, sequences * np.asarray(seq_len) ** 2)
+    return sequences * mixing_flops_per_sequence(model, seq_len) / model.num_layers
+
+
+def mixer_matmul_per_layer(model: ModelSpec) -> float:
+    """Mean token-mixer matmul parameters per layer (attention, Gated DeltaNet or Mamba-2
+    projections; none for an MLP-only layer): what a stage's mixers cost per layer when it
+    holds the model's mix of layer kinds."""
+    linear = linear_params_per_token(model)
+    per_kind = {MixerKind.LINEAR: linear["linear_attention"], MixerKind.MAMBA: linear["mamba"],
+                MixerKind.NONE: 0.0}
+    total = sum(count * per_kind.get(kind, linear["attention"])
+                for (kind, _), count in _mixer_groups(model).items())
+    return total / model.num_layers
 
 
 def forward_flops_per_sequence(model: ModelSpec, seq_lens) -> np.ndarray:

@@ -165,6 +165,25 @@ class KvCacheLayout:
     def bytes_per_sequence(self, seq_len) -> np.ndarray:
         return self.blocks_per_sequence(seq_len) * self.block_bytes
 
+    @property
+    def growing_bytes_per_token(self) -> float:
+        """Bytes each token adds to a sequence's cache: the groups whose K/V grows."""
+        growing = sum(count for kind, _, count in self.groups if kind.kv_grows)
+        return growing * self.block_bytes / self.block_tokens
+
+    def fixed_bytes_per_sequence(self, seq_len) -> np.ndarray:
+        """Bytes of a sequence of ``seq_len`` tokens outside its growing K/V: the window-capped
+        pages and the recurrent/SSM state pages."""
+        s = _i(seq_len)
+        b = self.block_tokens
+        total = np.zeros_like(s)
+        for kind, window, count in self.groups:
+            if kind.is_windowed:
+                total = total + count * np.minimum(_cdiv(s, b), _cdiv(window, b) + 1)
+            elif kind.is_recurrent:
+                total = total + count * self.state_pages
+        return total * self.block_bytes
+
     def concurrent_sequences(self, pool_bytes, seq_len) -> np.ndarray:
         """Sequences of ``seq_len`` tokens a pool of ``pool_bytes`` holds at once."""
         blocks = np.floor_divide(_i(pool_bytes), self.block_bytes)

@@ -35,14 +35,25 @@ Sources and scope
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
 from planner.catalog.hardware import ClusterSpec
+from planner.catalog.layers import MixerKind, MlpKind
 from planner.catalog.models import ModelSpec
+from planner.catalog.params import layer_params
 from planner.catalog.workload import RolloutEngine
 from planner.cost.columns import memory_column, part_column, working_set_column
+from planner.cost.layer_kinds import (
+    VLLM_BLOCK_SIZE,
+    EngineCache,
+    decode_bytes_per_step,
+    kv_cache_bytes_per_token,
+    kv_cache_layout,
+    mixer_activation_bytes_per_token,
+)
 from planner.cost.request import PlanRequest
 from planner.phases import PHASES, TRAINING_PHASES
 from planner.search.batches import log_prob_batches, update_batches
@@ -230,6 +241,36 @@ def rank_layers(model: ModelSpec, cols: Columns) -> list[RankLayers]:
     return [RankLayers(**values) for values in arrays]
 
 
+def layer_group_params(model: ModelSpec) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(split by TP, held in full) parameters of a mean non-MoE layer and of a mean MoE layer
+    without its routed experts, the means over the model's layers of that feed-forward kind
+    (:func:`planner.catalog.params.layer_params` per layer: its mixer -- attention, Gated
+    DeltaNet, Mamba-2 or none -- its feed-forward block and norms).  A pipeline stage holds
+    ``count x mean``: exact in total, and per stage where the stage holds the model's mix of
+    layer kinds.  Every TP rank holds the norms, the router and the attention's replicated
+    part in full.  For a transformer these are its one layer's counts."""
+    p = model.params
+    if not model.is_hybrid:
+        return ((p.dense_layer - p.dense_layer_replicated, p.dense_layer_replicated),
+                (p.moe_layer_non_expert - p.moe_layer_replicated, p.moe_layer_replicated))
+    h = model.hidden_size
+    groups = {True: [0.0, 0.0, 0], False: [0.0, 0.0, 0]}  # is MoE -> split, full, layers
+    for layer in model.layers:
+        moe = layer.mlp is MlpKind.MOE
+        total = layer_params(model, layer) - (p.experts_per_layer if moe else 0)
+        full = (layer.norms * h + (p.router_per_layer if moe else 0)
+                + (p.attention_replicated_per_layer if layer.mixer.is_attention else 0))
+        group = groups[moe]
+        group[0] += total - full
+        group[1] += full
+        group[2] += 1
+
+    def mean(group) -> tuple[float, float]:
+        return (group[0] / max(group[2], 1), group[1] / max(group[2], 1))
+
+    return mean(groups[False]), mean(groups[True])
+
+
 def actor_params_per_gpu(model: ModelSpec, cols: Columns, ranks: list[RankLayers] | None = None):
     """(non-expert, expert) parameters held by a rank of each of :data:`STAGES`.
 
@@ -242,12 +283,12 @@ def actor_params_per_gpu(model: ModelSpec, cols: Columns, ranks: list[RankLayers
     tp, pp = _f(cols["tp"]), cols["pp"]
     expert_shards = _f(cols["ep"] * cols["etp"])
     head_params = np.where(pp > 1, p.output_layer or p.embedding, p.output_layer)
+    (dense_split, dense_replicated), (moe_split, moe_replicated) = layer_group_params(model)
     out = []
     for r in ranks or rank_layers(model, cols):
-        split = (r.dense * (p.dense_layer - p.dense_layer_replicated)
-                 + r.moe * (p.moe_layer_non_expert - p.moe_layer_replicated)
+        split = (r.dense * dense_split + r.moe * moe_split
                  + np.where(r.embedding, p.embedding, 0) + np.where(r.head, head_params, 0))
-        replicated = (r.dense * p.dense_layer_replicated + r.moe * p.moe_layer_replicated
+        replicated = (r.dense * dense_replicated + r.moe * moe_replicated
                       + np.where(r.head, p.final_norm, 0))
         out.append((split / tp + replicated, r.moe * p.experts_per_layer / expert_shards))
     return out
@@ -381,7 +422,20 @@ def activation_bytes_per_token(model: ModelSpec, cols: Columns, moe: bool,
     ln_outputs = np.where(bits["layernorm"], 0, 2 * ACTIVATION_BYTES * h)  # QKV and MLP inputs
     replicated = 2 * ACTIVATION_BYTES * h + ln_outputs + dropout_masks  # LN inputs + LN outputs
     attention_split = qkv + ACTIVATION_BYTES * ho
-    per_token = replicated / sp_shards + latents + attention_split / tp
+    mixer = latents + attention_split / tp
+    mlp_share = 1.0
+    if model.is_hybrid:
+        # the mean layer of this feed-forward kind: its mixers' own tensors by kind
+        # (layer_kinds.mixer_activation_bytes_per_token), one norm per sub-block it has, the
+        # feed-forward block where it has one (Nemotron-H's layers hold one sub-block each)
+        layers = [layer for layer in model.layers if (layer.mlp is MlpKind.MOE) == moe]
+        count = max(len(layers), 1)
+        kinds = Counter(layer.mixer for layer in layers)
+        mixer = sum(n * mixer_activation_bytes_per_token(model, kind, tp)
+                    for kind, n in kinds.items()) / count
+        replicated = replicated * sum(layer.norms for layer in layers) / (2 * count)
+        mlp_share = sum(layer.mlp is not MlpKind.NONE for layer in layers) / count
+    per_token = replicated / sp_shards + mixer
     if moe:
         k, f = model.moe_top_k, model.moe_ffn_hidden_size
         # Router on the sequence-parallel shard: fp32 logits over all experts.
@@ -403,7 +457,8 @@ def activation_bytes_per_token(model: ModelSpec, cols: Columns, moe: bool,
         per_token = per_token + block
     else:
         f = model.ffn_hidden_size
-        per_token = per_token + np.where(bits["mlp"], 0, ACTIVATION_BYTES * (gated * f + f) / tp)
+        per_token = per_token + mlp_share * np.where(bits["mlp"], 0,
+                                                     ACTIVATION_BYTES * (gated * f + f) / tp)
     full = recompute == 2
     layer_input = ACTIVATION_BYTES * h / sp_shards
     return np.where(full, layer_input, per_token)
@@ -495,16 +550,82 @@ def rollout_weight_bytes(model: ModelSpec, cols: Columns, workload=None) -> np.n
             + linear_bytes * p.experts / _f(expert_shards))
 
 
+def engine_cache(model: ModelSpec, workload, rollout_tp: int) -> EngineCache:
+    """How one rank of the workload's rollout engine keeps its cache (vLLM): the rollout TP,
+    ``kv_cache_dtype`` (fp8 with an FP8 rollout, else the model's bf16) and prefix caching
+    (with it, vLLM keeps two state pages per Gated DeltaNet / Mamba layer)."""
+    engine = engine_of(workload)
+    return EngineCache(tp=int(rollout_tp),
+                       kv_dtype="fp8" if engine.precision == "fp8" else "bfloat16",
+                       prefix_caching=engine.prefix_caching)
+
+
+def _per_rollout_tp(cols: Columns, value) -> np.ndarray:
+    """``value(tp)`` for every row's rollout TP (evaluated once per distinct TP)."""
+    tp = np.asarray(cols["rollout_tp"])
+    out = np.zeros(tp.shape, dtype=np.float64)
+    for degree in np.unique(tp):
+        out[tp == degree] = value(int(degree))
+    return out
+
+
 def kv_bytes_per_token(model: ModelSpec, cols: Columns, workload=None) -> np.ndarray:
-    """KV cache per token per GPU.  MLA caches the compressed latent (kv_lora + rope dims),
-    the same on every TP rank (vLLM's MLA backend); GQA splits KV heads over TP and replicates
-    them when TP exceeds the KV heads.  ``kv_cache_dtype=fp8`` halves it."""
-    element = 1 if engine_of(workload).precision == "fp8" else 2
-    if model.is_mla:
-        per_layer = element * (model.kv_lora_rank + model.qk_rope_head_dim)
-        return np.full(len(cols["rollout_tp"]), float(model.num_layers * per_layer))
-    heads_per_gpu = np.maximum(model.num_query_groups // cols["rollout_tp"], 1)
-    return _f(model.num_layers * 2 * heads_per_gpu * model.head_dim * element)
+    """Growing KV cache per token per GPU: the full-attention and MLA layers
+    (:func:`planner.cost.layer_kinds.kv_cache_bytes_per_token`).  MLA caches the compressed
+    latent (kv_lora + rope dims), the same on every TP rank (vLLM's MLA backend); GQA splits KV
+    heads over TP and replicates them when TP exceeds the KV heads.  ``kv_cache_dtype=fp8``
+    halves it.  Windowed and recurrent layers add a fixed amount per sequence instead
+    (:func:`sequence_state_tokens`)."""
+    kv_dtype = engine_cache(model, workload, 1).kv_dtype
+    per_token = _f(kv_cache_bytes_per_token(model, np.asarray(cols["rollout_tp"]), kv_dtype))
+    return np.maximum(per_token, 1.0)  # attention-free: the pool counted in bytes
+
+
+def decode_cache_bytes(model: ModelSpec, cols: Columns, workload, context) -> np.ndarray:
+    """Cache bytes one decode step moves per sequence on one rollout GPU: the growing K/V of
+    ``context`` tokens, plus what the other layer kinds move whatever the context
+    (:func:`planner.cost.layer_kinds.decode_bytes_per_step`: a window's last ``w`` tokens, a
+    Gated DeltaNet / Mamba state read and written)."""
+    growing = _f(context) * kv_bytes_per_token(model, cols, workload)
+    if _grows_only(model):
+        return growing
+
+    def fixed(tp: int) -> float:
+        cache = engine_cache(model, workload, tp)
+        moved = decode_bytes_per_step(model, context, tp, cache.kv_dtype, cache.model_dtype)
+        return float(sum(np.sum(v) for kind, v in moved.items()
+                         if not MixerKind(kind).kv_grows))
+
+    return growing + _per_rollout_tp(cols, fixed)
+
+
+def _grows_only(model: ModelSpec) -> bool:
+    """Every layer full attention or MLA: the cache is the growing K/V alone."""
+    return all(layer.mixer.kv_grows for layer in model.layers)
+
+
+def sequence_state_tokens(model: ModelSpec, cols: Columns, workload, seq_len) -> np.ndarray:
+    """What a sequence of ``seq_len`` tokens keeps beside its growing K/V, in tokens of that
+    K/V (so that ``kv_cache_tokens_per_gpu`` stays the pool over the growing bytes per token):
+    the window-capped pages of sliding/chunked layers, the conv + recurrent/SSM state pages of
+    Gated DeltaNet and Mamba-2 layers, and the page rounding of the growing K/V where vLLM's
+    hybrid alignment enlarged the block beyond its 16 tokens (``kv_cache_layout``).  Zero for
+    a model of full-attention/MLA layers only (its rounding to 16-token pages, under 0.2% of an
+    8K sequence, is left out as before)."""
+    if _grows_only(model):
+        return np.zeros(len(cols["rollout_tp"]))
+
+    def tokens(tp: int) -> float:
+        layout = kv_cache_layout(model, engine_cache(model, workload, tp))
+        per_token = layout.growing_bytes_per_token
+        fixed = float(layout.fixed_bytes_per_sequence(seq_len))
+        if per_token <= 0:  # attention-free: every byte is fixed (one token = one byte)
+            return fixed
+        block = layout.block_tokens
+        rounding = (-(-seq_len // block) * block - seq_len) if block > VLLM_BLOCK_SIZE else 0
+        return fixed / per_token + rounding
+
+    return _per_rollout_tp(cols, tokens)
 
 
 def rollout_reserve_bytes(model: ModelSpec, cols: Columns, workload) -> np.ndarray:
@@ -688,7 +809,8 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
     weights = rollout_weight_bytes(model, cols, workload)
     reserve = rollout_reserve_bytes(model, cols, workload)
     kv_per_token = kv_bytes_per_token(model, cols, workload)
-    kv_per_seq = kv_tokens_per_sequence(workload)
+    state_tokens = sequence_state_tokens(model, cols, workload, seq)
+    kv_per_seq = kv_tokens_per_sequence(workload) + state_tokens
     replicas = np.maximum(cluster.num_gpus // (cols["rollout_tp"] * cols["rollout_dp"]), 1)
     seqs_per_replica = -(-workload.sequences_per_step // replicas)
     # Attention-DP ranks of one replica each hold the KV cache of their own sequences.
@@ -727,7 +849,8 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
         "rollout_waves": np.where(concurrent > 0,
                                   np.ceil(seqs_per_attention_rank / np.maximum(concurrent, 1)),
                                   np.inf),
-        "rollout_fits": (kv_tokens >= seq) & (resident_bytes + budget <= capacity),
+        "kv_state_tokens_per_seq": state_tokens,
+        "rollout_fits": (kv_tokens >= seq + state_tokens) & (resident_bytes + budget <= capacity),
     }
 
 

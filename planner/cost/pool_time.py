@@ -90,7 +90,8 @@ def streaming_generate_s(request: PlanRequest, cols: Columns, memory: Columns,
     if prompts_per_replica is not None:
         prompts = np.minimum(prompts, replicas * prompts_per_replica)
     in_flight = prompts * workload.rollout_n / replicas / rdp  # per attention rank
-    concurrency = np.minimum(rollout_concurrency(workload, memory["kv_cache_tokens_per_gpu"]),
+    concurrency = np.minimum(rollout_concurrency(workload, memory["kv_cache_tokens_per_gpu"],
+                                                 memory.get("kv_state_tokens_per_seq", 0.0)),
                              np.maximum(in_flight, 1.0))
     r_mean = mean_response_length(workload)
     steps = seqs * r_mean / concurrency

@@ -62,25 +62,30 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.catalog.hardware import ClusterSpec
+from planner.catalog.layers import MlpKind
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.cost.columns import TIME_PARTS, breakdown_column, time_column
 from planner.cost.efficiency import Efficiency
 from planner.cost.flops import (
     active_linear_params_per_token,
-    attention_core_flops_per_layer,
+    decode_mixing_flops_per_token,
     linear_params_per_token,
+    mixer_matmul_per_layer,
+    mixing_flops_per_layer,
+    mixing_flops_per_sequence,
     training_flops,
     verl_training_flops,
 )
+from planner.cost.layer_kinds import weight_sync_tensors
 from planner.cost.memory import (
     MAIN_GRAD_BYTES,
     WEIGHT_BYTES,
     activation_bytes_per_layer,
     actor_params_per_gpu,
     cpu_fraction,
+    decode_cache_bytes,
     estimate_memory,
-    kv_bytes_per_token,
     rank_layers,
     rollout_weight_bytes,
 )
@@ -163,14 +168,16 @@ def _stage_compute_s(request: PlanRequest, cols: Columns, shape: TrainShape):
                    / max(model.num_experts, 1))
     dense_eff = gemm_efficiency(eff, dense_rows)
     expert_eff = gemm_efficiency(eff, expert_rows) * eff.expert_gemm
-    attention_layer = 2 * tokens * linear["attention"] / tp / (peak_flops * dense_eff)
+    # the mixer of a mean layer (attention, Gated DeltaNet or Mamba projections by the model's
+    # mix of layer kinds; exactly the attention projections for a transformer)
+    attention_layer = 2 * tokens * mixer_matmul_per_layer(model) / tp / (peak_flops * dense_eff)
     mlp_layer = 2 * tokens * linear["dense_mlp"] / tp / (peak_flops * dense_eff)
     moe_layer = (2 * tokens * (linear["router"] + linear["shared_experts"]) / tp
                  / (peak_flops * dense_eff)
                  + 2 * tokens / tp * linear["routed_experts"] / (peak_flops * expert_eff))
     sequences = shape.tokens_per_micro_batch / shape.seq_len
-    squares = sequences * shape.seq_len ** 2
-    core = (attention_core_flops_per_layer(model, squares) / (tp * cp)
+    # token mixing of a mean layer: attention cores (capped by windows) and recurrences
+    core = (mixing_flops_per_layer(model, sequences, shape.seq_len) / (tp * cp)
             / (cluster.gpu.bf16_flops * eff.attention))
     hbm = cluster.gpu.hbm_bandwidth_bytes_per_s
     elementwise_dense = (eff.elementwise_passes / hbm
@@ -364,14 +371,16 @@ def decode_step_s(request: PlanRequest, cols: Columns, batch, context
         touched = model.num_experts * (1 - (1 - model.moe_top_k / model.num_experts) ** batch)
         weights = weights - p.experts * weight_bytes / expert_shards \
             + touched * per_expert / expert_shards
-    kv_read = batch * context * kv_bytes_per_token(model, cols, workload)
+    kv_read = batch * decode_cache_bytes(model, cols, workload, context)
     memory = (weights + kv_read) / (gpu.hbm_bandwidth_bytes_per_s * eff.decode_hbm)
     compute = (2 * batch * active_linear / rtp
-               + batch * model.num_layers * attention_core_flops_per_layer(model, 2 * context)
+               + batch * decode_mixing_flops_per_token(model, context)
                / rtp) / (peak * gemm_efficiency(eff, batch))
     inside = rtp * rdp <= cluster.fast_domain_gpus
     latency = np.where(inside, ALLREDUCE_LATENCY_NVLINK_S, ALLREDUCE_LATENCY_NETWORK_S)
-    tp_allreduce = np.where(rtp > 1, 2 * model.num_layers
+    # one all-reduce after each row-parallel block: the mixer and the feed-forward block of a
+    # layer (Nemotron-H's layers hold one of them each)
+    tp_allreduce = np.where(rtp > 1, sum(layer.norms for layer in model.layers)
                             * (latency + 2 * batch * model.hidden_size * WEIGHT_BYTES
                                / link_bandwidth(cluster, eff, rtp)), 0.0)
     # expert parallel: dispatch + combine of the batch's k token copies per MoE layer
@@ -393,11 +402,14 @@ def decode_step_s(request: PlanRequest, cols: Columns, batch, context
             "total_s": roofline + tp_allreduce + ep_alltoall + launches + fixed}
 
 
-def rollout_concurrency(workload: GrpoWorkload, kv_tokens) -> np.ndarray:
+def rollout_concurrency(workload: GrpoWorkload, kv_tokens, state_tokens=0.0) -> np.ndarray:
     """Sequences a rollout rank runs at once: what its KV cache holds at the mean sequence
-    length, capped by ``max_num_seqs`` (vLLM's scheduler), at least one."""
+    length (plus each sequence's window and state pages, ``state_tokens`` in tokens of the
+    growing K/V, :func:`planner.cost.memory.sequence_state_tokens`), capped by
+    ``max_num_seqs`` (vLLM's scheduler), at least one."""
     prompt, r_mean = mean_prompt_length(workload), mean_response_length(workload)
-    return np.clip(np.floor(_f(kv_tokens) / (prompt + r_mean)), 1, workload.max_num_seqs)
+    per_sequence = prompt + r_mean + _f(state_tokens)
+    return np.clip(np.floor(_f(kv_tokens) / per_sequence), 1, workload.max_num_seqs)
 
 
 def generate_s(request: PlanRequest, cols: Columns, memory: Columns) -> dict[str, np.ndarray]:
@@ -423,12 +435,12 @@ def generate_s(request: PlanRequest, cols: Columns, memory: Columns) -> dict[str
     # prefix caching the n samples of a prompt share one prefill
     prompts = seqs / workload.rollout_n if workload.prefix_caching else seqs
     prefill_flops = prompts * (2 * prompt * active_linear
-                               + model.num_layers * attention_core_flops_per_layer(model,
-                                                                                  prompt**2))
+                               + mixing_flops_per_sequence(model, prompt))
     prefill = prefill_flops / (rtp * peak * gemm_efficiency(eff, prompts * prompt))
     kv_tokens = _f(memory["kv_cache_tokens_per_gpu"])
-    holds_one = kv_tokens >= workload.sequence_length
-    concurrency = np.minimum(rollout_concurrency(workload, kv_tokens),
+    state_tokens = _f(memory.get("kv_state_tokens_per_seq", 0.0))
+    holds_one = kv_tokens >= workload.sequence_length + state_tokens
+    concurrency = np.minimum(rollout_concurrency(workload, kv_tokens, state_tokens),
                              seqs)  # a rank never runs more than it was given
     tail = longest_response(r_mean, r_max, seqs)
     steps = np.maximum(tail, seqs * r_mean / concurrency + (tail - r_mean))
@@ -444,7 +456,15 @@ def generate_s(request: PlanRequest, cols: Columns, memory: Columns) -> dict[str
 def tensor_count(model: ModelSpec) -> int:
     """Tensors a Hugging Face checkpoint of the model holds (what verl exports one by one):
     per layer q, k, v, o, two norms (+ q/k norms), gate, up, down; an MoE layer's router and
-    three tensors per routed and shared expert; embedding, final norm and output layer."""
+    three tensors per routed and shared expert; embedding, final norm and output layer.
+
+    A model with layers other than softmax attention + feed-forward (Gated DeltaNet, Mamba-2,
+    mixer- or MLP-only layers) is counted layer by layer
+    (:func:`planner.cost.layer_kinds.weight_sync_tensors`: each kind's own tensors).  A
+    transformer keeps the count the per-tensor latency was calibrated with (it leaves out
+    biases and sinks; the layer-by-layer count would add them, e.g. Qwen2's q/k/v biases)."""
+    if any(not layer.mixer.is_attention or layer.mlp is MlpKind.NONE for layer in model.layers):
+        return sum(weight_sync_tensors(model).values())
     attention = 4 + 2 + (2 if model.qk_norm else 0)
     dense = model.num_layers - model.num_moe_layers
     moe = model.num_moe_layers

@@ -10,6 +10,7 @@ import io
 import json
 
 from planner.cost.columns import memory_column, working_set_column
+from planner.cost.flops import verl_reports_mfu
 from planner.output import fraction, gib, rate, seconds, setting
 from planner.phases import PHASES
 from planner.policy import (
@@ -149,6 +150,22 @@ def headroom_lines(plan, fill_plan=None) -> list[str]:
     return lines
 
 
+def verl_mfu_note(model) -> str:
+    """Where verl's FlopsCounter has no function for the model type it logs ``perf/mfu/actor``
+    0: say so next to the predicted MFU (in verl's convention) rather than invite a comparison."""
+    if verl_reports_mfu(model):
+        return ""
+    return f" (verl logs MFU 0 for model_type {model.model_type}: no FlopsCounter function)"
+
+
+def layer_kinds_text(model) -> str:
+    """`` (30 linear_attention + 10 full_attention)`` for a model whose layers are not all
+    full attention / MLA; empty for a transformer (its model line as before)."""
+    if all(layer.mixer.kv_grows for layer in model.layers):
+        return ""
+    return f" ({model.layer_summary.split(';')[0].strip()})"
+
+
 def plan_table(plan, top: int, fill_plan=None) -> str:
     """The ranked table; ``fill_plan``, the same search under the fill-the-GPU band, prices
     the memory band's headroom."""
@@ -157,7 +174,7 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
     p = model.params
     head = [
         f"model    {model.name}: {p.total / 1e9:.2f}B params ({p.active / 1e9:.2f}B active), "
-        f"{model.num_layers} layers, hidden {model.hidden_size}"
+        f"{model.num_layers} layers{layer_kinds_text(model)}, hidden {model.hidden_size}"
         + (f", {model.num_experts} experts top-{model.moe_top_k}" if model.is_moe else ""),
         f"cluster  {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpu.memory_gib:.1f} GiB), "
         f"{cluster.gpus_per_node} per node",
@@ -272,7 +289,7 @@ def estimate_text(estimate) -> str:
             for phase, value in c.times.seconds.items())
             + f"  -> step {seconds(step):.2f} s, "
               f"{rate(c.tokens_per_s_per_gpu):.0f} tokens/s/GPU, actor MFU "
-              f"{100 * fraction(c.mfu):.1f}%")
+              f"{100 * fraction(c.mfu):.1f}%{verl_mfu_note(estimate.model)}")
     elif c.timed:
         lines.append(f"time:               step {seconds(c.step_time_s):.3f} s, "
                      f"{rate(c.tokens_per_s_per_gpu):.0f} tokens/s/GPU, "

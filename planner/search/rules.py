@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from planner.catalog.hardware import ClusterSpec
+from planner.catalog.layers import MixerKind
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
@@ -118,6 +119,32 @@ def _token_budget_breaks(workload, cols: Columns) -> np.ndarray:
     return ~_static(cols) & (shortest < workload.sequence_length)
 
 
+def _gdn_tp_breaks(model: ModelSpec, tp) -> np.ndarray:
+    """TP that does not divide the Gated DeltaNet key and value heads (none without them)."""
+    g = model.linear_attention
+    if g is None or not model.count(MixerKind.LINEAR):
+        return np.zeros(np.shape(tp), dtype=bool)
+    return (g.num_key_heads % tp != 0) | (g.num_value_heads % tp != 0)
+
+
+def _mamba_tp_breaks(model: ModelSpec, tp) -> np.ndarray:
+    m = model.mamba
+    if m is None or not model.count(MixerKind.MAMBA):
+        return np.zeros(np.shape(tp), dtype=bool)
+    return (m.num_heads % tp != 0) | (m.n_groups % tp != 0)
+
+
+def _mamba_cp_breaks(model: ModelSpec, tp, cp) -> np.ndarray:
+    """megatron-core's MambaContextParallel: every CP rank gets whole heads, and the groups of
+    a TP rank split over CP or are replicated across it."""
+    m = model.mamba
+    if m is None or not model.count(MixerKind.MAMBA):
+        return np.zeros(np.shape(tp), dtype=bool)
+    tp = np.maximum(np.asarray(tp), 1)
+    heads, groups = m.num_heads // tp, np.maximum(m.n_groups // tp, 1)
+    return (cp > 1) & ((heads % cp != 0) | ((groups % cp != 0) & (cp % groups != 0)))
+
+
 def _splittable_pp(num_layers: int) -> str:
     pp = np.arange(1, num_layers + 1)
     valid = pp[pipeline_split(num_layers, pp)[3]]
@@ -153,6 +180,36 @@ RULES: tuple[Rule, ...] = (
                             f"{m.ffn_hidden_size}"
                             + (f" / shared-expert width {m.shared_expert_ffn_hidden_size}"
                                if m.shared_expert_ffn_hidden_size else "")),
+    Rule("tp_divides_linear_attention_heads",
+         "megatron-core 0.16.1 TransformerConfig (gated_delta_net): linear_num_key_heads and "
+         "linear_num_value_heads % TP == 0",
+         lambda m, c, w, x: _gdn_tp_breaks(m, x["tp"]),
+         lambda m, c, w, v: f"tensor_model_parallel_size {v['tp']} does not divide the Gated "
+                            f"DeltaNet heads ({m.linear_attention.num_key_heads} key, "
+                            f"{m.linear_attention.num_value_heads} value); valid TP: "
+                            f"{_valid_divisors(m.linear_attention.num_key_heads)}"),
+    Rule("cp_linear_attention",
+         "megatron-core 0.16.1 TransformerConfig: 'Gated delta net does not support context "
+         "parallel for now' (context_parallel_size == 1; GDN CP is NVIDIA/Megatron-LM PR 2642, "
+         "after the pinned release)",
+         lambda m, c, w, x: np.bool_(m.count(MixerKind.LINEAR) > 0) & (x["cp"] > 1),
+         lambda m, c, w, v: f"context_parallel_size {v['cp']}: {m.name}'s Gated DeltaNet layers "
+                            f"run without context parallelism in megatron-core 0.16.1 (CP must "
+                            f"be 1)"),
+    Rule("tp_divides_mamba_heads",
+         "megatron-core 0.16.1 MambaMixer: nheads % TP == 0 and ngroups % TP == 0",
+         lambda m, c, w, x: _mamba_tp_breaks(m, x["tp"]),
+         lambda m, c, w, v: f"tensor_model_parallel_size {v['tp']} does not divide the Mamba-2 "
+                            f"heads {m.mamba.num_heads} and groups {m.mamba.n_groups}; valid TP: "
+                            f"{_valid_divisors(m.mamba.n_groups)}"),
+    Rule("cp_divides_mamba_heads",
+         "megatron-core 0.16.1 MambaContextParallel: (nheads / TP) % CP == 0, and ngroups / TP "
+         "a multiple or divisor of CP",
+         lambda m, c, w, x: _mamba_cp_breaks(m, x["tp"], x["cp"]),
+         lambda m, c, w, v: f"context_parallel_size {v['cp']} with TP {v['tp']}: the Mamba-2 "
+                            f"heads per TP rank ({m.mamba.num_heads // v['tp']}) must divide by "
+                            f"CP and the groups per TP rank ({m.mamba.n_groups // v['tp']}) be "
+                            f"a multiple or divisor of it"),
     Rule("pipeline_split",
          "megatron-core: layers split over PP stages (uneven first/last stages, or the embedding "
          "and loss counted as layers)",

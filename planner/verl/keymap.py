@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
+from planner.catalog.support import ROUTE_SETTINGS, route_of
 from planner.errors import PlanInputError
 from planner.search.layout import applicable_modules, module_names, modules_mask
 
@@ -484,6 +485,27 @@ ADD_BIAS_LINEAR = VerlKey(f"{TRANSFORMER}.add_bias_linear", bool, True, origin=M
                           new=True, write=const(False),
                           when=lambda _, s: s.model.is_moe and s.layout.etp > 1)
 
+
+
+def _bridge_setting(name: str) -> Callable[[Any, Any], Any]:
+    """``use_mbridge`` / ``vanilla_mbridge`` the model's route needs
+    (:data:`planner.catalog.support.ROUTE_SETTINGS`: Megatron-Bridge's AutoBridge by default,
+    the legacy mbridge for the families only it registers, e.g. Mixtral)."""
+    def value(_field, source) -> bool:
+        model = source.model
+        route = route_of(model.architecture, model.model_type)
+        return ROUTE_SETTINGS[route][name] if route else None
+    return value
+
+
+# verl builds the model through a bridge (verl/workers/config/engine.py McoreEngineConfig);
+# written only where the model's route needs other than verl's defaults (the ref follows).
+USE_MBRIDGE = VerlKey(f"{MEGATRON}.use_mbridge", bool, True, write=_bridge_setting("use_mbridge"),
+                      when=lambda _, s: _bridge_setting("use_mbridge")(None, s) is False)
+VANILLA_MBRIDGE = VerlKey(f"{MEGATRON}.vanilla_mbridge", bool, False,
+                          write=_bridge_setting("vanilla_mbridge"),
+                          when=lambda _, s: bool(_bridge_setting("vanilla_mbridge")(None, s)))
+
 # the reference model: the actor's parallel sizes (verl interpolates them), its own offload
 REF_PARAM_OFFLOAD = VerlKey(f"{REF}.megatron.param_offload", bool, Follows(PARAM_OFFLOAD),
                             field="layout.ref_param_offload", read=as_bool)
@@ -641,6 +663,7 @@ KEYS: tuple[VerlKey, ...] = (
     CPU_OPTIMIZER, CPU_FRACTION, CPU_OPTIMIZER_OVERLAP, GRAD_REDUCE_IN_FP32, OVERLAP_GRAD_REDUCE,
     RECOMPUTE, RECOMPUTE_METHOD, RECOMPUTE_NUM_LAYERS, RECOMPUTE_MODULES, GROUPED_GEMM,
     PIPELINE_LAYOUT, ACCOUNT_EMBEDDING, ACCOUNT_LOSS, FIRST_STAGE, LAST_STAGE, ADD_BIAS_LINEAR,
+    USE_MBRIDGE, VANILLA_MBRIDGE,
     REF_PARAM_OFFLOAD, REF_DTYPE, *REF_PARALLEL.values(),
     ROLLOUT_NAME, ROLLOUT_TP, ROLLOUT_DP, ROLLOUT_EP, ROLLOUT_PP, GPU_MEMORY_UTILIZATION,
     ROLLOUT_N, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, CHUNKED_PREFILL, PREFIX_CACHING,

@@ -636,3 +636,41 @@ def test_every_enumerated_layout_builds_in_megatron_core(name, world, spaces, fa
                                  f"{row['dp']}")
     fail_if(disagreements, "enumerated layouts megatron-core refuses")
 
+
+
+def test_gated_deltanet_rules_match_transformer_config():
+    """The Gated DeltaNet head and CP rules against ``TransformerConfig.__post_init__`` with
+    ``experimental_attention_variant="gated_delta_net"``."""
+    base = resolve_model("Qwen3.5-35B-A3B")
+    names = ("tp_divides_linear_attention_heads", "cp_linear_attention")
+    disagreements, verdicts = [], {True: 0, False: 0}
+    tps = np.array([1, 2, 4, 8, 16, 1, 2, 4])
+    cps = np.array([1, 1, 1, 1, 1, 2, 2, 4])
+    for key_heads, value_heads in ((16, 32), (8, 16), (6, 12), (4, 4), (12, 48)):
+        gdn = dataclasses.replace(base.linear_attention, num_key_heads=key_heads,
+                                  num_value_heads=value_heads)
+        model = dataclasses.replace(base, linear_attention=gdn, num_attention_heads=16,
+                                    num_query_groups=16)
+        broken = violations(model, cluster(64), WORKLOAD,
+                            columns(len(tps), tp=tps, cp=cps))
+        for i, (tp, cp) in enumerate(zip(tps.tolist(), cps.tolist())):
+            planner_rules = [name for name in names if broken[name][i]]
+            try:
+                TransformerConfig(num_layers=4, hidden_size=2048, num_attention_heads=16,
+                                  num_query_groups=16, tensor_model_parallel_size=tp,
+                                  context_parallel_size=cp,
+                                  experimental_attention_variant="gated_delta_net",
+                                  linear_attention_freq=4, linear_conv_kernel_dim=4,
+                                  linear_key_head_dim=128, linear_value_head_dim=128,
+                                  linear_num_key_heads=key_heads,
+                                  linear_num_value_heads=value_heads)
+                error = None
+            except MCORE_ERRORS as exc:
+                error = str(exc) or type(exc).__name__
+            verdicts[error is None] += 1
+            if bool(planner_rules) != bool(error):
+                disagreements.append(f"k={key_heads} v={value_heads} tp={tp} cp={cp}: planner "
+                                     f"breaks {planner_rules}, megatron-core: "
+                                     f"{error or 'accepts'}")
+    assert not disagreements, "\n".join(disagreements)
+    assert verdicts[True] and verdicts[False]
