@@ -101,10 +101,10 @@ def mode_table(plan: ModePlan, top: int) -> str:
     lines.append("")
     rows = [_row(c) for c in plan.candidates[:top]]
     lines.append(format_table(rows, COLUMNS) if rows else "no split fits in GPU memory")
+    lines += answer_lines(plan.workload, plan.request.cost)
     lines += [f"note: {note}" for note in plan.notes]
     if mode.off_policy:
         lines.append(f"note: {off_policy_note()}")
-    lines += answer_lines(plan.workload, plan.request.cost)
     return "\n".join(lines)
 
 
@@ -126,8 +126,8 @@ def best_table(plans: list[ModePlan]) -> str:
     lines.append("")
     lines.append("idle T/R: idle fraction of the trainer / rollout pool; stale: parameter "
                  "versions a sample can lag (at most)")
-    lines.append(f"note: {off_policy_note()}")
     lines += answer_lines(plans[0].workload, plans[0].request.cost)
+    lines.append(f"note: {off_policy_note()}")
     return "\n".join(lines)
 
 
