@@ -128,16 +128,17 @@ class ResponseLengths:
             text += f", p90 {self.p90_tokens:.0f}"
         return text
 
-    def sentence(self) -> str:
-        """The line a plan prints about its lengths (and the way to change them)."""
+    def sentence(self, flags: bool = True) -> str:
+        """The line a plan prints about its lengths (and, with ``flags``, the flags that change
+        a default)."""
         share = (f"{100 * self.start_tokens / self.max_tokens:.0f}%"
                  if self.constant else
                  f"{100 * self.start_tokens / self.max_tokens:.0f}%->"
                  f"{100 * self.end_tokens / self.max_tokens:.0f}%")
         if self.source == "default":
             return (f"assumed mean response {share} of max ({self.describe()}; "
-                    f"{self.basis}); pass --lengths-from RUN, {FLAG} or "
-                    f"--mean-response-length")
+                    f"{self.basis})" + (f"; pass --lengths-from RUN, {FLAG} or "
+                                        f"--mean-response-length" if flags else ""))
         where = "given" if self.source == "given" else f"read from {self.basis}"
         return f"mean response {self.describe()}, {share} of max ({where})"
 
