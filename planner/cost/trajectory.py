@@ -136,10 +136,13 @@ def step_columns_over_run(request, evaluate: Callable) -> dict:
     out[END_COLUMN] = end["step_time_s"]
     if middle is start:
         return out
-    out["tokens_per_s_per_gpu"] = (middle["tokens_per_s_per_gpu"] * middle["step_time_s"]
-                                   / expected["step_time_s"])
     update = time_column("update_actor")
-    out["mfu"] = middle["mfu"] * middle[update] / expected[update]
+    runs = np.isfinite(expected["step_time_s"])  # inf: a layout that cannot run (rate 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["tokens_per_s_per_gpu"] = np.where(
+            runs, middle["tokens_per_s_per_gpu"] * middle["step_time_s"]
+            / expected["step_time_s"], 0.0)
+        out["mfu"] = np.where(runs, middle["mfu"] * middle[update] / expected[update], 0.0)
     out["dominant_phase"] = np.stack([expected[time_column(phase)] for phase in PHASES]
                                      ).argmax(axis=0)
     return out
