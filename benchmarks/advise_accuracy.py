@@ -1,7 +1,7 @@
 """How well one run predicts the job's other layouts, and how often the default length band
 holds the published steps.
 
-    python benchmarks/advise_accuracy.py [--loo] [--band]   (both by default)
+    python benchmarks/advise_accuracy.py [--loo] [--band] [--mape]   (all by default)
 
 ``--loo`` -- leave one layout out on the verl sweeps of ``grpo_runs.csv``: for every job run
 with several layouts, fit this cluster's constants from one layout's published step
@@ -19,6 +19,11 @@ given: the default trajectory for the model's kind (:func:`planner.catalog.lengt
 default_lengths`) gives a step time at its start and at its end; how many measured steps fall
 inside that band (and inside it widened by the model's own error on these steps, the shipped
 ``rl_fit`` MAPE).
+
+``--mape`` -- the same steps, step-time MAPE by the lengths a plan assumes: each run's published
+mean (what ``--response-lengths`` or ``--lengths-from`` give), the default trajectory for its
+kind (expected over the run, what a plan with no lengths given ranks by), half the maximum (the
+old default) and the maximum (lengths never stated).
 """
 
 from __future__ import annotations
@@ -129,13 +134,36 @@ def band_coverage() -> dict:
             "rows": rows}
 
 
+def length_mape() -> dict:
+    """Step-time MAPE over the published colocated steps by the lengths assumed (docstring)."""
+    cases, _ = load_rl_cases()
+    errors = defaultdict(list)
+    for case in cases:
+        measured = case.measured["step"]
+        lengths = default_lengths(case.workload.response_length, case.model.name)
+
+        def at(mean, case=case):
+            return _step(case, None, workload_at(case.workload, mean))
+
+        maximum = case.workload.response_length
+        predicted = {"published mean": _step(case, None),
+                     "default (expected over the run)": float(step_time_band(lengths, at)
+                                                              .expected_s),
+                     "half the max": at(maximum / 2), "the max": at(maximum)}
+        for name, value in predicted.items():
+            errors[name].append(abs(value / measured - 1))
+    return {"steps": len(cases), **{name: float(np.mean(values))
+                                    for name, values in errors.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--loo", action="store_true", help="leave one layout out only")
     parser.add_argument("--band", action="store_true", help="the default band only")
+    parser.add_argument("--mape", action="store_true", help="step MAPE by the lengths assumed")
     args = parser.parse_args()
-    both = not (args.loo or args.band)
+    both = not (args.loo or args.band or args.mape)
     if args.loo or both:
         for strict, skip in ((True, False), (True, True), (False, False)):
             result = leave_one_layout_out(strict, skip)
@@ -158,6 +186,11 @@ def main() -> None:
             mark = "in " if low <= measured <= high else "out"
             print(f"  {mark} row {row_id:>3} {model[:18]:18} {kind:15} band {low:7.1f}-"
                   f"{high:7.1f} s, measured {measured:7.1f} s")
+    if args.mape or both:
+        result = length_mape()
+        print(f"step-time MAPE over {result['steps']} published colocated steps, by the lengths "
+              f"assumed: " + ", ".join(f"{name} {value:.1%}" for name, value in result.items()
+                                       if name != "steps"))
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ check them; also the generated CLI reference (``benchmarks/cli_reference.py``).
 An example is a ```` ```text ```` block in ``README.md`` or a page under ``docs/`` whose first
 line is ``$ plan-parallel ARGS`` or ``$ python benchmarks/SCRIPT.py ARGS``.  ``plan-parallel``
 runs in-process from the repository root, as on a machine without GPUs (NVML detection off, so
-the output does not depend on where it runs); a benchmark script runs as a subprocess from the
-repository root.  The block shows what the command writes to stdout and stderr, in order.  A
-block may elide the middle of a long output with a line ``...``: the lines above it are the
-output's first lines and those below it its last ones, and regenerating keeps those counts.
+the output does not depend on where it runs) and without verl or vLLM installed (no note on
+their releases, planner.cost.provenance.version_notes); a benchmark script runs as a
+subprocess from the repository root.  The block shows what the command writes to stdout and
+stderr, in order.  A block may elide the middle of a long output with a line ``...``: the lines
+above it are the output's first lines and those below it its last ones, and regenerating keeps
+those counts.
 
 A benchmark that takes minutes (``accuracy.py``) keeps a *stored* output: its command line ends
 in ``# stored YYYY-MM-DD``, the day the output last changed.  ``--write`` reruns it too (and
@@ -109,6 +111,8 @@ def run(argv: list[str]) -> str:
         for name in NVML_USERS:
             module = importlib.import_module(name)
             stack.enter_context(mock.patch.object(module, "detect_local_gpus", lambda: None))
+        provenance = importlib.import_module("planner.cost.provenance")
+        stack.enter_context(mock.patch.object(provenance, "installed_version", lambda name: None))
         stack.enter_context(contextlib.redirect_stdout(buffer))
         stack.enter_context(contextlib.redirect_stderr(buffer))
         cwd = os.getcwd()

@@ -1,9 +1,11 @@
 """How long a full plan (search space + memory model + ranking) takes.
 
-    python benchmarks/search_speed.py [--repeat 5]
+    python benchmarks/search_speed.py [--repeat 5] [--lengths default|fixed]
 
 Prints the median wall time per case; the target is about a second for DeepSeek-V3 on 1024
-GPUs on a 2-core machine.
+GPUs on a 2-core machine.  ``--lengths default`` (what a plan with no lengths given does) times
+each layout that fits at the three nodes of the published default's trajectory
+(planner.cost.trajectory); ``fixed`` at one mean (half the maximum), as before.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import statistics
 import time
 
 from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.lengths import default_lengths
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cost.request import PlanRequest
@@ -25,12 +28,15 @@ CASES = (("qwen3-30b", 16), ("qwen2.5-7b", 8), ("llama3.1-70b", 64), ("deepseek-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--lengths", choices=("default", "fixed"), default="default")
     args = parser.parse_args()
-    workload = GrpoWorkload()
     print(f"{'model':>14} {'GPUs':>5} {'enumerated':>15} {'scored':>10} "
           f"{'fit':>10} {'median s':>9} {'min s':>7}")
     for name, gpus in CASES:
         model, cluster = resolve_model(name), ClusterSpec(get_gpu("h100"), gpus, 8)
+        workload = GrpoWorkload()
+        if args.lengths == "default":
+            workload = GrpoWorkload(lengths=default_lengths(workload.response_length, model.name))
         times = []
         for _ in range(args.repeat):
             start = time.perf_counter()

@@ -71,6 +71,13 @@ def finite(value: float, digits: int = 3) -> float | None:
 # --- the parts of a candidate ------------------------------------------------------------------
 
 
+def over_run_json(c: ColocatedCandidate) -> dict:
+    """Step time at the run's first and last step and expected over it (``step_time_s``):
+    the mean response length moves over the run (:mod:`planner.cost.trajectory`)."""
+    return {"start": seconds(c.step_time_start_s), "end": seconds(c.step_time_end_s),
+            "expected": seconds(c.step_time_s)}
+
+
 def placement_json(placement: Placement) -> dict:
     out = {"trainer_gpus": placement.trainer_gpus, "rollout_gpus": placement.rollout_gpus,
            "colocated": placement.colocated}
@@ -125,6 +132,8 @@ def colocated_json(c: ColocatedCandidate) -> dict:
     if c.timed:
         step = c.step_time_s
         out["step_time_s"] = seconds(step)
+        if c.step_time_start_s is not None:
+            out["step_time_over_run_s"] = over_run_json(c)
         if c.times is not None:
             out["time_s"] = {phase: seconds(value) for phase, value in c.times.seconds.items()}
             out["time_share"] = {phase: fraction(value / step)
@@ -234,6 +243,28 @@ TIE_ORDER = ("no unwise flags", "peak inside the memory band", "no offload",
              "fewer parallel dimensions", "smaller TP x PP x CP", "predicted step time")
 
 
+def lengths_json(workload) -> dict | None:
+    """The response lengths the answer's time rests on (start/end/p90 tokens, their source and
+    kind of job; :class:`planner.catalog.lengths.ResponseLengths`); None: no responses."""
+    lengths = getattr(workload, "lengths", None)
+    return None if lengths is None else lengths.to_dict()
+
+
+def calibration_json(cost) -> dict:
+    """Which calibration the answer used (:mod:`planner.cost.provenance`): its source, the
+    one-line summary every text answer prints, and a note for each installed verl or vLLM
+    release the RL constants were not measured with."""
+    from planner.cost.provenance import cost_model_summary, version_notes
+
+    return {"source": cost.source, "summary": cost_model_summary(cost),
+            "version_notes": version_notes(dict(cost.calibration))}
+
+
+def answer_json(workload, cost) -> dict:
+    """What every plan, estimate and sizing JSON states its answer rests on."""
+    return {"lengths": lengths_json(workload), "calibration": calibration_json(cost)}
+
+
 def _model_json(model) -> dict:
     return {**model.to_dict(), "params": model.params.to_dict()}
 
@@ -276,6 +307,9 @@ def plan_json(plan: "Plan", top: int | None) -> dict:
         "rejected": dict(sorted(plan.rejected.items(), key=lambda item: -item[1])),
         "ranking": ranking_json(plan),
         "memory_band": band_json(plan.policy),
+        **answer_json(plan.workload, plan.request.cost),
+        "fastest_in_band": (None if plan.fastest_in_band is None
+                            else placed_json(plan.fastest_in_band, plan.policy)),
         "candidates": [placed_json(c, plan.policy) for c in plan.top(top)],
     }
 
@@ -287,7 +321,8 @@ def estimate_json(estimate: "Estimate") -> dict:
             "architecture": architecture_json(estimate.model, estimate.workload),
             "cluster": estimate.cluster.to_dict(),
             "workload": estimate.workload.to_dict(), "memory_band": band_json(estimate.policy),
-            **colocated_json(c), "band_position": estimate.policy.position(c.memory.utilization)}
+            **answer_json(estimate.workload, estimate.request.cost), **colocated_json(c),
+            "band_position": estimate.policy.position(c.memory.utilization)}
 
 
 def memory_report_json(c: ColocatedCandidate, policy: MemoryPolicy) -> dict:
@@ -359,6 +394,7 @@ def mode_plan_json(plan: "ModePlan", top: int | None) -> dict:
             "architecture": architecture_json(plan.model, plan.workload),
             "cluster": plan.cluster.to_dict(),
             "workload": plan.workload.to_dict(), "mode": plan.mode,
+            **answer_json(plan.workload, plan.request.cost),
             "splits_tried": plan.splits_tried, "notes": plan.notes,
             "candidates": [candidate_json(c) for c in shown]}
 
@@ -372,6 +408,7 @@ def best_json(plans: Sequence["ModePlan"], note: str) -> dict:
             "architecture": architecture_json(first.model, first.workload),
             "cluster": first.cluster.to_dict(),
             "workload": first.workload.to_dict(), "mode": "best", "note": note,
+            **answer_json(first.workload, first.request.cost),
             "modes": [{"mode": plan.mode, "speedup_vs_sync": speedup,
                        "best": None if best is None else candidate_json(best)}
                       for plan, best, speedup in rows],
@@ -393,7 +430,9 @@ def split_estimate_json(estimate: "SplitEstimate", note: str) -> dict:
     return {"valid": True, "model": estimate.model.name,
             "architecture": architecture_json(estimate.model, estimate.workload),
             "cluster": estimate.cluster.to_dict(),
-            "workload": estimate.workload.to_dict(), **split_json(estimate.candidate),
+            "workload": estimate.workload.to_dict(),
+            **answer_json(estimate.workload, estimate.request.cost),
+            **split_json(estimate.candidate),
             "splits": [split_summary_json(c) for c in estimate.splits],
             "notes": list(estimate.notes), "note": note}
 
@@ -427,6 +466,7 @@ def blocked_json(blocked: "Blocked") -> dict:
 def sizing_row_json(row: "SizingRow") -> dict:
     return {"gpu": row.gpu, "num_gpus": row.num_gpus, "num_nodes": row.num_nodes,
             "valid": row.valid, "fits": row.fits, "step_time_s": row.step_time_s,
+            "step_time_start_s": row.step_time_start_s, "step_time_end_s": row.step_time_end_s,
             "tokens_per_s_per_gpu": row.tokens_per_s_per_gpu, "run_time_s": row.run_time_s,
             "gpu_hours": row.gpu_hours, "price_per_gpu_hour": row.price_per_gpu_hour,
             "cost": row.cost, "layout": None if row.layout is None else row.layout.to_dict(),
@@ -447,6 +487,7 @@ def sizing_json(sizing: "Sizing") -> dict:
     return {
         "model": sizing.model.name,
         "workload": sizing.workload.to_dict(),
+        **answer_json(sizing.workload, sizing.cost),
         "gpus_per_node": sizing.gpus_per_node,
         "run": {"steps": sizing.run.steps, "text": sizing.run.text},
         "prices": None if sizing.prices is None else sizing.prices.to_dict(),

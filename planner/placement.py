@@ -44,6 +44,7 @@ from planner.cost.memory import (
 from planner.cost.pool_time import StreamingLimits, pool_sync_s, streaming_generate_s
 from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import generate_s, grpo_step, weight_sync_s
+from planner.cost.trajectory import columns_over_run
 from planner.errors import InvalidLayoutError, NoFitError, PlanInputError
 from planner.plan import ROLLOUT_FIELDS, Plan
 from planner.ranking import best_first, prediction_order
@@ -194,7 +195,8 @@ def trainer_times(request: PlanRequest, cols: Columns, memory: Columns) -> Colum
     eff = request.efficiency
     rows = {**cols, **{name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS},
             "gpu_memory_utilization": np.full(n, 0.5)}
-    times = grpo_step(request, rows, memory["memory"])
+    # the training phases' expected seconds over the run (planner.cost.trajectory)
+    times, _ = columns_over_run(request, lambda at: grpo_step(at, rows, memory["memory"]))
     train = sum(times[time_column(phase)] for phase in TRAINING_PHASES_ASYNC) + eff.step_fixed_s
     return {"rows": rows, "train_s": train,
             "gather_s": weight_sync_s(request, rows)["comm_s"],

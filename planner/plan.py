@@ -27,10 +27,11 @@ from planner.cost.columns import (
 from planner.cost.memory import actor_memory, estimate_memory, rollout_memory
 from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import generate_s, step_columns
+from planner.cost.trajectory import step_columns_over_run
 from planner.errors import InvalidLayoutError
 from planner.phases import PHASES, TRAINING_PHASES
 from planner.policy import FILL_POLICY
-from planner.ranking import tie_order
+from planner.ranking import fastest_in_band, tie_order
 from planner.results import COLOCATED_MODE, ColocatedCandidate, Placement, Staleness
 from planner.search.layout import RECOMPUTE, Columns, Layout, distinct
 from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
@@ -84,6 +85,16 @@ class Plan(OfRequest):
         placement = Placement.shared(self.cluster)
         return [ColocatedCandidate.from_row(row, placement, mode, staleness)
                 for row in shown.to_dict("records")]
+
+    @cached_property
+    def fastest_in_band(self) -> ColocatedCandidate | None:
+        """The predicted-fastest layout inside the memory band
+        (:func:`planner.ranking.fastest_in_band`); None: none fits or none is timed."""
+        frame = self.fitting
+        index = fastest_in_band({name: frame[name].to_numpy() for name in
+                                 ("tp", "fits", "step_time_s", "memory_utilization")
+                                 if name in frame}, self.policy)
+        return None if index is None else self.candidate(index, fitting=True)
 
     def candidate(self, index: int, fitting: bool = False) -> ColocatedCandidate:
         """The ``index``-th ranked layout (0: the best; ``fitting``: of those that fit)."""
@@ -156,7 +167,8 @@ def score_columns(request: PlanRequest, cols: Columns, actor: dict | None = None
     out = {**cols, **memory}
     timed = np.ones(len(cols["tp"]), dtype=bool) if time_all else memory["fits"].astype(bool)
     subset = out if timed.all() else {name: values[timed] for name, values in out.items()}
-    times = step_columns(request, subset, subset)
+    # the run's expected step time, and the step time at its first and last step
+    times = step_columns_over_run(request, lambda at: step_columns(at, subset, subset))
     for name, values in times.items():
         if timed.all():
             out[name] = values

@@ -104,6 +104,23 @@ def tied_with_best(cols: Columns, order: np.ndarray, tolerance: float) -> np.nda
     return tied
 
 
+def fastest_in_band(cols: Columns, policy: MemoryPolicy = DEFAULT_POLICY) -> int | None:
+    """Row of the predicted-fastest layout (least ``step_time_s``, the run's expected step time)
+    among those that fit with their peak inside the memory band; where none is inside, among
+    those that fit below the band's top, else among those that fit.  None: nothing fits, or
+    nothing is timed.  What the tie rule's simplest layout is compared with (issue 26)."""
+    if "step_time_s" not in cols or not len(cols["tp"]):
+        return None
+    step = np.asarray(cols["step_time_s"], dtype=float)
+    fits = np.asarray(cols["fits"]).astype(bool) & np.isfinite(step)
+    fraction = np.asarray(cols["memory_utilization"], dtype=float)
+    for pool in (fits & (fraction >= policy.low) & (fraction <= policy.high),
+                 fits & (fraction <= policy.high), fits):
+        if pool.any():
+            return int(np.flatnonzero(pool)[np.argmin(step[pool])])
+    return None
+
+
 TIE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "param_offload", "optimizer_offload",
               "ref_param_offload", "optimizer_cpu_fraction", "memory_utilization",
               "unwise_count", "step_time_s", "peak_bytes")

@@ -234,6 +234,10 @@ class ColocatedCandidate(Candidate):
     tflops_per_gpu: float | None = None  # a plain training step
     update_comm_s: float | None = None  # the actor update's exposed communication
     update_bubble_s: float | None = None  # ... and pipeline bubble
+    # step time at the run's first and last step (step_time_s: expected over the run,
+    # planner.cost.trajectory); None: not timed
+    step_time_start_s: float | None = None
+    step_time_end_s: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], placement: Placement, mode: str = COLOCATED_MODE,
@@ -277,6 +281,9 @@ def _colocated(row: Mapping[str, Any], placement: Placement, mode: str,
                       tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
                       mfu=float(row["mfu"]),
                       staleness=staleness if np.isfinite(step) else None)
+        if "step_time_start_s" in row:
+            values.update(step_time_start_s=float(row["step_time_start_s"]),
+                          step_time_end_s=float(row["step_time_end_s"]))
         if time_column("generate") in row:
             values["times"] = PhaseTimes(
                 seconds=PerPhase.of(lambda phase: row[time_column(phase)]),

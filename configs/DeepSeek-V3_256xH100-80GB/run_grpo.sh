@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GRPO with verl 0.9.1 (Megatron backend): DeepSeek-V3 on 256 x H100-80GB (32 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
-# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
+# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 544->1024 over the run), mini-batch 256, bf16
 # Actor:     TP1 PP8 VPP1 CP1 EP16 ETP1 DP32, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute full, offload param, CPU optimizer 100%, stages 7/../6 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP1 DP256 EP256 (1 replica(s) of 256 GPUs), gpu_memory_utilization 0.55
-# Predicted: peak 66.67 GiB of 79.6 GiB (84%) in weight_sync; step 186.3 s, 165 tokens/s/GPU
+# Predicted: peak 66.67 GiB of 79.6 GiB (84%) in weight_sync; step 202.4 s, 179 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

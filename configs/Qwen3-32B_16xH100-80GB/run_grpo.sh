@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-32B on 16 x H100-80GB (2 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
-# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 512), mini-batch 256, bf16
+# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 705->809 over the run), mini-batch 256, bf16
 # Actor:     TP4 PP4 VPP1 CP1 EP1 ETP1 DP1, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload -, stages 0/../0 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP8 DP1 EP1 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.30
-# Predicted: peak 65.43 GiB of 79.6 GiB (82%) in generate; step 515.9 s, 953 tokens/s/GPU
+# Predicted: peak 65.43 GiB of 79.6 GiB (82%) in generate; step 638.1 s, 893 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

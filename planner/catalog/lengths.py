@@ -39,6 +39,7 @@ from planner.errors import PlanInputError
 LENGTH_SOURCES = ("given", "default", "run")
 DEFAULTS_FILE = "response_lengths.json"
 FLAG = "--response-lengths"
+MEAN_FLAG = "--mean-response-length"
 MAX_SPEC_CHARS = 64  # "START:END" or "MEAN,P90" with room for percentages
 SCALES = ("fraction_of_max", "tokens")
 
@@ -127,21 +128,50 @@ class ResponseLengths:
             text += f", p90 {self.p90_tokens:.0f}"
         return text
 
-    def sentence(self) -> str:
-        """The line a plan prints about its lengths (and the way to change them)."""
+    def sentence(self, flags: bool = True) -> str:
+        """The line a plan prints about its lengths (and, with ``flags``, the flags that change
+        a default)."""
         share = (f"{100 * self.start_tokens / self.max_tokens:.0f}%"
                  if self.constant else
                  f"{100 * self.start_tokens / self.max_tokens:.0f}%->"
                  f"{100 * self.end_tokens / self.max_tokens:.0f}%")
         if self.source == "default":
             return (f"assumed mean response {share} of max ({self.describe()}; "
-                    f"{self.basis}); pass --lengths-from RUN, {FLAG} or "
-                    f"--mean-response-length")
+                    f"{self.basis})" + (f"; pass --lengths-from RUN, {FLAG} or "
+                                        f"--mean-response-length" if flags else ""))
         where = "given" if self.source == "given" else f"read from {self.basis}"
         return f"mean response {self.describe()}, {share} of max ({where})"
 
     def to_dict(self) -> dict:
         return {**asdict(self), "mean_tokens": round(self.mean_tokens, 1)}
+
+    @classmethod
+    def fixed(cls, mean_tokens: float, max_tokens: int, basis: str = MEAN_FLAG
+              ) -> "ResponseLengths":
+        """One mean for the whole run, as given (``--mean-response-length``)."""
+        return cls(float(mean_tokens), float(mean_tokens), max_tokens, source="given",
+                   basis=basis)
+
+    @classmethod
+    def from_dict(cls, data, where: str = "lengths") -> "ResponseLengths":
+        """The lengths a JSON output recorded (:meth:`to_dict`; ``mean_tokens`` is derived and
+        dropped); a malformed record is one :class:`PlanInputError` naming ``where``."""
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise PlanInputError(f"{where} must be a JSON object of response lengths "
+                                 f"(start_tokens, end_tokens, max_tokens, ...), not "
+                                 f"{type(data).__name__}")
+        known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        missing = [name for name in ("start_tokens", "end_tokens", "max_tokens")
+                   if name not in known]
+        if missing:
+            raise PlanInputError(f"{where} lacks {', '.join(missing)}")
+        for name in ("source", "basis", "kind"):
+            if name in known:
+                known[name] = check_text(f"{where}.{name}", known[name], max_chars=400,
+                                         allow_empty=True)
+        return cls(**known)
 
 
 # --- the documented default ------------------------------------------------------------------

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from planner.bounds import MAX_BATCH, MAX_TOKENS, check_number
+from planner.catalog.lengths import ResponseLengths
 from planner.errors import PlanInputError
 from planner.phases import PHASES, Phase
 
@@ -29,7 +30,10 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 ROLLOUT_ENGINES = ("vllm", "sglang")
 ROLLOUT_PRECISIONS = ("bf16", "fp8")  # rollout weights and KV cache (vLLM quantization=fp8)
 WEIGHT_SYNC_PATHS = ("per_tensor", "bucketed")
-DEFAULT_MEAN_RESPONSE_FRACTION = 0.5  # mean / max response length when not given
+# mean / max response length of a library caller that states neither a mean nor lengths; every
+# command states its lengths (planner.cli.inputs: given, read from a run, or the published
+# default for the kind of job, planner.catalog.lengths.default_lengths), so no answer rests on it
+DEFAULT_MEAN_RESPONSE_FRACTION = 0.5
 
 
 class Workload(Protocol):
@@ -73,6 +77,15 @@ class Workload(Protocol):
     @property
     def mean_sequence_length(self) -> float:
         """The tokens an average sample costs in time."""
+
+    @property
+    def lengths(self) -> "ResponseLengths | None":
+        """The mean response length over the run (None: no responses, or a fixed mean a
+        library caller set): what the time model is evaluated over."""
+
+    @property
+    def moving_lengths(self) -> bool:
+        """``lengths`` move over the run (the time model is evaluated at three points)."""
 
     @property
     def sequences_per_step(self) -> int:
@@ -126,9 +139,10 @@ class GrpoWorkload:
     precision: str = "bf16"
     use_kl_loss: bool = True  # GRPO's KL to the reference policy needs the reference model
     max_num_seqs: int = 256  # concurrency cap per engine (rollout.max_num_seqs)
-    # Tokens actually generated per response on average; 0 (not given) becomes half the
-    # maximum (search.batches.DEFAULT_MEAN_RESPONSE_FRACTION) when the workload is made, so
-    # every output states the figure the time model used.  Memory is sized for the maximum.
+    # Tokens actually generated per response on average: the point the time model is
+    # evaluated at.  0 (not given): the mean of ``lengths`` over the run, else half the maximum
+    # (DEFAULT_MEAN_RESPONSE_FRACTION, a library caller's fallback), set when the workload is
+    # made so every output states the figure.  Memory is sized for the maximum.
     mean_response_length: int = 0
     # Prompt tokens on average; 0 means the maximum (``prompt_length``).  verl strips the left
     # padding before vLLM and packs without it (use_remove_padding), so time follows the mean
@@ -158,6 +172,11 @@ class GrpoWorkload:
     # into large buffers handed over by CUDA IPC ("bucketed").  Not a verl key: it lets the
     # time model score NeMo RL runs too.
     weight_sync: str = "per_tensor"
+    # The mean response length over the run (planner.catalog.lengths): given, read from a run or
+    # the published default for the kind of job.  Plans time each layout at the trajectory's
+    # start, middle and end (planner.cost.trajectory) and rank by the expected step time; None:
+    # the fixed ``mean_response_length`` alone (a library caller's workload).
+    lengths: ResponseLengths | None = None
 
     def __post_init__(self) -> None:
         for name, (low, high) in GRPO_LIMITS.items():  # from flags, plan.json, a study, a job
@@ -193,7 +212,18 @@ class GrpoWorkload:
         if self.weight_sync not in WEIGHT_SYNC_PATHS:
             raise PlanInputError(f"weight sync {self.weight_sync!r} is not one of "
                                  f"{', '.join(WEIGHT_SYNC_PATHS)}")
-        if not self.mean_response_length:  # the default, stated: what plan.json records
+        if self.lengths is not None:
+            lengths = ResponseLengths.from_dict(self.lengths, "workload lengths")
+            if lengths.max_tokens != self.response_length:
+                raise PlanInputError(f"response lengths for a maximum of {lengths.max_tokens} "
+                                     f"tokens do not match --response-length "
+                                     f"{self.response_length}")
+            object.__setattr__(self, "lengths", lengths)
+            if not self.mean_response_length:  # the run's mean: the one point a caller reads
+                object.__setattr__(self, "mean_response_length",
+                                   int(min(max(round(lengths.mean_tokens), 1),
+                                           self.response_length)))
+        if not self.mean_response_length:  # the fallback, stated: what plan.json records
             object.__setattr__(self, "mean_response_length", max(1, self.response_length // 2))
         if self.rollout_engine not in ROLLOUT_ENGINES:
             raise PlanInputError(f"rollout engine {self.rollout_engine!r} is not one of "
@@ -264,14 +294,23 @@ class GrpoWorkload:
             skipped.add(Phase.OLD_LOG_PROB.value)
         return tuple(phase for phase in PHASES if phase not in skipped)
 
+    @property
+    def moving_lengths(self) -> bool:
+        """The mean response length moves over the run: a plan times three points of it."""
+        return self.lengths is not None and not self.lengths.constant
+
     def describe(self) -> str:
+        lengths = self.lengths
+        mean = (f"{lengths.start_tokens:.0f}->{lengths.end_tokens:.0f} over the run"
+                if self.moving_lengths else f"{self.mean_response_length}")
         return (f"GRPO: {self.train_batch_size} prompts x n={self.rollout_n}, prompt "
                 f"{self.prompt_length} + response {self.response_length} tokens (mean "
-                f"{self.mean_response_length}), mini-batch {self.mini_batch_size}, "
-                f"{self.precision}")
+                f"{mean}), mini-batch {self.mini_batch_size}, {self.precision}")
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, **asdict(self)}
+        out = {"kind": self.kind, **asdict(self)}
+        out["lengths"] = None if self.lengths is None else self.lengths.to_dict()
+        return out
 
 
 @dataclass(frozen=True)
@@ -293,8 +332,11 @@ class PretrainWorkload:
 
     kind = "pretrain"
     # One optimizer step over the global batch of given data: no generation (no rollout
-    # engine, no verl offload or dynamic batches around it), no reference model.
+    # engine, no verl offload or dynamic batches around it), no reference model, no responses
+    # whose length moves.
     has_rollout = False
+    lengths = None
+    moving_lengths = False
     engine = None
     phases = (Phase.UPDATE_ACTOR.value,)
     needs_reference = False

@@ -176,14 +176,17 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
         group.add_argument(f"--{name.replace('_', '-')}", type=integer(1, high), default=default,
                            help=f"default {default}")
     group.add_argument("--mean-response-length", type=integer(0, MAX_TOKENS), default=0,
-                       help="tokens generated per response on average (time follows it; "
-                            "default: half of --response-length)")
+                       help="tokens generated per response on average, fixed over the run "
+                            "(time follows it; default: the published runs' lengths for the "
+                            "kind of job, see --response-lengths)")
     group.add_argument("--response-lengths", type=free_text("MEAN[,P90] or START:END", 64),
                        metavar="MEAN[,P90]|START:END|KIND",
                        help="mean response length (tokens, or N%% of --response-length), "
                             "with its 90th percentile, or its start:end over the run, or a kind "
-                            "of job (math, math-reasoning) for its published lengths; the plan "
-                            "times the run's mean")
+                            "of job (math, math-reasoning) for its published lengths; default: "
+                            "the published lengths for the model's kind of job. Plans time the "
+                            "start, middle and end of the run and rank by the expected step "
+                            "time")
     group.add_argument("--lengths-from", type=PATH, metavar="RUN",
                        help="take the lengths from a previous verl run: its file-logger "
                             "JSONL, console log, a wandb/MLflow CSV export or a folder "

@@ -41,7 +41,7 @@ def cmd_plan(args) -> int:
         check_overrides(args.override or ())  # before any planning: Hydra's own parser
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
-    workload = inputs.workload(args)
+    workload = inputs.workload(args, model)
     request = inputs.request(args, model, cluster, workload)
     plan = make_plan(request, tie_tolerance=args.tie_tolerance)
     fitting = plan.fitting_count
@@ -170,7 +170,7 @@ def cmd_estimate(args) -> int:
     mode = get_mode(args.mode, async_options(args))
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
-    workload = inputs.workload(args)
+    workload = inputs.workload(args, model)
     if not mode.colocated and not workload.has_rollout:
         raise UsageError(f"--mode {args.mode} estimates GRPO; --workload pretrain has no "
                          f"rollout")

@@ -71,8 +71,8 @@ def cmd_explain(args) -> int:
     from planner.diagnose.explain_modes import explain_best, explain_best_text
 
     inputs.check_mode_flags(args)
-    model, cluster, workload = (resolve_model(args.model), inputs.resolve_cluster(args),
-                                inputs.workload(args))
+    model, cluster = resolve_model(args.model), inputs.resolve_cluster(args)
+    workload = inputs.workload(args, model)
     if not inputs.baseline_mode(args) and not workload.has_rollout:
         raise UsageError(f"explain --mode {args.mode} compares GRPO plans; --workload pretrain "
                          f"has no rollout")

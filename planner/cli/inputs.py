@@ -26,6 +26,7 @@ from planner.cli import notes
 from planner.cli.args import UsageError
 from planner.cost.efficiency import CostModel, read_calibration
 from planner.cost.request import PlanRequest
+from planner.errors import PlanInputError
 from planner.modes import BEST, all_modes, get_mode, mode_names
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import RECOMPUTE
@@ -104,17 +105,19 @@ LENGTH_FLAGS = (("--response-lengths", "response_lengths"), ("--lengths-from", "
                 ("--mean-response-length", "mean_response_length"))
 
 
-def response_lengths(args) -> tuple["ResponseLengths | None", float]:
-    """``--response-lengths`` or ``--lengths-from`` as :class:`ResponseLengths` (None when
-    neither is given), and the run's mean prompt length (0: not read)."""
+def response_lengths(args, model_name: str = "") -> tuple["ResponseLengths", float]:
+    """The response lengths the answer rests on, and the run's mean prompt length (0: not
+    read): ``--response-lengths``, ``--lengths-from``, ``--mean-response-length`` (a fixed
+    mean), else the published default for the kind of job ``model_name`` (else ``--model``)
+    does (:func:`planner.catalog.lengths.default_lengths`)."""
+    from planner.catalog.lengths import ResponseLengths, default_lengths, parse_response_lengths
+
     given = [flag for flag, name in LENGTH_FLAGS if getattr(args, name, None)]
     if len(given) > 1:
         raise UsageError(f"{given[0]} and {given[1]} both set the response lengths; give one")
+    name = model_name or getattr(args, "model", None) or ""
     if getattr(args, "response_lengths", None):
-        from planner.catalog.lengths import parse_response_lengths
-
-        return parse_response_lengths(args.response_lengths, args.response_length,
-                                      getattr(args, "model", None) or ""), 0.0
+        return parse_response_lengths(args.response_lengths, args.response_length, name), 0.0
     if getattr(args, "lengths_from", None):
         from trials.runs import read_run
 
@@ -122,23 +125,26 @@ def response_lengths(args) -> tuple["ResponseLengths | None", float]:
         prompts = run.series("prompt_length/mean")
         return run.response_lengths(args.response_length), \
             float(prompts.mean()) if len(prompts) else 0.0
-    return None, 0.0
+    if getattr(args, "mean_response_length", None):
+        if args.mean_response_length > args.response_length:
+            raise PlanInputError(f"--mean-response-length {args.mean_response_length} must "
+                                 f"be between 1 and --response-length {args.response_length}")
+        return ResponseLengths.fixed(args.mean_response_length, args.response_length), 0.0
+    return default_lengths(args.response_length, name), 0.0
 
 
-def workload(args):
+def workload(args, model=None):
+    """The workload of the flags; a GRPO step's response lengths as
+    :func:`response_lengths` states them (``model``: the resolved model, whose name picks the
+    default's kind of job)."""
     if args.workload == "pretrain":
         return PretrainWorkload(seq_len=args.seq_len, global_batch=args.global_batch,
                                 precision=precision(args))
-    lengths, prompt = response_lengths(args)
-    mean, mean_prompt = args.mean_response_length, args.mean_prompt_length
-    if lengths is not None:
-        mean = max(int(round(lengths.mean_tokens)), 1)
-        if prompt and not mean_prompt:
-            mean_prompt = int(min(max(round(prompt), 1), args.prompt_length))
-        print(f"note: {lengths.sentence()}; timed at the run's mean, {mean} tokens"
-              + (f" (mean prompt {mean_prompt})" if prompt and mean_prompt else ""),
-              file=sys.stderr)
-    return GrpoWorkload(mean_response_length=mean,
+    lengths, prompt = response_lengths(args, model.name if model is not None else "")
+    mean_prompt = args.mean_prompt_length
+    if prompt and not mean_prompt:
+        mean_prompt = int(min(max(round(prompt), 1), args.prompt_length))
+    return GrpoWorkload(lengths=lengths,
                         mean_prompt_length=mean_prompt,
                         overlap_grad_reduce=args.overlap_grad_reduce,
                         train_batch_size=args.train_batch_size, rollout_n=args.rollout_n,
@@ -160,11 +166,17 @@ def workload(args):
 
 
 def cost_model(args) -> CostModel:
-    """The cost model: ``--calibration FILE`` read once, else the shipped calibration."""
+    """The cost model: ``--calibration FILE`` read once, else the shipped calibration; a note
+    (once) for each installed verl or vLLM release its RL constants were not measured with."""
+    from planner.cost.provenance import version_notes
+
     if not getattr(args, "calibration", None):
-        return CostModel.load()
-    # size, depth, NaN, schema
-    return CostModel.load(read_calibration(Path(args.calibration)), source=args.calibration)
+        cost = CostModel.load()
+    else:  # size, depth, NaN, schema
+        cost = CostModel.load(read_calibration(Path(args.calibration)), source=args.calibration)
+    for text in version_notes(dict(cost.calibration)):
+        notes.note(text.removeprefix("note: "))
+    return cost
 
 
 def policy(args) -> MemoryPolicy:

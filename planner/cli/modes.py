@@ -28,7 +28,7 @@ def async_options(args) -> AsyncOptions:
 def cmd_plan_mode(args) -> int:
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
-    workload = inputs.workload(args)
+    workload = inputs.workload(args, model)
     if not workload.has_rollout:
         raise UsageError(f"--mode {args.mode} plans GRPO; --workload pretrain has no rollout")
     if args.format == "csv":

@@ -62,8 +62,9 @@ def cmd_report(args) -> int:
         print(f"wrote {written}")
         return ExitCode.OK if any(row.fits for row in sizing.rows) else ExitCode.NO
     elif args.model:
-        plan = make_plan(PlanRequest(resolve_model(args.model), inputs.resolve_cluster(args),
-                                     inputs.workload(args), cost=cost, policy=policy))
+        model = resolve_model(args.model)
+        plan = make_plan(PlanRequest(model, inputs.resolve_cluster(args),
+                                     inputs.workload(args, model), cost=cost, policy=policy))
         if not plan.candidates["fits"].any():  # "no layout fits": exit 1, as every command
             raise NoFitError(f"no layout of {plan.model.name} fits on "
                              f"{plan.cluster.num_gpus} x {plan.cluster.gpu.name}; no report "

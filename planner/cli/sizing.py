@@ -55,7 +55,7 @@ def _gpu_types(args, prices: PriceTable | None):
 
 def sizing_from_args(args, options: SearchOptions | None = None) -> Sizing:
     model = resolve_model(args.model)
-    workload = inputs.workload(args)
+    workload = inputs.workload(args, model)
     run = run_length(workload, args.steps, args.epochs, args.dataset_prompts)
     prices = prices_from_args(args)
     gpus, detected = _gpu_types(args, prices)

@@ -178,7 +178,7 @@ def cmd_tune(args) -> int:
 
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
-    workload = inputs.workload(args)
+    workload = inputs.workload(args, model)
     options = inputs.search_options(args, workload)
     plan, candidates = study_candidates(args, model, cluster, workload, options, grid)
     if not len(candidates):  # "no layout fits": exit 1, as for every command

@@ -67,7 +67,10 @@ SCHEMA = {
     "rollout_seqs_per_rank": "sequences each rollout attention rank generates per step",
     "rollout_waves": "rounds of generation when a rank's sequences exceed its concurrency",
     "rollout_fits": "bool: the rollout engine fits beside the resident actor state",
-    "step_time_s": "seconds per step (GRPO: the sum of the phases)",
+    "step_time_s": "seconds per step (GRPO: the sum of the phases), expected over the run "
+                   "(planner.cost.trajectory: the mean response length moves)",
+    "step_time_start_s": "seconds per step at the run's first step (its mean response length)",
+    "step_time_end_s": "seconds per step at the run's last step",
     "tokens_per_s_per_gpu": "prompt + response tokens per second per GPU (verl perf/throughput)",
     "mfu": "actor-update model FLOPs utilisation (verl perf/mfu/actor)",
     "dominant_phase": "index into PHASES of the longest phase",

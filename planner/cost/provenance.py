@@ -14,6 +14,7 @@ import re
 from importlib import metadata
 
 SHIPPED_FILE = "planner/cost/calibration.json"
+SHIPPED_LABEL = f"the shipped one ({SHIPPED_FILE})"
 
 
 def _releases(versions) -> set[str]:
@@ -103,3 +104,18 @@ def version_notes(calibration: dict, installed: dict[str, str | None] | None = N
             notes.append(f"note: installed vLLM {engine} is not a release the RL constants were "
                          f"measured with ({_span(stated)})")
     return notes
+
+
+def cost_model_label(cost) -> str:
+    """How an answer names the calibration of ``cost`` (a
+    :class:`~planner.cost.efficiency.CostModel`): the shipped one, or the file it was read
+    from."""
+    from planner.cost.efficiency import SHIPPED_SOURCE
+
+    return SHIPPED_LABEL if cost.source == SHIPPED_SOURCE else cost.source
+
+
+def cost_model_summary(cost) -> str:
+    """The one line every answer prints about its calibration (:func:`calibration_summary` of
+    the cost model's calibration, named by :func:`cost_model_label`)."""
+    return calibration_summary(dict(cost.calibration), cost_model_label(cost))

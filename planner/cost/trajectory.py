@@ -24,6 +24,8 @@ from typing import Callable, Union
 import numpy as np
 
 from planner.catalog.lengths import ResponseLengths
+from planner.cost.columns import time_column
+from planner.phases import PHASES
 
 NODES = (0.0, 0.5, 1.0)  # fractions of the run: first, middle, last step
 WEIGHTS = (1 / 6, 4 / 6, 1 / 6)  # Simpson's rule on [0, 1]
@@ -80,3 +82,67 @@ def workload_at(workload, mean_tokens: float):
     at most the maximum): the time model's input at one point of the trajectory."""
     mean = int(min(max(round(mean_tokens), 1), workload.response_length))
     return replace(workload, mean_response_length=mean)
+
+
+# --- the time model's columns over the run ----------------------------------------------------
+# Each floating column is a time, or a count that follows the lengths (decode steps): its
+# expectation over the run is Simpson's rule over the nodes.  Throughput and MFU are ratios
+# (tokens or FLOPs over seconds): the run's figure is the mean work over the expected time
+# (below); booleans and indices are the middle node's.
+RATIO_COLUMNS = ("tokens_per_s_per_gpu", "mfu")
+START_COLUMN, END_COLUMN = "step_time_start_s", "step_time_end_s"
+
+
+def request_at(request, mean_tokens: float):
+    """``request`` with its workload at one point of the trajectory (:func:`workload_at`)."""
+    workload = workload_at(request.workload, mean_tokens)
+    if workload.mean_response_length == request.workload.mean_response_length:
+        return request
+    return replace(request, workload=workload)
+
+
+def columns_over_run(request, evaluate: Callable) -> tuple[dict, tuple[dict, dict, dict]]:
+    """``evaluate(request)`` -- the time model on a batch of layouts, a dict of columns -- over
+    the run's trajectory: returns the run's expected columns (every floating column but
+    :data:`RATIO_COLUMNS` by :func:`expected_over_run`; the others the middle node's), and the
+    columns at the first, the middle and the last step.  One call per distinct node (one when
+    the lengths do not move, or the workload has none), each vectorised over the layouts."""
+    lengths = getattr(request.workload, "lengths", None)
+    if lengths is None or lengths.constant:
+        middle = evaluate(request)
+        return middle, (middle, middle, middle)
+    at_nodes = tuple(evaluate(request_at(request, point)) for point in node_lengths(lengths))
+    expected = {}
+    for name, value in at_nodes[1].items():
+        array = np.asarray(value)
+        if np.issubdtype(array.dtype, np.floating) and name not in RATIO_COLUMNS:
+            expected[name] = expected_over_run([node[name] for node in at_nodes])
+        else:
+            expected[name] = value
+    return expected, at_nodes
+
+
+def step_columns_over_run(request, evaluate: Callable) -> dict:
+    """The step's time columns (``evaluate``: :func:`planner.cost.timing.step_columns` on the
+    layouts) as the run's expectation, with :data:`START_COLUMN` and :data:`END_COLUMN`, the
+    step time at the first and the last step.  ``step_time_s`` is the expected step time (what
+    a run of S steps takes, over S): what plans rank by and sizing multiplies by the steps.
+    Throughput is the mean tokens of a step (linear in the mean length: the middle node's) over
+    the expected time; MFU the middle node's FLOPs over the expected actor-update time; the
+    dominant phase, the longest expected phase."""
+    expected, (start, middle, end) = columns_over_run(request, evaluate)
+    out = dict(expected)
+    out[START_COLUMN] = start["step_time_s"]
+    out[END_COLUMN] = end["step_time_s"]
+    if middle is start:
+        return out
+    update = time_column("update_actor")
+    runs = np.isfinite(expected["step_time_s"])  # inf: a layout that cannot run (rate 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["tokens_per_s_per_gpu"] = np.where(
+            runs, middle["tokens_per_s_per_gpu"] * middle["step_time_s"]
+            / expected["step_time_s"], 0.0)
+        out["mfu"] = np.where(runs, middle["mfu"] * middle[update] / expected[update], 0.0)
+    out["dominant_phase"] = np.stack([expected[time_column(phase)] for phase in PHASES]
+                                     ).argmax(axis=0)
+    return out

@@ -49,8 +49,8 @@ from planner.catalog.lengths import ResponseLengths, default_lengths
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.cost.calibration import PhaseMeasurement, predict_phases
-from planner.cost.efficiency import SHIPPED_SOURCE, CostModel, shipped_cost_model
-from planner.cost.provenance import calibration_summary, version_notes
+from planner.cost.efficiency import CostModel, shipped_cost_model
+from planner.cost.provenance import calibration_summary, cost_model_label, version_notes
 from planner.cost.request import PlanRequest
 from planner.cost.trajectory import workload_at
 from planner.diagnose.fix import candidate_changes, layout_overrides, score
@@ -75,9 +75,6 @@ PROMPT_MEAN = "prompt_length/mean"
 # by the same model on the same job, but a change of a percent or two is within the spread of
 # a run's own steps.
 MIN_GAIN = 0.02
-SHIPPED_LABEL = "the shipped one (planner/cost/calibration.json)"
-
-
 @dataclass(frozen=True)
 class JobSetting:
     """What advise knows of the job: the planner's reading of it, the composed config (for
@@ -344,11 +341,6 @@ def check_run(run: RunRecord) -> None:
     run.require(STEP_TIME, TIMERS["generate"], TIMERS["update_actor"], RESPONSE_MEAN)
 
 
-def calibration_label(cost: CostModel) -> str:
-    """How the answer names the calibration it started from: the shipped one, or its file."""
-    return SHIPPED_LABEL if cost.source == SHIPPED_SOURCE else cost.source
-
-
 def advise(run: RunRecord, setting: JobSetting, cost: CostModel | None = None,
            policy: MemoryPolicy = DEFAULT_POLICY, windows: RunWindows = RunWindows()) -> Advice:
     """Everything ``advise`` answers (module docstring), for a run of the job ``setting``
@@ -398,8 +390,8 @@ def advise(run: RunRecord, setting: JobSetting, cost: CostModel | None = None,
                   gaps=tuple(gaps), largest=largest, fit=fit, current=current,
                   replanned=replanned, changes=tuple(changes), planned_tokens=float(planned),
                   planned_source=planned_source, uncertainty=request.cost.uncertainty,
-                  policy=policy, calibration_line=calibration_summary(base,
-                                                                      calibration_label(cost)),
+                  policy=policy,
+                  calibration_line=calibration_summary(base, cost_model_label(cost)),
                   notes=tuple(notes))
 
 

@@ -435,12 +435,15 @@ def dry_run(job_input: JobInput) -> DryRun:
                                "rollout_gpus": pools.rollout.num_gpus, "colocated": False}
     estimate, layout = None, None
     try:
-        workload = workload_of(job)
+        workload = workload_of(job, model.name)
         layout = layout_of(job, model.is_moe)
     except PlanInputError as error:
         findings.append(Finding("bad_value", str(error)))
     else:
         report["workload"], report["layout"] = workload.to_dict(), layout.to_dict()
+        if workload.lengths is not None:  # the lengths the times rest on: verl states none
+            notes.append(workload.lengths.sentence(flags=False) + ", as verl's config states no "
+                         "mean; `plan-parallel estimate` takes --response-lengths")
         reading = JobContext(model=model, cluster=cluster, workload=workload, layout=layout,
                              config=plain, overrides=tuple(overrides))
         shape = model_findings(plain, job, reading.request(job_input.policy), layout)

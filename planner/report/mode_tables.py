@@ -10,7 +10,7 @@ from planner.output import finite as reported
 from planner.output import fraction, gib, mode_bests, rate, reported_step, seconds, setting
 from planner.placement import ModePlan, SplitEstimate
 from planner.policy import DEFAULT_POLICY, PEAK_NAME, MemoryPolicy
-from planner.report.text import format_table
+from planner.report.text import answer_lines, format_table
 from planner.results import Candidate, ColocatedCandidate, SplitCandidate
 
 TRAINING_PHASES = ("old_log_prob", "ref", "update_actor")
@@ -101,6 +101,7 @@ def mode_table(plan: ModePlan, top: int) -> str:
     lines.append("")
     rows = [_row(c) for c in plan.candidates[:top]]
     lines.append(format_table(rows, COLUMNS) if rows else "no split fits in GPU memory")
+    lines += answer_lines(plan.workload, plan.request.cost)
     lines += [f"note: {note}" for note in plan.notes]
     if mode.off_policy:
         lines.append(f"note: {off_policy_note()}")
@@ -125,6 +126,7 @@ def best_table(plans: list[ModePlan]) -> str:
     lines.append("")
     lines.append("idle T/R: idle fraction of the trainer / rollout pool; stale: parameter "
                  "versions a sample can lag (at most)")
+    lines += answer_lines(plans[0].workload, plans[0].request.cost)
     lines.append(f"note: {off_policy_note()}")
     return "\n".join(lines)
 
@@ -214,4 +216,5 @@ def split_estimate_text(estimate: SplitEstimate, policy: MemoryPolicy = DEFAULT_
                                 for i, split in enumerate(estimate.splits)], SPLIT_COLUMNS)]
     lines += [f"note: {note}" for note in estimate.notes]
     lines.append(f"note: {off_policy_note()}")
+    lines += answer_lines(estimate.workload, estimate.request.cost)
     return "\n".join(lines)

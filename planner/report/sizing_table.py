@@ -21,7 +21,7 @@ import csv
 import io
 
 from planner.output import sizing_row_json
-from planner.report.text import format_table
+from planner.report.text import answer_lines, format_table
 from planner.search.layout import Layout
 from planner.sizing.sweep import SECONDS_PER_HOUR, Sizing
 
@@ -150,4 +150,9 @@ def sizing_table(sizing: Sizing) -> str:
         columns.append(("cost", "cost"))
     columns += [("marks", "marks"), ("best layout", "layout")]
     body = format_table(rows, columns)
-    return "\n".join(head) + "\n\n" + body + "\n\n" + "\n".join(summary_lines(sizing))
+    tail = summary_lines(sizing)
+    if sizing.workload.moving_lengths:
+        tail.append("step s: the run's expected step time; run h, GPU-h and cost integrate it "
+                    "over the run as the mean response length moves")
+    tail += answer_lines(sizing.workload, sizing.cost)
+    return "\n".join(head) + "\n\n" + body + "\n\n" + "\n".join(tail)

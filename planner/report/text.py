@@ -36,6 +36,48 @@ def ranking_line(plan) -> str | None:
             f"{band}, no offload, fewer parallel dimensions, smaller TP x PP x CP")
 
 
+def answer_lines(workload, cost) -> list[str]:
+    """The lines under every plan, estimate and sizing answer: the response lengths its time
+    rests on (:meth:`planner.catalog.lengths.ResponseLengths.sentence`) and the calibration it
+    used (:func:`planner.cost.provenance.cost_model_summary`)."""
+    from planner.cost.provenance import cost_model_summary
+
+    lengths = getattr(workload, "lengths", None)
+    return ([] if lengths is None else [lengths.sentence()]) + [cost_model_summary(cost)]
+
+
+def band_text(c) -> str:
+    """A timed candidate's step time over the run: ``232.3 s (191.9 -> 275.2 s, start -> end
+    of the run)``, or its one step time when the lengths do not move."""
+    if c.step_time_start_s is None or c.step_time_start_s == c.step_time_end_s:
+        return f"{seconds(c.step_time_s):.1f} s"
+    return (f"{seconds(c.step_time_s):.1f} s expected over the run "
+            f"({seconds(c.step_time_start_s):.1f} -> {seconds(c.step_time_end_s):.1f} s, "
+            f"first -> last step)")
+
+
+def fastest_line(plan) -> str | None:
+    """The line above the table (issue 26): the predicted-fastest layout inside the memory band
+    and its step time, and how #1 relates to it."""
+    fastest = plan.fastest_in_band
+    shown = plan.top(1, fitting=True)
+    if fastest is None or not shown or not fastest.timed:
+        return None
+    first = shown[0]
+    band = plan.policy.band_text
+    inside = plan.policy.low <= fastest.memory.utilization <= plan.policy.high
+    where = f"inside the {band} band" if inside else "that fits (none inside the band)"
+    text = (f"fastest  #{fastest.rank} is the predicted fastest {where}: "
+            f"{fastest.layout.actor_text()}, {band_text(fastest)}")
+    if first.rank == fastest.rank:
+        return text + "; it is #1"
+    if first.within_error_of_best:
+        return (text + f"; #1 ({seconds(first.step_time_s):.1f} s) is the simplest of the "
+                f"{plan.ties:,} within the model's error ({100 * plan.tie_tolerance:.0f}%) "
+                f"of the best")
+    return text
+
+
 def to_json(data: dict) -> str:
     return json.dumps(data, indent=2)
 
@@ -187,9 +229,9 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
         + f"{int((plan.fitting['memory_utilization'] <= plan.policy.high + 1e-9).sum()):,} "
         + f"with the {PEAK_NAME} at most {100 * plan.policy.high:.0f}%",
     ]
-    line = ranking_line(plan)
-    if line:
-        head.append(line)
+    for line in (ranking_line(plan), fastest_line(plan)):
+        if line:
+            head.append(line)
     rows = []
     shown = plan.top(top, fitting=True)
     has_time = any(c.timed for c in shown)
@@ -206,6 +248,7 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
             "peak_phase": c.memory.peak_phase,
             "working": f"{c.memory.working_set_at_peak_bytes / GIB:.1f} GiB",
             "step": f"{c.step_time_s or 0:.1f}",
+            "start": f"{c.step_time_start_s or 0:.1f}", "end": f"{c.step_time_end_s or 0:.1f}",
             "tps": f"{c.tokens_per_s_per_gpu or 0:.0f}",
             "flags": ",".join(c.flags) or "-",
             "tie": "=" if c.within_error_of_best else "",
@@ -217,7 +260,11 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
     columns += [("DP", "dp"), ("mbs", "micro_batch"), ("recompute", "recompute")]
     if plan.workload.has_rollout:
         columns += [("offload", "offload"), ("rollout TP/DP/EP", "rollout"), ("util", "util")]
-    if has_time:
+    if has_time and plan.workload.moving_lengths:
+        # the run's expected step time (what ranks), and the first and last step's
+        columns += [("step s", "step"), ("start", "start"), ("end", "end"),
+                    ("tok/s/GPU", "tps")]
+    elif has_time:
         columns += [("step s", "step"), ("tok/s/GPU", "tps")]
     columns += [(PEAK_NAME, "peak"), ("in phase", "peak_phase"),
                 (WORKING_SET_NAME, "working"), ("flags", "flags")]
@@ -230,6 +277,10 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
     if rows:
         tail += headroom_lines(plan, fill_plan) + legend_lines(plan.policy) + [""]
     tail.append(f"rejected: {rejected}" if rejected else "rejected: none")
+    if has_time and plan.workload.moving_lengths:
+        tail.append("step s: the run's expected step time (ranked by); start, end: at its first "
+                    "and last step, as the mean response length moves")
+    tail += answer_lines(plan.workload, plan.request.cost)
     if not rows:
         smallest = plan.candidates.nsmallest(1, "peak_bytes")
         best = smallest.to_dict("records")
@@ -295,6 +346,8 @@ def estimate_text(estimate) -> str:
                      f"{rate(c.tokens_per_s_per_gpu):.0f} tokens/s/GPU, "
                      f"{rate(c.tflops_per_gpu):.0f} TFLOP/s/GPU, "
                      f"MFU {100 * fraction(c.mfu):.1f}%")
+    if c.timed and c.step_time_start_s is not None and c.step_time_start_s != c.step_time_end_s:
+        lines.append(f"over the run:       step {band_text(c)}")
     if c.timed and c.times is not None:
         for phase, parts in c.times.parts.items():
             shown = [f"{part[:-2]} {seconds(value):.2f}" for part, value in parts.items()
@@ -303,4 +356,5 @@ def estimate_text(estimate) -> str:
                 lines.append(f"  {phase + ':':18}" + "  ".join(shown))
     if c.flags:
         lines.append("unwise:             " + ", ".join(c.flags))
+    lines += answer_lines(estimate.workload, estimate.request.cost)
     return "\n".join(lines)

@@ -100,9 +100,9 @@ class SizingRow:
     num_nodes: int
     valid: bool  # some layout obeys every rule
     fits: bool
-    step_time_s: float | None = None
+    step_time_s: float | None = None  # expected over the run (planner.cost.trajectory)
     tokens_per_s_per_gpu: float | None = None
-    run_time_s: float | None = None
+    run_time_s: float | None = None  # steps x expected step time: the run's integral
     gpu_hours: float | None = None
     price_per_gpu_hour: float | None = None
     cost: float | None = None
@@ -112,6 +112,9 @@ class SizingRow:
     dominant_phase: str | None = None
     blocked: Blocked | None = None  # when nothing fits: why (the closest miss)
     marks: tuple[str, ...] = ()
+    # step time at the run's first and last step (the mean response length moves)
+    step_time_start_s: float | None = None
+    step_time_end_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,7 @@ class Sizing:
     cheapest: SizingRow | None = None  # lowest cost among priced rows (None without prices)
     unpriced: tuple[str, ...] = ()  # GPU types swept without a price
     scored: int = 0  # actor layouts scored over the sweep
+    cost: CostModel = field(default_factory=shipped_cost_model)  # the calibration it used
 
 
 def _plain(value):
@@ -189,6 +193,8 @@ def row_of(result: CountResult, run: RunLength, prices: PriceTable | None) -> Si
     dominant = row.get("dominant_phase")
     return SizingRow(
         **base, fits=True, step_time_s=step_s,
+        step_time_start_s=float(row.get("step_time_start_s", step_s)),
+        step_time_end_s=float(row.get("step_time_end_s", step_s)),
         tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
         run_time_s=step_s * run.steps, gpu_hours=gpu_hours, price_per_gpu_hour=price,
         cost=None if price is None else gpu_hours * price,
@@ -307,7 +313,8 @@ def size_cluster(request: SizingRequest) -> Sizing:
               else counts.counts)
     sizing = Sizing(model=request.model, workload=request.workload,
                     gpus_per_node=request.gpus_per_node, run=request.run,
-                    prices=request.prices, min_scaling=min_scaling, rows=[])
+                    prices=request.prices, min_scaling=min_scaling, rows=[],
+                    cost=request.cost)
     for gpu in request.gpus:
         rows: list[SizingRow] = []
         for count in ladder:

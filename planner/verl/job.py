@@ -177,9 +177,17 @@ def read_job(config: dict) -> tuple[JobReading | None, list[Finding]]:
     return reading, []
 
 
-def workload_of(job: JobReading):
-    """The GRPO workload the config describes (raises PlanInputError when inconsistent)."""
-    return GrpoWorkload(**job.workload_fields)
+def workload_of(job: JobReading, model_name: str = ""):
+    """The GRPO workload the config describes (raises PlanInputError when inconsistent).  verl's
+    config states no mean response length: the time model runs over the published lengths for
+    the kind of job ``model_name`` does, as a plan with none given
+    (:func:`planner.catalog.lengths.default_lengths`)."""
+    from planner.catalog.lengths import default_lengths
+
+    fields = dict(job.workload_fields)
+    if fields.get("lengths") is None and not fields.get("mean_response_length"):
+        fields["lengths"] = default_lengths(int(fields["response_length"]), model_name)
+    return GrpoWorkload(**fields)
 
 
 def layout_of(job: JobReading, is_moe: bool):

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.lengths import default_lengths
 from planner.catalog.models import builtin_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cost.request import PlanRequest
@@ -39,7 +40,17 @@ class Entry:
     model: str
     gpu: str
     gpus: int
-    workload: GrpoWorkload = field(default_factory=GrpoWorkload)
+    # None: verl's GRPO example default (planner.catalog.workload) with the published response
+    # lengths for the model's kind of job, as a plan with no lengths given assumes them
+    workload: GrpoWorkload | None = None
+
+    @property
+    def grpo(self) -> GrpoWorkload:
+        """The workload the entry is planned for."""
+        if self.workload is not None:
+            return self.workload
+        base = GrpoWorkload()
+        return replace(base, lengths=default_lengths(base.response_length, self.model))
 
     @property
     def directory(self) -> str:
@@ -48,7 +59,8 @@ class Entry:
 
 # Common pairs: each model on a typical cluster of H100-80GB and of H20-96GB, sized as verl's
 # examples size them (one node for 7-8B, two for 30-32B, four for 70B, eight for 235B, 16-32
-# nodes for DeepSeek-V3).  The workload is verl's GRPO example default (planner.catalog.workload).
+# nodes for DeepSeek-V3).  The workload is verl's GRPO example default (planner.catalog.workload)
+# over the published lengths of the model's kind of job (planner.catalog.lengths).
 ENTRIES = (
     Entry("Qwen2.5-7B", "H100-80GB", 8),
     Entry("Qwen2.5-7B", "H20-96GB", 8),
@@ -73,7 +85,7 @@ def plan_entry(entry: Entry, policy: MemoryPolicy = DEFAULT_POLICY):
     """The exported job for the entry's top-ranked layout, and the reason it sits outside the
     memory band (``""`` inside; ``None`` when the plan cannot justify it)."""
     cluster = ClusterSpec(get_gpu(entry.gpu), entry.gpus, min(8, entry.gpus))
-    plan = make_plan(PlanRequest(builtin_model(entry.model), cluster, entry.workload,
+    plan = make_plan(PlanRequest(builtin_model(entry.model), cluster, entry.grpo,
                                  policy=policy))
     job = job_from_plan(plan, 1)
     return job, band_reason(plan, job.prediction, policy)
@@ -116,7 +128,7 @@ def band_cell(prediction: dict, reason: str | None, policy: MemoryPolicy) -> str
 
 def index_text(jobs: list[tuple[Entry, object, str | None]],
                policy: MemoryPolicy = DEFAULT_POLICY) -> str:
-    workloads = sorted({entry.workload.describe() for entry, _, _ in jobs})
+    workloads = sorted({entry.grpo.describe() for entry, _, _ in jobs})
     lines = [
         "# Recommended verl GRPO configs (Megatron backend)",
         "",

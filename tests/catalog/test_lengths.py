@@ -164,12 +164,20 @@ PLAN = ["plan", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--t
         "--format", "json", "--response-length", "8192"]
 
 
-def test_plan_times_the_given_trajectory_at_its_mean_and_says_so(capsys):
+def test_plan_times_the_given_trajectory_over_the_run_and_says_so(capsys):
     assert main(PLAN + ["--response-lengths", "1500:6000"]) == 0
-    out, err = capsys.readouterr()
-    assert json.loads(out)["workload"]["mean_response_length"] == 3750
-    assert "note: mean response 1500->6000 tokens, linear over the run" in err
-    assert "timed at the run's mean, 3750 tokens" in err
+    data = json.loads(capsys.readouterr().out)
+    assert data["workload"]["mean_response_length"] == 3750  # the trajectory's middle node
+    assert data["lengths"] == {"start_tokens": 1500.0, "end_tokens": 6000.0, "max_tokens": 8192,
+                               "p90_tokens": 0.0, "source": "given",
+                               "basis": "--response-lengths", "kind": "", "mean_tokens": 3750.0}
+    band = data["candidates"][0]["step_time_over_run_s"]
+    assert band["start"] < band["expected"] < band["end"]  # longer responses, longer steps
+    assert band["expected"] == data["candidates"][0]["step_time_s"]
+    text = [arg for arg in PLAN if arg not in ("--format", "json")]
+    assert main(text + ["--response-lengths", "1500:6000"]) == 0
+    out = capsys.readouterr().out
+    assert "mean response 1500->6000 tokens, linear over the run, 18%->73% of max (given)" in out
 
 
 def test_two_length_flags_are_a_usage_error(capsys):
@@ -186,4 +194,5 @@ def test_lengths_from_a_run_log(tmp_path, capsys):
     workload = json.loads(out)["workload"]
     assert workload["mean_response_length"] == pytest.approx(1591, abs=2)  # the line's midpoint
     assert workload["mean_prompt_length"] == 200  # prompt_length/mean of the run
-    assert "read from run.jsonl (jsonl), steps 1-10" in err
+    lengths = json.loads(out)["lengths"]
+    assert lengths["source"] == "run" and "run.jsonl (jsonl), steps 1-10" in lengths["basis"]

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.lengths import default_lengths
 from planner.catalog.models import builtin_config_dict, builtin_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
@@ -586,8 +587,10 @@ def test_overlap_grad_reduce_from_the_job_hides_the_update_gradient_reduce(tmp_p
     assert {k: v for k, v in overlap_time.items() if k != "update_actor"} == \
         {k: v for k, v in plain_time.items() if k != "update_actor"}
     # the same numbers as the planner's own estimate with --overlap-grad-reduce
+    # verl states no mean response length: the job is timed over Qwen2-7B's kind's published
+    # lengths, as a plan with none given
     workload = GrpoWorkload(train_batch_size=1024, mini_batch_size=256, rollout_n=5,
-                            overlap_grad_reduce=True)
+                            overlap_grad_reduce=True, lengths=default_lengths(1024, "Qwen2-7B"))
     expected = estimate_layout(PlanRequest(builtin_model("Qwen2-7B"), ClusterSpec(get_gpu("H100-80GB"), 8, 8), workload), Layout(tp=2, pp=2, dp=2, micro_batch=4, rollout_tp=2, gpu_memory_utilization=0.6))
     assert overlap_time["update_actor"] == round(float(expected.row["time_update_actor_s"]), 3)
     # a Hydra YAML says it the same way
