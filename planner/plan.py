@@ -34,7 +34,13 @@ from planner.ranking import tie_order
 from planner.results import COLOCATED_MODE, ColocatedCandidate, Placement, Staleness
 from planner.search.layout import RECOMPUTE, Columns, Layout, distinct
 from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
-from planner.search.space import SearchOptions, build_space, rollout_options, valid_rollouts
+from planner.search.space import (
+    SearchOptions,
+    SearchSpace,
+    build_space,
+    rollout_options,
+    valid_rollouts,
+)
 from planner.units import GIB
 
 if TYPE_CHECKING:
@@ -50,21 +56,33 @@ class Plan(OfRequest):
     request: PlanRequest  # what was asked (model, cluster, workload, options, cost, policy)
     # ranked, best first: every valid layout that fits, then the closest that do not
     candidates: "pd.DataFrame"
-    enumerated: int
-    valid: int
+    # the space and actor memory behind it, for a plan of the same request under another policy
+    actors: "ActorEvaluation | None" = field(repr=False, compare=False)
+    enumerated: int = 0
+    valid: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     scored: int = 0  # actor layouts the cost model scored (each with its chosen rollout)
+    merged: int = 0  # valid actor layouts merged into an equivalent scored one (SearchSpace)
+    # layouts that fit when ``candidates`` keeps only the first few (make_plan's ``keep``)
+    fit_total: int | None = None
     # step-time ratio within which layouts are ties, and where the figure comes from
     tie_tolerance: float = 0.0
     tie_source: str = ""
 
     @property
     def fitting(self) -> "pd.DataFrame":
-        return self.candidates[self.candidates["fits"]]
+        frame = self.candidates
+        count = self.fitting_count
+        head = frame.iloc[:count]
+        if bool(head["fits"].all()):  # ranked: the layouts that fit come first (a view)
+            return head
+        return frame[frame["fits"]]
 
     @property
     def fitting_count(self) -> int:
-        """Layouts that fit in memory."""
+        """Layouts that fit in memory (all of them, also when the frame keeps fewer)."""
+        if self.fit_total is not None:
+            return self.fit_total
         return int(self.candidates["fits"].sum())
 
     @property
@@ -93,18 +111,19 @@ class Plan(OfRequest):
 
 
 def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
-                   utilization: float | None) -> tuple[Columns, dict]:
+                   utilization: float | None, memory: dict | None = None,
+                   ) -> tuple[Columns, dict]:
     """Give each actor layout the rollout option that fits beside it and generates fastest
     (predicted by :func:`planner.cost.timing.generate_s`; for a workload without a rollout,
     whose one option runs nothing, the fewest waves), its ``gpu_memory_utilization`` kept below
     the memory band's top (:func:`planner.cost.memory.rollout_memory`).  Returns the actor
-    columns with the chosen rollout, and the actor memory.
+    columns with the chosen rollout, and the actor memory (``memory``: when already computed).
 
     The choice depends on the actor only through the memory it keeps resident during rollout,
     so it is made once per distinct resident size (micro-batch and recompute do not change it).
     """
     timed = request.workload.has_rollout
-    memory = actor_memory(request, actor)
+    memory = actor_memory(request, actor) if memory is None else memory
     resident_all = np.max(memory["phases"]["generate"], axis=0)
     first, inverse = distinct(resident_all)
     resident = resident_all[first]
@@ -226,13 +245,43 @@ def search_options_for(request: PlanRequest) -> SearchOptions:
                    fixed=options.fixed + tuple((name, 1) for name in ROLLOUT_FIELDS))
 
 
-def make_plan(request: PlanRequest, tie_tolerance: float | None = None) -> Plan:
+@dataclass(frozen=True)
+class ActorEvaluation:
+    """What a plan computes before its memory policy matters: the search space and the actor's
+    memory per phase and stage (:func:`planner.cost.memory.actor_memory`, which reads neither
+    the policy nor the rollout).  Plans of one request under other policies (the text table's
+    filled-GPU plan) share it."""
+
+    request: PlanRequest  # the request it was computed for (its policy aside)
+    space: SearchSpace
+    memory: dict
+
+    def serves(self, request: PlanRequest) -> bool:
+        """Whether ``request`` has the same search space and actor memory."""
+        return replace(self.request, policy=request.policy) == request
+
+
+def evaluate_actors(request: PlanRequest) -> ActorEvaluation:
+    """The request's search space and the memory of its actor layouts."""
+    space = build_space(request.model, request.cluster, request.workload,
+                        search_options_for(request))
+    return ActorEvaluation(request, space, actor_memory(request, space.columns))
+
+
+def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
+              actors: ActorEvaluation | None = None, keep: int | None = None) -> Plan:
     """Rank every valid layout.  ``tie_tolerance``: the step-time ratio within which layouts
-    are ties (None: the cost model's ranking uncertainty; 0: a strict ranking)."""
+    are ties (None: the cost model's ranking uncertainty; 0: a strict ranking).  ``actors``:
+    the request's :class:`ActorEvaluation` when already computed (by a plan of the same
+    request under another memory policy, :attr:`Plan.actors`).  ``keep``: put only the first
+    ``keep`` ranked layouts in the frame (a caller that reads the best alone); the counts
+    (:attr:`Plan.fitting_count`) stay those of every layout."""
     options = search_options_for(request)
-    space = build_space(request.model, request.cluster, request.workload, options)
+    if actors is None or not actors.serves(request):
+        actors = evaluate_actors(request)
+    space = actors.space
     actor, memory = choose_rollout(request, space.columns, space.rollouts,
-                                   options.gpu_memory_utilization)
+                                   options.gpu_memory_utilization, actors.memory)
     scored = score_columns(request, actor, memory,
                            pick_utilization=options.gpu_memory_utilization is None,
                            time_all=False)
@@ -242,13 +291,14 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None) -> Plan:
     # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
     fitting = int(np.count_nonzero(scored["fits"]))
-    order = order[:fitting + KEEP_NOT_FITTING]
+    order = order[:fitting + KEEP_NOT_FITTING if keep is None else keep]
     ranked = {name: values[order] for name, values in scored.items()}
     ranked["rank"] = np.arange(1, len(order) + 1)
     ranked.update(fill_columns(request, ranked, min(fitting, FILL_ROWS)))
     frame = _frame(ranked)
-    return Plan(request=request, candidates=frame, enumerated=space.enumerated,
+    return Plan(request=request, candidates=frame, actors=actors, enumerated=space.enumerated,
                 valid=space.valid, rejected=space.rejected, scored=len(scored["tp"]),
+                merged=space.merged, fit_total=None if keep is None else fitting,
                 tie_tolerance=tolerance,
                 tie_source=request.cost.uncertainty_source if tie_tolerance is None
                 else "given")

@@ -149,6 +149,14 @@ def headroom_lines(plan, fill_plan=None) -> list[str]:
     return lines
 
 
+def merged_text(merged: int, before: str = "", after: str = "") -> str:
+    """How many valid layouts were merged into an equivalent one (the same stages, the same
+    prediction: :func:`planner.search.space.equivalent_splits`), or nothing."""
+    if not merged:
+        return ""
+    return f"{before}{merged:,} equivalent layouts merged{after}"
+
+
 def plan_table(plan, top: int, fill_plan=None) -> str:
     """The ranked table; ``fill_plan``, the same search under the fill-the-GPU band, prices
     the memory band's headroom."""
@@ -164,8 +172,8 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
         f"workload {plan.workload.describe()}",
         f"searched {plan.enumerated:,} layouts: {plan.valid:,} valid"
         + (f" ({plan.scored or len(plan.candidates):,} actor layouts, rollout chosen per "
-           f"layout)"
-           if plan.workload.has_rollout else "")
+           f"layout{merged_text(plan.merged, '; ')})"
+           if plan.workload.has_rollout else merged_text(plan.merged, ' (', ')'))
         + f", {plan.fitting_count:,} fit in memory, "
         + f"{int((plan.fitting['memory_utilization'] <= plan.policy.high + 1e-9).sum()):,} "
         + f"with the {PEAK_NAME} at most {100 * plan.policy.high:.0f}%",

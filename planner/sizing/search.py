@@ -147,17 +147,20 @@ def best_layout(request: PlanRequest, refine: int = REFINE) -> CountResult:
     simplicity."""
     options, cluster = request.options, request.cluster
 
-    def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp) -> Plan:
+    def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp,
+             exhaustive=options.exhaustive) -> Plan:
         return make_plan(replace(request, options=replace(
-            options, knob_rows=knobs, parallel_rows=parallel, rollout_rows=rollouts, vpp=vpp)),
-            tie_tolerance=0.0)
+            options, knob_rows=knobs, parallel_rows=parallel, rollout_rows=rollouts, vpp=vpp,
+            exhaustive=exhaustive)), tie_tolerance=0.0)
 
     # VPP only adds activation memory (Megatron's interleaving penalty) and trims the update's
-    # bubble: the probe leaves it at 1, the refinement tries the others
-    probe = plan(knobs=probe_knobs(options), vpp=(1,))
+    # bubble: the probe leaves it at 1, the refinement tries the others.  The probes keep the
+    # split settings that build the same stages at VPP 1 (exhaustive): they differ at higher
+    # VPP, which the refinement tries for the probe's first layouts.
+    probe = plan(knobs=probe_knobs(options), vpp=(1,), exhaustive=True)
     scored = probe.scored
     if not probe.candidates["fits"].any():
-        frugal = plan(knobs=frugal_knobs(options))
+        frugal = plan(knobs=frugal_knobs(options), exhaustive=True)
         scored += frugal.scored
         if not frugal.candidates["fits"].any():
             closest = min((p for p in (probe, frugal) if len(p.candidates)),
