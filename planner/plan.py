@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 ROLLOUT_FIELDS = ("rollout_tp", "rollout_dp", "rollout_ep")
 KEEP_NOT_FITTING = 2000  # layouts that do not fit a plan keeps (smallest peak first)
 FILL_ROWS = 50  # best fitting layouts a plan prices the memory band's headroom for
+CHOICE_CELLS = 1 << 19  # (rollout option, resident size) pairs choose_rollout scores at once
 
 
 @dataclass
@@ -127,34 +128,45 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
     resident_all = np.max(memory["phases"]["generate"], axis=0)
     first, inverse = distinct(resident_all)
     resident = resident_all[first]
-    n = len(resident)
-    best_key = np.full(n, np.inf)
+    n, options = len(resident), len(rollouts["rollout_tp"])
     chosen = {name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS}
     chosen["gpu_memory_utilization"] = np.full(n, 0.5)
-    fixed_util = None if utilization is None else np.full(n, utilization)
-    for i in range(len(rollouts["rollout_tp"])):
-        # one option against every resident size: its fields broadcast as one-element arrays
-        option = {name: values[i:i + 1] for name, values in rollouts.items()}
-        result = rollout_memory(request, option, resident, fixed_util)
-        replica = option["rollout_tp"] * option["rollout_dp"]
+    # every option against a chunk of resident sizes at once, option-major: cell i * m + j is
+    # option i beside resident size j (chunks keep the cells, and so memory, bounded)
+    step = max(1, CHOICE_CELLS // max(options, 1))
+    for start in range(0, n, step):
+        part = resident[start:start + step]
+        m = len(part)
+        cells = {name: np.repeat(values, m) for name, values in rollouts.items()}
+        fixed_util = None if utilization is None else np.full(options * m, utilization)
+        result = rollout_memory(request, cells, np.tile(part, options), fixed_util)
+        fits = np.where(result["rollout_fits"], 0, 1e12)
         if timed:
             # fits first, then the predicted generation time.  It depends on the resident
-            # memory only through the picked utilization (a few 0.05 steps): time each once.
-            utils, back = np.unique(result["gpu_memory_utilization"], return_inverse=True)
-            few = {name: np.repeat(values, len(utils)) for name, values in option.items()}
-            at_utils = rollout_memory(request, few, np.zeros(len(utils)), utils)
+            # memory only through the picked utilization (a few 0.01 steps): time each option
+            # at each of its utilizations once
+            picked = result["gpu_memory_utilization"]
+            pair = (np.repeat(np.arange(options), m) * 1000
+                    + np.round(picked * 100).astype(np.int64))
+            once, back = distinct(pair)
+            few = {name: values[once] for name, values in cells.items()}
+            at_utils = rollout_memory(request, few, np.zeros(len(once)), picked[once])
             seconds = generate_s(request, few, at_utils)["total_s"][back]
-            key = np.where(result["rollout_fits"], 0, 1e12) + np.minimum(seconds, 1e11)
+            key = fits + np.minimum(seconds, 1e11)
         else:
             # fits first, then fewest waves, then the smallest replica
-            key = (np.where(result["rollout_fits"], 0, 1e12)
-                   + np.minimum(result["rollout_waves"], 1e6) * 1e4 + replica)
-        better = key < best_key
-        best_key = np.where(better, key, best_key)
+            replica = cells["rollout_tp"] * cells["rollout_dp"]
+            key = fits + np.minimum(result["rollout_waves"], 1e6) * 1e4 + replica
+        # the first option with the smallest key (a NaN key is never chosen; none: defaults)
+        key = np.where(np.isnan(key), np.inf, key).reshape(options, m)
+        best = np.argmin(key, axis=0)
+        found = np.isfinite(key[best, np.arange(m)])
+        cell = best * m + np.arange(m)
+        where = slice(start, start + m)
         for name in ROLLOUT_FIELDS:
-            chosen[name] = np.where(better, option[name], chosen[name])
-        chosen["gpu_memory_utilization"] = np.where(better, result["gpu_memory_utilization"],
-                                                    chosen["gpu_memory_utilization"])
+            chosen[name][where] = np.where(found, cells[name][cell], chosen[name][where])
+        chosen["gpu_memory_utilization"][where] = np.where(
+            found, result["gpu_memory_utilization"][cell], chosen["gpu_memory_utilization"][where])
     return {**actor, **{name: values[inverse] for name, values in chosen.items()}}, memory
 
 
@@ -257,8 +269,16 @@ class ActorEvaluation:
     memory: dict
 
     def serves(self, request: PlanRequest) -> bool:
-        """Whether ``request`` has the same search space and actor memory."""
-        return replace(self.request, policy=request.policy) == request
+        """Whether ``request`` has the same search space and actor memory: the same request
+        but for the memory policy and the GPU type.  Neither the rules nor the actor's memory
+        read the GPU beyond its NVLink domain (ETP's bound), so a sizing sweep's GPU types
+        share it at one count."""
+        mine, theirs = self.request.cluster, request.cluster
+        if mine.fast_domain_gpus != theirs.fast_domain_gpus:
+            return False
+        same_gpu = replace(self.request, policy=request.policy,
+                           cluster=replace(mine, gpu=theirs.gpu))
+        return same_gpu == request
 
 
 def evaluate_actors(request: PlanRequest) -> ActorEvaluation:
