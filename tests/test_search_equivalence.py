@@ -145,14 +145,34 @@ def test_sizing_sweep_matches_exhaustive():
 
 def test_equivalent_splits_are_merged_and_counted():
     """Qwen3-30B on 16 GPUs: at PP 2 the even split and the embedding and loss both counted
-    build 24 + 24 layers; one row is kept (the plain split) and the merge is counted."""
+    build 24 + 24 layers; one row is kept (the plain split) and the merge is counted.  Only
+    rows the rules accept are merged: where the interleaving accepts one split alone, it
+    stays."""
     model, cluster = resolve_model("qwen3-30b"), ClusterSpec(get_gpu("h100"), 16, 8)
     pruned = build_space(model, cluster, GrpoWorkload())
     full = build_space(model, cluster, GrpoWorkload(), SearchOptions(exhaustive=True))
     assert pruned.merged > 0 and full.merged == 0
     assert len(pruned) + pruned.merged == len(full)
     assert pruned.valid == full.valid
-    pp2 = pruned.columns["pp"] == 2
-    assert not (pruned.columns["account_embedding"][pp2]
-                & pruned.columns["account_loss"][pp2]).any()
-    assert (full.columns["account_embedding"][full.columns["pp"] == 2]).any()
+
+    def both_counted(cols):  # PP 2 without interleaving: 24 + 24 layers either way
+        at = (cols["pp"] == 2) & (cols["vpp"] == 1)
+        return (cols["account_embedding"] & cols["account_loss"])[at]
+
+    assert both_counted(full.columns).any() and not both_counted(pruned.columns).any()
+    # with VPP 5 only the counted split divides (25 = 24 layers + the embedding per stage)
+    at = (pruned.columns["pp"] == 2) & (pruned.columns["vpp"] == 5)
+    assert at.any() and pruned.columns["account_embedding"][at].all()
+
+
+def test_a_plan_that_keeps_few_rows_counts_every_layout():
+    from planner.errors import PlanInputError
+    from planner.verl.export import job_from_plan
+
+    req = request("qwen3-8b", 8)
+    full, short = make_plan(req), make_plan(req, keep=3)
+    assert len(short.candidates) == 3 and short.fitting_count == full.fitting_count
+    assert short.candidate(2).layout == full.candidate(2).layout
+    assert job_from_plan(short, rank=3).layout == full.candidate(2).layout
+    with pytest.raises(PlanInputError, match=f"keeps the first 3 of its {full.fitting_count}"):
+        job_from_plan(short, rank=4)
