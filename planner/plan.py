@@ -170,8 +170,43 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
     return {**actor, **{name: values[inverse] for name, values in chosen.items()}}, memory
 
 
-def score_columns(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
-                  pick_utilization: bool, time_all: bool = True) -> Columns:
+@dataclass(frozen=True)
+class ScoredRows:
+    """The cost model's columns of every row, the time columns held for the timed rows only
+    (a plan times the layouts that fit, and its frame keeps those and a few more: spreading
+    every time column over millions of rows to take most of them back would cost more than the
+    timing)."""
+
+    untimed: Columns  # layout, memory and flag columns of every row
+    times: Columns  # time columns of the rows ``timed`` marks, in row order
+    timed: np.ndarray  # which rows were timed
+    names: tuple[str, ...]  # every column, in the order the frame shows them
+
+    def column(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
+        """Column ``name`` at ``rows`` (None: every row); an untimed row's time is NaN (-1 for
+        a whole-number column)."""
+        if name not in self.times:
+            values = np.asarray(self.untimed[name])
+            return values if rows is None else values[rows]
+        values = self.times[name]
+        if self.timed.all():
+            return values if rows is None else values[rows]
+        position = np.full(len(self.timed), -1, dtype=np.int64)
+        position[self.timed] = np.arange(len(values))
+        at = position if rows is None else position[rows]
+        floating = np.issubdtype(np.asarray(values).dtype, np.floating)
+        out = np.full(len(at), np.nan if floating else -1)
+        has = at >= 0
+        out[has] = values[at[has]]
+        return out
+
+    def take(self, rows: np.ndarray | None = None) -> Columns:
+        """Every column at ``rows`` (None: every row)."""
+        return {name: self.column(name, rows) for name in self.names}
+
+
+def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
+               pick_utilization: bool, time_all: bool = True) -> ScoredRows:
     """Cost-model columns (memory, time, flags) for layouts that obey every rule.
 
     ``actor``: the :func:`planner.cost.memory.actor_memory` of these rows, when already
@@ -188,18 +223,20 @@ def score_columns(request: PlanRequest, cols: Columns, actor: dict | None = None
     timed = np.ones(len(cols["tp"]), dtype=bool) if time_all else memory["fits"].astype(bool)
     subset = out if timed.all() else {name: values[timed] for name, values in out.items()}
     times = step_columns(request, subset, subset)
-    for name, values in times.items():
-        if timed.all():
-            out[name] = values
-        else:
-            floating = np.issubdtype(np.asarray(values).dtype, np.floating)
-            full = np.full(len(timed), np.nan if floating else -1)
-            full[timed] = values
-            out[name] = full
+    names = [*out, *times]
     for name in UNWISE_FLAGS:
         out[flag_column(name)] = flags[name]
     out["unwise_count"] = np.sum([flags[name] for name in UNWISE_FLAGS], axis=0)
-    return out
+    names += [flag_column(name) for name in UNWISE_FLAGS] + ["unwise_count"]
+    untimed = {name: values for name, values in out.items() if name not in times}
+    return ScoredRows(untimed, dict(times), timed, tuple(dict.fromkeys(names)))
+
+
+def score_columns(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
+                  pick_utilization: bool, time_all: bool = True) -> Columns:
+    """:func:`score_rows` as columns of every row."""
+    return score_rows(request, cols, actor, pick_utilization=pick_utilization,
+                      time_all=time_all).take()
 
 
 def fill_columns(request: PlanRequest, cols: Columns, count: int) -> Columns:
@@ -302,17 +339,18 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     space = actors.space
     actor, memory = choose_rollout(request, space.columns, space.rollouts,
                                    options.gpu_memory_utilization, actors.memory)
-    scored = score_columns(request, actor, memory,
-                           pick_utilization=options.gpu_memory_utilization is None,
-                           time_all=False)
+    rows = score_rows(request, actor, memory,
+                      pick_utilization=options.gpu_memory_utilization is None, time_all=False)
+    # the ranking reads one time column: the step time
+    scored = {**rows.untimed, "step_time_s": rows.column("step_time_s")}
     tolerance = request.cost.uncertainty if tie_tolerance is None else tie_tolerance
     order, tied = tie_order(scored, tolerance, request.policy)
-    scored["within_error_of_best"] = tied
     # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
     fitting = int(np.count_nonzero(scored["fits"]))
     order = order[:fitting + KEEP_NOT_FITTING if keep is None else keep]
-    ranked = {name: values[order] for name, values in scored.items()}
+    ranked = rows.take(order)
+    ranked["within_error_of_best"] = tied[order]
     ranked["rank"] = np.arange(1, len(order) + 1)
     ranked.update(fill_columns(request, ranked, min(fitting, FILL_ROWS)))
     frame = _frame(ranked)
