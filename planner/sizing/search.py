@@ -150,12 +150,12 @@ def best_layout(request: PlanRequest, refine: int = REFINE,
     options, cluster = request.options, request.cluster
     shared = {} if shared is None else shared
 
-    def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp,
-             exhaustive=options.exhaustive, probe: str = "") -> Plan:
+    def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp, probe: str = "") -> Plan:
+        # the probes keep the split settings that build the same stages (exhaustive): see below
         key = (cluster.num_gpus, probe)
         made = make_plan(replace(request, options=replace(
             options, knob_rows=knobs, parallel_rows=parallel, rollout_rows=rollouts, vpp=vpp,
-            exhaustive=exhaustive)), tie_tolerance=0.0,
+            exhaustive=bool(probe) or options.exhaustive)), tie_tolerance=0.0,
             actors=shared.get(key) if probe else None)
         if probe:
             shared[key] = made.actors
@@ -165,10 +165,10 @@ def best_layout(request: PlanRequest, refine: int = REFINE,
     # bubble: the probe leaves it at 1, the refinement tries the others.  The probes keep the
     # split settings that build the same stages at VPP 1 (exhaustive): they differ at higher
     # VPP, which the refinement tries for the probe's first layouts.
-    probe = plan(knobs=probe_knobs(options), vpp=(1,), exhaustive=True, probe="probe")
+    probe = plan(knobs=probe_knobs(options), vpp=(1,), probe="probe")
     scored = probe.scored
     if not probe.candidates["fits"].any():
-        frugal = plan(knobs=frugal_knobs(options), exhaustive=True, probe="frugal")
+        frugal = plan(knobs=frugal_knobs(options), probe="frugal")
         scored += frugal.scored
         if not frugal.candidates["fits"].any():
             closest = min((p for p in (probe, frugal) if len(p.candidates)),
