@@ -1,50 +1,88 @@
-"""How long a full plan (search space + memory model + ranking) takes.
+"""How long the planner's first answers take, as a user runs them: wall time, CPU time and peak
+memory of each of issue 24's commands, each also as a ratio to a bare ``python -c pass`` start.
 
-    python benchmarks/search_speed.py [--repeat 5] [--lengths default|fixed]
+    python benchmarks/search_speed.py [--repeat 3] [--only deepseek]
 
-Prints the median wall time per case; the target is about a second for DeepSeek-V3 on 1024
-GPUs on a 2-core machine.  ``--lengths default`` (what a plan with no lengths given does) times
-each layout that fits at the three nodes of the published default's trajectory
-(planner.cost.trajectory); ``fixed`` at one mean (half the maximum), as before.
+Every command runs ``python -m planner ...`` in a fresh process (imports included, as a user
+sees it) with ``PLAN_PARALLEL_NO_NVML=1`` (no GPU probe); the figures are the median of
+``--repeat`` runs, taken from the child's resource usage (``os.wait4``): wall seconds, user +
+system CPU seconds, peak resident set (MB).  The machine may be shared: CPU time is the steadier
+signal, and the ratio to a bare interpreter start puts the figures in that machine's units.
+
+Targets (issue 24, a 2-core machine): DeepSeek-V3 x 1024 <= 1 s, Qwen3-30B x 16 <= 0.5 s,
+``--mode best`` on 128 H20 <= 3 s, the 48-count sizing sweep <= 2 s, peak RSS <= 600 MB each.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import time
 
-from planner.catalog.hardware import ClusterSpec, get_gpu
-from planner.catalog.lengths import default_lengths
-from planner.catalog.models import resolve_model
-from planner.catalog.workload import GrpoWorkload
-from planner.cost.request import PlanRequest
-from planner.plan import make_plan
+DAPO = ("--train-batch-size 512 --rollout-n 16 --prompt-length 2048 --response-length 8192 "
+        "--mini-batch-size 32")
+# (label, arguments after ``python -m planner``, target wall seconds or None)
+COMMANDS = (
+    ("deepseek-v3 x 1024", "--model deepseek-v3 --gpus 1024 --gpu-type h100", 1.0),
+    ("deepseek-v3 x 256", "--model deepseek-v3 --gpus 256 --gpu-type h100", None),
+    ("qwen3-235b x 64", "--model qwen3-235b --gpus 64 --gpu-type h100", None),
+    ("qwen3-30b x 16", "--model qwen3-30b --gpus 16 --gpu-type h100", 0.5),
+    ("qwen3-30b x 128 h20 best", f"--model qwen3-30b --gpus 128 --gpu-type h20 {DAPO} "
+                                 "--mode best", 3.0),
+    ("sizing 8-128 x 3 types", f"--model qwen3-30b --gpus 8-128 --gpu-type h100,h200,h20 {DAPO}",
+     2.0),
+)
+RSS_TARGET_MB = 600
 
-CASES = (("qwen3-30b", 16), ("qwen2.5-7b", 8), ("llama3.1-70b", 64), ("deepseek-v3", 256),
-         ("deepseek-v3", 1024))
+
+def measure(argv: list[str]) -> tuple[float, float, float]:
+    """Wall s, user+sys CPU s and peak RSS MB of one run of ``argv``."""
+    env = {**os.environ, "PLAN_PARALLEL_NO_NVML": "1"}
+    start = time.perf_counter()
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                               start_new_session=True)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    process.returncode = os.waitstatus_to_exitcode(status)
+    error = process.stderr.read().decode() if process.stderr else ""
+    if process.stderr:
+        process.stderr.close()
+    if process.returncode not in (0, 1):  # 1: nothing fits is an answer too
+        raise SystemExit(f"{' '.join(argv)} exited {process.returncode}:\n{error}")
+    # ru_maxrss is KiB on Linux
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def median_of(argv: list[str], repeat: int) -> tuple[float, float, float]:
+    runs = [measure(argv) for _ in range(repeat)]
+    return tuple(statistics.median(run[i] for run in runs) for i in range(3))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--lengths", choices=("default", "fixed"), default="default")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", default="", help="run the commands whose label has this text")
     args = parser.parse_args()
-    print(f"{'model':>14} {'GPUs':>5} {'enumerated':>15} {'scored':>10} "
-          f"{'fit':>10} {'median s':>9} {'min s':>7}")
-    for name, gpus in CASES:
-        model, cluster = resolve_model(name), ClusterSpec(get_gpu("h100"), gpus, 8)
-        workload = GrpoWorkload()
-        if args.lengths == "default":
-            workload = GrpoWorkload(lengths=default_lengths(workload.response_length, model.name))
-        times = []
-        for _ in range(args.repeat):
-            start = time.perf_counter()
-            plan = make_plan(PlanRequest(model, cluster, workload))
-            times.append(time.perf_counter() - start)
-        print(f"{name:>14} {gpus:>5} {plan.enumerated:>15,} {plan.scored:>10,} "
-              f"{int(plan.candidates['fits'].sum()):>10,} {statistics.median(times):>9.3f} "
-              f"{min(times):>7.3f}")
+    python = sys.executable
+    bare_wall, bare_cpu, bare_rss = median_of([python, "-c", "pass"], args.repeat)
+    print(f"bare `python -c pass`: {bare_wall:.3f} s wall, {bare_cpu:.3f} s CPU, "
+          f"{bare_rss:.0f} MB (median of {args.repeat})")
+    print(f"{'command':<26} {'wall s':>7} {'x bare':>7} {'CPU s':>7} {'x bare':>7} "
+          f"{'RSS MB':>7} {'target':>8}")
+    for label, command, target in COMMANDS:
+        if args.only and args.only not in label:
+            continue
+        wall, cpu, rss = median_of([python, "-m", "planner", *command.split()], args.repeat)
+        goal = f"<={target:g} s" if target else ""
+        mark = " over" if (target and cpu > target) or rss > RSS_TARGET_MB else ""
+        print(f"{label:<26} {wall:>7.2f} {wall / bare_wall:>7.0f} {cpu:>7.2f} "
+              f"{cpu / max(bare_cpu, 1e-3):>7.0f} {rss:>7.0f} {goal:>8}{mark}")
+    print(f"commands: python -m planner <args> with {DAPO!r} as the DAPO workload; "
+          f"RSS target {RSS_TARGET_MB} MB")
 
 
 if __name__ == "__main__":

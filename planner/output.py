@@ -303,6 +303,7 @@ def plan_json(plan: "Plan", top: int | None) -> dict:
         "enumerated": int(plan.enumerated),
         "valid": int(plan.valid),
         "candidates_scored": int(plan.scored or len(plan.candidates)),
+        "equivalent_merged": int(plan.merged),
         "fitting": plan.fitting_count,
         "rejected": dict(sorted(plan.rejected.items(), key=lambda item: -item[1])),
         "ranking": ranking_json(plan),

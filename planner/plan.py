@@ -35,7 +35,13 @@ from planner.ranking import fastest_in_band, tie_order
 from planner.results import COLOCATED_MODE, ColocatedCandidate, Placement, Staleness
 from planner.search.layout import RECOMPUTE, Columns, Layout, distinct
 from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
-from planner.search.space import SearchOptions, build_space, rollout_options, valid_rollouts
+from planner.search.space import (
+    SearchOptions,
+    SearchSpace,
+    build_space,
+    rollout_options,
+    valid_rollouts,
+)
 from planner.units import GIB
 
 if TYPE_CHECKING:
@@ -44,6 +50,7 @@ if TYPE_CHECKING:
 ROLLOUT_FIELDS = ("rollout_tp", "rollout_dp", "rollout_ep")
 KEEP_NOT_FITTING = 2000  # layouts that do not fit a plan keeps (smallest peak first)
 FILL_ROWS = 50  # best fitting layouts a plan prices the memory band's headroom for
+CHOICE_CELLS = 1 << 19  # (rollout option, resident size) pairs choose_rollout scores at once
 
 
 @dataclass
@@ -51,21 +58,33 @@ class Plan(OfRequest):
     request: PlanRequest  # what was asked (model, cluster, workload, options, cost, policy)
     # ranked, best first: every valid layout that fits, then the closest that do not
     candidates: "pd.DataFrame"
-    enumerated: int
-    valid: int
+    # the space and actor memory behind it, for a plan of the same request under another policy
+    actors: "ActorEvaluation | None" = field(repr=False, compare=False)
+    enumerated: int = 0
+    valid: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     scored: int = 0  # actor layouts the cost model scored (each with its chosen rollout)
+    merged: int = 0  # valid actor layouts merged into an equivalent scored one (SearchSpace)
+    # layouts that fit when ``candidates`` keeps only the first few (make_plan's ``keep``)
+    fit_total: int | None = None
     # step-time ratio within which layouts are ties, and where the figure comes from
     tie_tolerance: float = 0.0
     tie_source: str = ""
 
     @property
     def fitting(self) -> "pd.DataFrame":
-        return self.candidates[self.candidates["fits"]]
+        frame = self.candidates
+        count = self.fitting_count
+        head = frame.iloc[:count]
+        if bool(head["fits"].all()):  # ranked: the layouts that fit come first (a view)
+            return head
+        return frame[frame["fits"]]
 
     @property
     def fitting_count(self) -> int:
-        """Layouts that fit in memory."""
+        """Layouts that fit in memory (all of them, also when the frame keeps fewer)."""
+        if self.fit_total is not None:
+            return self.fit_total
         return int(self.candidates["fits"].sum())
 
     @property
@@ -104,54 +123,101 @@ class Plan(OfRequest):
 
 
 def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
-                   utilization: float | None) -> tuple[Columns, dict]:
+                   utilization: float | None, memory: dict | None = None,
+                   ) -> tuple[Columns, dict]:
     """Give each actor layout the rollout option that fits beside it and generates fastest
     (predicted by :func:`planner.cost.timing.generate_s`; for a workload without a rollout,
     whose one option runs nothing, the fewest waves), its ``gpu_memory_utilization`` kept below
     the memory band's top (:func:`planner.cost.memory.rollout_memory`).  Returns the actor
-    columns with the chosen rollout, and the actor memory.
+    columns with the chosen rollout, and the actor memory (``memory``: when already computed).
 
     The choice depends on the actor only through the memory it keeps resident during rollout,
     so it is made once per distinct resident size (micro-batch and recompute do not change it).
     """
     timed = request.workload.has_rollout
-    memory = actor_memory(request, actor)
+    memory = actor_memory(request, actor) if memory is None else memory
     resident_all = np.max(memory["phases"]["generate"], axis=0)
     first, inverse = distinct(resident_all)
     resident = resident_all[first]
-    n = len(resident)
-    best_key = np.full(n, np.inf)
+    n, options = len(resident), len(rollouts["rollout_tp"])
     chosen = {name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS}
     chosen["gpu_memory_utilization"] = np.full(n, 0.5)
-    fixed_util = None if utilization is None else np.full(n, utilization)
-    for i in range(len(rollouts["rollout_tp"])):
-        # one option against every resident size: its fields broadcast as one-element arrays
-        option = {name: values[i:i + 1] for name, values in rollouts.items()}
-        result = rollout_memory(request, option, resident, fixed_util)
-        replica = option["rollout_tp"] * option["rollout_dp"]
+    # every option against a chunk of resident sizes at once, option-major: cell i * m + j is
+    # option i beside resident size j (chunks keep the cells, and so memory, bounded)
+    step = max(1, CHOICE_CELLS // max(options, 1))
+    for start in range(0, n, step):
+        part = resident[start:start + step]
+        m = len(part)
+        cells = {name: np.repeat(values, m) for name, values in rollouts.items()}
+        fixed_util = None if utilization is None else np.full(options * m, utilization)
+        result = rollout_memory(request, cells, np.tile(part, options), fixed_util)
+        fits = np.where(result["rollout_fits"], 0, 1e12)
         if timed:
             # fits first, then the predicted generation time.  It depends on the resident
-            # memory only through the picked utilization (a few 0.05 steps): time each once.
-            utils, back = np.unique(result["gpu_memory_utilization"], return_inverse=True)
-            few = {name: np.repeat(values, len(utils)) for name, values in option.items()}
-            at_utils = rollout_memory(request, few, np.zeros(len(utils)), utils)
+            # memory only through the picked utilization (a few 0.01 steps): time each option
+            # at each of its utilizations once
+            picked = result["gpu_memory_utilization"]
+            pair = (np.repeat(np.arange(options), m) * 1000
+                    + np.round(picked * 100).astype(np.int64))
+            once, back = distinct(pair)
+            few = {name: values[once] for name, values in cells.items()}
+            at_utils = rollout_memory(request, few, np.zeros(len(once)), picked[once])
             seconds = generate_s(request, few, at_utils)["total_s"][back]
-            key = np.where(result["rollout_fits"], 0, 1e12) + np.minimum(seconds, 1e11)
+            key = fits + np.minimum(seconds, 1e11)
         else:
             # fits first, then fewest waves, then the smallest replica
-            key = (np.where(result["rollout_fits"], 0, 1e12)
-                   + np.minimum(result["rollout_waves"], 1e6) * 1e4 + replica)
-        better = key < best_key
-        best_key = np.where(better, key, best_key)
+            replica = cells["rollout_tp"] * cells["rollout_dp"]
+            key = fits + np.minimum(result["rollout_waves"], 1e6) * 1e4 + replica
+        # the first option with the smallest key (a NaN key is never chosen; none: defaults)
+        key = np.where(np.isnan(key), np.inf, key).reshape(options, m)
+        best = np.argmin(key, axis=0)
+        found = np.isfinite(key[best, np.arange(m)])
+        cell = best * m + np.arange(m)
+        where = slice(start, start + m)
         for name in ROLLOUT_FIELDS:
-            chosen[name] = np.where(better, option[name], chosen[name])
-        chosen["gpu_memory_utilization"] = np.where(better, result["gpu_memory_utilization"],
-                                                    chosen["gpu_memory_utilization"])
+            chosen[name][where] = np.where(found, cells[name][cell], chosen[name][where])
+        chosen["gpu_memory_utilization"][where] = np.where(
+            found, result["gpu_memory_utilization"][cell], chosen["gpu_memory_utilization"][where])
     return {**actor, **{name: values[inverse] for name, values in chosen.items()}}, memory
 
 
-def score_columns(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
-                  pick_utilization: bool, time_all: bool = True) -> Columns:
+@dataclass(frozen=True)
+class ScoredRows:
+    """The cost model's columns of every row, the time columns held for the timed rows only
+    (a plan times the layouts that fit, and its frame keeps those and a few more: spreading
+    every time column over millions of rows to take most of them back would cost more than the
+    timing)."""
+
+    untimed: Columns  # layout, memory and flag columns of every row
+    times: Columns  # time columns of the rows ``timed`` marks, in row order
+    timed: np.ndarray  # which rows were timed
+    names: tuple[str, ...]  # every column, in the order the frame shows them
+
+    def column(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
+        """Column ``name`` at ``rows`` (None: every row); an untimed row's time is NaN (-1 for
+        a whole-number column)."""
+        if name not in self.times:
+            values = np.asarray(self.untimed[name])
+            return values if rows is None else values[rows]
+        values = self.times[name]
+        if self.timed.all():
+            return values if rows is None else values[rows]
+        position = np.full(len(self.timed), -1, dtype=np.int64)
+        position[self.timed] = np.arange(len(values))
+        at = position if rows is None else position[rows]
+        floating = np.issubdtype(np.asarray(values).dtype, np.floating)
+        out = np.full(len(at), np.nan if floating else -1)
+        has = at >= 0
+        out[has] = values[at[has]]
+        return out
+
+    def take(self, rows: np.ndarray | None = None) -> Columns:
+        """Every column at ``rows`` (None: every row)."""
+        return {name: self.column(name, rows) for name in self.names}
+
+
+def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
+               pick_utilization: bool, time_all: bool = True) -> ScoredRows:
     """Cost-model columns (memory, time, flags) for layouts that obey every rule.
 
     ``actor``: the :func:`planner.cost.memory.actor_memory` of these rows, when already
@@ -169,18 +235,20 @@ def score_columns(request: PlanRequest, cols: Columns, actor: dict | None = None
     subset = out if timed.all() else {name: values[timed] for name, values in out.items()}
     # the run's expected step time, and the step time at its first and last step
     times = step_columns_over_run(request, lambda at: step_columns(at, subset, subset))
-    for name, values in times.items():
-        if timed.all():
-            out[name] = values
-        else:
-            floating = np.issubdtype(np.asarray(values).dtype, np.floating)
-            full = np.full(len(timed), np.nan if floating else -1)
-            full[timed] = values
-            out[name] = full
+    names = [*out, *times]
     for name in UNWISE_FLAGS:
         out[flag_column(name)] = flags[name]
     out["unwise_count"] = np.sum([flags[name] for name in UNWISE_FLAGS], axis=0)
-    return out
+    names += [flag_column(name) for name in UNWISE_FLAGS] + ["unwise_count"]
+    untimed = {name: values for name, values in out.items() if name not in times}
+    return ScoredRows(untimed, dict(times), timed, tuple(dict.fromkeys(names)))
+
+
+def score_columns(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
+                  pick_utilization: bool, time_all: bool = True) -> Columns:
+    """:func:`score_rows` as columns of every row."""
+    return score_rows(request, cols, actor, pick_utilization=pick_utilization,
+                      time_all=time_all).take()
 
 
 def fill_columns(request: PlanRequest, cols: Columns, count: int) -> Columns:
@@ -238,29 +306,69 @@ def search_options_for(request: PlanRequest) -> SearchOptions:
                    fixed=options.fixed + tuple((name, 1) for name in ROLLOUT_FIELDS))
 
 
-def make_plan(request: PlanRequest, tie_tolerance: float | None = None) -> Plan:
+@dataclass(frozen=True)
+class ActorEvaluation:
+    """What a plan computes before its memory policy matters: the search space and the actor's
+    memory per phase and stage (:func:`planner.cost.memory.actor_memory`, which reads neither
+    the policy nor the rollout).  Plans of one request under other policies (the text table's
+    filled-GPU plan) share it."""
+
+    request: PlanRequest  # the request it was computed for (its policy aside)
+    space: SearchSpace
+    memory: dict
+
+    def serves(self, request: PlanRequest) -> bool:
+        """Whether ``request`` has the same search space and actor memory: the same request
+        but for the memory policy and the GPU type.  Neither the rules nor the actor's memory
+        read the GPU beyond its NVLink domain (ETP's bound), so a sizing sweep's GPU types
+        share it at one count."""
+        mine, theirs = self.request.cluster, request.cluster
+        if mine.fast_domain_gpus != theirs.fast_domain_gpus:
+            return False
+        same_gpu = replace(self.request, policy=request.policy,
+                           cluster=replace(mine, gpu=theirs.gpu))
+        return same_gpu == request
+
+
+def evaluate_actors(request: PlanRequest) -> ActorEvaluation:
+    """The request's search space and the memory of its actor layouts."""
+    space = build_space(request.model, request.cluster, request.workload,
+                        search_options_for(request))
+    return ActorEvaluation(request, space, actor_memory(request, space.columns))
+
+
+def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
+              actors: ActorEvaluation | None = None, keep: int | None = None) -> Plan:
     """Rank every valid layout.  ``tie_tolerance``: the step-time ratio within which layouts
-    are ties (None: the cost model's ranking uncertainty; 0: a strict ranking)."""
+    are ties (None: the cost model's ranking uncertainty; 0: a strict ranking).  ``actors``:
+    the request's :class:`ActorEvaluation` when already computed (by a plan of the same
+    request under another memory policy, :attr:`Plan.actors`).  ``keep``: put only the first
+    ``keep`` ranked layouts in the frame (a caller that reads the best alone); the counts
+    (:attr:`Plan.fitting_count`) stay those of every layout."""
     options = search_options_for(request)
-    space = build_space(request.model, request.cluster, request.workload, options)
+    if actors is None or not actors.serves(request):
+        actors = evaluate_actors(request)
+    space = actors.space
     actor, memory = choose_rollout(request, space.columns, space.rollouts,
-                                   options.gpu_memory_utilization)
-    scored = score_columns(request, actor, memory,
-                           pick_utilization=options.gpu_memory_utilization is None,
-                           time_all=False)
+                                   options.gpu_memory_utilization, actors.memory)
+    rows = score_rows(request, actor, memory,
+                      pick_utilization=options.gpu_memory_utilization is None, time_all=False)
+    # the ranking reads one time column: the step time
+    scored = {**rows.untimed, "step_time_s": rows.column("step_time_s")}
     tolerance = request.cost.uncertainty if tie_tolerance is None else tie_tolerance
     order, tied = tie_order(scored, tolerance, request.policy)
-    scored["within_error_of_best"] = tied
     # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
     fitting = int(np.count_nonzero(scored["fits"]))
-    order = order[:fitting + KEEP_NOT_FITTING]
-    ranked = {name: values[order] for name, values in scored.items()}
+    order = order[:fitting + KEEP_NOT_FITTING if keep is None else keep]
+    ranked = rows.take(order)
+    ranked["within_error_of_best"] = tied[order]
     ranked["rank"] = np.arange(1, len(order) + 1)
     ranked.update(fill_columns(request, ranked, min(fitting, FILL_ROWS)))
     frame = _frame(ranked)
-    return Plan(request=request, candidates=frame, enumerated=space.enumerated,
+    return Plan(request=request, candidates=frame, actors=actors, enumerated=space.enumerated,
                 valid=space.valid, rejected=space.rejected, scored=len(scored["tp"]),
+                merged=space.merged, fit_total=None if keep is None else fitting,
                 tie_tolerance=tolerance,
                 tie_source=request.cost.uncertainty_source if tie_tolerance is None
                 else "given")

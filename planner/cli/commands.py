@@ -67,7 +67,8 @@ def cmd_plan(args) -> int:
         # the same search were the GPU filled prices the band's headroom (a second search)
         fill_plan = (None if request.policy.fills_gpu or not fitting
                      or not workload.has_rollout else
-                     make_plan(replace(request, policy=FILL_POLICY), tie_tolerance=0.0))
+                     make_plan(replace(request, policy=FILL_POLICY), tie_tolerance=0.0,
+                               actors=plan.actors, keep=1))
         print(plan_table(plan, args.top, fill_plan))
     return ExitCode.OK if fitting else ExitCode.NO
 

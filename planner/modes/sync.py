@@ -34,6 +34,8 @@ from planner.search.space import SearchOptions
 from planner.units import GIB
 from planner.verl.export import ExportedJob, job_from_plan
 
+RANKS_KEPT = 1000  # ranked layouts a colocated mode plan for a short list keeps
+
 
 @register
 class SyncMode(TrainingMode):
@@ -46,7 +48,9 @@ class SyncMode(TrainingMode):
 
     def plan(self, request: PlanRequest, top: int | None = None,
              cache: dict | None = None) -> ModePlan:
-        plan = make_plan(request)
+        # a short list (``--mode best``'s one) keeps the first RANKS_KEPT ranked layouts in the
+        # plan's frame (what ``--write --rank`` can export); the counts stay every layout's
+        plan = make_plan(request, keep=None if top is None else max(top, RANKS_KEPT))
         return ModePlan(mode=self.name, request=request,
                         candidates=plan.top(top, staleness=self.staleness(), mode=self.name),
                         async_options=self.settings, sync_plan=plan, splits_tried=1)

@@ -32,8 +32,9 @@ from planner.search.layout import (
     RECOMPUTE,
     Columns,
     applicable_modules,
+    unique_rows,
 )
-from planner.search.pipeline import split_candidates
+from planner.search.pipeline import pipeline_split, split_candidates
 from planner.search.rules import RULES, first_violation, violations
 
 PARALLEL_RULES = ("world_size", "tp_divides_heads", "tp_divides_query_groups", "tp_divides_ffn",
@@ -80,6 +81,10 @@ class SearchOptions:
     knob_rows: tuple[tuple, ...] | None = None
     parallel_rows: tuple[tuple, ...] | None = None
     rollout_rows: tuple[tuple, ...] | None = None  # ROLLOUT_FIELDS tuples
+    # Score every valid combination, equivalent ones included (the reference the pruned search
+    # is tested against, tests/test_search_equivalence.py).  False: layouts that build the same
+    # stages as a simpler one (:func:`equivalent_splits`) are merged into it.
+    exhaustive: bool = False
 
 
 KNOB_FIELDS = ("micro_batch", "recompute", "param_offload", "optimizer_offload",
@@ -117,6 +122,9 @@ class SearchSpace:
     enumerated: int  # joint actor x rollout combinations generated
     valid: int  # joint combinations that break no rule
     rejected: dict[str, int]  # rule name -> joint combinations it rejected first
+    # valid actor layouts merged into an equivalent one (same stages, same prediction), not
+    # scored again; they are counted in ``valid``
+    merged: int = 0
 
     def __len__(self) -> int:
         return len(self.columns["tp"])
@@ -311,7 +319,9 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     ok = _count(rejected, SPLIT_RULES, broken, n_knobs * n_rollouts)
     parallel = _take(parallel, ok)
 
+    repeats = equivalent_splits(model, parallel)
     actor = _cross(parallel, knobs)
+    repeated = np.repeat(repeats, n_knobs)
     n = len(actor["tp"])
     actor["sequence_parallel"] = actor["tp"] > 1
     actor["distributed_optimizer"] = np.ones(n, dtype=bool)
@@ -331,15 +341,49 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     actor["log_prob_micro_batch"] = np.zeros(n, dtype=np.int64)
     broken = violations(model, cluster, workload, actor, _rules(BATCH_RULES))
     ok = _count(rejected, BATCH_RULES, broken, n_rollouts)
+    merged = 0
+    if not options.exhaustive:
+        merged = int(np.count_nonzero(ok & repeated))
+        ok &= ~repeated
     actor = _take(actor, ok)
 
     # Every valid actor layout paired with an invalid rollout option is a rejected pair.
+    actors = len(actor["tp"]) + merged
     for name, count in rollout_rejected.items():
-        rejected[name] = rejected.get(name, 0) + count * len(actor["tp"])
+        rejected[name] = rejected.get(name, 0) + count * actors
 
-    valid_pairs = len(actor["tp"]) * len(rollouts["rollout_tp"])
+    valid_pairs = actors * len(rollouts["rollout_tp"])
     return SearchSpace(columns=actor, rollouts=rollouts, enumerated=enumerated,
-                       valid=valid_pairs, rejected=rejected)
+                       valid=valid_pairs, rejected=rejected, merged=merged)
+
+
+SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "account_embedding", "account_loss")
+
+
+def equivalent_splits(model: ModelSpec, parallel: Columns) -> np.ndarray:
+    """Which valid parallel rows repeat an earlier row's job: the same sizes and the same
+    transformer layers on every pipeline stage, reached by other split settings (PP 2 with 48
+    layers: the even split, and the embedding and the loss both counted as layers, both put 24
+    layers on each stage).  megatron-core builds the same stages from both, and the cost model
+    reads the split only through the layers per stage
+    (:func:`planner.search.pipeline.pipeline_split`), so every prediction is equal; the first
+    row (in :func:`planner.search.pipeline.split_candidates`' order: the plain split first) is
+    kept."""
+    n = len(parallel["pp"])
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    first, middle, last, _ = pipeline_split(
+        model.num_layers, parallel["pp"], parallel.get("first_stage_layers"),
+        parallel.get("last_stage_layers"), parallel.get("account_embedding"),
+        parallel.get("account_loss"))
+    key = {name: values for name, values in parallel.items() if name not in SPLIT_FIELDS}
+    # a pipeline of one or two stages has no middle stage, whatever the split reports for it
+    key.update(first_layers=first, middle_layers=np.where(parallel["pp"] > 2, middle, 0),
+               last_layers=last)
+    _, inverse = unique_rows(key, tuple(key))
+    first_of = np.full(int(inverse.max()) + 1, n, dtype=np.int64)
+    np.minimum.at(first_of, inverse, np.arange(n))
+    return first_of[inverse] != np.arange(n)
 
 
 def _rules(names: tuple[str, ...]):

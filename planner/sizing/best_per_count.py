@@ -140,24 +140,35 @@ def _first(plan: Plan) -> dict | None:
     return {name: _plain(value) for name, value in frame.iloc[0].items()}
 
 
-def best_layout(request: PlanRequest, refine: int = REFINE) -> CountResult:
+def best_layout(request: PlanRequest, refine: int = REFINE,
+                shared: dict | None = None) -> CountResult:
     """The best layout that fits the request's cluster, or the closest miss (see the module
     docstring).  Best is the fastest by the prediction (plans ranked with no tie tolerance):
     sizing compares counts and GPU types by step time, so it must not trade speed for
-    simplicity."""
+    simplicity.  ``shared``: the probes' actor evaluations of other GPU types, by count and
+    probe (:meth:`planner.plan.ActorEvaluation.serves`); filled in here."""
     options, cluster = request.options, request.cluster
+    shared = {} if shared is None else shared
 
-    def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp) -> Plan:
-        return make_plan(replace(request, options=replace(
-            options, knob_rows=knobs, parallel_rows=parallel, rollout_rows=rollouts, vpp=vpp)),
-            tie_tolerance=0.0)
+    def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp, probe: str = "") -> Plan:
+        # the probes keep the split settings that build the same stages (exhaustive): see below
+        key = (cluster.num_gpus, probe)
+        made = make_plan(replace(request, options=replace(
+            options, knob_rows=knobs, parallel_rows=parallel, rollout_rows=rollouts, vpp=vpp,
+            exhaustive=bool(probe) or options.exhaustive)), tie_tolerance=0.0,
+            actors=shared.get(key) if probe else None)
+        if probe:
+            shared[key] = made.actors
+        return made
 
     # VPP only adds activation memory (Megatron's interleaving penalty) and trims the update's
-    # bubble: the probe leaves it at 1, the refinement tries the others
-    probe = plan(knobs=probe_knobs(options), vpp=(1,))
+    # bubble: the probe leaves it at 1, the refinement tries the others.  The probes keep the
+    # split settings that build the same stages at VPP 1 (exhaustive): they differ at higher
+    # VPP, which the refinement tries for the probe's first layouts.
+    probe = plan(knobs=probe_knobs(options), vpp=(1,), probe="probe")
     scored = probe.scored
     if not probe.candidates["fits"].any():
-        frugal = plan(knobs=frugal_knobs(options))
+        frugal = plan(knobs=frugal_knobs(options), probe="frugal")
         scored += frugal.scored
         if not frugal.candidates["fits"].any():
             closest = min((p for p in (probe, frugal) if len(p.candidates)),

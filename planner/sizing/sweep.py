@@ -315,10 +315,11 @@ def size_cluster(request: SizingRequest) -> Sizing:
                     gpus_per_node=request.gpus_per_node, run=request.run,
                     prices=request.prices, min_scaling=min_scaling, rows=[],
                     cost=request.cost)
+    shared: dict = {}  # the probes' actor evaluations, shared by the GPU types at each count
     for gpu in request.gpus:
         rows: list[SizingRow] = []
         for count in ladder:
-            result = best_layout(request.plan_request(gpu, count))
+            result = best_layout(request.plan_request(gpu, count), shared=shared)
             sizing.scored += result.scored
             rows.append(row_of(result, request.run, request.prices))
             if counts.auto and _auto_done(rows, min_scaling):

@@ -327,11 +327,13 @@ class ExportedJob:
 def job_from_plan(plan, rank: int = 1, *, model_path: str | None = None,
                   train_files: str | None = None, val_files: str | None = None,
                   extra_overrides: Sequence[str] = ()) -> ExportedJob:
-    fitting = int(plan.candidates["fits"].sum())
+    fitting = int(plan.candidates["fits"].sum())  # of the ranked layouts the plan keeps
     if not fitting:
         raise NoFitError("no layout fits in GPU memory; nothing to export")
     if not 1 <= rank <= fitting:
-        raise PlanInputError(f"--rank {rank} is outside the {fitting} layouts that fit "
+        kept = (f" (the plan keeps the first {fitting} of its {plan.fitting_count})"
+                if plan.fitting_count > fitting else "")
+        raise PlanInputError(f"--rank {rank} is outside the {fitting} layouts that fit{kept} "
                              f"(valid: 1..{fitting})")
     candidate = plan.candidate(rank - 1)
     return ExportedJob(model=plan.model, cluster=plan.cluster, workload=plan.workload,
