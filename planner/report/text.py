@@ -192,6 +192,22 @@ def headroom_lines(plan, fill_plan=None) -> list[str]:
     return lines
 
 
+def verl_mfu_note(model) -> str:
+    """Where verl's FlopsCounter has no function for the model type it logs ``perf/mfu/actor``
+    0: say so next to the predicted MFU (in verl's convention) rather than invite a comparison."""
+    if verl_reports_mfu(model):
+        return ""
+    return f" (verl logs MFU 0 for model_type {model.model_type}: no FlopsCounter function)"
+
+
+def layer_kinds_text(model) -> str:
+    """`` (30 linear_attention + 10 full_attention)`` for a model whose layers are not all
+    full attention / MLA; empty for a transformer (its model line as before)."""
+    if all(layer.mixer.kv_grows for layer in model.layers):
+        return ""
+    return f" ({model.layer_summary.split(';')[0].strip()})"
+
+
 def merged_text(merged: int, before: str = "", after: str = "") -> str:
     """How many valid layouts were merged into an equivalent one (the same stages, the same
     prediction: :func:`planner.search.space.equivalent_splits`), or nothing."""

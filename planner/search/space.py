@@ -82,8 +82,8 @@ class SearchOptions:
     parallel_rows: tuple[tuple, ...] | None = None
     rollout_rows: tuple[tuple, ...] | None = None  # ROLLOUT_FIELDS tuples
     # Score every valid combination, equivalent ones included (the reference the pruned search
-    # is tested against, tests/test_search_equivalence.py).  False: layouts that build the same
-    # stages as a simpler one (:func:`equivalent_splits`) are merged into it.
+    # is tested against, tests/search/test_search_equivalence.py).  False: layouts that build
+    # the same stages as a simpler one (:func:`equivalent_splits`) are merged into it.
     exhaustive: bool = False
 
 
