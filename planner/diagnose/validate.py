@@ -264,10 +264,15 @@ def memory_findings(estimate, policy: MemoryPolicy = DEFAULT_POLICY) -> list:
     phase, stage = c.memory.peak_phase, c.memory.peak_stage
     share = c.memory.utilization
     out = []
-    seq = estimate.workload.sequence_length
+    # one whole sequence: its growing K/V plus what it keeps beside them (window pages,
+    # Gated DeltaNet/Mamba state pages, in K/V-token units: planner.cost.memory)
+    state = int(round(float(estimate.row.get("kv_state_tokens_per_seq", 0.0))))
+    seq = estimate.workload.sequence_length + state
     if c.rollout.kv_cache_tokens_per_gpu < seq:
         out.append(Finding("memory", f"rollout KV cache holds {c.rollout.kv_cache_tokens_per_gpu}"
-                           f" tokens per GPU, less than one {seq}-token sequence: raise "
+                           f" tokens per GPU, less than one {seq}-token sequence"
+                           + (f" (with its {state}-token fixed state)" if state else "")
+                           + ": raise "
                            f"actor_rollout_ref.rollout.gpu_memory_utilization "
                            f"({estimate.layout.gpu_memory_utilization}) or the rollout TP",
                            ("actor_rollout_ref.rollout.gpu_memory_utilization",)))
