@@ -44,6 +44,7 @@ def cmd_plan(args) -> int:
     workload = inputs.workload(args, model)
     request = inputs.request(args, model, cluster, workload)
     plan = make_plan(request, tie_tolerance=args.tie_tolerance)
+    inputs.note_versions(args, request.cost)
     fitting = plan.fitting_count
     if args.write:
         if not fitting:
@@ -186,6 +187,7 @@ def cmd_estimate(args) -> int:
         shown = pool_layout(layout, trainer_gpus[0]) \
             if not mode.colocated and len(trainer_gpus) == 1 else layout
         return print_invalid(args, shown, error)
+    inputs.note_versions(args, request.cost)
     if isinstance(estimate, SplitEstimate):
         return _print_split_estimate(args, estimate)
     # No rollout flag: the rollout layout and budget the plan would give this actor layout.

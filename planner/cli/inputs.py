@@ -166,17 +166,23 @@ def workload(args, model=None):
 
 
 def cost_model(args) -> CostModel:
-    """The cost model: ``--calibration FILE`` read once, else the shipped calibration; a note
-    (once) for each installed verl or vLLM release its RL constants were not measured with."""
+    """The cost model: ``--calibration FILE`` read once, else the shipped calibration."""
+    if not getattr(args, "calibration", None):
+        return CostModel.load()
+    # size, depth, NaN, schema
+    return CostModel.load(read_calibration(Path(args.calibration)), source=args.calibration)
+
+
+def note_versions(args, cost: CostModel) -> None:
+    """Hold a note (once) for each installed verl or vLLM release the calibration's RL
+    constants were not measured with, under a text answer; a JSON answer carries them in its
+    ``calibration.version_notes`` instead (:func:`planner.output.calibration_json`)."""
     from planner.cost.provenance import version_notes
 
-    if not getattr(args, "calibration", None):
-        cost = CostModel.load()
-    else:  # size, depth, NaN, schema
-        cost = CostModel.load(read_calibration(Path(args.calibration)), source=args.calibration)
+    if getattr(args, "format", "table") == "json":
+        return
     for text in version_notes(dict(cost.calibration)):
         notes.note(text.removeprefix("note: "))
-    return cost
 
 
 def policy(args) -> MemoryPolicy:

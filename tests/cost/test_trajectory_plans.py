@@ -192,3 +192,36 @@ def test_plan_names_the_fastest_in_band_above_the_table_and_in_json(capsys):
     if fastest["rank"] != 1:
         assert f"is the simplest of the {data['ranking']['ties']:,} within the model's " \
                f"error" in line
+
+
+# --- 6. which calibration, and the installed releases ------------------------------------------
+
+def test_a_release_the_calibration_was_not_measured_with_is_one_note(capsys, monkeypatch):
+    import planner.cost.provenance as provenance
+
+    monkeypatch.setattr(provenance, "installed_version",
+                        lambda name: {"verl": "0.9.1"}.get(name))
+    assert main(PLAN) == 0
+    captured = capsys.readouterr()
+    notes = [line for line in captured.err.splitlines() if "installed verl 0.9.1" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: installed verl 0.9.1 is not a release")
+    assert "(verl v0.4-v0.5)" in notes[0]
+    assert main(PLAN + ["--format", "json"]) == 0
+    captured = capsys.readouterr()
+    assert "installed verl" not in captured.err  # JSON carries it instead
+    data = json.loads(captured.out)
+    assert [text for text in data["calibration"]["version_notes"] if "verl 0.9.1" in text]
+    monkeypatch.setattr(provenance, "installed_version",
+                        lambda name: {"verl": "0.5.0"}.get(name))  # a calibrated release
+    assert main(PLAN) == 0
+    assert "installed verl" not in capsys.readouterr().err
+
+
+def test_a_given_calibration_is_named_in_the_line(tmp_path, capsys):
+    from planner.cost.efficiency import shipped_calibration
+
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(shipped_calibration()))
+    assert main(PLAN + ["--calibration", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if line.startswith(f"calibration: {path}: ")]

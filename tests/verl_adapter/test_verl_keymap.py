@@ -23,8 +23,9 @@ from planner.verl.keymap import ABSENT, KEYS, MEGATRON_CORE, VERL, Computed, Fol
 PROPERTY = settings(max_examples=150, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 MODELS = ("Qwen3-8B", "Qwen3-30B-A3B", "DeepSeek-V3")  # dense GQA, MoE, MoE with MLA
-# GrpoWorkload fields that are not verl keys: the time model's mean lengths, NeMo RL's sync
-NOT_IN_VERL = {"mean_response_length", "mean_prompt_length", "weight_sync"}
+# GrpoWorkload fields that are not verl keys: the time model's mean lengths (and their
+# trajectory over the run), NeMo RL's sync
+NOT_IN_VERL = {"mean_response_length", "mean_prompt_length", "weight_sync", "lengths"}
 PATHS = dict(model_path="/models/m", train_files="/data/t.parquet", val_files="/data/v.parquet")
 
 
