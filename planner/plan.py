@@ -193,27 +193,41 @@ class ScoredRows:
     timed: np.ndarray  # which rows were timed
     names: tuple[str, ...]  # every column, in the order the frame shows them
 
+    @cached_property
+    def _position(self) -> np.ndarray | None:
+        """Each row's index among the timed rows (-1: not timed); None when every row is."""
+        if self.timed.all():
+            return None
+        position = np.full(len(self.timed), -1, dtype=np.int64)
+        position[self.timed] = np.arange(int(self.timed.sum()))
+        return position
+
     def column(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
         """Column ``name`` at ``rows`` (None: every row); an untimed row's time is NaN (-1 for
         a whole-number column)."""
+        return self._column(name, rows, self._timed_index(rows))
+
+    def take(self, rows: np.ndarray | None = None) -> Columns:
+        """Every column at ``rows`` (None: every row)."""
+        at = self._timed_index(rows)  # once for every column
+        return {name: self._column(name, rows, at) for name in self.names}
+
+    def _timed_index(self, rows: np.ndarray | None) -> np.ndarray | None:
+        position = self._position
+        return position if position is None or rows is None else position[rows]
+
+    def _column(self, name: str, rows: np.ndarray | None, at: np.ndarray | None) -> np.ndarray:
         if name not in self.times:
             values = np.asarray(self.untimed[name])
             return values if rows is None else values[rows]
         values = self.times[name]
-        if self.timed.all():
+        if at is None:  # every row was timed
             return values if rows is None else values[rows]
-        position = np.full(len(self.timed), -1, dtype=np.int64)
-        position[self.timed] = np.arange(len(values))
-        at = position if rows is None else position[rows]
         floating = np.issubdtype(np.asarray(values).dtype, np.floating)
         out = np.full(len(at), np.nan if floating else -1)
         has = at >= 0
         out[has] = values[at[has]]
         return out
-
-    def take(self, rows: np.ndarray | None = None) -> Columns:
-        """Every column at ``rows`` (None: every row)."""
-        return {name: self.column(name, rows) for name in self.names}
 
 
 def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *,

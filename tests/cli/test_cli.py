@@ -6,6 +6,7 @@ import sys
 
 import pytest
 from conftest import cluster
+from fixtures.imports import imported_by
 
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
@@ -117,14 +118,10 @@ def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
 
 
 def test_help_does_not_import_heavy_packages():
-    code = ("import sys; from planner.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "heavy = [m for m in ('torch', 'verl', 'optuna', 'transformers', 'pandas', 'numpy',"
-            " 'megatron') if m in sys.modules]\n"
-            "print('HEAVY', heavy)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert "HEAVY []" in result.stdout, result.stdout + result.stderr
-    assert "plan-parallel" in result.stdout
+    heavy, output = imported_by(["--help"], ("torch", "verl", "optuna", "transformers",
+                                             "pandas", "numpy", "megatron"))
+    assert heavy == [], output
+    assert "plan-parallel" in output
 
 
 def test_models_and_gpus_listings(capsys):

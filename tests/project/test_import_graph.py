@@ -8,6 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from fixtures.imports import imported_by  # noqa: E402
+
 from benchmarks import import_graph  # noqa: E402
 
 
@@ -52,11 +54,8 @@ def test_every_module_has_a_layer_and_the_list_is_the_one_the_docs_name():
 
 
 def test_planning_imports_no_heavy_package():
-    code = ("import sys\n"
-            "from planner.cli import main\n"
-            "main(['--model', 'qwen3-8b', '--gpus', '8', '--gpu-type', 'h100', '--top', '1'])\n"
-            "heavy = [m for m in ('torch', 'verl', 'optuna', 'transformers', 'megatron', 'ray',"
-            " 'matplotlib', 'hydra', 'scipy') if m in sys.modules]\n"
-            "print('HEAVY', heavy)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert "HEAVY []" in result.stdout, result.stdout + result.stderr
+    heavy, output = imported_by(
+        ["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--top", "1"],
+        ("torch", "verl", "optuna", "transformers", "megatron", "ray", "matplotlib", "hydra",
+         "scipy"))
+    assert heavy == [], output

@@ -109,21 +109,31 @@ def mcore_pipeline(num_layers: int, pp: int, vpp: int, first: int | None = None,
         kwargs["num_layers_in_first_pipeline_stage"] = first
     if last is not None:
         kwargs["num_layers_in_last_pipeline_stage"] = last
-    chunks = {}
     try:
-        config = TransformerConfig(**kwargs)
-        for pp_rank in range(pp):
-            for vp in range(vpp):
-                stage = vp if vpp > 1 else None
-                chunks[pp_rank, vp] = (
-                    get_num_layers_to_build(config, vp_stage=stage, pp_rank=pp_rank),
-                    get_transformer_layer_offset(config, vp_stage=stage, pp_rank=pp_rank))
+        chunks = mcore_chunks(TransformerConfig(**kwargs), pp, vpp)
     except MCORE_ERRORS as exc:
         return None, f"{type(exc).__name__}: {exc}"
-    covered = sorted(i for n, offset in chunks.values() for i in range(offset, offset + n))
-    if covered != list(range(num_layers)):
+    if not tiles(chunks, num_layers):
         return None, f"layers do not tile 0..{num_layers - 1}: {chunks}"
     return chunks, None
+
+
+def mcore_chunks(config, pp: int, vpp: int) -> dict:
+    """(pp_rank, vp_stage) -> (layers, offset) as megatron-core builds them for ``config``."""
+    chunks = {}
+    for pp_rank in range(pp):
+        for vp in range(vpp):
+            stage = vp if vpp > 1 else None
+            chunks[pp_rank, vp] = (
+                get_num_layers_to_build(config, vp_stage=stage, pp_rank=pp_rank),
+                get_transformer_layer_offset(config, vp_stage=stage, pp_rank=pp_rank))
+    return chunks
+
+
+def tiles(chunks: dict, num_layers: int) -> bool:
+    """The chunks cover layers 0..num_layers-1 exactly once."""
+    covered = sorted(i for n, offset in chunks.values() for i in range(offset, offset + n))
+    return covered == list(range(num_layers))
 
 
 def per_rank(chunks: dict, pp: int) -> list[int]:
@@ -593,19 +603,12 @@ def test_every_enumerated_layout_builds_in_megatron_core(name, world, spaces, fa
                                  f"{type(exc).__name__}: {exc}")
             continue
         pp, vpp = row["pp"], row["vpp"]
-        chunks = {}
         try:
-            for pp_rank in range(pp):
-                for vp in range(vpp):
-                    stage = vp if vpp > 1 else None
-                    chunks[pp_rank, vp] = (
-                        get_num_layers_to_build(config, vp_stage=stage, pp_rank=pp_rank),
-                        get_transformer_layer_offset(config, vp_stage=stage, pp_rank=pp_rank))
+            chunks = mcore_chunks(config, pp, vpp)
         except MCORE_ERRORS as exc:
             disagreements.append(f"{label}: layer split fails: {type(exc).__name__}: {exc}")
             continue
-        covered = sorted(i for n, o in chunks.values() for i in range(o, o + n))
-        if covered != list(range(model.num_layers)):
+        if not tiles(chunks, model.num_layers):
             disagreements.append(f"{label}: layers do not tile: {chunks}")
         split = (row["first_stage_layers"], row["last_stage_layers"], row["account_embedding"],
                  row["account_loss"])

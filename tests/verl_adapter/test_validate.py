@@ -2,10 +2,9 @@
 run time, the memory verdict, and exit codes (0 would launch, 1 would not, 2 unreadable)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from fixtures.imports import imported_by
 
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.lengths import default_lengths
@@ -523,13 +522,10 @@ def test_json_report_contract(tmp_path, capsys):
 
 
 def test_validate_help_stays_light():
-    code = ("import sys; from planner.cli.main import main\n"
-            "try:\n    main(['validate', '--help'])\nexcept SystemExit:\n    pass\n"
-            "heavy = [m for m in ('torch', 'verl', 'hydra', 'omegaconf', 'transformers', "
-            "'pandas', 'numpy', 'megatron') if m in sys.modules]\nprint('HEAVY', heavy)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert "HEAVY []" in result.stdout, result.stdout + result.stderr
-    assert "--set VAR=VALUE" in result.stdout
+    heavy, output = imported_by(["validate", "--help"], (
+        "torch", "verl", "hydra", "omegaconf", "transformers", "pandas", "numpy", "megatron"))
+    assert heavy == [], output
+    assert "--set VAR=VALUE" in output
 
 
 @pytest.mark.needs("verl")
