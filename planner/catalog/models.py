@@ -422,6 +422,13 @@ EXTRA_ALIASES = {
     "moonlight-16b": "Moonlight-16B-A3B",
     "qwen3.5-35b": "Qwen3.5-35B-A3B",
     "qwen3.6-35b-a3b": "Qwen3.5-35B-A3B",  # Qwen3.6 ships Qwen3.5's architecture and config
+    "qwen3.5-397b": "Qwen3.5-397B-A17B",
+    "qwen3.5-122b": "Qwen3.5-122B-A10B",
+    # nvidia/Qwen3.6-27B-NVFP4's config (ai-dynamo/aiconfigurator) has every size of Qwen3.5-27B
+    "qwen3.6-27b": "Qwen3.5-27B",
+    # GLM-4.7's config.json differs from GLM-4.6's in no architecture field (zai-org/GLM-4.7-FP8's
+    # config in ai-dynamo/aiconfigurator; a public diff of the GLM-4.5/4.6/4.7 configs)
+    "glm-4.7": "GLM-4.6",
     "qwen3-next": "Qwen3-Next-80B-A3B",
     "qwen3-next-80b-a3b-thinking": "Qwen3-Next-80B-A3B",
     "nemotron-3-nano": "NVIDIA-Nemotron-3-Nano-30B-A3B",

@@ -37,7 +37,8 @@ FAMILY_CONFIGS = {
 NEW_CATALOG = ["Qwen3.5-35B-A3B", "Qwen3-Next-80B-A3B", "NVIDIA-Nemotron-3-Nano-30B-A3B",
                "NVIDIA-Nemotron-3-Super-120B-A12B", "gpt-oss-20b", "gpt-oss-120b", "GLM-4.5",
                "GLM-4.5-Air", "Kimi-K2", "Llama-4-Scout-17B-16E", "Llama-4-Maverick-17B-128E",
-               "MiMo-7B", "Qwen3-VL-30B-A3B"]
+               "MiMo-7B", "Qwen3-VL-30B-A3B", "Qwen3.5-397B-A17B", "Qwen3.5-122B-A10B",
+               "Qwen3.5-27B", "GLM-4.6"]
 # Remote-code model types transformers does not know: the same module tree under its own type.
 TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3", "mimo": "qwen2"}
 
@@ -89,6 +90,36 @@ def test_catalog_entry_total_equals_transformers_meta_count(name):
         text["attn_temperature_tuning"] = bool(text["attn_temperature_tuning"])
     config = transformers.AutoConfig.for_model(**raw)
     assert builtin_model(name).params.total == _meta_count(torch, transformers, config)
+
+
+def test_every_catalog_entry_is_checked_against_transformers():
+    """A catalog file joins NEW_CATALOG here or REQUIRED in test_models.py, whose tests compare
+    its parameter total with transformers' meta-device build; none ships unchecked."""
+    from test_models import REQUIRED  # the sibling module pytest imported by its basename
+
+    assert set(catalog_names()) <= set(NEW_CATALOG) | REQUIRED
+
+
+def test_qwen35_family_and_glm46_entries_have_their_published_shapes():
+    """The sizes in each name ("397B-A17B") and the layer patterns of the published configs."""
+    big = builtin_model("Qwen3.5-397B-A17B")
+    assert big.layer_counts == {"linear_attention": 45, "full_attention": 15}
+    assert (big.num_experts, big.moe_top_k, big.moe_ffn_hidden_size,
+            big.shared_expert_ffn_hidden_size, big.shared_expert_gate) == (512, 10, 1024, 1024, True)
+    assert big.linear_attention.num_value_heads == 64 and big.vision is not None
+    assert 396e9 < big.params.total < 398e9 and 16.5e9 < big.params.active < 17.5e9
+    mid = builtin_model("Qwen3.5-122B-A10B")
+    assert mid.layer_counts == {"linear_attention": 36, "full_attention": 12}
+    assert (mid.num_experts, mid.moe_top_k, mid.hidden_size) == (256, 8, 3072)
+    assert 122e9 < mid.params.total < 123e9 and 9.5e9 < mid.params.active < 10.5e9
+    dense = builtin_model("Qwen3.5-27B")
+    assert dense.layer_counts == {"linear_attention": 48, "full_attention": 16}
+    assert not dense.is_moe and dense.count(mlp="dense") == 64 and dense.mtp_layers == 1
+    assert 27e9 < dense.params.total < 28e9 and dense.kv_layers == 16
+    glm46, glm45 = builtin_model("GLM-4.6"), builtin_model("GLM-4.5")
+    assert glm46.params == glm45.params and glm46.mtp_layers == 1  # 4.6 changed no size
+    assert builtin_config_dict("GLM-4.6")["max_position_embeddings"] == 202752
+    assert builtin_config_dict("GLM-4.5")["max_position_embeddings"] == 131072
 
 
 def test_new_catalog_entries_are_there_with_their_layer_kinds():
@@ -247,7 +278,8 @@ def test_flops_equal_verls_flops_counter_for_every_family_it_has(model_type):
 
 @pytest.mark.needs("verl")
 @pytest.mark.parametrize("name", ["Qwen3.5-35B-A3B", "gpt-oss-120b", "gpt-oss-20b",
-                                  "Qwen3-VL-30B-A3B", "MiMo-7B"])
+                                  "Qwen3-VL-30B-A3B", "MiMo-7B", "Qwen3.5-397B-A17B",
+                                  "Qwen3.5-122B-A10B", "Qwen3.5-27B"])
 def test_catalog_flops_equal_verls_flops_counter(name):
     pytest.importorskip("transformers")
     flops_counter = pytest.importorskip("verl.utils.flops_counter")
