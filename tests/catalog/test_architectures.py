@@ -38,7 +38,7 @@ NEW_CATALOG = ["Qwen3.5-35B-A3B", "Qwen3-Next-80B-A3B", "NVIDIA-Nemotron-3-Nano-
                "NVIDIA-Nemotron-3-Super-120B-A12B", "gpt-oss-20b", "gpt-oss-120b", "GLM-4.5",
                "GLM-4.5-Air", "Kimi-K2", "Llama-4-Scout-17B-16E", "Llama-4-Maverick-17B-128E",
                "MiMo-7B", "Qwen3-VL-30B-A3B", "Qwen3.5-397B-A17B", "Qwen3.5-122B-A10B",
-               "Qwen3.5-27B", "GLM-4.6"]
+               "Qwen3.5-27B", "Qwen3.5-0.8B", "GLM-4.6"]
 # Remote-code model types transformers does not know: the same module tree under its own type.
 TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3", "mimo": "qwen2"}
 
@@ -116,6 +116,10 @@ def test_qwen35_family_and_glm46_entries_have_their_published_shapes():
     assert dense.layer_counts == {"linear_attention": 48, "full_attention": 16}
     assert not dense.is_moe and dense.count(mlp="dense") == 64 and dense.mtp_layers == 1
     assert 27e9 < dense.params.total < 28e9 and dense.kv_layers == 16
+    small = builtin_model("Qwen3.5-0.8B")
+    assert small.layer_counts == {"linear_attention": 18, "full_attention": 6}
+    assert small.tied_embeddings and small.linear_attention.state_dtype == "float32"
+    assert 0.8e9 < small.params.total < 0.9e9 and small.vision is not None
     glm46, glm45 = builtin_model("GLM-4.6"), builtin_model("GLM-4.5")
     assert glm46.params == glm45.params and glm46.mtp_layers == 1  # 4.6 changed no size
     assert builtin_config_dict("GLM-4.6")["max_position_embeddings"] == 202752
@@ -279,7 +283,7 @@ def test_flops_equal_verls_flops_counter_for_every_family_it_has(model_type):
 @pytest.mark.needs("verl")
 @pytest.mark.parametrize("name", ["Qwen3.5-35B-A3B", "gpt-oss-120b", "gpt-oss-20b",
                                   "Qwen3-VL-30B-A3B", "MiMo-7B", "Qwen3.5-397B-A17B",
-                                  "Qwen3.5-122B-A10B", "Qwen3.5-27B"])
+                                  "Qwen3.5-122B-A10B", "Qwen3.5-27B", "Qwen3.5-0.8B"])
 def test_catalog_flops_equal_verls_flops_counter(name):
     pytest.importorskip("transformers")
     flops_counter = pytest.importorskip("verl.utils.flops_counter")

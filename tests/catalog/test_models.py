@@ -46,6 +46,7 @@ def test_catalog_has_every_required_model():
     # the Qwen3.5 family and GLM-4.6; Qwen3.6-27B and GLM-4.7 publish the same sizes
     ("Qwen/Qwen3.5-397B-A17B", "Qwen3.5-397B-A17B"), ("qwen3.5-122b", "Qwen3.5-122B-A10B"),
     ("Qwen/Qwen3.5-27B", "Qwen3.5-27B"), ("qwen3.6-27b", "Qwen3.5-27B"),
+    ("Qwen/Qwen3.5-0.8B", "Qwen3.5-0.8B"), ("Qwen/Qwen3.5-0.8B-Base", "Qwen3.5-0.8B"),
     ("zai-org/GLM-4.6", "GLM-4.6"), ("glm-4.7", "GLM-4.6")])
 def test_aliases(alias, name):
     assert resolve_model(alias).name == name
