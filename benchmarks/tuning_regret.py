@@ -397,6 +397,10 @@ STRATEGIES = (
              ucb_width=2.0, pruner="probe"),
     Strategy("guided-w2+probe+ucb1", first_trials="ucb", sampler="guided", top_k=1,
              ucb_width=2.0, pruner="probe"),
+    Strategy("guided+probe+ucb1", first_trials="ucb", sampler="guided", top_k=1,
+             pruner="probe"),
+    Strategy("guided-w3+probe+ucb1", first_trials="ucb", sampler="guided", top_k=1,
+             ucb_width=3.0, pruner="probe"),
 )
 
 

@@ -201,3 +201,24 @@ def test_the_ucb_width_reaches_the_study_sampler(prepared, tmp_path):
         job, truth, dataclasses.replace(strategy("guided"), ucb_width=width), 8, 0,
         tmp_path / str(width)).trials] for width in (1.0, 3.0)}
     assert keys[1.0][:3] == keys[3.0][:3] and keys[1.0] != keys[3.0]
+
+
+def test_the_tuner_sees_nothing_of_the_hidden_truth_it_did_not_measure(prepared, tmp_path):
+    """No leak from the simulator: scrambling the hidden throughput and memory of every layout
+    the default study did not run leaves its trials -- which layouts, in which order, what they
+    measured -- exactly as they were."""
+    job = prepared["moonlight-8"]
+    truth = sim.hidden_truth(job, 9, MEMORY_SD)
+    first = sim.run_study(job, truth, default_strategy(), 10, 0, tmp_path / "a")
+    ran = np.array([job.candidates.index[t["key"]] for t in first.trials])
+    rng = np.random.default_rng(1)
+    untried = np.ones(len(truth.tokens_per_s_per_gpu), dtype=bool)
+    untried[ran] = False
+    factor = np.where(untried, np.exp(rng.normal(0.0, 0.3, len(untried))), 1.0)
+    scrambled = dataclasses.replace(
+        truth, tokens_per_s_per_gpu=truth.tokens_per_s_per_gpu * factor,
+        step_time_s=truth.step_time_s / factor,
+        oom_need=np.where(untried, rng.uniform(0.5, 1.2, len(untried)), truth.oom_need))
+    second = sim.run_study(job, scrambled, default_strategy(), 10, 0, tmp_path / "b")
+    assert [(t["key"], t["category"], t["value"]) for t in second.trials] == \
+        [(t["key"], t["category"], t["value"]) for t in first.trials]
