@@ -388,7 +388,6 @@ STRATEGIES = (
              pruner="hyperband"),
     Strategy("guided+sh+stop", first_trials="spread", sampler="guided", top_k=3,
              pruner="successive-halving", stop_when_confident=True),
-    Strategy("guided-w2", first_trials="spread", sampler="guided", top_k=3, ucb_width=2.0),
     Strategy("guided-w2+hyperband", first_trials="spread", sampler="guided", top_k=3,
              ucb_width=2.0, pruner="hyperband"),
     Strategy("guided+probe", first_trials="spread", sampler="guided", top_k=3,
