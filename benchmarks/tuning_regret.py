@@ -3,6 +3,7 @@ cost in GPU-hours, measured against a hidden truth.
 
     python benchmarks/tuning_regret.py [--draws 3] [--budgets 4,8,12,20] [--json]
                                        [--jobs NAME,...] [--strategies NAME,...]
+                                       [--study-trials N]
 
 No process is started: every job is planned through the planner's public functions
 (:func:`planner.plan.make_plan`, :meth:`trials.candidates.CandidateSet.from_plan`), each
@@ -40,7 +41,10 @@ Noise model (docs/tuning/regret.md):
 Every study of a (job, draw) pair sees the same hidden table and the same step noise per layout
 and the same sampler seed, so strategies are compared on equal terms.  Regret of a budget of
 ``b`` trials: 1 - true(layout the study writes back after b trials) / max true over the study's
-candidates (100% when none of the b trials succeeded).
+candidates (100% when none of the b trials succeeded).  At equal GPU-hours (the second table):
+each study may spend what ``default (before)``'s study of the same job and draw spent on ``b``
+trials, whole trials only, pruned ones at what they cost (``--study-trials`` lets studies of
+cheap trials run long enough to spend it).
 """
 
 from __future__ import annotations
@@ -368,6 +372,7 @@ class Strategy:
     stop_when_confident: bool = False
     top_k: int = 5
     sampler: str = "tpe"
+    ucb_width: float = 1.0
     note: str = ""
 
 
@@ -383,6 +388,18 @@ STRATEGIES = (
              pruner="hyperband"),
     Strategy("guided+sh+stop", first_trials="spread", sampler="guided", top_k=3,
              pruner="successive-halving", stop_when_confident=True),
+    Strategy("guided-w2+hyperband", first_trials="spread", sampler="guided", top_k=3,
+             ucb_width=2.0, pruner="hyperband"),
+    Strategy("guided+probe", first_trials="spread", sampler="guided", top_k=3,
+             pruner="probe"),
+    Strategy("guided-w2+probe", first_trials="spread", sampler="guided", top_k=3,
+             ucb_width=2.0, pruner="probe"),
+    Strategy("guided-w2+probe+ucb1", first_trials="ucb", sampler="guided", top_k=1,
+             ucb_width=2.0, pruner="probe"),
+    Strategy("guided+probe+ucb1", first_trials="ucb", sampler="guided", top_k=1,
+             pruner="probe"),
+    Strategy("guided-w3+probe+ucb1", first_trials="ucb", sampler="guided", top_k=1,
+             ucb_width=3.0, pruner="probe"),
 )
 
 
@@ -444,7 +461,7 @@ def run_study(prepared: PreparedJob, truth: Truth, strategy: Strategy, trials: i
                             seed=seed, first_trials=strategy.first_trials,
                             pruner=strategy.pruner,
                             stop_when_confident=strategy.stop_when_confident, fail_fast=0,
-                            sampler=strategy.sampler,
+                            sampler=strategy.sampler, ucb_width=strategy.ucb_width,
                             heartbeat_interval=3600, grace_period=7200)
     storage = resolve_storage(f"journal:{sweep / 'study.journal'}", sweep)
     tuner = Tuner(plan=prepared.plan, candidates=prepared.candidates,
@@ -480,6 +497,52 @@ def at_budget(run: StudyRun, budget: int) -> dict:
             "trials": len(trials), "first_success": first,
             "pruned": sum(t["category"] == "pruned" for t in trials),
             "oom": sum(t["category"] == "oom" for t in trials)}
+
+
+def trials_within(run: StudyRun, gpu_hours: float) -> int:
+    """How many of the study's first trials fit in ``gpu_hours`` together (a trial counts
+    whole: one that would end past the budget is not started)."""
+    spent = np.cumsum([t["duration_s"] for t in run.trials]) * run.n_gpus / 3600.0
+    return int(np.searchsorted(spent, gpu_hours * (1 + 1e-9), side="right"))
+
+
+def summarise_hours(runs: Sequence[StudyRun], budgets: Sequence[int],
+                    reference: str = STRATEGIES[0].name) -> list[dict]:
+    """One row per strategy and budget at equal GPU-hours: each study may spend what the
+    ``reference`` strategy's study of the same job and draw spent on ``budget`` trials.
+    ``capped``: the share of studies that ran out of trials (the study's ``--trials``) before
+    the GPU-hours, so their regret is an upper bound."""
+    by_study = {(r.job, r.draw, r.strategy): r for r in runs}
+    rows = []
+    for strategy in dict.fromkeys(r.strategy for r in runs):
+        mine = [r for r in runs if r.strategy == strategy and (r.job, r.draw, reference)
+                in by_study]
+        for budget in budgets:
+            points, capped = [], 0
+            for run in mine:
+                hours = at_budget(by_study[(run.job, run.draw, reference)], budget)["gpu_hours"]
+                count = trials_within(run, hours)
+                capped += count == len(run.trials) and not run.stop_reason.startswith(
+                    "no untried")
+                points.append(at_budget(run, count))
+            if not points:
+                continue
+            regret = np.array([p["regret"] for p in points])
+            rows.append({"strategy": strategy, "budget": budget, "studies": len(points),
+                         "median_regret": float(np.median(regret)),
+                         "p90_regret": float(np.percentile(regret, 90)),
+                         "trials_run": float(np.mean([p["trials"] for p in points])),
+                         "capped": capped / len(points)})
+    return rows
+
+
+def format_hours_table(rows: Sequence[dict], reference: str = STRATEGIES[0].name) -> str:
+    lines = [f"| strategy | GPU-h of {reference}'s trials | median regret | p90 regret | "
+             "trials run | out of trials |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['strategy']} | {r['budget']} | {r['median_regret']:.1%} | "
+                     f"{r['p90_regret']:.1%} | {r['trials_run']:.1f} | {r['capped']:.0%} |")
+    return "\n".join(lines)
 
 
 def summarise(runs: Sequence[StudyRun], budgets: Sequence[int],
@@ -568,8 +631,10 @@ def same_regret(rows: Sequence[dict], reference: str = STRATEGIES[0].name) -> li
 
 def run_all(jobs: Sequence[Job], strategies: Sequence[Strategy], draws: int,
             budgets: Sequence[int], *, launch_s: float = LAUNCH_S,
-            step_noise: float = STEP_NOISE, progress: Callable[[str], None] | None = None
-            ) -> tuple[list[StudyRun], dict]:
+            step_noise: float = STEP_NOISE, progress: Callable[[str], None] | None = None,
+            study_trials: int | None = None) -> tuple[list[StudyRun], dict]:
+    """Every strategy's study of every job and draw, each ``study_trials`` trials long
+    (default the largest budget)."""
     memory_sd = memory_error_sd()
     runs: list[StudyRun] = []
     info = {"memory_error_sd": memory_sd, "jobs": {}}
@@ -587,7 +652,8 @@ def run_all(jobs: Sequence[Job], strategies: Sequence[Strategy], draws: int,
                     "predicted_oom_share": round(float(np.mean(truth.oom_need > 1)), 3)})
                 for strategy in strategies:
                     started = time.perf_counter()
-                    runs.append(run_study(prepared, truth, strategy, max(budgets), draw,
+                    runs.append(run_study(prepared, truth, strategy,
+                                          max(study_trials or 0, max(budgets)), draw,
                                           Path(tmp), launch_s=launch_s,
                                           step_noise=step_noise))
                     if progress:
@@ -606,6 +672,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--strategies", help="comma-separated strategy names (default: all)")
     parser.add_argument("--launch-s", type=float, default=LAUNCH_S)
     parser.add_argument("--step-noise", type=float, default=STEP_NOISE)
+    parser.add_argument("--study-trials", type=int, default=None,
+                        help="trials each study runs (default: the largest budget); more "
+                             "lets cheap trials use all of an equal-GPU-hours budget")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
@@ -616,19 +685,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     say = None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
     started = time.perf_counter()
     runs, info = run_all(jobs, strategies, args.draws, budgets, launch_s=args.launch_s,
-                         step_noise=args.step_noise, progress=say)
+                         step_noise=args.step_noise, progress=say,
+                         study_trials=args.study_trials)
     rows = summarise(runs, budgets)
+    hour_rows = summarise_hours(runs, budgets)
     if args.json:
         studies = [{"job": r.job, "draw": r.draw, "strategy": r.strategy,
                     "stop_reason": r.stop_reason,
                     **{f"at_{b}": at_budget(r, b) for b in budgets}} for r in runs]
-        print(json.dumps({"info": info, "rows": rows, "same_regret": same_regret(rows),
+        print(json.dumps({"info": info, "rows": rows, "equal_gpu_hours": hour_rows,
+                          "same_regret": same_regret(rows),
                           "studies": studies}, indent=2))
         return 0
     print(f"{len(jobs)} jobs x {args.draws} hidden tables, {len(strategies)} strategies; "
           f"memory error sd {info['memory_error_sd']:.3f}; launch {args.launch_s:g} s, step "
           f"noise {args.step_noise:.0%}; {time.perf_counter() - started:.0f} s\n")
     print(format_table(rows))
+    if hour_rows:
+        print(f"\nAt equal GPU-hours (each study spends what {STRATEGIES[0].name}'s study of "
+              "the same job and draw spent on that many trials):\n")
+        print(format_hours_table(hour_rows))
     print("\nAt the same regret:")
     for line in same_regret(rows):
         print(f"- {line}")

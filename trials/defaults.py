@@ -3,7 +3,8 @@ measured best (docs/tuning/regret.md has the table).  Standard library only: the
 parser reads it."""
 
 SAMPLERS = ("guided", "tpe", "random")  # trials.guided; Optuna's TPE or random over the fields
-PRUNERS = ("none", "successive-halving", "hyperband")  # trials.pruning
-FIRST_TRIALS = ("simplest", "spread")  # trials.proposals
-TUNE_DEFAULTS = {"top_k": 3, "first_trials": "spread", "sampler": "guided",
-                 "pruner": "hyperband", "stop_when_confident": False}
+PRUNERS = ("none", "successive-halving", "hyperband", "probe")  # trials.pruning
+FIRST_TRIALS = ("simplest", "spread", "ucb")  # trials.proposals
+TUNE_DEFAULTS = {"top_k": 1, "first_trials": "ucb", "sampler": "guided",
+                 "pruner": "probe", "stop_when_confident": False,
+                 "ucb_width": 2.0}

@@ -17,8 +17,8 @@ layouts that differ in TP, EP or PP of ``|y_a - y_b|`` is ``ln(1 + u)``, as
 ``benchmarks/accuracy.py`` measures it on published layouts) and the shares ``PRIOR_SHARES``
 (most of the variance on TP, EP and PP, the rest spread over the other knobs).  After each
 trial the next layout is the allowed candidate with the highest upper confidence bound
-``ln(predicted) + mean + KAPPA * sd`` of its log throughput.  A pruned trial's partial median
-is an observation too, with the larger noise of its fewer steps.
+``ln(predicted) + mean + KAPPA * sd`` of its log throughput (``tune --ucb-width``).  A pruned
+trial's partial median is an observation too, with the larger noise of its fewer steps.
 
 Without a measurement yet the bound is the prediction plus the prior's spread: the best
 predicted layout (the study enqueues its first trials before it asks anyway).
@@ -36,6 +36,7 @@ from optuna.trial import FrozenTrial
 
 from trials import study_state as attrs
 from trials.candidates import CandidateSet
+from trials.defaults import TUNE_DEFAULTS
 from trials.sampler import LayoutSampler
 
 # The fields whose values share an error term.
@@ -53,7 +54,7 @@ PRIOR_SHARES = {"tp": 0.2, "ep": 0.2, "pp": 0.2, "vpp": 0.05, "cp": 0.05,
 PARALLEL_FAMILIES = ("tp", "ep", "pp")  # the pairs the uncertainty was measured on differ here
 JOB_SD = 0.5  # prior sd of the job-wide log error (the model's absolute error, learned first)
 STEP_SD = 0.03  # assumed log sd of one step's throughput around the layout's
-KAPPA = 1.0  # the bound's width in posterior sds
+KAPPA = TUNE_DEFAULTS["ucb_width"]  # the bound's width in posterior sds (tune --ucb-width)
 PAIRS = 20_000  # candidate pairs sigma is solved over
 
 

@@ -48,15 +48,26 @@ def first_trials(candidates: Sequence[Candidate], count: int, how: str,
         raise ValueError(f"first trials {how!r} is not one of {', '.join(FIRST_TRIALS)}")
     if how == "simplest":
         return list(range(min(count, len(candidates))))
+    if how == "ucb":
+        values = [float(c.predicted["tokens_per_s_per_gpu"]) for c in candidates]
+        ranked = sorted(range(len(candidates)), key=lambda i: -values[i])  # stable: ties in order
+        return round_robin(candidates, ranked)[:count]
     ties = tied(candidates, model_error)
-    families: dict[tuple, list[int]] = {}
-    for index in ties:
-        families.setdefault(family(candidates[index]), []).append(index)
-    order: list[int] = []
-    depth = 0
-    while len(order) < len(ties):
-        order += [members[depth] for members in families.values() if depth < len(members)]
-        depth += 1
+    order = round_robin(candidates, ties)
     chosen = set(order)
     order += [i for i in range(len(candidates)) if i not in chosen]
     return order[:count]
+
+
+def round_robin(candidates: Sequence[Candidate], indices: Sequence[int]) -> list[int]:
+    """``indices`` reordered: the first of each TP/EP/PP family (families in the order they
+    first appear), then the second of each, and so on."""
+    families: dict[tuple, list[int]] = {}
+    for index in indices:
+        families.setdefault(family(candidates[index]), []).append(index)
+    order: list[int] = []
+    depth = 0
+    while len(order) < len(indices):
+        order += [members[depth] for members in families.values() if depth < len(members)]
+        depth += 1
+    return order

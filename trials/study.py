@@ -93,7 +93,7 @@ class TuneSettings:
     trials: int = 20  # measured trials the study should have
     timeout_s: float | None = None  # this tuner starts no trial after that long
     warmup_steps: int = 1
-    top_k: int = TUNE_DEFAULTS["top_k"]  # tied best layouts run first
+    top_k: int = TUNE_DEFAULTS["top_k"]  # layouts enqueued first (trials.proposals)
     patience: int = 0  # stop after this many trials without improvement (0: never)
     min_improvement: float = 0.01
     multi_objective: bool = False  # also minimise measured peak memory
@@ -104,11 +104,13 @@ class TuneSettings:
     grace_period: int = 180
     max_retry: int = 3
     fail_fast: int = 3  # stop when the first this-many trials fail with one cause (0: never)
-    pruner: str = TUNE_DEFAULTS["pruner"]  # none, successive-halving, hyperband (trials.pruning)
-    first_trials: str = TUNE_DEFAULTS["first_trials"]  # simplest or spread (trials.proposals)
+    pruner: str = TUNE_DEFAULTS["pruner"]  # trials.pruning (PRUNERS)
+    first_trials: str = TUNE_DEFAULTS["first_trials"]  # FIRST_TRIALS (trials.proposals)
     # stop when no untried layout could beat the best (trials.confidence)
     stop_when_confident: bool = TUNE_DEFAULTS["stop_when_confident"]
     model_error: float | None = None  # ranking uncertainty (None: the shipped calibration's)
+    # the guided sampler's bound, ln(predicted) + mean + ucb_width * sd (trials.guided)
+    ucb_width: float = TUNE_DEFAULTS["ucb_width"]
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,7 @@ class Tuner:
             from trials.guided import GuidedSampler
 
             sampler = GuidedSampler(self.candidates, self._allowed, self.model_error,
-                                    seed=self.settings.seed,
+                                    seed=self.settings.seed, kappa=self.settings.ucb_width,
                                     inner=optuna.samplers.RandomSampler(seed=self.settings.seed))
         else:
             inner = (optuna.samplers.RandomSampler(seed=self.settings.seed)

@@ -521,8 +521,9 @@ def _tune_parser(sub) -> None:
                             f"{TUNE_DEFAULTS['top_k']})")
     study.add_argument("--first-trials", choices=FIRST_TRIALS,
                        default=TUNE_DEFAULTS["first_trials"],
-                       help="which tied layouts run first: the simplest, or one per TP/EP/PP "
-                            f"family (default {TUNE_DEFAULTS['first_trials']}; "
+                       help="which layouts run first: the simplest ties, one tie per TP/EP/PP "
+                            "family (spread), or the best-predicted layout of each family "
+                            f"(ucb) (default {TUNE_DEFAULTS['first_trials']}; "
                             "docs/tuning/regret.md)")
     study.add_argument("--patience", type=integer(0, 100_000), default=0,
                        help="stop after this many trials without improvement (default 0: "
@@ -538,9 +539,15 @@ def _tune_parser(sub) -> None:
                             "trials (errors shared by TP/EP/PP and the other knobs), the "
                             "highest upper bound next; tpe/random: Optuna's over the layout "
                             f"fields (default {TUNE_DEFAULTS['sampler']})")
+    study.add_argument("--ucb-width", type=fraction(0.0, 10.0),
+                       default=TUNE_DEFAULTS["ucb_width"],
+                       help="guided: how far the next layout's optimistic bound reaches, in "
+                            "posterior standard deviations of its throughput (default "
+                            f"{TUNE_DEFAULTS['ucb_width']:g}; docs/tuning/regret.md)")
     study.add_argument("--pruner", choices=PRUNERS,
-                       help="stop a trial that trails the study's best at equal steps "
-                            f"(default {TUNE_DEFAULTS['pruner']}, none with "
+                       help="stop a trial that trails the study's best at equal steps; "
+                            "probe: every trial stops after one step past its warm-up unless "
+                            f"it is near the best (default {TUNE_DEFAULTS['pruner']}, none with "
                             "--multi-objective; none: every trial runs --steps)")
     study.add_argument("--stop-when-confident", action=argparse.BooleanOptionalAction,
                        default=TUNE_DEFAULTS["stop_when_confident"],

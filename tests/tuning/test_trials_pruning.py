@@ -115,6 +115,34 @@ def test_successive_halving_prunes_a_trailing_trial_at_equal_steps():
         make_pruner("median", 4)
 
 
+def test_probe_stops_every_trial_after_one_step_unless_it_is_near_the_best():
+    study = optuna.create_study(direction="maximize", pruner=make_pruner("probe", 4))
+    first = study.ask()
+    first.report(100.0, 1)
+    assert not first.should_prune()  # the only value at its step is the best one
+    for step, value in ((2, 100.0), (3, 101.0)):
+        first.report(value, step)
+        assert not first.should_prune()
+    study.tell(first, 100.0)
+    slow = study.ask()
+    slow.report(94.0, 1)
+    assert slow.should_prune()  # 6% behind the best at steady step 1
+    study.tell(slow, state=optuna.trial.TrialState.PRUNED)
+    close = study.ask()
+    close.report(96.0, 1)
+    assert not close.should_prune()  # within TOLERANCE: it goes on ...
+    close.report(90.0, 2)
+    assert close.should_prune()  # ... while it stays near the best at its step
+    study.tell(close, state=optuna.trial.TrialState.PRUNED)
+    faster = study.ask()
+    faster.report(120.0, 1)
+    assert not faster.should_prune()
+    study.tell(faster, 120.0)
+    again = study.ask()
+    again.report(110.0, 1)
+    assert again.should_prune()  # the bar is the best value any trial reached at the step
+
+
 def candidate(index, tp, pp, ep=1, tokens=1000.0, mb=1):
     params = {"tp": tp, "pp": pp, "ep": ep, "micro_batch": mb}
     return SimpleNamespace(index=index, key=f"c{index}", params=params,
@@ -131,6 +159,17 @@ def test_spread_takes_one_layout_per_tp_ep_pp_family_first():
     # the second of each family next, then the rest in rank order
     assert first_trials(candidates, 6, "spread", 0.16) == [0, 2, 4, 1, 3, 5]
     assert family(candidates[4]) == (None, None, 2, 1, 2)
+
+
+def test_ucb_first_trials_take_the_best_predicted_layout_of_each_family():
+    """Before a measurement every bound is the prediction plus one width: the best-predicted
+    member of each TP/EP/PP family, families in the order of it, ties or not."""
+    candidates = [candidate(0, 1, 1, tokens=900, mb=1), candidate(1, 1, 1, tokens=990, mb=2),
+                  candidate(2, 2, 1, tokens=950), candidate(3, 2, 2, tokens=1000),
+                  candidate(4, 4, 1, tokens=500), candidate(5, 2, 1, tokens=960, mb=2)]
+    assert first_trials(candidates, 3, "ucb", 0.16) == [3, 1, 5]
+    assert first_trials(candidates, 6, "ucb", 0.16) == [3, 1, 5, 4, 0, 2]
+    assert first_trials(candidates, 6, "spread", 0.16)[:3] == [0, 2, 3]  # plan order instead
 
 
 def test_confidence_says_how_many_untried_layouts_could_beat_the_best():
@@ -168,6 +207,30 @@ def test_guided_posterior_moves_a_measured_layouts_family():
     other_both = gain[7]  # TP2 PP2 mb2
     assert same_family > other_tp > other_both > 1.0  # sharing more, erring more alike
     assert sd[0] < sd[1] < sd[7]
+
+
+def test_a_wider_ucb_width_prefers_the_unmeasured_family():
+    """``--ucb-width``: with one layout of the TP1 family measured 20% above its prediction,
+    a narrow bound takes its family's other layout, a wide one the unmeasured TP2 family."""
+    from trials import study_state as attrs
+    from trials.guided import GuidedSampler
+
+    frame = SimpleNamespace(candidates=[
+        SimpleNamespace(index=i, key=f"c{i}", params={"tp": tp, "pp": 1, "ep": 1,
+                                                     "micro_batch": mb},
+                        predicted={"tokens_per_s_per_gpu": tokens})
+        for i, (tp, mb, tokens) in enumerate([(1, 1, 1000.0), (1, 2, 1000.0),
+                                              (2, 1, 900.0)])], distributions=dict)
+    frame.index = {c.key: c.index for c in frame.candidates}
+    measured = SimpleNamespace(user_attrs={
+        attrs.CATEGORY: "ok", attrs.KEY: "c0",
+        attrs.MEASURED: {"tokens_per_s_per_gpu": 1200.0, "steady_steps": 4}})
+    study = SimpleNamespace(get_trials=lambda deepcopy=False: [measured])
+    mask = np.array([False, True, True])
+    chosen = {width: GuidedSampler(frame, lambda s: mask, 0.16, seed=0, kappa=width,
+                                   inner=optuna.samplers.RandomSampler(seed=0))
+              .choose(study, None, {}, mask) for width in (0.5, 3.0)}
+    assert chosen == {0.5: 1, 3.0: 2}
 
 
 def test_tune_with_the_fake_verl_trainer_prunes_a_slow_trial(tmp_path, monkeypatch, capsys):
@@ -227,3 +290,13 @@ def test_a_pruner_with_several_objectives_is_refused(tmp_path, capsys):
     assert main(tune_argv(tmp_path, "--multi-objective", "--pruner", "hyperband")) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--pruner hyperband needs one objective" in err
+
+
+def test_a_bad_ucb_width_is_refused_by_name(tmp_path, capsys):
+    from fixtures.tuning import tune_argv
+
+    from planner.cli.main import main
+
+    assert main(tune_argv(tmp_path, "--ucb-width", "11")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--ucb-width" in err and "11" in err and "0..10" in err

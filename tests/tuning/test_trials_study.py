@@ -48,8 +48,11 @@ def measured(study):
 def test_a_full_study(tmp_path, fake, capsys):
     record = fake(rules=[{"match": {"tp": 2, "micro_batch": 8, "recompute": "none"},
                           "behaviour": "oom", "phase": "update_actor", "at_step": 2}])
+    # spread first trials and --ucb-width 1: the study reaches the fast TP2 micro-batch-8
+    # layouts (whose OOM and relief this test follows) early, instead of exploring first
     code = main(tune_argv(tmp_path, "--write", str(tmp_path / "out"), "--top-k", "3",
-                          "--seed", "1", trials=8))
+                          "--first-trials", "spread", "--ucb-width", "1", "--seed", "1",
+                          trials=8))
     out, err = capsys.readouterr()
     assert code == 0, err
     study = load_study(sqlite_url(tmp_path))

@@ -39,10 +39,11 @@ def strategy(name):
 def default_strategy():
     """The strategy ``tune`` runs by default (trials.defaults), as the simulator names it."""
     return next(s for s in sim.STRATEGIES
-                if (s.sampler, s.pruner, s.first_trials, s.top_k, s.stop_when_confident)
+                if (s.sampler, s.pruner, s.first_trials, s.top_k, s.stop_when_confident,
+                    s.ucb_width)
                 == (TUNE_DEFAULTS["sampler"], TUNE_DEFAULTS["pruner"],
                     TUNE_DEFAULTS["first_trials"], TUNE_DEFAULTS["top_k"],
-                    TUNE_DEFAULTS["stop_when_confident"]))
+                    TUNE_DEFAULTS["stop_when_confident"], TUNE_DEFAULTS["ucb_width"]))
 
 
 def test_the_benchmark_has_twenty_jobs_of_every_kind():
@@ -109,6 +110,24 @@ def test_pruner_stops_trailing_trials_early(prepared, tmp_path):
     assert sim.at_budget(pruned, 8)["gpu_hours"] < sim.at_budget(full, 8)["gpu_hours"]
 
 
+def test_probe_runs_one_steady_step_of_a_trailing_trial(prepared, tmp_path):
+    """``--pruner probe``: a trial that is not near the best after its first steady step stops
+    there -- the launch, the half-speed warm-up (two steps' time) and one step -- and the
+    study still writes back a layout that ran all its steps."""
+    job = prepared["moonlight-8"]
+    truth = sim.hidden_truth(job, 5, MEMORY_SD)
+    run = sim.run_study(job, truth, strategy("guided-w2+probe"), 10, 0, tmp_path)
+    stopped = [t for t in run.trials if t["category"] == "pruned"]
+    assert len(stopped) >= 3, [t["category"] for t in run.trials]
+    for trial in stopped:
+        step_s = float(truth.step_time_s[job.candidates.index[trial["key"]]])
+        assert trial["duration_s"] == pytest.approx(sim.LAUNCH_S + 3 * step_s, rel=0.15)
+    ok = [t for t in run.trials if t["category"] == "ok"]
+    best = max(ok, key=lambda t: t["value"])
+    assert all(t["true"] < best["true"] * 1.05 for t in stopped)  # none was clearly better
+    assert run.trials[0]["category"] == "ok"  # the first trial is the best at its step
+
+
 def test_a_study_whose_first_trials_all_oom_still_writes_back_a_success(prepared, tmp_path):
     job = prepared["qwen2.5-7b-8"]
     chosen = default_strategy()
@@ -144,3 +163,62 @@ def test_default_strategy_beats_the_one_before_on_three_jobs(prepared, tmp_path)
                                                                       MEMORY_SD),
                           default_strategy(), 12, 0, tmp_path / "again")
     assert [t["key"] for t in again.trials] == [t["key"] for t in runs[-1].trials]
+
+
+def test_equal_gpu_hours_counts_whole_trials_pruned_ones_too():
+    """A study may spend what the reference's study of the same job and draw spent on
+    ``budget`` trials; a trial that would end past that is not counted, a cheap pruned one
+    is."""
+    def trial(key, category, value, true, hours):
+        return {"key": key, "category": category, "value": value, "true": true,
+                "duration_s": hours * 3600.0 / 8}
+
+    before = sim.StudyRun("job", 0, "default (before)",
+                          [trial("a", "ok", 90.0, 90.0, 1.0), trial("b", "ok", 95.0, 95.0, 1.0)],
+                          "", 100.0, 8)
+    probe = sim.StudyRun("job", 0, "probe",
+                         [trial("a", "ok", 90.0, 90.0, 1.0), trial("c", "pruned", None, 80.0, 0.5),
+                          trial("d", "pruned", None, 99.0, 0.4), trial("e", "ok", 98.0, 98.0, 1.0)],
+                         "", 100.0, 8)
+    assert sim.trials_within(probe, 2.0) == 3 and sim.trials_within(probe, 2.9) == 4
+    assert sim.trials_within(before, 0.99) == 0
+    rows = {(r["strategy"], r["budget"]): r
+            for r in sim.summarise_hours([before, probe], (1, 2))}
+    assert rows[("probe", 1)]["median_regret"] == pytest.approx(0.10)
+    assert rows[("probe", 1)]["trials_run"] == 1
+    assert rows[("probe", 2)]["trials_run"] == 3  # 1 + 0.5 + 0.4 GPU-h; the next would pass 2
+    assert rows[("probe", 2)]["median_regret"] == pytest.approx(0.10)  # d was pruned
+    assert rows[("default (before)", 2)]["median_regret"] == pytest.approx(0.05)
+    assert rows[("probe", 2)]["capped"] == 0.0
+
+
+def test_the_ucb_width_reaches_the_study_sampler(prepared, tmp_path):
+    """``TuneSettings.ucb_width`` is the guided sampler's bound: a wider one explores other
+    layouts after the same first trials."""
+    job = prepared["qwen3-30b-8"]
+    truth = sim.hidden_truth(job, 2, MEMORY_SD)
+    keys = {width: [t["key"] for t in sim.run_study(
+        job, truth, dataclasses.replace(strategy("guided"), ucb_width=width), 8, 0,
+        tmp_path / str(width)).trials] for width in (1.0, 3.0)}
+    assert keys[1.0][:3] == keys[3.0][:3] and keys[1.0] != keys[3.0]
+
+
+def test_the_tuner_sees_nothing_of_the_hidden_truth_it_did_not_measure(prepared, tmp_path):
+    """No leak from the simulator: scrambling the hidden throughput and memory of every layout
+    the default study did not run leaves its trials -- which layouts, in which order, what they
+    measured -- exactly as they were."""
+    job = prepared["moonlight-8"]
+    truth = sim.hidden_truth(job, 9, MEMORY_SD)
+    first = sim.run_study(job, truth, default_strategy(), 10, 0, tmp_path / "a")
+    ran = np.array([job.candidates.index[t["key"]] for t in first.trials])
+    rng = np.random.default_rng(1)
+    untried = np.ones(len(truth.tokens_per_s_per_gpu), dtype=bool)
+    untried[ran] = False
+    factor = np.where(untried, np.exp(rng.normal(0.0, 0.3, len(untried))), 1.0)
+    scrambled = dataclasses.replace(
+        truth, tokens_per_s_per_gpu=truth.tokens_per_s_per_gpu * factor,
+        step_time_s=truth.step_time_s / factor,
+        oom_need=np.where(untried, rng.uniform(0.5, 1.2, len(untried)), truth.oom_need))
+    second = sim.run_study(job, scrambled, default_strategy(), 10, 0, tmp_path / "b")
+    assert [(t["key"], t["category"], t["value"]) for t in second.trials] == \
+        [(t["key"], t["category"], t["value"]) for t in first.trials]
