@@ -586,7 +586,9 @@ def mtp_training_bytes(model: ModelSpec, workload, cols: Columns, tokens: np.nda
     model's kind at the job's recompute setting (:func:`activation_bytes_per_layer`), the
     normed embedding and hidden state concatenated into ``eh_proj`` and their norms' inputs
     (``4h`` bf16 per token, split over SP), and one more full-vocabulary cross entropy: the
-    logits, their fp32 copy and gradient as the main loss keeps them (:func:`logits_bytes`)."""
+    logits, their fp32 copy and gradient as the main loss keeps them (:func:`logits_bytes`).
+    The forward-only passes are left as they are: the MTP logits of a pass without gradients
+    are freed after its loss, below the main logits' peak."""
     n = len(cols["tp"])
     if not trains_mtp(model, workload):
         return np.zeros(n), np.zeros(n)
@@ -744,17 +746,17 @@ def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
     out = []
     for ranks, (non_expert, expert), params in zip(
             all_ranks, actor_params_per_gpu(model, cols, all_ranks), owned):
-        expert = expert + np.where(ranks.head, mtp_dense + mtp_expert, 0)
+        held = non_expert + expert + np.where(ranks.head, mtp_dense + mtp_expert, 0)
         params = params + np.where(ranks.head, mtp_owned, 0)
         in_flight = in_flight_stage_equivalents(cols, update.count, ranks.rank)
         kept, recompute_working = kept_activations(model, cols, train_tokens, ranks)
         working = _working_set(model, cols, forward_tokens, ranks.dense, ranks.moe)
         is_first, is_last = ranks.embedding, ranks.head
         embedding_inputs = np.where(is_first, TOKEN_ID_BYTES * train_tokens * in_flight, 0)
-        weights = WEIGHT_BYTES * (non_expert + expert)
+        weights = WEIGHT_BYTES * held
         out.append({
             "weights": weights,
-            "grads": grad_bytes * (non_expert + expert),
+            "grads": grad_bytes * held,
             "optimizer_state": state * params,
             "optimizer_params": params,
             "train_activations": kept * in_flight + recompute_working + embedding_inputs
