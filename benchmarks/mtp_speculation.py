@@ -1,4 +1,4 @@
-"""Generation with and without MTP speculative decoding, against NeMo RL's published DeepSeek-V3 run.
+"""Generation with and without MTP speculative decoding against NeMo RL's DeepSeek-V3 run.
 
     python benchmarks/mtp_speculation.py
 

@@ -284,9 +284,12 @@ class GrpoWorkload:
         check_number("--acceptance-length", self.acceptance_length, 0,
                      MAX_SPECULATIVE_TOKENS + 1)
         if method == "off":
-            if self.acceptance_length:
-                raise PlanInputError(f"--acceptance-length {self.acceptance_length:g} needs "
-                                     f"--speculative mtp (speculative decoding is off)")
+            if self.acceptance_length or self.speculative_tokens != 1:
+                given = (f"--acceptance-length {self.acceptance_length:g}"
+                         if self.acceptance_length
+                         else f"--speculative-tokens {self.speculative_tokens}")
+                raise PlanInputError(f"{given} needs --speculative mtp (speculative decoding "
+                                     f"is off)")
             return
         k = self.speculative_tokens
         if not self.acceptance_length:

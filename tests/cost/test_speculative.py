@@ -67,6 +67,7 @@ def test_default_acceptance_length_is_leviathans_series_at_85_percent():
     (dict(speculative="draft"), "separate draft model"),
     (dict(speculative="eagle3"), "EAGLE-3"),
     (dict(acceptance_length=1.5), "needs --speculative mtp"),
+    (dict(speculative_tokens=3), "--speculative-tokens 3 needs --speculative mtp"),
     (dict(speculative="mtp", acceptance_length=2.5), "between 1 and"),
     (dict(speculative="mtp", speculative_tokens=0), "--speculative-tokens"),
     (dict(speculative="mtp", fused_kernels=True), "fused kernels"),
