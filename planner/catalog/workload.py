@@ -30,6 +30,29 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 ROLLOUT_ENGINES = ("vllm", "sglang")
 ROLLOUT_PRECISIONS = ("bf16", "fp8")  # rollout weights and KV cache (vLLM quantization=fp8)
 WEIGHT_SYNC_PATHS = ("per_tensor", "bucketed")
+# Speculative decoding in rollout: "off" or "mtp", the model's own multi-token-prediction layers
+# as the drafter (verl 0.9.1 actor_rollout_ref.model.mtp.{enable, enable_rollout}).  A separate
+# draft model is refused by name: verl syncs the actor's weights into vLLM's MTP drafter only
+# (workers/rollout/vllm_rollout/utils.py ``_iter_all_models``: "Independent non-MTP draft models
+# are not compatible with actor weight loading through this path").
+SPECULATIVE_METHODS = ("off", "mtp")
+REFUSED_SPECULATIVE = {"draft": "a separate draft model", "eagle": "an EAGLE draft model",
+                       "eagle3": "an EAGLE-3 draft model"}
+MAX_SPECULATIVE_TOKENS = 16
+# Acceptance of one drafted token by the target: the DeepSeek-V3 technical report (arXiv
+# 2412.19437, §5.4.3) measures 85-90% for the second token its MTP module predicts; the low end,
+# as RL rollouts sample at temperature 1 rather than greedily.
+DEFAULT_DRAFT_ACCEPTANCE = 0.85
+
+
+def default_acceptance_length(speculative_tokens: int,
+                              acceptance: float = DEFAULT_DRAFT_ACCEPTANCE) -> float:
+    """Mean tokens one verification step advances with ``speculative_tokens`` drafted tokens,
+    each accepted with probability ``acceptance`` given the ones before (Leviathan et al. 2023,
+    "Fast Inference from Transformers via Speculative Decoding", eq. 1):
+    ``(1 - a^(k+1)) / (1 - a)``; k = 1 at 85%: 1.85 tokens per step."""
+    a, k = acceptance, speculative_tokens
+    return (1 - a ** (k + 1)) / (1 - a)
 # mean / max response length of a library caller that states neither a mean nor lengths; every
 # command states its lengths (planner.cli.inputs: given, read from a run, or the published
 # default for the kind of job, planner.catalog.lengths.default_lengths), so no answer rests on it
@@ -172,6 +195,13 @@ class GrpoWorkload:
     # into large buffers handed over by CUDA IPC ("bucketed").  Not a verl key: it lets the
     # time model score NeMo RL runs too.
     weight_sync: str = "per_tensor"
+    # --- speculative decoding and MTP (verl actor_rollout_ref.model.mtp) ------------------------
+    speculative: str = "off"  # "mtp": mtp.enable + enable_rollout, the MTP layers draft
+    speculative_tokens: int = 1  # mtp.num_speculative_tokens: tokens drafted per step (k)
+    # Mean tokens one verification step advances, bonus token included (1..k+1); 0 (not
+    # given): default_acceptance_length(k), stated on every answer
+    acceptance_length: float = 0.0
+    train_mtp: bool = False  # mtp.enable + enable_train: the MTP loss trains the MTP layers
     # The mean response length over the run (planner.catalog.lengths): given, read from a run or
     # the published default for the kind of job.  Plans time each layout at the trajectory's
     # start, middle and end (planner.cost.trajectory) and rank by the expected step time; None:
@@ -236,6 +266,43 @@ class GrpoWorkload:
                                  f"(fp32) and 2 (bf16, precision-aware optimizer)")
         if self.entropy_chunk_tokens < 0:
             raise PlanInputError(f"entropy chunk size {self.entropy_chunk_tokens} must be >= 0")
+        self._check_speculation()
+
+    def _check_speculation(self) -> None:
+        """The speculative-decoding and MTP settings, and the acceptance length's default."""
+        method = self.speculative
+        if method in REFUSED_SPECULATIVE:
+            raise PlanInputError(
+                f"--speculative {method}: verl 0.9.1 cannot run {REFUSED_SPECULATIVE[method]} "
+                f"in rollout (it syncs the actor's weights into vLLM's MTP drafter only, "
+                f"vllm_rollout/utils.py); valid: {', '.join(SPECULATIVE_METHODS)}")
+        if method not in SPECULATIVE_METHODS:
+            raise PlanInputError(f"--speculative {method!r} is not one of "
+                                 f"{', '.join(SPECULATIVE_METHODS)}")
+        check_number("--speculative-tokens", self.speculative_tokens, 1,
+                     MAX_SPECULATIVE_TOKENS, integer=True)
+        check_number("--acceptance-length", self.acceptance_length, 0,
+                     MAX_SPECULATIVE_TOKENS + 1)
+        if method == "off":
+            if self.acceptance_length or self.speculative_tokens != 1:
+                given = (f"--acceptance-length {self.acceptance_length:g}"
+                         if self.acceptance_length
+                         else f"--speculative-tokens {self.speculative_tokens}")
+                raise PlanInputError(f"{given} needs --speculative mtp (speculative decoding "
+                                     f"is off)")
+            return
+        k = self.speculative_tokens
+        if not self.acceptance_length:
+            object.__setattr__(self, "acceptance_length",
+                               round(default_acceptance_length(k), 4))
+        elif not 1 <= self.acceptance_length <= k + 1:
+            raise PlanInputError(f"--acceptance-length {self.acceptance_length:g} must be "
+                                 f"between 1 and --speculative-tokens + 1 = {k + 1} (tokens "
+                                 f"one verification step advances)")
+        if self.fused_kernels:
+            raise PlanInputError("--fused-kernels with MTP: verl 0.9.1 turns fused kernels off "
+                                 "when mtp.enable is set (workers/engine/megatron/"
+                                 "transformer_impl.py); drop --fused-kernels")
 
     @property
     def sequence_length(self) -> int:
@@ -274,6 +341,23 @@ class GrpoWorkload:
     def sequences_per_mini_batch(self) -> int:
         return self.mini_batch_size * self.rollout_n
 
+    @property
+    def mtp_enabled(self) -> bool:
+        """verl builds the MTP layers into the actor (``mtp.enable``): for speculative decoding
+        with them or to train them."""
+        return self.speculative == "mtp" or self.train_mtp
+
+    @property
+    def draft_tokens(self) -> int:
+        """Tokens drafted per verification step (0 without speculative decoding)."""
+        return self.speculative_tokens if self.speculative != "off" else 0
+
+    @property
+    def tokens_per_verification(self) -> float:
+        """Tokens one decode (verification) step advances per sequence: the acceptance length
+        with speculative decoding, else 1."""
+        return float(self.acceptance_length) if self.speculative != "off" else 1.0
+
     kind = "grpo"
     has_rollout = True  # a step generates its samples (the ``generate`` phase)
 
@@ -305,7 +389,23 @@ class GrpoWorkload:
                 if self.moving_lengths else f"{self.mean_response_length}")
         return (f"GRPO: {self.train_batch_size} prompts x n={self.rollout_n}, prompt "
                 f"{self.prompt_length} + response {self.response_length} tokens (mean "
-                f"{mean}), mini-batch {self.mini_batch_size}, {self.precision}")
+                f"{mean}), mini-batch {self.mini_batch_size}, {self.precision}"
+                + self.describe_mtp())
+
+    def describe_mtp(self) -> str:
+        """The MTP settings and the acceptance assumption, for the header ('' when off)."""
+        parts = []
+        if self.speculative != "off":
+            default = self.acceptance_length == round(
+                default_acceptance_length(self.speculative_tokens), 4)
+            parts.append(f"MTP speculative decoding: {self.speculative_tokens} drafted "
+                         f"token(s), acceptance length {self.acceptance_length:g} tokens/step"
+                         + (f" (assumed: {DEFAULT_DRAFT_ACCEPTANCE:.0%} per drafted token, "
+                            f"DeepSeek-V3 report; set --acceptance-length)" if default
+                            else " (given)"))
+        if self.train_mtp:
+            parts.append("MTP layers trained")
+        return "".join(f"; {part}" for part in parts)
 
     def to_dict(self) -> dict:
         out = {"kind": self.kind, **asdict(self)}
@@ -340,6 +440,12 @@ class PretrainWorkload:
     engine = None
     phases = (Phase.UPDATE_ACTOR.value,)
     needs_reference = False
+    # no rollout, so no speculative decoding; the MTP layers are not built
+    speculative = "off"
+    draft_tokens = 0
+    tokens_per_verification = 1.0
+    train_mtp = False
+    mtp_enabled = False
     # Megatron's defaults: no verl log-prob kernels, fp32 main grads, fp32 Adam moments
     fused_kernels = False
     entropy_chunk_tokens = 0

@@ -240,6 +240,20 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
                       help="rollout.max_num_batched_tokens (chunked-prefill size, default 8192)")
     algo.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                       help="rollout.enable_prefix_caching: the n samples share a prompt's KV")
+    # speculative decoding and MTP (actor_rollout_ref.model.mtp); "draft"/"eagle"/"eagle3" are
+    # accepted here so the workload refuses them by name (verl cannot run a separate drafter)
+    algo.add_argument("--speculative", choices=("off", "mtp", "draft", "eagle", "eagle3"),
+                      default="off", metavar="{off,mtp}",
+                      help="speculative decoding in rollout: mtp drafts with the model's own "
+                           "MTP layers (model.mtp.enable + enable_rollout)")
+    algo.add_argument("--speculative-tokens", type=integer(1, 16), default=1,
+                      help="model.mtp.num_speculative_tokens: tokens drafted per step (k, "
+                           "default 1)")
+    algo.add_argument("--acceptance-length", type=fraction(1.0, 17.0), default=0.0,
+                      help="mean tokens one verification step advances (1..k+1; default: 85%% "
+                           "acceptance per drafted token, DeepSeek-V3 report: 1.85 at k=1)")
+    algo.add_argument("--train-mtp", action="store_true",
+                      help="model.mtp.enable_train: train the MTP layers with their loss")
 
 
 class _ModeChoices:

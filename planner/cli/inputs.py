@@ -162,7 +162,11 @@ def workload(args, model=None):
                         enforce_eager=args.enforce_eager,
                         free_cache_engine=args.free_cache_engine,
                         max_num_batched_tokens=args.max_num_batched_tokens,
-                        prefix_caching=args.prefix_caching)
+                        prefix_caching=args.prefix_caching,
+                        speculative=args.speculative,
+                        speculative_tokens=args.speculative_tokens,
+                        acceptance_length=args.acceptance_length,
+                        train_mtp=args.train_mtp)
 
 
 def cost_model(args) -> CostModel:

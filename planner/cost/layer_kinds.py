@@ -20,7 +20,8 @@ Rollout memory follows vLLM's hybrid KV-cache allocator (vLLM 0.24, the version 
   (``heads / tp x d_k x d_v``, Mamba ``heads / tp x head_dim x d_state``, at the SSM cache
   dtype, ``vllm/model_executor/layers/mamba/mamba_utils.py``); with prefix caching on (verl's
   default ``enable_prefix_caching: true``) vLLM's ``mamba_cache_mode="align"`` keeps two pages
-  per sequence (``MambaSpec.max_memory_usage_bytes``: ``2 + num_speculative_blocks``), else one.
+  per sequence (``MambaSpec.max_memory_usage_bytes``: ``2 + num_speculative_blocks``), else one;
+  speculative decoding adds ``num_speculative_blocks = num_speculative_tokens`` pages.
 
 The allocator then unifies the page size (``vllm/platforms/interface.py``,
 ``_align_hybrid_block_size``): the attention block grows to ``align * cdiv(mamba_page,
@@ -241,8 +242,9 @@ def kv_cache_layout(model: ModelSpec, cache: EngineCache = EngineCache()) -> KvC
     if len(counts) == 1:
         group_size = least  # one kind: every layer in one group (uniform type)
     groups = tuple((kind, window, -(-n // group_size)) for (kind, window), n in counts.items())
-    state_pages = (ALIGN_STATE_PAGES if cache.prefix_caching else 1) + (
-        1 if speculative_tokens else 0)
+    # MambaSpec(num_speculative_blocks=num_speculative_tokens): one more state page per
+    # drafted token, whatever the cache mode (vllm/model_executor/layers/mamba/abstract.py)
+    state_pages = (ALIGN_STATE_PAGES if cache.prefix_caching else 1) + speculative_tokens
     return KvCacheLayout(block, page, group_size, groups, state_pages)
 
 

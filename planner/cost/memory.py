@@ -55,6 +55,14 @@ from planner.cost.layer_kinds import (
     mixer_activation_bytes_per_token,
 )
 from planner.cost.request import PlanRequest
+from planner.cost.speculative import (
+    drafter_kv_bytes_per_token,
+    drafter_weight_bytes,
+    lookahead_tokens,
+    mtp_is_moe,
+    mtp_stage_params,
+    trains_mtp,
+)
 from planner.phases import PHASES, TRAINING_PHASES
 from planner.search.batches import log_prob_batches, update_batches
 from planner.search.layout import (
@@ -550,6 +558,49 @@ def rollout_weight_bytes(model: ModelSpec, cols: Columns, workload=None) -> np.n
             + linear_bytes * p.experts / _f(expert_shards))
 
 
+def drafter_rollout_bytes(model: ModelSpec, cols: Columns, workload) -> np.ndarray:
+    """The MTP drafter's weights on one rollout GPU when the rollout speculates with them
+    (vLLM loads them beside the target; :func:`planner.cost.speculative.drafter_weight_bytes`),
+    else zero."""
+    if not lookahead_tokens(workload):
+        return np.zeros(len(cols["rollout_tp"]))
+    linear_bytes = 1 if engine_of(workload).precision == "fp8" else WEIGHT_BYTES
+    return drafter_weight_bytes(model, cols["rollout_tp"], cols["rollout_ep"], linear_bytes)
+
+
+def drafter_kv_per_token(model: ModelSpec, cols: Columns, workload) -> np.ndarray:
+    """K/V bytes per token the MTP drafter's attention adds to one rank's pool when the rollout
+    speculates, else zero."""
+    if not lookahead_tokens(workload):
+        return np.zeros(len(cols["rollout_tp"]))
+    kv_dtype = engine_cache(model, workload, 1).kv_dtype
+    return drafter_kv_bytes_per_token(model, np.asarray(cols["rollout_tp"]), kv_dtype)
+
+
+def mtp_training_bytes(model: ModelSpec, workload, cols: Columns, tokens: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(activations one micro-batch leaves for backward, log-prob buffers) of the MTP layers on
+    the last stage when verl trains them (``mtp.enable_train``), else zeros.
+
+    Per MTP layer (megatron-core ``MultiTokenPredictionLayer``): one decoder layer of the
+    model's kind at the job's recompute setting (:func:`activation_bytes_per_layer`), the
+    normed embedding and hidden state concatenated into ``eh_proj`` and their norms' inputs
+    (``4h`` bf16 per token, split over SP), and one more full-vocabulary cross entropy: the
+    logits, their fp32 copy and gradient as the main loss keeps them (:func:`logits_bytes`).
+    The forward-only passes are left as they are: the MTP logits of a pass without gradients
+    are freed after its loss, below the main logits' peak."""
+    n = len(cols["tp"])
+    if not trains_mtp(model, workload):
+        return np.zeros(n), np.zeros(n)
+    layer = activation_bytes_per_layer(model, cols, tokens, moe=mtp_is_moe(model),
+                                       recompute=cols["recompute"])
+    sp = np.where(np.asarray(cols["sequence_parallel"]).astype(bool) & (cols["tp"] > 1),
+                  _f(cols["tp"]), 1.0)
+    inputs = 4 * ACTIVATION_BYTES * model.hidden_size * _f(tokens) / sp
+    logits = logits_bytes(model, workload, cols, tokens, "train")
+    return model.mtp_layers * (layer + inputs), model.mtp_layers * logits
+
+
 def engine_cache(model: ModelSpec, workload, rollout_tp: int) -> EngineCache:
     """How one rank of the workload's rollout engine keeps its cache (vLLM): the rollout TP,
     ``kv_cache_dtype`` (fp8 with an FP8 rollout, else the model's bf16) and prefix caching
@@ -557,7 +608,8 @@ def engine_cache(model: ModelSpec, workload, rollout_tp: int) -> EngineCache:
     engine = engine_of(workload)
     return EngineCache(tp=int(rollout_tp),
                        kv_dtype="fp8" if engine.precision == "fp8" else "bfloat16",
-                       prefix_caching=engine.prefix_caching)
+                       prefix_caching=engine.prefix_caching,
+                       speculative_tokens=lookahead_tokens(workload))
 
 
 def _per_rollout_tp(cols: Columns, value) -> np.ndarray:
@@ -686,23 +738,31 @@ def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
     grad_bytes = MAIN_GRAD_BYTES if getattr(workload, "grad_reduce_in_fp32", True) else 2
     all_ranks = rank_layers(model, cols)
     owned = optimizer_params_all(model, cluster, cols, all_ranks)
+    # the MTP layers on the last stage (mtp.enable) and, trained, their activations and loss
+    mtp_dense, mtp_expert = mtp_stage_params(model, workload, cols["tp"], cols["ep"], cols["etp"])
+    dense_shards, expert_shards = optimizer_shards(cluster, cols)
+    mtp_owned = mtp_dense / dense_shards + mtp_expert / expert_shards
+    mtp_kept, mtp_logits = mtp_training_bytes(model, workload, cols, train_tokens)
     out = []
     for ranks, (non_expert, expert), params in zip(
             all_ranks, actor_params_per_gpu(model, cols, all_ranks), owned):
+        held = non_expert + expert + np.where(ranks.head, mtp_dense + mtp_expert, 0)
+        params = params + np.where(ranks.head, mtp_owned, 0)
         in_flight = in_flight_stage_equivalents(cols, update.count, ranks.rank)
         kept, recompute_working = kept_activations(model, cols, train_tokens, ranks)
         working = _working_set(model, cols, forward_tokens, ranks.dense, ranks.moe)
         is_first, is_last = ranks.embedding, ranks.head
         embedding_inputs = np.where(is_first, TOKEN_ID_BYTES * train_tokens * in_flight, 0)
-        weights = WEIGHT_BYTES * (non_expert + expert)
+        weights = WEIGHT_BYTES * held
         out.append({
             "weights": weights,
-            "grads": grad_bytes * (non_expert + expert),
+            "grads": grad_bytes * held,
             "optimizer_state": state * params,
             "optimizer_params": params,
-            "train_activations": kept * in_flight + recompute_working + embedding_inputs,
+            "train_activations": kept * in_flight + recompute_working + embedding_inputs
+            + np.where(is_last, mtp_kept * in_flight, 0),
             "train_logits": np.where(is_last, logits_bytes(model, workload, cols, train_tokens,
-                                                           "train"), 0),
+                                                           "train") + mtp_logits, 0),
             # Forward-only passes keep one layer's working set and the layer input at a time.
             "forward": working + ACTIVATION_BYTES * model.hidden_size * forward_tokens,
             "actor_logits": np.where(is_last, logits_bytes(model, workload, cols,
@@ -806,10 +866,18 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
     engine = engine_of(workload)
     capacity = float(cluster.gpu.memory_bytes)
     seq = workload.sequence_length
-    weights = rollout_weight_bytes(model, cols, workload)
+    weights = rollout_weight_bytes(model, cols, workload) + drafter_rollout_bytes(model, cols,
+                                                                                   workload)
     reserve = rollout_reserve_bytes(model, cols, workload)
     kv_per_token = kv_bytes_per_token(model, cols, workload)
     state_tokens = sequence_state_tokens(model, cols, workload, seq)
+    if lookahead_tokens(workload):
+        # speculative decoding: the drafter's K/V joins the pool (tokens now count both), and
+        # each sequence reserves its drafted tokens' slots (speculative.py)
+        target_per_token = kv_per_token
+        kv_per_token = target_per_token + drafter_kv_per_token(model, cols, workload)
+        state_tokens = (state_tokens * target_per_token / kv_per_token
+                        + lookahead_tokens(workload))
     kv_per_seq = kv_tokens_per_sequence(workload) + state_tokens
     replicas = np.maximum(cluster.num_gpus // (cols["rollout_tp"] * cols["rollout_dp"]), 1)
     seqs_per_replica = -(-workload.sequences_per_step // replicas)

@@ -45,11 +45,13 @@ import numpy as np
 from planner.catalog.hardware import ClusterSpec
 from planner.cost.memory import WEIGHT_BYTES
 from planner.cost.request import PlanRequest
+from planner.cost.speculative import decode_steps
 from planner.cost.timing import (
     decode_step_s,
     generate_s,
     link_bandwidth,
     rollout_concurrency,
+    synced_params,
     weight_sync_s,
 )
 from planner.search.batches import mean_prompt_length, mean_response_length
@@ -94,7 +96,7 @@ def streaming_generate_s(request: PlanRequest, cols: Columns, memory: Columns,
                                                  memory.get("kv_state_tokens_per_seq", 0.0)),
                              np.maximum(in_flight, 1.0))
     r_mean = mean_response_length(workload)
-    steps = seqs * r_mean / concurrency
+    steps = decode_steps(seqs * r_mean / concurrency, workload)  # speculation: fewer steps
     step = decode_step_s(request, cols, concurrency, mean_prompt_length(workload) + r_mean / 2)
     decode = np.where(whole["kv_holds_sequence"], steps * step["total_s"], np.inf)
     return {"total_s": whole["prefill_s"] + decode, "prefill_s": whole["prefill_s"],
@@ -108,7 +110,7 @@ def pool_sync_s(request: PlanRequest, trainer: ClusterSpec, cols: Columns
     model, whole, workload, eff = (request.model, request.cluster, request.workload,
                                    request.efficiency)
     local = weight_sync_s(request.on(trainer), cols)
-    total_bytes = float(model.params.total * WEIGHT_BYTES)
+    total_bytes = float(synced_params(model, workload) * WEIGHT_BYTES)
     span = np.full(len(local["comm_s"]), whole.num_gpus)
     broadcast = total_bytes / link_bandwidth(whole, eff, span)
     gather, load, latency = local["comm_s"], local["compute_s"], local["latency_s"]

@@ -17,6 +17,7 @@ from planner.catalog.hardware import ClusterSpec
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import Workload
 from planner.cost.efficiency import CostModel, Efficiency, shipped_cost_model
+from planner.cost.speculative import check_mtp
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.space import SearchOptions
 
@@ -32,6 +33,10 @@ class PlanRequest:
     options: SearchOptions = SearchOptions()
     cost: CostModel = field(default_factory=shipped_cost_model)
     policy: MemoryPolicy = DEFAULT_POLICY
+
+    def __post_init__(self) -> None:
+        # what needs both the model and the workload: MTP on a model without MTP layers
+        check_mtp(self.model, self.workload)
 
     @property
     def efficiency(self) -> Efficiency:

@@ -85,11 +85,22 @@ from planner.cost.memory import (
     actor_params_per_gpu,
     cpu_fraction,
     decode_cache_bytes,
+    drafter_kv_per_token,
+    drafter_rollout_bytes,
     estimate_memory,
     rank_layers,
     rollout_weight_bytes,
 )
 from planner.cost.request import PlanRequest
+from planner.cost.speculative import (
+    decode_steps,
+    drafter_step_flops,
+    drafter_step_weight_bytes,
+    mtp_is_moe,
+    mtp_tensor_count,
+    trains_mtp,
+    verified_tokens,
+)
 from planner.phases import PHASES
 from planner.search.batches import (
     log_prob_batches,
@@ -188,12 +199,29 @@ def _stage_compute_s(request: PlanRequest, cols: Columns, shape: TrainShape):
     per_dense = attention_layer + mlp_layer + core + elementwise_dense + eff.layer_overhead_s
     per_moe = attention_layer + moe_layer + core + elementwise_moe + eff.layer_overhead_s
     output = 2 * tokens * linear["output_layer"] / tp / (peak_flops * dense_eff)
+    head = output + mtp_forward_s(request, tokens / tp, per_moe if mtp_is_moe(model)
+                                  else per_dense, output, peak_flops * dense_eff)
     # The slowest of the representative ranks (ends and the ranks next to them) sets the pace.
     ranks = rank_layers(model, cols)
-    stage_times = [r.dense * per_dense + r.moe * per_moe + np.where(r.head, output, 0)
+    stage_times = [r.dense * per_dense + r.moe * per_moe + np.where(r.head, head, 0)
                    for r in ranks]
     layers = np.max([r.dense + r.moe for r in ranks], axis=0)
     return np.max(stage_times, axis=0), layers
+
+
+def mtp_forward_s(request: PlanRequest, tokens_per_tp, layer_s, output_s, flops_per_s
+                  ) -> np.ndarray:
+    """Forward seconds the trained MTP layers add to the last stage (``mtp.enable_train``):
+    per MTP layer one decoder layer of the model's kind (``layer_s``), the ``eh_proj`` GEMM
+    (``2h x h``, ``2 x 2h^2`` FLOPs per token, split over TP) and one more output layer for its
+    loss (``output_s``); zero when they are not trained (megatron-core
+    ``MultiTokenPredictionBlock``; verl runs it only with the labels, ``enable_train``)."""
+    model = request.model
+    if not trains_mtp(model, request.workload):
+        return np.zeros_like(_f(output_s))
+    h = model.hidden_size
+    eh_proj = 2 * _f(tokens_per_tp) * 2 * h * h / flops_per_s
+    return model.mtp_layers * (_f(layer_s) + eh_proj + _f(output_s))
 
 
 def _stage_comm_s(request: PlanRequest, cols: Columns, shape: TrainShape, stage_layers_count):
@@ -340,6 +368,9 @@ EAGER_LAUNCH_S_PER_KERNEL = 5e-6
 EP_DISPATCH_COMBINE_NETWORK_S = 190e-6
 EP_DISPATCH_COMBINE_NVLINK_S = 40e-6
 EULER_GAMMA = 0.5772156649
+# A drafter forward beside its decoder layer: embedding lookup, the two norms, eh_proj, the
+# final norm, the output GEMM and the sampler's top-1 (vllm/v1/spec_decode/eagle.py propose)
+DRAFT_HEAD_KERNELS = 7
 
 
 def longest_response(mean_tokens, max_tokens, sequences) -> np.ndarray:
@@ -353,12 +384,17 @@ def longest_response(mean_tokens, max_tokens, sequences) -> np.ndarray:
 def decode_step_s(request: PlanRequest, cols: Columns, batch, context
                   ) -> dict[str, np.ndarray]:
     """Seconds of one decode step of a rollout rank running ``batch`` sequences whose mean
-    context is ``context`` tokens, by part (a roofline plus latency terms)."""
+    context is ``context`` tokens, by part (a roofline plus latency terms).
+
+    With speculative decoding a step is one verification: the target runs ``k + 1`` query
+    tokens per sequence (weights and cached K/V read once; FLOPs, routed experts, TP and EP
+    traffic per token), then the drafter's ``k`` forward steps (:func:`draft_forward_s`)."""
     model, cluster, workload = request.model, request.cluster, request.workload
     eff = request.efficiency
     gpu = cluster.gpu
     rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
-    batch = _f(batch)
+    sequences = _f(batch)
+    batch = sequences * verified_tokens(workload)  # query tokens of the step
     active_linear = active_linear_params_per_token(model)
     peak = gpu.peak_flops(workload.precision if workload.precision == "fp8" else "bf16")
     weights = rollout_weight_bytes(model, cols, workload)
@@ -371,7 +407,7 @@ def decode_step_s(request: PlanRequest, cols: Columns, batch, context
         touched = model.num_experts * (1 - (1 - model.moe_top_k / model.num_experts) ** batch)
         weights = weights - p.experts * weight_bytes / expert_shards \
             + touched * per_expert / expert_shards
-    kv_read = batch * decode_cache_bytes(model, cols, workload, context)
+    kv_read = sequences * decode_cache_bytes(model, cols, workload, context)
     memory = (weights + kv_read) / (gpu.hbm_bandwidth_bytes_per_s * eff.decode_hbm)
     compute = (2 * batch * active_linear / rtp
                + batch * decode_mixing_flops_per_token(model, context)
@@ -397,9 +433,61 @@ def decode_step_s(request: PlanRequest, cols: Columns, batch, context
                                         else 0.0))
     roofline = np.maximum(memory, compute)
     fixed = eff.decode_step_s + np.where(rtp > 1, eff.decode_tp_step_s, 0.0)
-    return {"roofline_s": roofline, "comm_s": tp_allreduce + ep_alltoall,
-            "latency_s": launches + fixed,
-            "total_s": roofline + tp_allreduce + ep_alltoall + launches + fixed}
+    comm, latency = tp_allreduce + ep_alltoall, launches + fixed
+    drafts = float(verified_tokens(workload) - 1)
+    if drafts:  # the drafter's k forward steps
+        draft = draft_forward_s(request, cols, sequences, context)
+        roofline = roofline + drafts * draft["roofline_s"]
+        comm = comm + drafts * draft["comm_s"]
+        latency = latency + drafts * draft["latency_s"]
+    return {"roofline_s": roofline, "comm_s": comm, "latency_s": latency,
+            "total_s": roofline + comm + latency}
+
+
+def draft_forward_s(request: PlanRequest, cols: Columns, batch, context
+                    ) -> dict[str, np.ndarray]:
+    """Seconds of one forward of the MTP drafter for ``batch`` sequences (one token each) of
+    mean context ``context`` on a rollout rank, by part: a roofline over its weights
+    (:func:`planner.cost.speculative.drafter_step_weight_bytes`: its layers, the experts the
+    batch touches, the shared output layer), its own K/V and its FLOPs; per MTP layer two TP
+    all-reduces and, with rollout EP, one dispatch + combine; the kernels of one decoder layer
+    and the output layer.  Zero without MTP layers."""
+    model, cluster, workload = request.model, request.cluster, request.workload
+    eff = request.efficiency
+    gpu = cluster.gpu
+    rtp, rdp, rep = _f(cols["rollout_tp"]), _f(cols["rollout_dp"]), _f(cols["rollout_ep"])
+    batch = _f(batch)
+    n = model.mtp_layers
+    if not n:
+        zero = np.zeros_like(rtp)
+        return {"roofline_s": zero, "comm_s": zero, "latency_s": zero, "total_s": zero}
+    linear_bytes = 1 if workload.rollout_precision == "fp8" else WEIGHT_BYTES
+    weights = drafter_step_weight_bytes(model, rtp, rep, batch, linear_bytes)
+    kv = batch * _f(context) * drafter_kv_per_token(model, cols, workload)
+    memory = (weights + kv) / (gpu.hbm_bandwidth_bytes_per_s * eff.decode_hbm)
+    peak = gpu.peak_flops(workload.precision if workload.precision == "fp8" else "bf16")
+    flops = (drafter_step_flops(model, batch) / rtp
+             + n * batch * decode_mixing_flops_per_token(model, context) / max(model.num_layers, 1)
+             / rtp)
+    compute = flops / (peak * gemm_efficiency(eff, batch))
+    inside = rtp * rdp <= cluster.fast_domain_gpus
+    latency = np.where(inside, ALLREDUCE_LATENCY_NVLINK_S, ALLREDUCE_LATENCY_NETWORK_S)
+    tp_allreduce = np.where(rtp > 1, 2 * n * (latency + 2 * batch * model.hidden_size
+                                               * WEIGHT_BYTES / link_bandwidth(cluster, eff,
+                                                                               rtp)), 0.0)
+    ep_latency = np.where(inside, EP_DISPATCH_COMBINE_NVLINK_S, EP_DISPATCH_COMBINE_NETWORK_S)
+    dispatched = batch * max(model.moe_top_k, 1) * model.hidden_size * WEIGHT_BYTES
+    ep_alltoall = np.where((rep > 1) & mtp_is_moe(model),
+                           n * (ep_latency + 2 * (rep - 1) / rep * dispatched
+                                / link_bandwidth(cluster, eff, rtp * rdp)), 0.0)
+    kernels = n * (MOE_LAYER_KERNELS if mtp_is_moe(model) else DENSE_LAYER_KERNELS) \
+        + DRAFT_HEAD_KERNELS
+    launches = kernels * (eff.decode_layer_s / DENSE_LAYER_KERNELS
+                          + (EAGER_LAUNCH_S_PER_KERNEL if workload.enforce_eager else 0.0))
+    roofline = np.maximum(memory, compute)
+    comm = tp_allreduce + ep_alltoall
+    return {"roofline_s": roofline, "comm_s": comm, "latency_s": launches,
+            "total_s": roofline + comm + launches}
 
 
 def rollout_concurrency(workload: GrpoWorkload, kv_tokens, state_tokens=0.0) -> np.ndarray:
@@ -443,8 +531,10 @@ def generate_s(request: PlanRequest, cols: Columns, memory: Columns) -> dict[str
     concurrency = np.minimum(rollout_concurrency(workload, kv_tokens, state_tokens),
                              seqs)  # a rank never runs more than it was given
     tail = longest_response(r_mean, r_max, seqs)
-    steps = np.maximum(tail, seqs * r_mean / concurrency + (tail - r_mean))
-    batch = np.maximum(seqs * r_mean / steps, 1.0)
+    token_steps = np.maximum(tail, seqs * r_mean / concurrency + (tail - r_mean))
+    batch = np.maximum(seqs * r_mean / token_steps, 1.0)
+    # speculative decoding: a verification step advances acceptance_length tokens
+    steps = decode_steps(token_steps, workload)
     step = decode_step_s(request, cols, batch, prompt + r_mean / 2)
     decode = np.where(holds_one, steps * step["total_s"], np.inf)
     return {"total_s": prefill + decode, "prefill_s": prefill, "decode_s": decode,
@@ -473,6 +563,20 @@ def tensor_count(model: ModelSpec) -> int:
             + 3)
 
 
+def synced_params(model: ModelSpec, workload) -> int:
+    """Parameters the actor exports per sync: the model's, plus the MTP layers' when verl
+    builds them (``mtp.enable``: they stay in the export; without it verl drops them)."""
+    return model.params.total + (model.mtp_params if getattr(workload, "mtp_enabled", False)
+                                 else 0)
+
+
+def synced_tensor_count(model: ModelSpec, workload) -> int:
+    """Tensors the actor exports per sync: :func:`tensor_count`, plus the MTP layers' with
+    ``mtp.enable`` (:func:`planner.cost.speculative.mtp_tensor_count`)."""
+    return tensor_count(model) + (mtp_tensor_count(model)
+                                  if getattr(workload, "mtp_enabled", False) else 0)
+
+
 def weight_sync_s(request: PlanRequest, cols: Columns) -> dict[str, np.ndarray]:
     """Actor -> rollout weight transfer, by part.
 
@@ -484,16 +588,17 @@ def weight_sync_s(request: PlanRequest, cols: Columns) -> dict[str, np.ndarray]:
     engine's wake-up and sleep."""
     model, cluster, workload = request.model, request.cluster, request.workload
     eff = request.efficiency
-    total = model.params.total * WEIGHT_BYTES
+    total = synced_params(model, workload) * WEIGHT_BYTES
     group = _f(cols["tp"] * cols["pp"] * cols["ep"])
     gather = np.where(group > 1, (group - 1) / group * total
                       / link_bandwidth(cluster, eff, np.minimum(group * cols["cp"],
                                                                 cluster.num_gpus)), 0.0)
-    load = rollout_weight_bytes(model, cols, workload) / (cluster.gpu.hbm_bandwidth_bytes_per_s
-                                                          * eff.hbm)
+    load = ((rollout_weight_bytes(model, cols, workload)
+             + drafter_rollout_bytes(model, cols, workload))
+            / (cluster.gpu.hbm_bandwidth_bytes_per_s * eff.hbm))
     per_tensor = (eff.bucketed_tensor_s if workload.weight_sync == "bucketed"
                   else eff.sync_tensor_s)
-    tensors = np.full(len(group), tensor_count(model) * per_tensor)
+    tensors = np.full(len(group), synced_tensor_count(model, workload) * per_tensor)
     fixed = np.full(len(group), eff.sync_fixed_s)
     return {"comm_s": gather, "compute_s": load, "latency_s": tensors + fixed,
             "tensor_latency_s": tensors, "fixed_s": fixed,

@@ -564,6 +564,47 @@ KV_CACHE_DTYPE = {engine: VerlKey(f"{ROLLOUT}.engine_kwargs.{engine}.kv_cache_dt
                                   and s.workload.rollout_engine == e)
                   for engine, dtype in (("vllm", "fp8"), ("sglang", "fp8_e5m2"))}
 
+# MTP (verl workers/config/model.py MtpConfig; the rollout follows actor_rollout_ref.model.mtp):
+# enable builds the MTP layers (speculation or training), enable_rollout speculates with them,
+# enable_train trains them.  vLLM takes num_speculative_tokens; SGLang takes EAGLE's steps and
+# draft tokens (async_sglang_server.py), k and k + 1 with top-1 drafting.
+MTP = f"{MODEL}.mtp"
+
+
+def _speculating(engine: str | None = None) -> Callable[[Any, Any], bool]:
+    def when(_value, source) -> bool:
+        workload = source.workload
+        return getattr(workload, "speculative", "off") == "mtp" and (
+            engine is None or workload.rollout_engine == engine)
+    return when
+
+
+def _mtp_tokens(value: Any, got: Reading) -> int:
+    """Tokens drafted per step: the engine's own key; 1 when the rollout does not speculate."""
+    if not (got[MTP_ENABLE] and got[MTP_ENABLE_ROLLOUT]):
+        return 1
+    return _strict_int(got[SGLANG_STEPS] if got[ROLLOUT_NAME] == "sglang" else value)
+
+
+MTP_ENABLE = VerlKey(f"{MTP}.enable", bool, False, write=const(True),
+                     when=lambda _, s: bool(getattr(s.workload, "mtp_enabled", False)))
+MTP_ENABLE_ROLLOUT = VerlKey(f"{MTP}.enable_rollout", bool, False, field="workload.speculative",
+                             when=_speculating(), write=const(True),
+                             read=lambda v, got: "mtp" if v and got[MTP_ENABLE] else "off")
+MTP_ENABLE_TRAIN = VerlKey(f"{MTP}.enable_train", bool, False, field="workload.train_mtp",
+                           when=is_set, write=const(True),
+                           read=lambda v, got: bool(v) and bool(got[MTP_ENABLE]))
+MTP_TOKENS = VerlKey(f"{MTP}.num_speculative_tokens", int, 1,
+                     field="workload.speculative_tokens", when=_speculating("vllm"),
+                     read=_mtp_tokens)
+SGLANG_STEPS = VerlKey(f"{MTP}.speculative_num_steps", int, 3, when=_speculating("sglang"),
+                       write=lambda _, s: s.workload.speculative_tokens)
+SGLANG_DRAFT_TOKENS = VerlKey(f"{MTP}.speculative_num_draft_tokens", int, 4,
+                              when=_speculating("sglang"),
+                              write=lambda _, s: s.workload.speculative_tokens + 1)
+MTP_KEYS = (MTP_ENABLE, MTP_ENABLE_ROLLOUT, MTP_ENABLE_TRAIN, MTP_TOKENS, SGLANG_STEPS,
+            SGLANG_DRAFT_TOKENS)
+
 # the trainer
 CRITIC_WARMUP = VerlKey("trainer.critic_warmup", int, 0, write=const(0))
 LOGGER = VerlKey("trainer.logger", list, ["console", "wandb"], write=const(["console"]))
@@ -668,6 +709,7 @@ KEYS: tuple[VerlKey, ...] = (
     ROLLOUT_NAME, ROLLOUT_TP, ROLLOUT_DP, ROLLOUT_EP, ROLLOUT_PP, GPU_MEMORY_UTILIZATION,
     ROLLOUT_N, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, CHUNKED_PREFILL, PREFIX_CACHING,
     ENFORCE_EAGER, FREE_CACHE_ENGINE, ROLLOUT_DTYPE, QUANTIZATION, *KV_CACHE_DTYPE.values(),
+    *MTP_KEYS,
     CRITIC_WARMUP, LOGGER, PROJECT_NAME, EXPERIMENT_NAME, GPUS_PER_NODE, NNODES, SAVE_FREQ,
     TEST_FREQ, TOTAL_EPOCHS,
     # the asynchronous modes, in the order their overrides follow the job's

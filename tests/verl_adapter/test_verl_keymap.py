@@ -25,7 +25,8 @@ PROPERTY = settings(max_examples=150, deadline=None, derandomize=True,
 MODELS = ("Qwen3-8B", "Qwen3-30B-A3B", "DeepSeek-V3")  # dense GQA, MoE, MoE with MLA
 # GrpoWorkload fields that are not verl keys: the time model's mean lengths (and their
 # trajectory over the run), NeMo RL's sync
-NOT_IN_VERL = {"mean_response_length", "mean_prompt_length", "weight_sync", "lengths"}
+NOT_IN_VERL = {"mean_response_length", "mean_prompt_length", "weight_sync", "lengths",
+               "acceptance_length"}  # the planner's assumption, not a verl key
 PATHS = dict(model_path="/models/m", train_files="/data/t.parquet", val_files="/data/v.parquet")
 
 
@@ -226,13 +227,21 @@ def jobs(draw):
         rollout_ep=draw(st.sampled_from((1, 2, 8, 16))),
         gpu_memory_utilization=draw(st.integers(5, 99)) / 100)
     mini = draw(st.sampled_from((1, 4, 16, 64)))
+    # MTP: speculative decoding with k drafted tokens, training the MTP layers; verl turns
+    # fused kernels off with MTP (the workload refuses the pair)
+    speculative = draw(st.sampled_from(("off", "mtp")))
+    train_mtp = draw(st.booleans())
+    mtp = speculative == "mtp" or train_mtp
     workload = GrpoWorkload(
+        speculative=speculative, train_mtp=train_mtp,
+        speculative_tokens=draw(st.integers(1, 4)) if speculative == "mtp" else 1,
         train_batch_size=mini * draw(st.integers(1, 8)), rollout_n=draw(st.integers(1, 16)),
         prompt_length=draw(st.integers(1, 8192)), response_length=draw(st.integers(1, 32768)),
         mini_batch_size=mini, ppo_epochs=draw(st.integers(1, 4)),
         precision=draw(st.sampled_from(("bf16", "fp16"))), use_kl_loss=draw(st.booleans()),
         max_num_seqs=draw(st.integers(1, 1024)), use_kl_in_reward=draw(st.booleans()),
-        bypass_old_log_prob=draw(st.booleans()), fused_kernels=draw(st.booleans()),
+        bypass_old_log_prob=draw(st.booleans()),
+        fused_kernels=draw(st.booleans()) and not mtp,
         entropy_chunk_tokens=draw(st.sampled_from((0, 512, 2048, 4096))),
         grad_reduce_in_fp32=draw(st.booleans()), adam_moment_bytes=draw(st.sampled_from((2, 4))),
         overlap_grad_reduce=draw(st.booleans()),
