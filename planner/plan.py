@@ -27,7 +27,7 @@ from planner.cost.columns import (
 from planner.cost.memory import actor_memory, estimate_memory, rollout_memory
 from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import generate_s, step_columns
-from planner.cost.trajectory import step_columns_over_run
+from planner.cost.trajectory import seconds_over_run, step_columns_over_run
 from planner.errors import InvalidLayoutError
 from planner.phases import PHASES, TRAINING_PHASES
 from planner.policy import FILL_POLICY
@@ -126,10 +126,12 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
                    utilization: float | None, memory: dict | None = None,
                    ) -> tuple[Columns, dict]:
     """Give each actor layout the rollout option that fits beside it and generates fastest
-    (predicted by :func:`planner.cost.timing.generate_s`; for a workload without a rollout,
+    over the run (:func:`planner.cost.timing.generate_s` expected over the trajectory of the
+    mean response length, :mod:`planner.cost.trajectory`; for a workload without a rollout,
     whose one option runs nothing, the fewest waves), its ``gpu_memory_utilization`` kept below
-    the memory band's top (:func:`planner.cost.memory.rollout_memory`).  Returns the actor
-    columns with the chosen rollout, and the actor memory (``memory``: when already computed).
+    the memory band's top and its KV pool judged for sequences of the maximum length
+    (:func:`planner.cost.memory.rollout_memory`).  Returns the actor columns with the chosen
+    rollout, and the actor memory (``memory``: when already computed).
 
     The choice depends on the actor only through the memory it keeps resident during rollout,
     so it is made once per distinct resident size (micro-batch and recompute do not change it).
@@ -162,7 +164,8 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
             once, back = distinct(pair)
             few = {name: values[once] for name, values in cells.items()}
             at_utils = rollout_memory(request, few, np.zeros(len(once)), picked[once])
-            seconds = generate_s(request, few, at_utils)["total_s"][back]
+            seconds = seconds_over_run(request, lambda at, few=few, kv=at_utils:
+                                       generate_s(at, few, kv)["total_s"])[0][back]
             key = fits + np.minimum(seconds, 1e11)
         else:
             # fits first, then fewest waves, then the smallest replica
@@ -269,7 +272,8 @@ def fill_columns(request: PlanRequest, cols: Columns, count: int) -> Columns:
     """What the memory band's headroom costs the first ``count`` rows: the same layout with
     the rollout pool grown as far as it would go were the GPU filled (:data:`FILL_POLICY`,
     never below the row's own pool), its KV-cache tokens, generation time
-    (:func:`planner.cost.timing.generate_s`) and nvidia-smi peak.  Other rows hold NaN."""
+    (:func:`planner.cost.timing.generate_s`, expected over the run as the rows' own) and
+    nvidia-smi peak.  Other rows hold NaN."""
     n = len(cols["tp"])
     names = ("gpu_memory_utilization_fill", "kv_cache_tokens_per_gpu_fill",
              "time_generate_s_fill", "peak_bytes_fill")
@@ -284,7 +288,7 @@ def fill_columns(request: PlanRequest, cols: Columns, count: int) -> Columns:
     picked = rollout_memory(filling, few, resident)["gpu_memory_utilization"]
     utilization = np.maximum(picked, few["gpu_memory_utilization"])
     filled = rollout_memory(request, few, resident, utilization)
-    seconds = generate_s(request, few, filled)["total_s"]
+    seconds = seconds_over_run(request, lambda at: generate_s(at, few, filled)["total_s"])[0]
     others = np.max([few[memory_column(phase)] for phase in TRAINING_PHASES
                      if phase in workload.phases], axis=0)
     for name, values in zip(names, (utilization, filled["kv_cache_tokens_per_gpu"], seconds,

@@ -689,7 +689,8 @@ def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
     out = []
     for ranks, (non_expert, expert), params in zip(
             all_ranks, actor_params_per_gpu(model, cols, all_ranks), owned):
-        in_flight = in_flight_stage_equivalents(cols, update.count, ranks.rank)
+        # judged at the maximum length (planner.search.batches.MicroBatches.memory_count)
+        in_flight = in_flight_stage_equivalents(cols, update.memory_count, ranks.rank)
         kept, recompute_working = kept_activations(model, cols, train_tokens, ranks)
         working = _working_set(model, cols, forward_tokens, ranks.dense, ranks.moe)
         is_first, is_last = ranks.embedding, ranks.head
