@@ -20,7 +20,13 @@ from planner.cost.memory import rollout_memory
 from planner.cost.request import PlanRequest
 from planner.cost.timing import generate_s
 from planner.cost.trajectory import NODES, WEIGHTS, workload_at
-from planner.plan import ROLLOUT_FIELDS, choose_rollout, estimate_layout, evaluate_actors
+from planner.plan import (
+    ROLLOUT_FIELDS,
+    choose_rollout,
+    estimate_layout,
+    evaluate_actors,
+    with_chosen_rollout,
+)
 from planner.search.batches import update_batches
 from planner.search.layout import Layout
 
@@ -29,11 +35,13 @@ H100x8 = ClusterSpec(get_gpu("h100"), 8, 8)
 LENGTHS = ResponseLengths(start_tokens=500, end_tokens=7000, max_tokens=8192)
 
 
-def _fastest_rollout(request: PlanRequest, rollouts: dict, resident: float,
+def _fastest_rollout(request: PlanRequest, rollouts: dict, resident: tuple[float, float],
                      mean_tokens: tuple[float, ...]) -> tuple[int, ...]:
-    """Brute force: the rollout option that fits beside ``resident`` bytes and generates
-    fastest, its time the weighted mean over ``mean_tokens`` (the trajectory's nodes, or one
-    fixed mean)."""
+    """Brute force: the rollout option that fits beside ``resident`` bytes -- the actor's in
+    generation and in the weight sync, where the sleeping engine wakes its weights --, inside
+    the memory band where one does, and generates fastest, its time the weighted mean over
+    ``mean_tokens`` (the trajectory's nodes, or one fixed mean)."""
+    resident, at_sync = resident
     n = len(rollouts["rollout_tp"])
     memory = rollout_memory(request, rollouts, np.full(n, resident))
     at_utilization = rollout_memory(request, rollouts, np.zeros(n),
@@ -42,7 +50,10 @@ def _fastest_rollout(request: PlanRequest, rollouts: dict, resident: float,
     seconds = sum(weight * generate_s(replace(request, workload=workload_at(
         request.workload, mean)), rollouts, at_utilization)["total_s"]
         for weight, mean in zip(weights, mean_tokens))
-    seconds = np.where(memory["rollout_fits"].astype(bool), seconds, np.inf)
+    peak = np.maximum(memory["mem_generate_bytes"], at_sync + memory["rollout_weights_bytes"])
+    inside = peak <= request.policy.high * H100x8.gpu.memory_bytes
+    seconds = np.where(memory["rollout_fits"].astype(bool), seconds + np.where(inside, 0, 1e6),
+                       np.inf)
     best = int(np.argmin(seconds))
     return tuple(int(rollouts[name][best]) for name in ROLLOUT_FIELDS)
 
@@ -54,12 +65,14 @@ def test_choose_rollout_picks_the_fastest_generation_over_the_run_not_at_the_mea
     chosen, memory = choose_rollout(request, actors.space.columns, actors.space.rollouts, None,
                                     actors.memory)
     resident = np.max(memory["phases"]["generate"], axis=0)
+    at_sync = np.max(memory["phases"]["weight_sync"], axis=0)
     nodes = tuple(LENGTHS.at(fraction) for fraction in NODES)
     disagree = 0
     for size in np.unique(resident)[::7][:12]:  # a spread of the actor layouts' resident sizes
         row = int(np.flatnonzero(resident == size)[0])
-        over_run = _fastest_rollout(request, actors.space.rollouts, float(size), nodes)
-        at_mean = _fastest_rollout(request, actors.space.rollouts, float(size),
+        sizes = (float(size), float(at_sync[row]))
+        over_run = _fastest_rollout(request, actors.space.rollouts, sizes, nodes)
+        at_mean = _fastest_rollout(request, actors.space.rollouts, sizes,
                                    (float(workload.mean_response_length),))
         disagree += over_run != at_mean
         assert tuple(int(chosen[name][row]) for name in ROLLOUT_FIELDS) == over_run
@@ -109,3 +122,28 @@ def test_pipeline_memory_does_not_depend_on_the_mean_response_length():
     assert rows[0]["peak_bytes"] == rows[2]["peak_bytes"]
     # ... while the update's time still follows the mean
     assert rows[0]["time_update_actor_s"] < rows[2]["time_update_actor_s"]
+
+
+def test_choose_rollout_keeps_the_peak_inside_the_band_where_an_option_does():
+    """DeepSeek-V3 on 256 H100s: for this actor layout a 128-GPU engine replica generates faster
+    over the run than the 256-GPU one, but its experts (1/128 per GPU) woken for the weight
+    sync lift the step's peak above the band; the choice is the fastest option inside it."""
+    model = resolve_model("deepseek-v3")
+    cluster = ClusterSpec(get_gpu("h100"), 256, 8)
+    workload = GrpoWorkload(train_batch_size=1024, rollout_n=5, mini_batch_size=256,
+                            response_length=1024,
+                            lengths=ResponseLengths(start_tokens=544, end_tokens=1024,
+                                                    max_tokens=1024))
+    request = PlanRequest(model, cluster, workload)
+    actor = dict(tp=1, pp=8, ep=16, dp=32, recompute="full", param_offload=True,
+                 optimizer_cpu_fraction=1.0, first_stage_layers=7, last_stage_layers=6,
+                 dynamic_batch=True, max_token_len=2048)
+    chosen = with_chosen_rollout(request, Layout(**actor).to_columns(), None)
+    picked = {name: chosen[name][0].item() for name in (*ROLLOUT_FIELDS,
+                                                         "gpu_memory_utilization")}
+    inside = estimate_layout(request, Layout(**actor, **picked)).row
+    assert inside["memory_utilization"] <= request.policy.high
+    faster = estimate_layout(request, Layout(**actor, rollout_tp=1, rollout_dp=128,
+                                             rollout_ep=128), pick_utilization=True).row
+    assert faster["time_generate_s"] < inside["time_generate_s"]
+    assert faster["memory_utilization"] > request.policy.high
