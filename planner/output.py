@@ -71,7 +71,7 @@ def finite(value: float, digits: int = 3) -> float | None:
 # --- the parts of a candidate ------------------------------------------------------------------
 
 
-def over_run_json(c: ColocatedCandidate) -> dict:
+def over_run_json(c: Candidate) -> dict:
     """Step time at the run's first and last step and expected over it (``step_time_s``):
     the mean response length moves over the run (:mod:`planner.cost.trajectory`)."""
     return {"start": seconds(c.step_time_start_s), "end": seconds(c.step_time_end_s),
@@ -183,6 +183,8 @@ def split_json(c: SplitCandidate) -> dict:
         "layout": c.layout.to_dict(),
         "fits": c.fits,
         "step_time_s": finite(c.step_time_s),
+        **({"step_time_over_run_s": over_run_json(c)}
+           if feasible and c.step_time_start_s is not None else {}),
         "time_s": {"generate": finite(times.generate), "train": finite(times.train),
                    "param_sync": finite(times.param_sync),
                    "boundary_wait": finite(times.boundary_wait) if feasible else None},
@@ -419,7 +421,10 @@ def best_json(plans: Sequence["ModePlan"], note: str) -> dict:
 def split_summary_json(c: SplitCandidate) -> dict:
     """One split an ``estimate --mode`` scored, in its ``splits`` list."""
     return {"trainer_gpus": c.placement.trainer_gpus, "rollout_gpus": c.placement.rollout_gpus,
-            "fits": c.fits, "step_time_s": finite(c.step_time_s), "bottleneck": c.bottleneck,
+            "fits": c.fits, "step_time_s": finite(c.step_time_s),
+            **({"step_time_over_run_s": over_run_json(c)}
+               if c.feasible and c.step_time_start_s is not None else {}),
+            "bottleneck": c.bottleneck,
             "rollout": {"rollout_tp": c.layout.rollout_tp, "rollout_dp": c.layout.rollout_dp,
                         "rollout_ep": c.layout.rollout_ep}}
 

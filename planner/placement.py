@@ -44,7 +44,13 @@ from planner.cost.memory import (
 from planner.cost.pool_time import StreamingLimits, pool_sync_s, streaming_generate_s
 from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import generate_s, grpo_step, weight_sync_s
-from planner.cost.trajectory import columns_over_run
+from planner.cost.trajectory import (
+    END_COLUMN,
+    START_COLUMN,
+    columns_over_run,
+    seconds_over_run,
+    steady_state_over_run,
+)
 from planner.errors import InvalidLayoutError, NoFitError, PlanInputError
 from planner.plan import ROLLOUT_FIELDS, Plan
 from planner.ranking import best_first, prediction_order
@@ -195,10 +201,16 @@ def trainer_times(request: PlanRequest, cols: Columns, memory: Columns) -> Colum
     eff = request.efficiency
     rows = {**cols, **{name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS},
             "gpu_memory_utilization": np.full(n, 0.5)}
-    # the training phases' expected seconds over the run (planner.cost.trajectory)
-    times, _ = columns_over_run(request, lambda at: grpo_step(at, rows, memory["memory"]))
-    train = sum(times[time_column(phase)] for phase in TRAINING_PHASES_ASYNC) + eff.step_fixed_s
-    return {"rows": rows, "train_s": train,
+    # the training phases' expected seconds over the run and at its nodes
+    # (planner.cost.trajectory)
+    times, at_nodes = columns_over_run(request, lambda at: grpo_step(at, rows, memory["memory"]))
+
+    def train_s(columns: Columns) -> np.ndarray:
+        return sum(columns[time_column(phase)] for phase in TRAINING_PHASES_ASYNC) \
+            + eff.step_fixed_s
+
+    return {"rows": rows, "train_s": train_s(times),
+            "train_at_nodes_s": np.stack([train_s(node) for node in at_nodes]),
             "gather_s": weight_sync_s(request, rows)["comm_s"],
             "phase_s": {phase: times[time_column(phase)] for phase in TRAINING_PHASES_ASYNC},
             "fixed_s": float(eff.step_fixed_s), "peak_bytes": memory["trainer_peak_bytes"],
@@ -217,6 +229,7 @@ def trainer_choice(request: PlanRequest, scored: Columns, i: int) -> "TrainerCho
         layout={name: values[i] for name, values in scored["rows"].items()
                 if name not in ROLLOUT_FIELDS},
         train_s=float(scored["train_s"][i]),
+        train_at_nodes_s=tuple(float(value) for value in scored["train_at_nodes_s"][:, i]),
         usage=TrainerPoolUsage(
             gpus=request.cluster.num_gpus, peak_bytes=float(scored["peak_bytes"][i]),
             capacity_bytes=request.cluster.gpu.memory_bytes, fits=bool(scored["fits"][i]),
@@ -231,7 +244,9 @@ class TrainerChoice:
     training seconds per step and the pool's usage."""
 
     layout: Mapping[str, Any]
-    train_s: float
+    train_s: float  # expected over the run
+    # at the run's first, middle and last step (planner.cost.trajectory.NODES)
+    train_at_nodes_s: tuple[float, ...]
     usage: TrainerPoolUsage
 
 
@@ -242,7 +257,9 @@ class RolloutChoice:
     memory."""
 
     layout: Mapping[str, Any]
-    generate_s: float
+    generate_s: float  # expected over the run
+    # at the run's first, middle and last step (planner.cost.trajectory.NODES)
+    generate_at_nodes_s: tuple[float, ...]
     peak_bytes: float
     kv_cache_tokens_per_gpu: int
     kv_cache_bytes: float
@@ -303,9 +320,10 @@ def rollout_pool_options(request: PlanRequest) -> Columns:
 
 def rollout_pool(request: PlanRequest, streaming: StreamingLimits | None) -> Columns:
     """Every legal rollout option on a standalone rollout pool (``request``: on that pool),
-    with its memory and its generation time for one step's sequences (``streaming``: partial
-    rollout, no tail, with the mode's in-flight bounds; None: the batch waits
-    for its longest)."""
+    with its memory -- the KV pool sized for sequences of the maximum length -- and its
+    generation time for one step's sequences (``streaming``: partial rollout, no tail, with the
+    mode's in-flight bounds; None: the batch waits for its longest): ``generate_s`` expected
+    over the run, ``generate_at_nodes_s`` at its first, middle and last step."""
     options = request.options
     cols = rollout_pool_options(request)
     n = len(cols["rollout_tp"])
@@ -313,10 +331,12 @@ def rollout_pool(request: PlanRequest, streaming: StreamingLimits | None) -> Col
                    else standalone_utilization(request.cluster))
     memory = rollout_memory(request, cols, np.full(n, ROLLOUT_RESIDENT_BYTES),
                             np.full(n, utilization))
-    timing = (streaming_generate_s(request, cols, memory, streaming)
-              if streaming is not None else generate_s(request, cols, memory))
+    expected, at_nodes = seconds_over_run(request, lambda at: (
+        streaming_generate_s(at, cols, memory, streaming) if streaming is not None
+        else generate_s(at, cols, memory))["total_s"])
     fits = memory["rollout_fits"].astype(bool)
-    return {**cols, **memory, "generate_s": np.where(fits, timing["total_s"], np.inf),
+    return {**cols, **memory, "generate_s": np.where(fits, expected, np.inf),
+            "generate_at_nodes_s": np.where(fits, at_nodes, np.inf),
             "rollout_peak_bytes": memory["mem_generate_bytes"], "fits": fits}
 
 
@@ -329,6 +349,7 @@ def rollout_choice(pool: Columns, i: int) -> RolloutChoice:
     return RolloutChoice(
         layout={name: scalar(name) for name in (*ROLLOUT_FIELDS, "gpu_memory_utilization")},
         generate_s=float(scalar("generate_s")),
+        generate_at_nodes_s=tuple(float(value) for value in pool["generate_at_nodes_s"][:, i]),
         peak_bytes=float(scalar("rollout_peak_bytes")),
         kv_cache_tokens_per_gpu=int(scalar("kv_cache_tokens_per_gpu")),
         kv_cache_bytes=float(scalar("kv_cache_bytes")),
@@ -359,8 +380,10 @@ def split_candidate(schedule: SplitSchedule, request: PlanRequest, pools: tuple[
     layout = Layout.from_row({**trainer.layout, **rollout.layout})
     cols = layout.to_columns()
     sync = pool_sync_s(request, trainer_cluster, cols)
-    state = schedule.steady_state(rollout.generate_s, trainer.train_s, sync["total_s"][0],
-                                  workload)
+    # the steady state at the run's first, middle and last step; step_time_s expected over it
+    state = steady_state_over_run(
+        lambda g, t, s: schedule.steady_state(g, t, s, workload),
+        rollout.generate_at_nodes_s, trainer.train_at_nodes_s, float(sync["total_s"][0]))
     step = float(state["step_time_s"])
     feasible = bool(np.isfinite(step))  # a pool that cannot run has no step, idle or rate
     tokens = workload.sequences_per_step * workload.mean_sequence_length
@@ -371,6 +394,7 @@ def split_candidate(schedule: SplitSchedule, request: PlanRequest, pools: tuple[
         layout=layout, fits=trainer.usage.fits and rollout.fits, step_time_s=step,
         tokens_per_s_per_gpu=tokens / (step * cluster.num_gpus) if feasible else None,
         staleness=schedule.staleness(),
+        step_time_start_s=float(state[START_COLUMN]), step_time_end_s=float(state[END_COLUMN]),
         times=SplitTimes(generate=rollout.generate_s, train=trainer.train_s,
                          param_sync=float(state["sync_per_step_s"]),
                          boundary_wait=float(state["boundary_s"])),

@@ -27,7 +27,7 @@ from planner.cost.columns import (
 from planner.cost.memory import actor_memory, estimate_memory, rollout_memory
 from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import generate_s, step_columns
-from planner.cost.trajectory import step_columns_over_run
+from planner.cost.trajectory import seconds_over_run, step_columns_over_run
 from planner.errors import InvalidLayoutError
 from planner.phases import PHASES, TRAINING_PHASES
 from planner.policy import FILL_POLICY
@@ -125,20 +125,32 @@ class Plan(OfRequest):
 def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
                    utilization: float | None, memory: dict | None = None,
                    ) -> tuple[Columns, dict]:
-    """Give each actor layout the rollout option that fits beside it and generates fastest
-    (predicted by :func:`planner.cost.timing.generate_s`; for a workload without a rollout,
-    whose one option runs nothing, the fewest waves), its ``gpu_memory_utilization`` kept below
-    the memory band's top (:func:`planner.cost.memory.rollout_memory`).  Returns the actor
-    columns with the chosen rollout, and the actor memory (``memory``: when already computed).
+    """Give each actor layout the rollout option that fits beside it, inside the memory band
+    where one does, and generates fastest over the run (:func:`planner.cost.timing.generate_s`
+    expected over the trajectory of the mean response length, :mod:`planner.cost.trajectory`;
+    for a workload without a rollout, whose one option runs nothing, the fewest waves), its
+    ``gpu_memory_utilization`` kept below the memory band's top and its KV pool judged for
+    sequences of the maximum length (:func:`planner.cost.memory.rollout_memory`).  Returns the
+    actor columns with the chosen rollout, and the actor memory (``memory``: when already
+    computed).
 
-    The choice depends on the actor only through the memory it keeps resident during rollout,
-    so it is made once per distinct resident size (micro-batch and recompute do not change it).
+    The choice depends on the actor only through the memory it keeps resident during rollout
+    and in the phase the engine's other memory joins (the weight sync, where a sleeping engine
+    wakes its weights; every training phase, where it keeps its whole pool), so it is made once
+    per distinct pair of them (micro-batch and recompute do not change it).
     """
-    timed = request.workload.has_rollout
+    workload = request.workload
+    timed = workload.has_rollout
+    capacity = float(request.cluster.gpu.memory_bytes)
     memory = actor_memory(request, actor) if memory is None else memory
     resident_all = np.max(memory["phases"]["generate"], axis=0)
-    first, inverse = distinct(resident_all)
-    resident = resident_all[first]
+    # what the engine joins outside generation (planner.cost.memory.estimate_memory)
+    sleeps = timed and workload.engine.free_cache_engine
+    joined = ("weight_sync",) if sleeps else tuple(
+        phase for phase in TRAINING_PHASES if phase in workload.phases)
+    beside_all = np.max([np.max(memory["phases"][phase], axis=0) for phase in joined], axis=0)
+    first, inverse = distinct(resident_all + 1j * beside_all)
+    resident, beside = resident_all[first], beside_all[first]
     n, options = len(resident), len(rollouts["rollout_tp"])
     chosen = {name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS}
     chosen["gpu_memory_utilization"] = np.full(n, 0.5)
@@ -153,17 +165,24 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
         result = rollout_memory(request, cells, np.tile(part, options), fixed_util)
         fits = np.where(result["rollout_fits"], 0, 1e12)
         if timed:
-            # fits first, then the predicted generation time.  It depends on the resident
-            # memory only through the picked utilization (a few 0.01 steps): time each option
-            # at each of its utilizations once
+            # fits first, then inside the memory band (an option whose pool cannot shrink
+            # below the band's top for one sequence takes more: planner.ranking's rule ranks
+            # it after those inside), then the predicted generation time.  The time depends on
+            # the resident memory only through the picked utilization (a few 0.01 steps): time
+            # each option at each of its utilizations once
             picked = result["gpu_memory_utilization"]
             pair = (np.repeat(np.arange(options), m) * 1000
                     + np.round(picked * 100).astype(np.int64))
             once, back = distinct(pair)
             few = {name: values[once] for name, values in cells.items()}
             at_utils = rollout_memory(request, few, np.zeros(len(once)), picked[once])
-            seconds = generate_s(request, few, at_utils)["total_s"][back]
-            key = fits + np.minimum(seconds, 1e11)
+            seconds = seconds_over_run(request, lambda at, few=few, kv=at_utils:
+                                       generate_s(at, few, kv)["total_s"])[0][back]
+            joins = result["rollout_weights_bytes" if sleeps else "rollout_budget_bytes"]
+            peak = np.maximum(result["mem_generate_bytes"],
+                              np.tile(beside[start:start + step], options) + joins)
+            over_band = peak > request.policy.high * capacity + 1.0
+            key = fits + np.where(over_band, 5e11, 0.0) + np.minimum(seconds, 1e11)
         else:
             # fits first, then fewest waves, then the smallest replica
             replica = cells["rollout_tp"] * cells["rollout_dp"]
@@ -269,7 +288,8 @@ def fill_columns(request: PlanRequest, cols: Columns, count: int) -> Columns:
     """What the memory band's headroom costs the first ``count`` rows: the same layout with
     the rollout pool grown as far as it would go were the GPU filled (:data:`FILL_POLICY`,
     never below the row's own pool), its KV-cache tokens, generation time
-    (:func:`planner.cost.timing.generate_s`) and nvidia-smi peak.  Other rows hold NaN."""
+    (:func:`planner.cost.timing.generate_s`, expected over the run as the rows' own) and
+    nvidia-smi peak.  Other rows hold NaN."""
     n = len(cols["tp"])
     names = ("gpu_memory_utilization_fill", "kv_cache_tokens_per_gpu_fill",
              "time_generate_s_fill", "peak_bytes_fill")
@@ -284,7 +304,7 @@ def fill_columns(request: PlanRequest, cols: Columns, count: int) -> Columns:
     picked = rollout_memory(filling, few, resident)["gpu_memory_utilization"]
     utilization = np.maximum(picked, few["gpu_memory_utilization"])
     filled = rollout_memory(request, few, resident, utilization)
-    seconds = generate_s(request, few, filled)["total_s"]
+    seconds = seconds_over_run(request, lambda at: generate_s(at, few, filled)["total_s"])[0]
     others = np.max([few[memory_column(phase)] for phase in TRAINING_PHASES
                      if phase in workload.phases], axis=0)
     for name, values in zip(names, (utilization, filled["kv_cache_tokens_per_gpu"], seconds,

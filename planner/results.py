@@ -217,6 +217,10 @@ class Candidate:
         return self.step_time_s is not None and bool(np.isfinite(self.step_time_s))
     tokens_per_s_per_gpu: float | None = None
     staleness: Staleness | None = None
+    # step time at the run's first and last step (step_time_s: expected over the run,
+    # planner.cost.trajectory); None: not timed
+    step_time_start_s: float | None = None
+    step_time_end_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,10 +238,6 @@ class ColocatedCandidate(Candidate):
     tflops_per_gpu: float | None = None  # a plain training step
     update_comm_s: float | None = None  # the actor update's exposed communication
     update_bubble_s: float | None = None  # ... and pipeline bubble
-    # step time at the run's first and last step (step_time_s: expected over the run,
-    # planner.cost.trajectory); None: not timed
-    step_time_start_s: float | None = None
-    step_time_end_s: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], placement: Placement, mode: str = COLOCATED_MODE,

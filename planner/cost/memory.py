@@ -748,7 +748,8 @@ def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
             all_ranks, actor_params_per_gpu(model, cols, all_ranks), owned):
         held = non_expert + expert + np.where(ranks.head, mtp_dense + mtp_expert, 0)
         params = params + np.where(ranks.head, mtp_owned, 0)
-        in_flight = in_flight_stage_equivalents(cols, update.count, ranks.rank)
+        # judged at the maximum length (planner.search.batches.MicroBatches.memory_count)
+        in_flight = in_flight_stage_equivalents(cols, update.memory_count, ranks.rank)
         kept, recompute_working = kept_activations(model, cols, train_tokens, ranks)
         working = _working_set(model, cols, forward_tokens, ranks.dense, ranks.moe)
         is_first, is_last = ranks.embedding, ranks.head

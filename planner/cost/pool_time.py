@@ -129,8 +129,10 @@ def pool_sync_s(request: PlanRequest, trainer: ClusterSpec, cols: Columns
             "latency_s": latency, "total_s": total}
 
 
-def _state(g: np.ndarray, t: np.ndarray, step: np.ndarray, boundary: np.ndarray,
-           sync_per_step: np.ndarray) -> dict[str, np.ndarray]:
+def pool_state(g: np.ndarray, t: np.ndarray, step: np.ndarray, boundary: np.ndarray,
+               sync_per_step: np.ndarray) -> dict[str, np.ndarray]:
+    """The steady-state columns of a step of ``step`` seconds in which the rollout pool is busy
+    ``g`` and the trainer pool ``t`` seconds: each pool's idle fraction and the bottleneck."""
     with np.errstate(invalid="ignore"):  # an infeasible pool (infinite time): idle NaN
         idle = {"rollout_idle": 1 - g / step, "trainer_idle": 1 - t / step}
     return {"step_time_s": step, "boundary_s": boundary, "sync_per_step_s": sync_per_step,
@@ -144,7 +146,7 @@ def overlapped_steady_state(generate, train, sync) -> dict[str, np.ndarray]:
     the bottleneck pool."""
     g, t, s = _f(generate), _f(train), _f(sync)
     step = np.maximum(g, t) + s
-    return _state(g, t, step, np.zeros_like(step), s * np.ones_like(step))
+    return pool_state(g, t, step, np.zeros_like(step), s * np.ones_like(step))
 
 
 @dataclass(frozen=True)
@@ -168,4 +170,4 @@ def streamed_steady_state(generate, train, sync, cycle: SyncCycle) -> dict[str, 
     hidden = min(1.0, cycle.staleness_threshold * k)
     boundary = np.minimum(g, t) / cycle.mini_batches_per_step * (1 - hidden) * cycles
     step = np.maximum(g, t) + boundary + s * cycles
-    return _state(g, t, step, boundary, s * np.full_like(g, cycles))
+    return pool_state(g, t, step, boundary, s * np.full_like(g, cycles))

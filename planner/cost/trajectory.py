@@ -25,6 +25,7 @@ import numpy as np
 
 from planner.catalog.lengths import ResponseLengths
 from planner.cost.columns import time_column
+from planner.cost.pool_time import pool_state
 from planner.phases import PHASES
 
 NODES = (0.0, 0.5, 1.0)  # fractions of the run: first, middle, last step
@@ -145,4 +146,48 @@ def step_columns_over_run(request, evaluate: Callable) -> dict:
         out["mfu"] = np.where(runs, middle["mfu"] * middle[update] / expected[update], 0.0)
     out["dominant_phase"] = np.stack([expected[time_column(phase)] for phase in PHASES]
                                      ).argmax(axis=0)
+    return out
+
+
+# --- separate pools over the run (planner.placement's splits) ---------------------------------
+# A split's step is a steady state of its two pools (planner.cost.pool_time): max(G, T) + ...,
+# not linear in either pool's time, so it is evaluated at each node from both pools' seconds at
+# that node, and its expectation is Simpson's rule over the steps, not the steady state of the
+# pools' expected times (which would hide a bottleneck that moves from trainer to rollout as the
+# responses grow).
+
+
+def seconds_over_run(request, evaluate: Callable) -> tuple[np.ndarray, np.ndarray]:
+    """``evaluate(request)`` -- one pool's seconds per step, an array over layouts -- over the
+    run: its expectation and its value at each of :data:`NODES` (shape ``(3, layouts)``).  One
+    call per distinct node (one when the lengths do not move)."""
+    lengths = getattr(request.workload, "lengths", None)
+    if lengths is None or lengths.constant:
+        value = np.asarray(evaluate(request), dtype=float)
+        return value, np.stack([value] * len(NODES))
+    at_nodes = np.stack([np.asarray(evaluate(request_at(request, point)), dtype=float)
+                         for point in node_lengths(lengths)])
+    return np.asarray(expected_over_run(at_nodes)), at_nodes
+
+
+def steady_state_over_run(steady_state: Callable, generate_at_nodes, train_at_nodes,
+                          sync_s: float) -> dict:
+    """A split's steady state over the run: ``steady_state(generate, train, sync)`` (a mode's
+    schedule, :mod:`planner.cost.pool_time`) at each of :data:`NODES` from the rollout pool's
+    and the trainer pool's seconds per step there.  Returns the run's columns: the expected
+    step time (``step_time_s``, Simpson's rule over the nodes' steps: what ranks), the first
+    and last step's (:data:`START_COLUMN`, :data:`END_COLUMN`), the expected boundary wait and
+    syncs, each pool's expected busy seconds (``generate_s``, ``train_s``), and each pool's idle
+    fraction and the bottleneck over the whole run (busy seconds over the run's seconds)."""
+    generate = np.asarray(generate_at_nodes, dtype=float)
+    train = np.asarray(train_at_nodes, dtype=float)
+    at = steady_state(generate, train, sync_s)
+    steps = np.asarray(at["step_time_s"], dtype=float)
+    expected_generate, expected_train = (expected_over_run(generate),
+                                         expected_over_run(train))
+    out = pool_state(expected_generate, expected_train, expected_over_run(steps),
+                     expected_over_run(np.asarray(at["boundary_s"], dtype=float)),
+                     expected_over_run(np.asarray(at["sync_per_step_s"], dtype=float)))
+    out.update({START_COLUMN: steps[0], END_COLUMN: steps[-1],
+                "generate_s": expected_generate, "train_s": expected_train})
     return out

@@ -79,7 +79,9 @@ def _row(candidate: Candidate) -> dict:
         "trainer": placement.trainer_gpus, "rollout": placement.rollout_gpus,
         "actor": actor, "rtp": rollout,
         "util": f"{setting(candidate.layout.gpu_memory_utilization):.2f}",
-        "step": _seconds(reported_step(candidate)), **cells,
+        "step": _seconds(reported_step(candidate)),
+        "start": _seconds(reported_over_run(candidate, candidate.step_time_start_s)),
+        "end": _seconds(reported_over_run(candidate, candidate.step_time_end_s)), **cells,
         "stale": 0 if candidate.staleness is None else candidate.staleness.max_versions_behind,
     }
 
@@ -90,6 +92,26 @@ COLUMNS = [("#", "rank"), ("mode", "mode"), ("trainer GPUs", "trainer"),
            ("sync s", "param_sync"), ("bottleneck", "bottleneck"), ("idle T/R", "idle"),
            ("tok/s/GPU", "tps"), ("trainer GiB", "tmem"), ("rollout GiB", "rmem"),
            ("stale", "stale")]
+OVER_RUN_COLUMNS = [("start", "start"), ("end", "end")]
+
+
+def reported_over_run(candidate: Candidate, value: float | None) -> float | None:
+    """The step time at the run's first or last step as the JSON reports it (None: not timed,
+    or cannot run)."""
+    return reported(value) if candidate.timed and value is not None else None
+
+
+def table_columns(workload, columns=COLUMNS) -> list[tuple[str, str]]:
+    """``columns`` with the step time at the run's first and last step after ``step s`` (the
+    run's expected step time, what ranks) when the mean response length moves over the run."""
+    if not getattr(workload, "moving_lengths", False):
+        return list(columns)
+    at = [key for _, key in columns].index("step") + 1
+    return [*columns[:at], *OVER_RUN_COLUMNS, *columns[at:]]
+
+
+OVER_RUN_LEGEND = ("step s: the run's expected step time (ranked by); start, end: at its first "
+                   "and last step, as the mean response length moves")
 
 
 def mode_table(plan: ModePlan, top: int) -> str:
@@ -100,7 +122,10 @@ def mode_table(plan: ModePlan, top: int) -> str:
     lines.append(f"splits   {plan.splits_tried} tried, {len(plan.candidates)} fit")
     lines.append("")
     rows = [_row(c) for c in plan.candidates[:top]]
-    lines.append(format_table(rows, COLUMNS) if rows else "no split fits in GPU memory")
+    lines.append(format_table(rows, table_columns(plan.workload)) if rows
+                 else "no split fits in GPU memory")
+    if rows and plan.workload.moving_lengths:
+        lines.append(OVER_RUN_LEGEND)
     lines += answer_lines(plan.workload, plan.request.cost)
     lines += [f"note: {note}" for note in plan.notes]
     if mode.off_policy:
@@ -120,12 +145,15 @@ def best_table(plans: list[ModePlan]) -> str:
             continue
         rows.append({**_row(best), "rank": "-",
                      "speedup": "-" if speedup is None else f"{speedup:.2f}x"})
-    columns = [c for c in COLUMNS if c[1] != "rank"]
-    columns.insert(7, ("vs sync", "speedup"))
+    columns = [c for c in table_columns(plans[0].workload) if c[1] != "rank"]
+    keys = [key for _, key in columns]
+    columns.insert(keys.index("end" if "end" in keys else "step") + 1, ("vs sync", "speedup"))
     lines.append(format_table(rows, columns))
     lines.append("")
     lines.append("idle T/R: idle fraction of the trainer / rollout pool; stale: parameter "
                  "versions a sample can lag (at most)")
+    if plans[0].workload.moving_lengths:
+        lines.append(OVER_RUN_LEGEND)
     lines += answer_lines(plans[0].workload, plans[0].request.cost)
     lines.append(f"note: {off_policy_note()}")
     return "\n".join(lines)
@@ -190,6 +218,8 @@ def _split_row(split: SplitCandidate, marked: bool) -> dict:
     lay = split.layout
     return {"mark": "*" if marked else "", "trainer": split.placement.trainer_gpus,
             "rollout": split.placement.rollout_gpus, "step": _seconds(reported_step(split)),
+            "start": _seconds(reported_over_run(split, split.step_time_start_s)),
+            "end": _seconds(reported_over_run(split, split.step_time_end_s)),
             "fits": "yes" if split.fits else "NO", "bottleneck": split.bottleneck,
             "rtp": f"{lay.rollout_tp}/{lay.rollout_dp}/{lay.rollout_ep}"}
 
@@ -209,11 +239,13 @@ def split_estimate_text(estimate: SplitEstimate, policy: MemoryPolicy = DEFAULT_
     lines += mode.settings_lines(estimate.workload)
     lines += [f"fits: {'yes' if c.fits else 'NO'}", ""]
     lines += _pool_lines(c, estimate.cluster.gpu.memory_gib, policy)
-    lines += ["", format_table([{**_row(c), "rank": "-"}], COLUMNS[1:])]
+    lines += ["", format_table([{**_row(c), "rank": "-"}],
+                               table_columns(estimate.workload, COLUMNS[1:]))]
     if len(estimate.splits) > 1:
         lines += ["", "splits scored for this actor layout (* reported):",
                   format_table([_split_row(split, i == 0)
-                                for i, split in enumerate(estimate.splits)], SPLIT_COLUMNS)]
+                                for i, split in enumerate(estimate.splits)],
+                               table_columns(estimate.workload, SPLIT_COLUMNS))]
     lines += [f"note: {note}" for note in estimate.notes]
     lines.append(f"note: {off_policy_note()}")
     lines += answer_lines(estimate.workload, estimate.request.cost)

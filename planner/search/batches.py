@@ -9,7 +9,10 @@ optimizer step) and for the forward-only log-prob passes (per step).
   packs the rank's sequences into ``ceil(tokens / (budget * CP))`` micro-batches of balanced
   token counts (never more than there are sequences; with interleaved pipelines rounded up to a
   multiple of ``microbatch_group_size_per_vp_stage``, which defaults to PP).  Memory is sized
-  for the budget; the count, and so the time, follows the mean length.
+  for the budget; the count, and so the time, follows the mean length.  The micro-batches a
+  pipeline holds in flight (:attr:`MicroBatches.memory_count`) are judged at the maximum length,
+  as every memory figure is (issue 23): a step whose responses all run to the maximum packs
+  into the most micro-batches, and 1F1B keeps up to PP of them.
 
 Token counts are per GPU, i.e. per context-parallel rank (CP splits every sequence).
 """
@@ -42,6 +45,8 @@ class MicroBatches:
     memory_tokens: np.ndarray  # tokens per GPU of the largest micro-batch (what memory holds)
     mean_tokens: np.ndarray  # tokens per GPU of an average micro-batch (what time follows)
     count: np.ndarray  # micro-batches (per optimizer step for the update, per step else)
+    # micro-batches when every sequence has the maximum length (what memory holds in flight)
+    memory_count: np.ndarray
 
 
 def _f(x) -> np.ndarray:
@@ -57,15 +62,20 @@ def _batches(workload, cols: Columns, sequences: np.ndarray, micro: np.ndarray,
     micro = np.maximum(_f(micro), 1)
     static_count = np.maximum(np.ceil(sequences / micro), 1)
     rank_tokens = sequences * seq_mean
-    packed = np.ceil(rank_tokens / np.maximum(_f(budget) * cp, 1))
-    packed = np.clip(packed, 1, np.maximum(sequences, 1))
     group = np.where(cols["vpp"] > 1, _f(cols["pp"]), 1.0)
-    packed = np.ceil(packed / group) * group
-    count = np.where(dynamic, packed, static_count)
+
+    def packed(tokens: np.ndarray) -> np.ndarray:
+        """rearrange_micro_batches' count for ``tokens`` on the rank."""
+        count = np.clip(np.ceil(tokens / np.maximum(_f(budget) * cp, 1)), 1,
+                        np.maximum(sequences, 1))
+        return np.ceil(count / group) * group
+
+    count = np.where(dynamic, packed(rank_tokens), static_count)
     return MicroBatches(
         memory_tokens=np.where(dynamic, _f(budget), micro * seq_max / cp),
         mean_tokens=np.where(dynamic, rank_tokens / count / cp, micro * seq_mean / cp),
-        count=count)
+        count=count,
+        memory_count=np.where(dynamic, packed(sequences * seq_max), static_count))
 
 
 def update_batches(workload, cols: Columns) -> MicroBatches:
