@@ -26,7 +26,7 @@ from planner.cost.columns import (
 )
 from planner.cost.memory import actor_memory, estimate_memory, rollout_memory
 from planner.cost.request import OfRequest, PlanRequest
-from planner.cost.timing import generate_s, step_columns
+from planner.cost.timing import StepGroups, generate_s, step_columns
 from planner.cost.trajectory import step_columns_over_run
 from planner.errors import InvalidLayoutError
 from planner.phases import PHASES, TRAINING_PHASES
@@ -248,7 +248,9 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     timed = np.ones(len(cols["tp"]), dtype=bool) if time_all else memory["fits"].astype(bool)
     subset = out if timed.all() else {name: values[timed] for name, values in out.items()}
     # the run's expected step time, and the step time at its first and last step
-    times = step_columns_over_run(request, lambda at: step_columns(at, subset, subset))
+    # each phase timed once per distinct row of what it reads, at every point of the run
+    groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
+    times = step_columns_over_run(request, lambda at: step_columns(at, subset, subset, groups))
     names = [*out, *times]
     for name in UNWISE_FLAGS:
         out[flag_column(name)] = flags[name]

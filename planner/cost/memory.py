@@ -577,7 +577,14 @@ def kv_bytes_per_token(model: ModelSpec, cols: Columns, workload=None) -> np.nda
     halves it.  Windowed and recurrent layers add a fixed amount per sequence instead
     (:func:`sequence_state_tokens`)."""
     kv_dtype = engine_cache(model, workload, 1).kv_dtype
-    per_token = _f(kv_cache_bytes_per_token(model, np.asarray(cols["rollout_tp"]), kv_dtype))
+    # it depends on the rollout TP alone: computed once per distinct TP (a plan asks for it on
+    # every row)
+    tp = np.asarray(cols["rollout_tp"])
+    if tp.ndim == 1:
+        first, inverse = distinct(tp)
+        per_token = _f(kv_cache_bytes_per_token(model, tp[first], kv_dtype))[inverse]
+    else:
+        per_token = _f(kv_cache_bytes_per_token(model, tp, kv_dtype))
     return np.maximum(per_token, 1.0)  # attention-free: the pool counted in bytes
 
 
