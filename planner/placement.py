@@ -43,7 +43,7 @@ from planner.cost.memory import (
 )
 from planner.cost.pool_time import StreamingLimits, pool_sync_s, streaming_generate_s
 from planner.cost.request import OfRequest, PlanRequest
-from planner.cost.timing import generate_s, grpo_step, weight_sync_s
+from planner.cost.timing import StepGroups, generate_s, grpo_step, weight_sync_s
 from planner.cost.trajectory import columns_over_run
 from planner.errors import InvalidLayoutError, NoFitError, PlanInputError
 from planner.plan import ROLLOUT_FIELDS, Plan
@@ -195,8 +195,11 @@ def trainer_times(request: PlanRequest, cols: Columns, memory: Columns) -> Colum
     eff = request.efficiency
     rows = {**cols, **{name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS},
             "gpu_memory_utilization": np.full(n, 0.5)}
-    # the training phases' expected seconds over the run (planner.cost.trajectory)
-    times, _ = columns_over_run(request, lambda at: grpo_step(at, rows, memory["memory"]))
+    # the training phases' expected seconds over the run (planner.cost.trajectory), each phase
+    # timed once per distinct row of what it reads, shared by the run's points
+    groups = StepGroups.of(rows, memory["memory"])
+    times, _ = columns_over_run(request,
+                                lambda at: grpo_step(at, rows, memory["memory"], groups))
     train = sum(times[time_column(phase)] for phase in TRAINING_PHASES_ASYNC) + eff.step_fixed_s
     return {"rows": rows, "train_s": train,
             "gather_s": weight_sync_s(request, rows)["comm_s"],

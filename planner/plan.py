@@ -23,15 +23,21 @@ import numpy as np
 from planner.cost.columns import (
     flag_column,
     memory_column,
+    time_column,
 )
 from planner.cost.memory import actor_memory, estimate_memory, rollout_memory
 from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import StepGroups, generate_s, step_columns
-from planner.cost.trajectory import step_columns_over_run
+from planner.cost.trajectory import (
+    WEIGHTS,
+    node_lengths,
+    request_at,
+    step_columns_over_run,
+)
 from planner.errors import InvalidLayoutError
 from planner.phases import PHASES, TRAINING_PHASES
 from planner.policy import FILL_POLICY
-from planner.ranking import fastest_in_band, tie_order
+from planner.ranking import fastest_in_band, first_in_order, tie_order
 from planner.results import COLOCATED_MODE, ColocatedCandidate, Placement, Staleness
 from planner.search.layout import RECOMPUTE, Columns, Layout, distinct
 from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
@@ -231,14 +237,18 @@ class ScoredRows:
 
 
 def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
-               pick_utilization: bool, time_all: bool = True) -> ScoredRows:
+               pick_utilization: bool, time_all: bool = True,
+               head: int | None = None) -> ScoredRows:
     """Cost-model columns (memory, time, flags) for layouts that obey every rule.
 
     ``actor``: the :func:`planner.cost.memory.actor_memory` of these rows, when already
     computed.  ``pick_utilization``: choose each layout's ``gpu_memory_utilization`` below the
     memory band's top instead of reading it from ``cols``.  ``time_all=False`` times only the
     layouts that fit in memory (a plan ranks the others by memory alone); their time columns
-    are NaN.
+    are NaN.  ``head`` (with ``time_all=False``): the caller reads only the first ``head``
+    rows of the strict ranking (:func:`planner.ranking.rank_order`), so a fitting layout whose
+    expected step time provably ranks it after them is left untimed too
+    (:func:`_rows_that_can_lead`).
     """
     memory = estimate_memory(request, cols, pick_utilization=pick_utilization, actor=actor)
     flags = unwise_flags(request.model, request.cluster, request.workload,
@@ -247,10 +257,28 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     out = {**cols, **memory}
     timed = np.ones(len(cols["tp"]), dtype=bool) if time_all else memory["fits"].astype(bool)
     subset = out if timed.all() else {name: values[timed] for name, values in out.items()}
-    # the run's expected step time, and the step time at its first and last step
     # each phase timed once per distinct row of what it reads, at every point of the run
     groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
-    times = step_columns_over_run(request, lambda at: step_columns(at, subset, subset, groups))
+    known = None  # (point of the run, the rows' step columns there) when already computed
+    if head is not None and not time_all and _moving(request):
+        at = _middle_request(request)
+        middle = step_columns(at, subset, subset, groups)
+        leads = _rows_that_can_lead(request, subset, middle, flags["memory_tight"][timed], head)
+        if not leads.all():
+            timed[timed] = leads
+            subset = {name: values[leads] for name, values in subset.items()}
+            groups = StepGroups.of(subset, subset)
+            middle = {name: values[leads] if np.ndim(values) else values
+                      for name, values in middle.items()}
+        known = (at, middle)
+
+    def evaluate(at: PlanRequest) -> Columns:
+        if known is not None and at == known[0]:
+            return known[1]
+        return step_columns(at, subset, subset, groups)
+
+    # the run's expected step time, and the step time at its first and last step
+    times = step_columns_over_run(request, evaluate)
     names = [*out, *times]
     for name in UNWISE_FLAGS:
         out[flag_column(name)] = flags[name]
@@ -258,6 +286,58 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     names += [flag_column(name) for name in UNWISE_FLAGS] + ["unwise_count"]
     untimed = {name: values for name, values in out.items() if name not in times}
     return ScoredRows(untimed, dict(times), timed, tuple(dict.fromkeys(names)))
+
+
+def _moving(request: PlanRequest) -> bool:
+    """Whether the request's step is timed at several points of the run (a GRPO workload
+    whose mean response length moves, :mod:`planner.cost.trajectory`)."""
+    lengths = getattr(request.workload, "lengths", None)
+    return request.workload.has_rollout and lengths is not None and not lengths.constant
+
+
+def _middle_request(request: PlanRequest) -> PlanRequest:
+    return request_at(request, node_lengths(request.workload.lengths)[1])
+
+
+def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns,
+                        tight: np.ndarray, head: int) -> np.ndarray:
+    """Which of the fitting rows ``subset`` can be among the first ``head`` of the strict
+    ranking, from their step columns at the middle of the run (``middle``) and their
+    memory-tight flag (``tight``).
+
+    The expected step time is Simpson's rule over the first, middle and last step,
+    ``E = (T_0 + 4 T_mid + T_1) / 6`` (:mod:`planner.cost.trajectory`).  Every phase time is
+    at least 0, and the weight sync's time ``S`` (the gather, the engine's load, the
+    per-tensor latency, the offload trip and the step's fixed costs) does not read the response
+    length, so ``T_0, T_1 >= S`` and ``E >= L = (4 T_mid + 2 S) / 6`` -- a bound, not an
+    estimate.  The ranking puts fitting rows inside the memory band's top before the
+    memory-tight ones, each tier by ``E``.  In the tier where the ``head``-th row falls, the
+    rows with the smallest ``T_mid`` are timed at every point: the largest of their ``E``,
+    ``U``, is at least the tier's ``k``-th smallest ``E``; a row with ``L > U`` has
+    ``E > U`` and ranks after at least ``k`` rows, so it cannot be shown.  Tiers after it
+    are not needed at all."""
+    t_mid = np.asarray(middle["step_time_s"], dtype=float)
+    sync = np.asarray(middle[time_column("weight_sync")], dtype=float)
+    lower = WEIGHTS[1] * t_mid + (WEIGHTS[0] + WEIGHTS[2]) * sync
+    tight = np.asarray(tight).astype(bool)
+    leads = np.zeros(len(t_mid), dtype=bool)
+    left = head
+    for level in (False, True):
+        if left <= 0:
+            break
+        members = tight == level
+        size = int(np.count_nonzero(members))
+        if size > left:
+            rows = np.flatnonzero(members)
+            probe = rows[np.argpartition(t_mid[rows], left - 1)[:left]]
+            few = {name: values[probe] for name, values in subset.items()}
+            exact = step_columns_over_run(
+                request, lambda at, few=few: step_columns(at, few, few))["step_time_s"]
+            bound = float(np.max(exact))
+            members &= ~(lower > bound)  # NaN bound: nothing is dropped
+        leads |= members
+        left -= size
+    return leads
 
 
 def score_columns(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
@@ -367,15 +447,23 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     space = actors.space
     actor, memory = choose_rollout(request, space.columns, space.rollouts,
                                    options.gpu_memory_utilization, actors.memory)
+    tolerance = request.cost.uncertainty if tie_tolerance is None else tie_tolerance
+    # a strict ranking read only at its head times only the rows that can lead it
+    head = keep if keep is not None and tolerance <= 0 and not options.exhaustive else None
     rows = score_rows(request, actor, memory,
-                      pick_utilization=options.gpu_memory_utilization is None, time_all=False)
+                      pick_utilization=options.gpu_memory_utilization is None, time_all=False,
+                      head=head)
     # the ranking reads one time column: the step time
     scored = {**rows.untimed, "step_time_s": rows.column("step_time_s")}
-    tolerance = request.cost.uncertainty if tie_tolerance is None else tie_tolerance
-    order, tied = tie_order(scored, tolerance, request.policy)
+    fitting = int(np.count_nonzero(scored["fits"]))
+    if keep is not None and tolerance <= 0:
+        # a strict ranking read only at its head: the first rows without sorting them all
+        order = first_in_order(scored, keep)
+        tied = np.zeros(len(scored["tp"]), dtype=bool)
+    else:
+        order, tied = tie_order(scored, tolerance, request.policy)
     # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
-    fitting = int(np.count_nonzero(scored["fits"]))
     order = order[:fitting + KEEP_NOT_FITTING if keep is None else keep]
     ranked = rows.take(order)
     ranked["within_error_of_best"] = tied[order]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -582,10 +583,18 @@ def kv_bytes_per_token(model: ModelSpec, cols: Columns, workload=None) -> np.nda
     tp = np.asarray(cols["rollout_tp"])
     if tp.ndim == 1:
         first, inverse = distinct(tp)
-        per_token = _f(kv_cache_bytes_per_token(model, tp[first], kv_dtype))[inverse]
+        per_token = np.array([_kv_cache_bytes_per_token(model, int(degree), kv_dtype)
+                              for degree in tp[first]])[inverse]
     else:
         per_token = _f(kv_cache_bytes_per_token(model, tp, kv_dtype))
     return np.maximum(per_token, 1.0)  # attention-free: the pool counted in bytes
+
+
+@lru_cache(maxsize=256)
+def _kv_cache_bytes_per_token(model: ModelSpec, tp: int, kv_dtype: str) -> float:
+    """:func:`planner.cost.layer_kinds.kv_cache_bytes_per_token` at one TP (a loop over the
+    model's layers; a plan, and a sizing sweep's many plans, ask for a few TPs many times)."""
+    return float(kv_cache_bytes_per_token(model, tp, kv_dtype))
 
 
 def decode_cache_bytes(model: ModelSpec, cols: Columns, workload, context) -> np.ndarray:
