@@ -1,13 +1,15 @@
 """How long the planner's first answers take, as a user runs them: wall time, CPU time and peak
 memory of each of issue 24's commands, each also as a ratio to a bare ``python -c pass`` start.
 
-    python benchmarks/search_speed.py [--repeat 3] [--only deepseek]
+    python benchmarks/search_speed.py [--repeat 3] [--only deepseek] [--python PATH]
 
 Every command runs ``python -m planner ...`` in a fresh process (imports included, as a user
 sees it) with ``PLAN_PARALLEL_NO_NVML=1`` (no GPU probe); the figures are the median of
 ``--repeat`` runs, taken from the child's resource usage (``os.wait4``): wall seconds, user +
 system CPU seconds, peak resident set (MB).  The machine may be shared: CPU time is the steadier
 signal, and the ratio to a bare interpreter start puts the figures in that machine's units.
+``--python`` times another interpreter (e.g. the virtual environment of an older checkout, whose
+``planner`` it imports): a before/after comparison on the same machine.
 
 Targets (issue 24, a 2-core machine): DeepSeek-V3 x 1024 <= 1 s, Qwen3-30B x 16 <= 0.5 s,
 ``--mode best`` on 128 H20 <= 3 s, the 48-count sizing sweep <= 2 s, peak RSS <= 600 MB each.
@@ -66,8 +68,11 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="", help="run the commands whose label has this text")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter to time (default: this one), e.g. another "
+                             "checkout's .venv/bin/python")
     args = parser.parse_args()
-    python = sys.executable
+    python = args.python
     bare_wall, bare_cpu, bare_rss = median_of([python, "-c", "pass"], args.repeat)
     print(f"bare `python -c pass`: {bare_wall:.3f} s wall, {bare_cpu:.3f} s CPU, "
           f"{bare_rss:.0f} MB (median of {args.repeat})")

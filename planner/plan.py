@@ -218,11 +218,18 @@ class ScoredRows:
         at = self._timed_index(rows)  # once for every column
         return {name: self._column(name, rows, at) for name in self.names}
 
-    def _timed_index(self, rows: np.ndarray | None) -> np.ndarray | None:
+    def _timed_index(self, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Which of ``rows`` were timed, and their positions among the timed rows (None: every
+        row was timed)."""
         position = self._position
-        return position if position is None or rows is None else position[rows]
+        if position is None:
+            return None
+        at = position if rows is None else position[rows]
+        has = at >= 0
+        return has, at[has]
 
-    def _column(self, name: str, rows: np.ndarray | None, at: np.ndarray | None) -> np.ndarray:
+    def _column(self, name: str, rows: np.ndarray | None,
+                at: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
         if name not in self.times:
             values = np.asarray(self.untimed[name])
             return values if rows is None else values[rows]
@@ -230,9 +237,9 @@ class ScoredRows:
         if at is None:  # every row was timed
             return values if rows is None else values[rows]
         floating = np.issubdtype(np.asarray(values).dtype, np.floating)
-        out = np.full(len(at), np.nan if floating else -1)
-        has = at >= 0
-        out[has] = values[at[has]]
+        has, source = at
+        out = np.full(len(has), np.nan if floating else -1)
+        out[has] = values[source]
         return out
 
 
