@@ -244,19 +244,22 @@ class ScoredRows:
 
 
 def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
-               pick_utilization: bool, time_all: bool = True,
-               head: int | None = None) -> ScoredRows:
+               pick_utilization: bool, time_rows: str | int = "all") -> ScoredRows:
     """Cost-model columns (memory, time, flags) for layouts that obey every rule.
 
     ``actor``: the :func:`planner.cost.memory.actor_memory` of these rows, when already
     computed.  ``pick_utilization``: choose each layout's ``gpu_memory_utilization`` below the
-    memory band's top instead of reading it from ``cols``.  ``time_all=False`` times only the
-    layouts that fit in memory (a plan ranks the others by memory alone); their time columns
-    are NaN.  ``head`` (with ``time_all=False``): the caller reads only the first ``head``
-    rows of the strict ranking (:func:`planner.ranking.rank_order`), so a fitting layout whose
-    expected step time provably ranks it after them is left untimed too
-    (:func:`_rows_that_can_lead`).
+    memory band's top instead of reading it from ``cols``.  ``time_rows``: which rows get time
+    columns (the others' are NaN) -- ``"all"``; ``"fitting"``, the layouts that fit in memory (a
+    plan ranks the others by memory alone); a number ``N``, of those only the ones that can be
+    among the first ``N`` of the strict ranking (:func:`planner.ranking.rank_order`), for a
+    caller that reads no further: a layout whose expected step time provably ranks it after
+    them is left untimed too (:func:`_rows_that_can_lead`).
     """
+    if isinstance(time_rows, str) and time_rows not in ("all", "fitting"):
+        raise ValueError(f"time_rows {time_rows!r}: valid are 'all', 'fitting' or a count")
+    time_all = time_rows == "all"
+    head = time_rows if isinstance(time_rows, int) else None
     memory = estimate_memory(request, cols, pick_utilization=pick_utilization, actor=actor)
     flags = unwise_flags(request.model, request.cluster, request.workload,
                          {**cols, "peak_fraction": memory["memory_utilization"]},
@@ -267,7 +270,7 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     # each phase timed once per distinct row of what it reads, at every point of the run
     groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
     known = None  # (point of the run, the rows' step columns there) when already computed
-    if head is not None and not time_all and _moving(request):
+    if head is not None and _moving(request):
         at = _middle_request(request)
         middle = step_columns(at, subset, subset, groups)
         leads = _rows_that_can_lead(request, subset, middle, flags["memory_tight"][timed], head)
@@ -348,10 +351,10 @@ def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns,
 
 
 def score_columns(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
-                  pick_utilization: bool, time_all: bool = True) -> Columns:
+                  pick_utilization: bool, time_rows: str | int = "all") -> Columns:
     """:func:`score_rows` as columns of every row."""
     return score_rows(request, cols, actor, pick_utilization=pick_utilization,
-                      time_all=time_all).take()
+                      time_rows=time_rows).take()
 
 
 def fill_columns(request: PlanRequest, cols: Columns, count: int) -> Columns:
@@ -455,11 +458,11 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     actor, memory = choose_rollout(request, space.columns, space.rollouts,
                                    options.gpu_memory_utilization, actors.memory)
     tolerance = request.cost.uncertainty if tie_tolerance is None else tie_tolerance
-    # a strict ranking read only at its head times only the rows that can lead it
-    head = keep if keep is not None and tolerance <= 0 and not options.exhaustive else None
+    # a strict ranking read only at its head times only the fitting rows that can lead it
+    head = keep is not None and tolerance <= 0 and not options.exhaustive
     rows = score_rows(request, actor, memory,
-                      pick_utilization=options.gpu_memory_utilization is None, time_all=False,
-                      head=head)
+                      pick_utilization=options.gpu_memory_utilization is None,
+                      time_rows=keep if head else "fitting")
     # the ranking reads one time column: the step time
     scored = {**rows.untimed, "step_time_s": rows.column("step_time_s")}
     fitting = int(np.count_nonzero(scored["fits"]))

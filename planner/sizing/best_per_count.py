@@ -150,14 +150,14 @@ def best_layout(request: PlanRequest, refine: int = REFINE,
     options, cluster = request.options, request.cluster
     shared = {} if shared is None else shared
 
-    def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp, probe: str = "",
-             keep: int | None = None) -> Plan:
-        # the probes keep the split settings that build the same stages (exhaustive): see below
+    def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp, probe: str = "") -> Plan:
+        # the probes keep the split settings that build the same stages (exhaustive): see below;
+        # the refinement (the plan that is no probe) is read at its head alone (its best)
         key = (cluster.num_gpus, probe)
         made = make_plan(replace(request, options=replace(
             options, knob_rows=knobs, parallel_rows=parallel, rollout_rows=rollouts, vpp=vpp,
             exhaustive=bool(probe) or options.exhaustive)), tie_tolerance=0.0,
-            actors=shared.get(key) if probe else None, keep=keep)
+            actors=shared.get(key) if probe else None, keep=None if probe else 1)
         if probe:
             shared[key] = made.actors
         return made
@@ -179,7 +179,6 @@ def best_layout(request: PlanRequest, refine: int = REFINE,
                                scored=scored, rejected=probe.rejected)
         probe = frugal
     parallel, rollouts = _top(probe, refine)
-    # the refinement is read at its head alone (its best)
-    refined = plan(parallel=_with_vpp(parallel, options, VPP_REFINE), rollouts=rollouts, keep=1)
+    refined = plan(parallel=_with_vpp(parallel, options, VPP_REFINE), rollouts=rollouts)
     return CountResult(cluster=cluster, valid=probe.valid, best=_first(refined), closest=None,
                        scored=scored + refined.scored, rejected=probe.rejected)

@@ -130,7 +130,7 @@ def test_a_plan_read_at_its_head_times_only_the_layouts_that_can_lead():
     plan = make_plan(req, tie_tolerance=0.0)
     space = plan.actors.space
     cols, actor = choose_rollout(req, space.columns, space.rollouts, None, plan.actors.memory)
-    rows = score_rows(req, cols, actor, pick_utilization=True, time_all=False, head=5)
+    rows = score_rows(req, cols, actor, pick_utilization=True, time_rows=5)
     fits = rows.column("fits").astype(bool)
     assert 0 < rows.timed.sum() < fits.sum() / 2
     assert not (rows.timed & ~fits).any()
