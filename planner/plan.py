@@ -266,7 +266,8 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
                          request.policy)
     out = {**cols, **memory}
     timed = np.ones(len(cols["tp"]), dtype=bool) if time_all else memory["fits"].astype(bool)
-    subset = out if timed.all() else {name: values[timed] for name, values in out.items()}
+    index = np.flatnonzero(timed)  # once for every column (a mask would be scanned per column)
+    subset = out if timed.all() else {name: values[index] for name, values in out.items()}
     # each phase timed once per distinct row of what it reads, at every point of the run
     groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
     known = None  # (point of the run, the rows' step columns there) when already computed
@@ -276,9 +277,10 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
         leads = _rows_that_can_lead(request, subset, middle, flags["memory_tight"][timed], head)
         if not leads.all():
             timed[timed] = leads
-            subset = {name: values[leads] for name, values in subset.items()}
+            index = np.flatnonzero(leads)
+            subset = {name: values[index] for name, values in subset.items()}
             groups = StepGroups.of(subset, subset)
-            middle = {name: values[leads] if np.ndim(values) else values
+            middle = {name: values[index] if np.ndim(values) else values
                       for name, values in middle.items()}
         known = (at, middle)
 

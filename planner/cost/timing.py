@@ -563,9 +563,11 @@ class DistinctRows:
     def of(cls, cols: Columns, names: tuple[str, ...]) -> "DistinctRows":
         if len(cols["tp"]) < DISTINCT_MIN_ROWS:
             return cls(dict(cols), None)
+        # the distinct rows carry the fields ``names`` alone (and ``tp``, which counts rows):
+        # what the phase reads (tests/cost/test_step_groups.py), not every column of a plan
         scalars = {name: values for name, values in cols.items() if np.ndim(values) == 0}
-        few, inverse = unique_rows({name: values for name, values in cols.items()
-                                    if np.ndim(values) == 1}, names)
+        few, inverse = unique_rows({name: cols[name] for name in ("tp", *names)
+                                    if name in cols and np.ndim(cols[name]) == 1}, names)
         return cls({**scalars, **few}, inverse)
 
     def spread(self, out: dict) -> dict:
