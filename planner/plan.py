@@ -243,23 +243,32 @@ class ScoredRows:
         return out
 
 
+@dataclass(frozen=True)
+class Head:
+    """The first ``rows`` of a plan's ranking, the layouts within ``tie_tolerance`` of the
+    best moved to the top (:func:`planner.ranking.tie_order`; 0: a strict ranking): all a
+    caller that reads no further needs timed (:func:`score_rows`)."""
+
+    rows: int
+    tie_tolerance: float = 0.0
+
+
 def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
-               pick_utilization: bool, time_rows: str | int = "all") -> ScoredRows:
+               pick_utilization: bool, time_rows: "str | Head" = "all") -> ScoredRows:
     """Cost-model columns (memory, time, flags) for layouts that obey every rule.
 
     ``actor``: the :func:`planner.cost.memory.actor_memory` of these rows, when already
     computed.  ``pick_utilization``: choose each layout's ``gpu_memory_utilization`` below the
     memory band's top instead of reading it from ``cols``.  ``time_rows``: which rows get time
     columns (the others' are NaN) -- ``"all"``; ``"fitting"``, the layouts that fit in memory (a
-    plan ranks the others by memory alone); a number ``N``, of those only the ones that can be
-    among the first ``N`` of the strict ranking (:func:`planner.ranking.rank_order`), for a
-    caller that reads no further: a layout whose expected step time provably ranks it after
-    them is left untimed too (:func:`_rows_that_can_lead`).
+    plan ranks the others by memory alone); a :class:`Head`, of those only the ones that can be
+    in it, for a caller that reads no further: a layout whose expected step time provably ranks
+    it after them is left untimed too (:func:`_rows_that_can_lead`).
     """
     if isinstance(time_rows, str) and time_rows not in ("all", "fitting"):
-        raise ValueError(f"time_rows {time_rows!r}: valid are 'all', 'fitting' or a count")
+        raise ValueError(f"time_rows {time_rows!r}: valid are 'all', 'fitting' or a Head")
     time_all = time_rows == "all"
-    head = time_rows if isinstance(time_rows, int) else None
+    head = time_rows if isinstance(time_rows, Head) else None
     memory = estimate_memory(request, cols, pick_utilization=pick_utilization, actor=actor)
     flags = unwise_flags(request.model, request.cluster, request.workload,
                          {**cols, "peak_fraction": memory["memory_utilization"]},
@@ -312,10 +321,10 @@ def _middle_request(request: PlanRequest) -> PlanRequest:
 
 
 def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns,
-                        tight: np.ndarray, head: int) -> np.ndarray:
-    """Which of the fitting rows ``subset`` can be among the first ``head`` of the strict
-    ranking, from their step columns at the middle of the run (``middle``) and their
-    memory-tight flag (``tight``).
+                        tight: np.ndarray, head: Head) -> np.ndarray:
+    """Which of the fitting rows ``subset`` can be in the ``head`` of the ranking, from their
+    step columns at the middle of the run (``middle``) and their memory-tight flag
+    (``tight``).
 
     The expected step time is Simpson's rule over the first, middle and last step,
     ``E = (T_0 + 4 T_mid + T_1) / 6`` (:mod:`planner.cost.trajectory`).  Every phase time is
@@ -323,17 +332,21 @@ def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns,
     per-tensor latency, the offload trip and the step's fixed costs) does not read the response
     length, so ``T_0, T_1 >= S`` and ``E >= L = (4 T_mid + 2 S) / 6`` -- a bound, not an
     estimate.  The ranking puts fitting rows inside the memory band's top before the
-    memory-tight ones, each tier by ``E``.  In the tier where the ``head``-th row falls, the
-    rows with the smallest ``T_mid`` are timed at every point: the largest of their ``E``,
-    ``U``, is at least the tier's ``k``-th smallest ``E``; a row with ``L > U`` has
-    ``E > U`` and ranks after at least ``k`` rows, so it cannot be shown.  Tiers after it
-    are not needed at all."""
+    memory-tight ones, each tier by ``E``.  In the tier where the head's last row falls, its
+    ``k`` rows with the smallest ``T_mid`` are timed at every point: the largest of their
+    ``E`` is at least the tier's ``k``-th smallest ``E``, and the smallest at least the tier's
+    best, so ``U = max(largest, (1 + tolerance) * smallest)`` bounds both the head's rows and
+    the ties (the ties are the tier of the best, the first tier with rows: they are the
+    tier's rows with the smallest ``E``, moved to the top).  A row with ``L > U`` has
+    ``E > U``: it is no tie and ranks after at least ``k`` rows, so it cannot be in the head.
+    Tiers after it are not needed at all.  (A relative margin of 1e-9 on ``U`` covers the
+    rounding of the two sums.)"""
     t_mid = np.asarray(middle["step_time_s"], dtype=float)
     sync = np.asarray(middle[time_column("weight_sync")], dtype=float)
     lower = WEIGHTS[1] * t_mid + (WEIGHTS[0] + WEIGHTS[2]) * sync
     tight = np.asarray(tight).astype(bool)
     leads = np.zeros(len(t_mid), dtype=bool)
-    left = head
+    left, ties = head.rows, max(head.tie_tolerance, 0.0)
     for level in (False, True):
         if left <= 0:
             break
@@ -345,9 +358,11 @@ def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns,
             few = {name: values[probe] for name, values in subset.items()}
             exact = step_columns_over_run(
                 request, lambda at, few=few: step_columns(at, few, few))["step_time_s"]
-            bound = float(np.max(exact))
-            members &= ~(lower > bound)  # NaN bound: nothing is dropped
+            bound = max(float(np.max(exact)), (1 + ties) * float(np.min(exact)))
+            members &= ~(lower > bound * (1 + 1e-9))  # NaN bound: nothing is dropped
         leads |= members
+        if size:
+            ties = 0.0  # the ties are the first tier with rows
         left -= size
     return leads
 
@@ -460,11 +475,11 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     actor, memory = choose_rollout(request, space.columns, space.rollouts,
                                    options.gpu_memory_utilization, actors.memory)
     tolerance = request.cost.uncertainty if tie_tolerance is None else tie_tolerance
-    # a strict ranking read only at its head times only the fitting rows that can lead it
-    head = keep is not None and tolerance <= 0 and not options.exhaustive
+    # a ranking read only at its head times only the fitting rows that can be in it
+    head = keep is not None and not options.exhaustive
     rows = score_rows(request, actor, memory,
                       pick_utilization=options.gpu_memory_utilization is None,
-                      time_rows=keep if head else "fitting")
+                      time_rows=Head(keep, tolerance) if head else "fitting")
     # the ranking reads one time column: the step time
     scored = {**rows.untimed, "step_time_s": rows.column("step_time_s")}
     fitting = int(np.count_nonzero(scored["fits"]))

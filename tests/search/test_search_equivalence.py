@@ -123,23 +123,31 @@ def test_filled_gpu_plan_shares_the_actor_evaluation(model, gpus):
 
 def test_a_plan_read_at_its_head_times_only_the_layouts_that_can_lead():
     """The pruning path runs (most fitting layouts go untimed) and keeps the first rows of the
-    strict ranking, the ties in step time and memory-tight tiers included."""
-    from planner.plan import choose_rollout, score_rows
+    ranking, strict or with the model's ties moved to the top, the ties in step time and
+    memory-tight tiers included."""
+    from planner.plan import Head, choose_rollout, score_rows
 
     req = request("qwen3-30b", 16, workload=MOVING)
     plan = make_plan(req, tie_tolerance=0.0)
     space = plan.actors.space
     cols, actor = choose_rollout(req, space.columns, space.rollouts, None, plan.actors.memory)
-    rows = score_rows(req, cols, actor, pick_utilization=True, time_rows=5)
+    rows = score_rows(req, cols, actor, pick_utilization=True, time_rows=Head(5))
     fits = rows.column("fits").astype(bool)
     assert 0 < rows.timed.sum() < fits.sum() / 2
     assert not (rows.timed & ~fits).any()
-    for count in (1, 5):
-        head = make_plan(req, tie_tolerance=0.0, actors=plan.actors, keep=count)
-        for name in ("tp", "pp", "vpp", "cp", "ep", "micro_batch", "step_time_s",
-                     "step_time_start_s", "step_time_end_s", "peak_bytes"):
-            np.testing.assert_array_equal(head.candidates[name].to_numpy(),
-                                          plan.candidates[name].to_numpy()[:count])
+    tolerance = req.cost.uncertainty
+    tied = score_rows(req, cols, actor, pick_utilization=True, time_rows=Head(5, tolerance))
+    assert rows.timed.sum() <= tied.timed.sum() < fits.sum()
+    ranked = make_plan(req, actors=plan.actors)  # the model's tie tolerance
+    assert ranked.ties > 5
+    for count in (1, 5, 40):
+        for full, tie_tolerance in ((plan, 0.0), (ranked, None)):
+            head = make_plan(req, tie_tolerance=tie_tolerance, actors=plan.actors, keep=count)
+            for name in ("tp", "pp", "vpp", "cp", "ep", "micro_batch", "step_time_s",
+                         "step_time_start_s", "step_time_end_s", "peak_bytes",
+                         "within_error_of_best", "rank"):
+                np.testing.assert_array_equal(head.candidates[name].to_numpy(),
+                                              full.candidates[name].to_numpy()[:count])
 
 
 def test_the_weight_sync_does_not_move_with_the_response_length():
