@@ -466,7 +466,8 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     are ties (None: the cost model's ranking uncertainty; 0: a strict ranking).  ``actors``:
     the request's :class:`ActorEvaluation` when already computed (by a plan of the same
     request under another memory policy, :attr:`Plan.actors`).  ``keep``: put only the first
-    ``keep`` ranked layouts in the frame (a caller that reads the best alone); the counts
+    ``keep`` ranked layouts in the frame (a caller that reads the best alone), and time only
+    the layouts that can be among them (:class:`Head`); the counts
     (:attr:`Plan.fitting_count`) stay those of every layout."""
     options = search_options_for(request)
     if actors is None or not actors.serves(request):
