@@ -1,13 +1,17 @@
 """How long the planner's first answers take, as a user runs them: wall time, CPU time and peak
 memory of each of issue 24's commands, each also as a ratio to a bare ``python -c pass`` start.
 
-    python benchmarks/search_speed.py [--repeat 3] [--only deepseek]
+    python benchmarks/search_speed.py [--repeat 3] [--only deepseek] [--baseline PYTHON]
 
 Every command runs ``python -m planner ...`` in a fresh process (imports included, as a user
 sees it) with ``PLAN_PARALLEL_NO_NVML=1`` (no GPU probe); the figures are the median of
 ``--repeat`` runs, taken from the child's resource usage (``os.wait4``): wall seconds, user +
 system CPU seconds, peak resident set (MB).  The machine may be shared: CPU time is the steadier
 signal, and the ratio to a bare interpreter start puts the figures in that machine's units.
+``--baseline`` also times another interpreter -- another checkout's ``.venv/bin/python``, run
+from outside any checkout so that it imports the ``planner`` installed in its environment -- its
+runs alternating with this one's (the load of a shared machine then weighs on both alike), and
+prints its figures under each command's.
 
 Targets (issue 24, a 2-core machine): DeepSeek-V3 x 1024 <= 1 s, Qwen3-30B x 16 <= 0.5 s,
 ``--mode best`` on 128 H20 <= 3 s, the 48-count sizing sweep <= 2 s, peak RSS <= 600 MB each.
@@ -20,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 DAPO = ("--train-batch-size 512 --rollout-n 16 --prompt-length 2048 --response-length 8192 "
@@ -38,12 +43,12 @@ COMMANDS = (
 RSS_TARGET_MB = 600
 
 
-def measure(argv: list[str]) -> tuple[float, float, float]:
-    """Wall s, user+sys CPU s and peak RSS MB of one run of ``argv``."""
+def measure(argv: list[str], cwd: str | None = None) -> tuple[float, float, float]:
+    """Wall s, user+sys CPU s and peak RSS MB of one run of ``argv`` (in ``cwd``)."""
     env = {**os.environ, "PLAN_PARALLEL_NO_NVML": "1"}
     start = time.perf_counter()
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                               start_new_session=True)
+                               start_new_session=True, cwd=cwd)
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - start
     process.returncode = os.waitstatus_to_exitcode(status)
@@ -56,9 +61,17 @@ def measure(argv: list[str]) -> tuple[float, float, float]:
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
-def median_of(argv: list[str], repeat: int) -> tuple[float, float, float]:
-    runs = [measure(argv) for _ in range(repeat)]
+def medians(runs: list[tuple[float, float, float]]) -> tuple[float, float, float]:
     return tuple(statistics.median(run[i] for run in runs) for i in range(3))
+
+
+def row(label: str, figures: tuple[float, float, float], bare: tuple[float, float, float],
+        target: float | None) -> str:
+    wall, cpu, rss = figures
+    goal = f"<={target:g} s" if target else ""
+    mark = " over" if (target and cpu > target) or rss > RSS_TARGET_MB else ""
+    return (f"{label:<26} {wall:>7.2f} {wall / bare[0]:>7.0f} {cpu:>7.2f} "
+            f"{cpu / max(bare[1], 1e-3):>7.0f} {rss:>7.0f} {goal:>8}{mark}")
 
 
 def main() -> None:
@@ -66,21 +79,29 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="", help="run the commands whose label has this text")
+    parser.add_argument("--baseline", metavar="PYTHON",
+                        help="also time this interpreter (another checkout's .venv/bin/python), "
+                             "its runs alternating with this one's")
     args = parser.parse_args()
     python = sys.executable
-    bare_wall, bare_cpu, bare_rss = median_of([python, "-c", "pass"], args.repeat)
-    print(f"bare `python -c pass`: {bare_wall:.3f} s wall, {bare_cpu:.3f} s CPU, "
-          f"{bare_rss:.0f} MB (median of {args.repeat})")
+    outside = tempfile.gettempdir()  # where a baseline imports its own installed planner
+    bare = medians([measure([python, "-c", "pass"]) for _ in range(args.repeat)])
+    print(f"bare `python -c pass`: {bare[0]:.3f} s wall, {bare[1]:.3f} s CPU, "
+          f"{bare[2]:.0f} MB (median of {args.repeat})")
     print(f"{'command':<26} {'wall s':>7} {'x bare':>7} {'CPU s':>7} {'x bare':>7} "
           f"{'RSS MB':>7} {'target':>8}")
     for label, command, target in COMMANDS:
         if args.only and args.only not in label:
             continue
-        wall, cpu, rss = median_of([python, "-m", "planner", *command.split()], args.repeat)
-        goal = f"<={target:g} s" if target else ""
-        mark = " over" if (target and cpu > target) or rss > RSS_TARGET_MB else ""
-        print(f"{label:<26} {wall:>7.2f} {wall / bare_wall:>7.0f} {cpu:>7.2f} "
-              f"{cpu / max(bare_cpu, 1e-3):>7.0f} {rss:>7.0f} {goal:>8}{mark}")
+        mine, theirs = [], []
+        for _ in range(args.repeat):
+            mine.append(measure([python, "-m", "planner", *command.split()]))
+            if args.baseline:
+                theirs.append(measure([args.baseline, "-m", "planner", *command.split()],
+                                      outside))
+        print(row(label, medians(mine), bare, target))
+        if args.baseline:
+            print(row("  baseline", medians(theirs), bare, target))
     print(f"commands: python -m planner <args> with {DAPO!r} as the DAPO workload; "
           f"RSS target {RSS_TARGET_MB} MB")
 

@@ -43,7 +43,7 @@ from planner.cost.memory import (
 )
 from planner.cost.pool_time import StreamingLimits, pool_sync_s, streaming_generate_s
 from planner.cost.request import OfRequest, PlanRequest
-from planner.cost.timing import generate_s, grpo_step, weight_sync_s
+from planner.cost.timing import StepGroups, generate_s, grpo_step, weight_sync_s
 from planner.cost.trajectory import (
     END_COLUMN,
     START_COLUMN,
@@ -202,8 +202,11 @@ def trainer_times(request: PlanRequest, cols: Columns, memory: Columns) -> Colum
     rows = {**cols, **{name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS},
             "gpu_memory_utilization": np.full(n, 0.5)}
     # the training phases' expected seconds over the run and at its nodes
-    # (planner.cost.trajectory)
-    times, at_nodes = columns_over_run(request, lambda at: grpo_step(at, rows, memory["memory"]))
+    # (planner.cost.trajectory), each phase timed once per distinct row of what it reads,
+    # shared by the run's points
+    groups = StepGroups.of(rows, memory["memory"])
+    times, at_nodes = columns_over_run(
+        request, lambda at: grpo_step(at, rows, memory["memory"], groups))
 
     def train_s(columns: Columns) -> np.ndarray:
         return sum(columns[time_column(phase)] for phase in TRAINING_PHASES_ASYNC) \

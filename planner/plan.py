@@ -23,15 +23,22 @@ import numpy as np
 from planner.cost.columns import (
     flag_column,
     memory_column,
+    time_column,
 )
 from planner.cost.memory import actor_memory, estimate_memory, rollout_memory
 from planner.cost.request import OfRequest, PlanRequest
-from planner.cost.timing import generate_s, step_columns
-from planner.cost.trajectory import seconds_over_run, step_columns_over_run
+from planner.cost.timing import StepGroups, generate_s, step_columns
+from planner.cost.trajectory import (
+    WEIGHTS,
+    node_lengths,
+    request_at,
+    seconds_over_run,
+    step_columns_over_run,
+)
 from planner.errors import InvalidLayoutError
 from planner.phases import PHASES, TRAINING_PHASES
 from planner.policy import FILL_POLICY
-from planner.ranking import fastest_in_band, tie_order
+from planner.ranking import fastest_in_band, first_in_order, tie_order
 from planner.results import COLOCATED_MODE, ColocatedCandidate, Placement, Staleness
 from planner.search.layout import RECOMPUTE, Columns, Layout, distinct
 from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
@@ -231,11 +238,18 @@ class ScoredRows:
         at = self._timed_index(rows)  # once for every column
         return {name: self._column(name, rows, at) for name in self.names}
 
-    def _timed_index(self, rows: np.ndarray | None) -> np.ndarray | None:
+    def _timed_index(self, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Which of ``rows`` were timed, and their positions among the timed rows (None: every
+        row was timed)."""
         position = self._position
-        return position if position is None or rows is None else position[rows]
+        if position is None:
+            return None
+        at = position if rows is None else position[rows]
+        has = at >= 0
+        return has, at[has]
 
-    def _column(self, name: str, rows: np.ndarray | None, at: np.ndarray | None) -> np.ndarray:
+    def _column(self, name: str, rows: np.ndarray | None,
+                at: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
         if name not in self.times:
             values = np.asarray(self.untimed[name])
             return values if rows is None else values[rows]
@@ -243,31 +257,69 @@ class ScoredRows:
         if at is None:  # every row was timed
             return values if rows is None else values[rows]
         floating = np.issubdtype(np.asarray(values).dtype, np.floating)
-        out = np.full(len(at), np.nan if floating else -1)
-        has = at >= 0
-        out[has] = values[at[has]]
+        has, source = at
+        out = np.full(len(has), np.nan if floating else -1)
+        out[has] = values[source]
         return out
 
 
+@dataclass(frozen=True)
+class Head:
+    """The first ``rows`` of a plan's ranking, the layouts within ``tie_tolerance`` of the
+    best moved to the top (:func:`planner.ranking.tie_order`; 0: a strict ranking): all a
+    caller that reads no further needs timed (:func:`score_rows`)."""
+
+    rows: int
+    tie_tolerance: float = 0.0
+
+
 def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
-               pick_utilization: bool, time_all: bool = True) -> ScoredRows:
+               pick_utilization: bool, time_rows: "str | Head" = "all") -> ScoredRows:
     """Cost-model columns (memory, time, flags) for layouts that obey every rule.
 
     ``actor``: the :func:`planner.cost.memory.actor_memory` of these rows, when already
     computed.  ``pick_utilization``: choose each layout's ``gpu_memory_utilization`` below the
-    memory band's top instead of reading it from ``cols``.  ``time_all=False`` times only the
-    layouts that fit in memory (a plan ranks the others by memory alone); their time columns
-    are NaN.
+    memory band's top instead of reading it from ``cols``.  ``time_rows``: which rows get time
+    columns (the others' are NaN) -- ``"all"``; ``"fitting"``, the layouts that fit in memory (a
+    plan ranks the others by memory alone); a :class:`Head`, of those only the ones that can be
+    in it, for a caller that reads no further: a layout whose expected step time provably ranks
+    it after them is left untimed too (:func:`_rows_that_can_lead`).
     """
+    if isinstance(time_rows, str) and time_rows not in ("all", "fitting"):
+        raise ValueError(f"time_rows {time_rows!r}: valid are 'all', 'fitting' or a Head")
+    time_all = time_rows == "all"
+    head = time_rows if isinstance(time_rows, Head) else None
     memory = estimate_memory(request, cols, pick_utilization=pick_utilization, actor=actor)
     flags = unwise_flags(request.model, request.cluster, request.workload,
                          {**cols, "peak_fraction": memory["memory_utilization"]},
                          request.policy)
     out = {**cols, **memory}
     timed = np.ones(len(cols["tp"]), dtype=bool) if time_all else memory["fits"].astype(bool)
-    subset = out if timed.all() else {name: values[timed] for name, values in out.items()}
+    index = np.flatnonzero(timed)  # once for every column (a mask would be scanned per column)
+    subset = out if timed.all() else {name: values[index] for name, values in out.items()}
+    # each phase timed once per distinct row of what it reads, at every point of the run
+    groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
+    known = None  # (point of the run, the rows' step columns there) when already computed
+    if head is not None and _moving(request):
+        at = _middle_request(request)
+        middle = step_columns(at, subset, subset, groups)
+        leads = _rows_that_can_lead(request, subset, middle, flags["memory_tight"][timed], head)
+        if not leads.all():
+            timed[timed] = leads
+            index = np.flatnonzero(leads)
+            subset = {name: values[index] for name, values in subset.items()}
+            groups = StepGroups.of(subset, subset)
+            middle = {name: values[index] if np.ndim(values) else values
+                      for name, values in middle.items()}
+        known = (at, middle)
+
+    def evaluate(at: PlanRequest) -> Columns:
+        if known is not None and at == known[0]:
+            return known[1]
+        return step_columns(at, subset, subset, groups)
+
     # the run's expected step time, and the step time at its first and last step
-    times = step_columns_over_run(request, lambda at: step_columns(at, subset, subset))
+    times = step_columns_over_run(request, evaluate)
     names = [*out, *times]
     for name in UNWISE_FLAGS:
         out[flag_column(name)] = flags[name]
@@ -277,11 +329,69 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     return ScoredRows(untimed, dict(times), timed, tuple(dict.fromkeys(names)))
 
 
+def _moving(request: PlanRequest) -> bool:
+    """Whether the request's step is timed at several points of the run (a GRPO workload
+    whose mean response length moves, :mod:`planner.cost.trajectory`)."""
+    lengths = getattr(request.workload, "lengths", None)
+    return request.workload.has_rollout and lengths is not None and not lengths.constant
+
+
+def _middle_request(request: PlanRequest) -> PlanRequest:
+    return request_at(request, node_lengths(request.workload.lengths)[1])
+
+
+def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns,
+                        tight: np.ndarray, head: Head) -> np.ndarray:
+    """Which of the fitting rows ``subset`` can be in the ``head`` of the ranking, from their
+    step columns at the middle of the run (``middle``) and their memory-tight flag
+    (``tight``).
+
+    The expected step time is Simpson's rule over the first, middle and last step,
+    ``E = (T_0 + 4 T_mid + T_1) / 6`` (:mod:`planner.cost.trajectory`).  Every phase time is
+    at least 0, and the weight sync's time ``S`` (the gather, the engine's load, the
+    per-tensor latency, the offload trip and the step's fixed costs) does not read the response
+    length, so ``T_0, T_1 >= S`` and ``E >= L = (4 T_mid + 2 S) / 6`` -- a bound, not an
+    estimate.  The ranking puts fitting rows inside the memory band's top before the
+    memory-tight ones, each tier by ``E``.  In the tier where the head's last row falls, its
+    ``k`` rows with the smallest ``T_mid`` are timed at every point: the largest of their
+    ``E`` is at least the tier's ``k``-th smallest ``E``, and the smallest at least the tier's
+    best, so ``U = max(largest, (1 + tolerance) * smallest)`` bounds both the head's rows and
+    the ties (the ties are the tier of the best, the first tier with rows: they are the
+    tier's rows with the smallest ``E``, moved to the top).  A row with ``L > U`` has
+    ``E > U``: it is no tie and ranks after at least ``k`` rows, so it cannot be in the head.
+    Tiers after it are not needed at all.  (A relative margin of 1e-9 on ``U`` covers the
+    rounding of the two sums.)"""
+    t_mid = np.asarray(middle["step_time_s"], dtype=float)
+    sync = np.asarray(middle[time_column("weight_sync")], dtype=float)
+    lower = WEIGHTS[1] * t_mid + (WEIGHTS[0] + WEIGHTS[2]) * sync
+    tight = np.asarray(tight).astype(bool)
+    leads = np.zeros(len(t_mid), dtype=bool)
+    left, ties = head.rows, max(head.tie_tolerance, 0.0)
+    for level in (False, True):
+        if left <= 0:
+            break
+        members = tight == level
+        size = int(np.count_nonzero(members))
+        if size > left:
+            rows = np.flatnonzero(members)
+            probe = rows[np.argpartition(t_mid[rows], left - 1)[:left]]
+            few = {name: values[probe] for name, values in subset.items()}
+            exact = step_columns_over_run(
+                request, lambda at, few=few: step_columns(at, few, few))["step_time_s"]
+            bound = max(float(np.max(exact)), (1 + ties) * float(np.min(exact)))
+            members &= ~(lower > bound * (1 + 1e-9))  # NaN bound: nothing is dropped
+        leads |= members
+        if size:
+            ties = 0.0  # the ties are the first tier with rows
+        left -= size
+    return leads
+
+
 def score_columns(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
-                  pick_utilization: bool, time_all: bool = True) -> Columns:
+                  pick_utilization: bool, time_rows: str | int = "all") -> Columns:
     """:func:`score_rows` as columns of every row."""
     return score_rows(request, cols, actor, pick_utilization=pick_utilization,
-                      time_all=time_all).take()
+                      time_rows=time_rows).take()
 
 
 def fill_columns(request: PlanRequest, cols: Columns, count: int) -> Columns:
@@ -377,7 +487,8 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     are ties (None: the cost model's ranking uncertainty; 0: a strict ranking).  ``actors``:
     the request's :class:`ActorEvaluation` when already computed (by a plan of the same
     request under another memory policy, :attr:`Plan.actors`).  ``keep``: put only the first
-    ``keep`` ranked layouts in the frame (a caller that reads the best alone); the counts
+    ``keep`` ranked layouts in the frame (a caller that reads the best alone), and time only
+    the layouts that can be among them (:class:`Head`); the counts
     (:attr:`Plan.fitting_count`) stay those of every layout."""
     options = search_options_for(request)
     if actors is None or not actors.serves(request):
@@ -385,15 +496,23 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     space = actors.space
     actor, memory = choose_rollout(request, space.columns, space.rollouts,
                                    options.gpu_memory_utilization, actors.memory)
+    tolerance = request.cost.uncertainty if tie_tolerance is None else tie_tolerance
+    # a ranking read only at its head times only the fitting rows that can be in it
+    head = keep is not None and not options.exhaustive
     rows = score_rows(request, actor, memory,
-                      pick_utilization=options.gpu_memory_utilization is None, time_all=False)
+                      pick_utilization=options.gpu_memory_utilization is None,
+                      time_rows=Head(keep, tolerance) if head else "fitting")
     # the ranking reads one time column: the step time
     scored = {**rows.untimed, "step_time_s": rows.column("step_time_s")}
-    tolerance = request.cost.uncertainty if tie_tolerance is None else tie_tolerance
-    order, tied = tie_order(scored, tolerance, request.policy)
+    fitting = int(np.count_nonzero(scored["fits"]))
+    if keep is not None and tolerance <= 0:
+        # a strict ranking read only at its head: the first rows without sorting them all
+        order = first_in_order(scored, keep)
+        tied = np.zeros(len(scored["tp"]), dtype=bool)
+    else:
+        order, tied = tie_order(scored, tolerance, request.policy)
     # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
-    fitting = int(np.count_nonzero(scored["fits"]))
     order = order[:fitting + KEEP_NOT_FITTING if keep is None else keep]
     ranked = rows.take(order)
     ranked["within_error_of_best"] = tied[order]

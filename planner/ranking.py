@@ -51,6 +51,36 @@ def prediction_order(fits, seconds, tiebreak, tight=None) -> np.ndarray:
     return best_first(~fits, fits & tight, np.where(fits, seconds, 0.0), tiebreak)
 
 
+def first_in_order(cols: Columns, count: int) -> np.ndarray:
+    """The first ``count`` indices of :func:`rank_order` (scored layouts with a step-time
+    column), without sorting every row: the rows of the tiers (fits, then memory-tight) before
+    the one the ``count``-th row falls in, and of that tier those whose key is at most the
+    ``count``-th smallest (its ties included), sorted as :func:`rank_order` sorts them.  The
+    sort is stable and keeps the rows' order, so the result is that of the full sort."""
+    fits = np.asarray(cols["fits"]).astype(bool)
+    tight = fits & np.asarray(cols[flag_column("memory_tight")]).astype(bool)
+    seconds = np.where(fits, cols["step_time_s"], 0.0)
+    tier = np.where(fits, tight.astype(np.int8), np.int8(2))
+    keep = np.zeros(len(fits), dtype=bool)
+    left = count
+    for level, key in ((0, seconds), (1, seconds), (2, np.asarray(cols["peak_bytes"]))):
+        if left <= 0:
+            break
+        members = tier == level
+        size = int(np.count_nonzero(members))
+        if size > left:
+            values = key[members]
+            bound = np.partition(values, left - 1)[left - 1]
+            if not np.isnan(bound):  # NaN sorts last: then the whole tier is kept
+                members &= (key <= bound)
+        keep |= members
+        left -= size
+    rows = np.flatnonzero(keep)
+    sub = {name: np.asarray(cols[name])[rows] for name in
+           ("fits", "step_time_s", "peak_bytes", flag_column("memory_tight"))}
+    return rows[rank_order(sub)][:count]
+
+
 def offload_count(cols: Columns) -> np.ndarray:
     """Offloads a layout switches on (actor parameters, optimizer, reference, CPU optimizer)."""
     n = len(cols["tp"])

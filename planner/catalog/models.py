@@ -18,7 +18,7 @@ import difflib
 import json
 import re
 from dataclasses import asdict, dataclass, fields
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
@@ -176,11 +176,11 @@ class ModelSpec:
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
 
-    @property
+    @cached_property  # a function of the frozen fields: computed once (the cost model asks often)
     def num_moe_layers(self) -> int:
         return sum(layer.mlp is MlpKind.MOE for layer in self.layers)
 
-    @property
+    @cached_property
     def is_hybrid(self) -> bool:
         """Any layer that is not full attention / MLA with a feed-forward block."""
         return any(not layer.mixer.kv_grows or layer.mlp is MlpKind.NONE
@@ -194,7 +194,7 @@ class ModelSpec:
     def kv_projection_size(self) -> int:
         return self.num_query_groups * self.head_dim
 
-    @property
+    @cached_property
     def params(self) -> ParamCounts:
         return param_counts(self)
 

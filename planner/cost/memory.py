@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -629,8 +630,23 @@ def kv_bytes_per_token(model: ModelSpec, cols: Columns, workload=None) -> np.nda
     halves it.  Windowed and recurrent layers add a fixed amount per sequence instead
     (:func:`sequence_state_tokens`)."""
     kv_dtype = engine_cache(model, workload, 1).kv_dtype
-    per_token = _f(kv_cache_bytes_per_token(model, np.asarray(cols["rollout_tp"]), kv_dtype))
+    # it depends on the rollout TP alone: computed once per distinct TP (a plan asks for it on
+    # every row)
+    tp = np.asarray(cols["rollout_tp"])
+    if tp.ndim == 1:
+        first, inverse = distinct(tp)
+        per_token = np.array([_kv_cache_bytes_per_token(model, int(degree), kv_dtype)
+                              for degree in tp[first]])[inverse]
+    else:
+        per_token = _f(kv_cache_bytes_per_token(model, tp, kv_dtype))
     return np.maximum(per_token, 1.0)  # attention-free: the pool counted in bytes
+
+
+@lru_cache(maxsize=256)
+def _kv_cache_bytes_per_token(model: ModelSpec, tp: int, kv_dtype: str) -> float:
+    """:func:`planner.cost.layer_kinds.kv_cache_bytes_per_token` at one TP (a loop over the
+    model's layers; a plan, and a sizing sweep's many plans, ask for a few TPs many times)."""
+    return float(kv_cache_bytes_per_token(model, tp, kv_dtype))
 
 
 def decode_cache_bytes(model: ModelSpec, cols: Columns, workload, context) -> np.ndarray:

@@ -108,7 +108,7 @@ from planner.search.batches import (
     mean_response_length,
     update_batches,
 )
-from planner.search.layout import Columns
+from planner.search.layout import Columns, unique_rows
 
 SELECTIVE_RECOMPUTE_OVERHEAD = 0.03  # layernorm + activation recompute, of a forward pass
 ADAM_BYTES_PER_PARAM = 4 * 2 * 3 + MAIN_GRAD_BYTES + WEIGHT_BYTES  # r/w master, m, v; grad; param
@@ -610,32 +610,114 @@ def offload_s(cluster: ClusterSpec, nbytes) -> np.ndarray:
     return _f(nbytes) / cluster.gpu.host_bandwidth_bytes_per_s
 
 
-def grpo_step(request: PlanRequest, cols: Columns, memory: Columns) -> Columns:
+def log_prob_phase_s(request: PlanRequest, cols: Columns) -> dict[str, np.ndarray]:
+    """One forward-only log-prob pass over the step's sequences (:func:`train_phase_s` on the
+    layouts' log-prob micro-batches, :func:`planner.search.batches.log_prob_batches`)."""
+    workload = request.workload
+    batches = log_prob_batches(workload, cols)
+    shape = TrainShape(tokens_per_micro_batch=batches.mean_tokens * _f(cols["cp"]),
+                       seq_len=np.full(len(cols["tp"]), workload.mean_sequence_length),
+                       micro_batches=batches.count, optimizer_steps=1.0, forward_only=True)
+    return train_phase_s(request, cols, shape)
+
+
+def update_phase_s(request: PlanRequest, cols: Columns) -> dict[str, np.ndarray]:
+    """The actor update over the step's mini-batches (:func:`train_phase_s` on the layouts'
+    update micro-batches, :func:`planner.search.batches.update_batches`)."""
+    workload = request.workload
+    batches = update_batches(workload, cols)
+    shape = TrainShape(tokens_per_micro_batch=batches.mean_tokens * _f(cols["cp"]),
+                       seq_len=np.full(len(cols["tp"]), workload.mean_sequence_length),
+                       micro_batches=batches.count,
+                       optimizer_steps=workload.ppo_epochs
+                       * np.ceil(workload.train_batch_size / workload.mini_batch_size),
+                       cpu_adam_bytes_per_s=HOST_ADAM_BYTES_PER_S,
+                       cpu_adam_streamed_bytes=(4 + 4 + 2 * workload.adam_moment_bytes)
+                       + (4 + 2 * workload.adam_moment_bytes),
+                       overlap_grad_reduce=workload.overlap_grad_reduce)
+    return train_phase_s(request, cols, shape)
+
+
+# The columns each phase's time reads (a test records what the functions read and checks these
+# cover it).  A plan's rows cross every parallel layout with knobs most phases ignore -- offload
+# touches neither pass, recompute and the CPU optimizer not the log-prob pass, no actor knob the
+# rollout -- so :class:`StepGroups` times each phase once per distinct row of its fields.
+SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "account_embedding", "account_loss",
+                "pipeline_layout")
+LOG_PROB_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "sequence_parallel",
+                   "recompute_modules", *SPLIT_FIELDS, "micro_batch", "log_prob_micro_batch",
+                   "dynamic_batch", "max_token_len", "log_prob_max_token_len")
+UPDATE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "sequence_parallel", "recompute",
+                 "recompute_modules", "distributed_optimizer", "optimizer_cpu_fraction",
+                 *SPLIT_FIELDS, "micro_batch", "dynamic_batch", "max_token_len")
+GENERATE_FIELDS = ("rollout_tp", "rollout_dp", "rollout_ep", "kv_cache_tokens_per_gpu",
+                   "kv_state_tokens_per_seq")  # layout and memory columns
+DISTINCT_MIN_ROWS = 256  # below this many rows every row is timed as it is
+
+
+@dataclass(frozen=True)
+class DistinctRows:
+    """The distinct rows of some columns over a few fields (``rows``), and per row the index of
+    its distinct row (``inverse``): what depends only on those fields is computed on ``rows``
+    and spread back with :meth:`spread` -- the same numbers, computed once per distinct row."""
+
+    rows: Columns
+    inverse: np.ndarray | None  # None: every row is distinct (``rows`` are the columns)
+
+    @classmethod
+    def of(cls, cols: Columns, names: tuple[str, ...]) -> "DistinctRows":
+        if len(cols["tp"]) < DISTINCT_MIN_ROWS:
+            return cls(dict(cols), None)
+        # the distinct rows carry the fields ``names`` alone (and ``tp``, which counts rows):
+        # what the phase reads (tests/cost/test_step_groups.py), not every column of a plan
+        scalars = {name: values for name, values in cols.items() if np.ndim(values) == 0}
+        few, inverse = unique_rows({name: cols[name] for name in ("tp", *names)
+                                    if name in cols and np.ndim(cols[name]) == 1}, names)
+        return cls({**scalars, **few}, inverse)
+
+    def spread(self, out: dict) -> dict:
+        if self.inverse is None:
+            return out
+        return {name: values[self.inverse] if np.ndim(values) == 1 else values
+                for name, values in out.items()}
+
+
+@dataclass(frozen=True)
+class StepGroups:
+    """The distinct rows each GRPO phase's time reads (:data:`LOG_PROB_FIELDS`,
+    :data:`UPDATE_FIELDS`, :data:`GENERATE_FIELDS`), found once for a batch of layouts and
+    shared by its evaluations at every point of the run's trajectory (the fields do not move
+    with the response length)."""
+
+    log_prob: DistinctRows
+    update: DistinctRows
+    generate: DistinctRows
+
+    @classmethod
+    def of(cls, cols: Columns, memory: Columns) -> "StepGroups":
+        # (``tp`` only counts the rows: generate_s does not read it)
+        rollout = {"tp": cols["tp"], **{name: cols[name] for name in GENERATE_FIELDS[:3]},
+                   **{name: memory[name] for name in GENERATE_FIELDS[3:] if name in memory}}
+        return cls(DistinctRows.of(cols, LOG_PROB_FIELDS), DistinctRows.of(cols, UPDATE_FIELDS),
+                   DistinctRows.of(rollout, GENERATE_FIELDS))
+
+
+def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
+              groups: StepGroups | None = None) -> Columns:
     """Seconds per GRPO phase and per step, tokens/s/GPU (verl's definition) and actor MFU,
     with each phase's time split into compute, exposed communication, pipeline bubble, host
-    transfer and latency terms (``breakdown_<phase>_<part>_s``)."""
+    transfer and latency terms (``breakdown_<phase>_<part>_s``).  ``groups``: the layouts'
+    :class:`StepGroups` when already found (found here otherwise)."""
     model, cluster, workload = request.model, request.cluster, request.workload
     eff = request.efficiency
     seq = workload.mean_sequence_length
     n = len(cols["tp"])
     sequences = workload.sequences_per_step
-    cp = _f(cols["cp"])
-    forward_batches = log_prob_batches(workload, cols)
-    update_batches_ = update_batches(workload, cols)
-    forward_shape = TrainShape(tokens_per_micro_batch=forward_batches.mean_tokens * cp,
-                               seq_len=np.full(n, seq), micro_batches=forward_batches.count,
-                               optimizer_steps=1.0, forward_only=True)
-    update_shape = TrainShape(tokens_per_micro_batch=update_batches_.mean_tokens * cp,
-                              seq_len=np.full(n, seq), micro_batches=update_batches_.count,
-                              optimizer_steps=workload.ppo_epochs
-                              * np.ceil(workload.train_batch_size / workload.mini_batch_size),
-                              cpu_adam_bytes_per_s=HOST_ADAM_BYTES_PER_S,
-                              cpu_adam_streamed_bytes=(4 + 4 + 2 * workload.adam_moment_bytes)
-                              + (4 + 2 * workload.adam_moment_bytes),
-                              overlap_grad_reduce=workload.overlap_grad_reduce)
-    log_prob = train_phase_s(request, cols, forward_shape)
-    update = train_phase_s(request, cols, update_shape)
-    gen = generate_s(request, cols, memory)
+    groups = StepGroups.of(cols, memory) if groups is None else groups
+    log_prob = groups.log_prob.spread(log_prob_phase_s(request, groups.log_prob.rows))
+    update = groups.update.spread(update_phase_s(request, groups.update.rows))
+    few = groups.generate.rows
+    gen = groups.generate.spread(generate_s(request, few, few))
     sync = weight_sync_s(request, cols)
     param_off = cols["param_offload"].astype(bool)
     optim_off = cols["optimizer_offload"].astype(bool)
@@ -696,10 +778,13 @@ def grpo_step(request: PlanRequest, cols: Columns, memory: Columns) -> Columns:
     return out
 
 
-def step_columns(request: PlanRequest, cols: Columns, memory: Columns | None = None) -> Columns:
+def step_columns(request: PlanRequest, cols: Columns, memory: Columns | None = None,
+                 groups: StepGroups | None = None) -> Columns:
     """The time columns of the request's training step: a GRPO step's phases
-    (:func:`grpo_step`, with the layouts' ``memory`` columns, estimated when not given) or, for
-    a workload without a rollout, a plain Megatron step (:func:`pretrain_step`)."""
+    (:func:`grpo_step`, with the layouts' ``memory`` columns, estimated when not given, and
+    their ``groups``) or, for a workload without a rollout, a plain Megatron step
+    (:func:`pretrain_step`)."""
     if not request.workload.has_rollout:
         return pretrain_step(request, cols)
-    return grpo_step(request, cols, estimate_memory(request, cols) if memory is None else memory)
+    return grpo_step(request, cols, estimate_memory(request, cols) if memory is None else memory,
+                     groups)

@@ -235,14 +235,28 @@ def unique_rows(cols: Columns, names: tuple[str, ...]) -> tuple[Columns, np.ndar
         values = np.asarray(cols[name])
         if values.ndim != 1 or (values[0] == values).all():
             continue  # one value: it distinguishes nothing
-        codes, uniques = pd.factorize(values)
-        if combinations * len(uniques) >= 2**62:
+        codes, count = _codes(values)
+        if combinations * count >= 2**62:
             key, compressed = pd.factorize(key)
             key, combinations = key.astype(np.int64), len(compressed)
-        key = key * len(uniques) + codes
-        combinations *= len(uniques)
+        key = key * count + codes
+        combinations *= count
     first, inverse = distinct(key)
     return {name: np.asarray(values)[first] for name, values in cols.items()}, inverse
+
+
+def _codes(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """One field as codes ``0..count-1``, equal codes for equal values: a narrow range of
+    integers (or booleans) by offset, anything else by hashing (``pandas.factorize``)."""
+    import pandas as pd
+
+    if values.dtype.kind in "biu":
+        integers = values.astype(np.int64)
+        low, high = int(integers.min()), int(integers.max())
+        if high - low < 1 << 16:
+            return integers - low, high - low + 1
+    codes, uniques = pd.factorize(values)
+    return codes.astype(np.int64), len(uniques)
 
 
 def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

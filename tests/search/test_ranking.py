@@ -115,3 +115,19 @@ def test_table_and_json_mark_ties(capsys):
     assert data["ranking"]["ties"] >= 1 and "accuracy.py" in data["ranking"]["source"]
     assert data["candidates"][0]["within_error_of_best"] is True
     assert all(isinstance(c["within_error_of_best"], bool) for c in data["candidates"])
+
+
+@pytest.mark.parametrize("count", [1, 2, 5, 40, 200])
+def test_first_in_order_is_the_head_of_rank_order(count):
+    """The partial ranking a plan read only at its head uses (``keep``) equals the full sort's
+    first rows, with ties in step time, NaN times, memory-tight rows and misses."""
+    from planner.cost.columns import flag_column
+    from planner.ranking import first_in_order, rank_order
+
+    rng = np.random.default_rng(count)
+    n = 150
+    cols = {"tp": np.ones(n, dtype=int), "fits": rng.random(n) < 0.6,
+            "step_time_s": rng.choice([1.0, 2.0, 2.0, 3.0, np.nan], n),
+            "peak_bytes": rng.choice([5.0, 6.0, 7.0], n),
+            flag_column("memory_tight"): rng.random(n) < 0.3}
+    np.testing.assert_array_equal(first_in_order(cols, count), rank_order(cols)[:count])

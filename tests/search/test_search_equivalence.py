@@ -5,7 +5,9 @@ The default search merges layouts that build the same pipeline stages as a simpl
 one request; ``SearchOptions(exhaustive=True)`` scores every valid combination.  On dense, MoE and
 MLA models, in the sync, one-step-off and fully-async modes, ``--mode best`` and a sizing sweep,
 both return the same best layout, the same fits verdict and the same tie set (merged layouts
-compared by the stages they build).
+compared by the stages they build).  A plan read only at its head (the filled-GPU plan, a sizing
+refinement: ``keep`` with a strict ranking) also leaves untimed the layouts that provably rank
+after its head; it returns the exhaustive plan's first rows, number for number.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 
 from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.lengths import ResponseLengths
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cost.request import PlanRequest
@@ -30,6 +33,8 @@ from planner.sizing.counts import parse_counts
 from planner.sizing.sweep import SizingRequest, run_length, size_cluster
 
 SMALL = GrpoWorkload(train_batch_size=64, rollout_n=4, mini_batch_size=16)
+# the mean response length moving over the run (the CLI's default): three time evaluations
+MOVING = replace(SMALL, lengths=ResponseLengths(400.0, 900.0, SMALL.response_length))
 
 
 def request(model: str, gpus: int, gpu: str = "h100", workload=SMALL,
@@ -78,6 +83,8 @@ SYNC_JOBS = [
     ("moonlight-16b", 16, "h100", SMALL),  # MLA MoE, 27 layers
     ("llama3.1-70b", 16, "h100", SMALL),  # dense, 80 layers, needs PP
     ("qwen3-8b", 16, "h20", GrpoWorkload()),  # default workload on another GPU
+    ("qwen3-30b", 16, "h100", MOVING),  # MoE, timed at three points of the run
+    ("moonlight-16b", 16, "h100", MOVING),  # MLA MoE, timed at three points of the run
     ("llama3.1-8b", 16, "h100", PretrainWorkload(seq_len=4096, global_batch=64)),  # pretraining
 ]
 
@@ -89,8 +96,15 @@ def test_sync_plan_matches_exhaustive(model, gpus, gpu, workload):
     assert_same_plan(make_plan(req), make_plan(exhaustive(req)))
 
 
-def test_filled_gpu_plan_shares_the_actor_evaluation():
-    req = request("qwen3-30b", 16)
+FILL_JOBS = [("qwen3-8b", 8), ("qwen3-30b", 16), ("moonlight-16b", 16), ("llama3.1-70b", 16)]
+
+
+@pytest.mark.parametrize("model,gpus", FILL_JOBS, ids=[f"{m}x{g}" for m, g in FILL_JOBS])
+def test_filled_gpu_plan_shares_the_actor_evaluation(model, gpus):
+    """The filled-GPU plan reads its best alone (``keep=1``, a strict ranking): it reuses the
+    actor evaluation, times only the layouts that can lead (``planner.plan._rows_that_can_lead``)
+    and ranks by a partial sort -- the exhaustive plan's best, to the last digit."""
+    req = request(model, gpus, workload=MOVING)
     plan = make_plan(req)
     filled = replace(req, policy=FILL_POLICY)
     shared = make_plan(filled, tie_tolerance=0.0, actors=plan.actors, keep=1)
@@ -101,7 +115,61 @@ def test_filled_gpu_plan_shares_the_actor_evaluation():
     # the counts are every layout's (the exhaustive plan also counts the merged twins)
     assert shared.fitting_count == shared.fit_total > 0
     assert shared.candidate(0, fitting=True).layout == alone.candidate(0, fitting=True).layout
-    assert shared.candidate(0).step_time_s == alone.candidate(0).step_time_s
+    mine, theirs = shared.candidates.iloc[0], alone.candidates.iloc[0]
+    for name in ("step_time_s", "step_time_start_s", "step_time_end_s", "peak_bytes",
+                 "time_generate_s_fill"):
+        assert mine[name] == theirs[name], name
+
+
+def test_a_plan_read_at_its_head_times_only_the_layouts_that_can_lead():
+    """The pruning path runs (most fitting layouts go untimed) and keeps the first rows of the
+    ranking, strict or with the model's ties moved to the top, the ties in step time and
+    memory-tight tiers included."""
+    from planner.plan import Head, choose_rollout, score_rows
+
+    req = request("qwen3-30b", 16, workload=MOVING)
+    plan = make_plan(req, tie_tolerance=0.0)
+    space = plan.actors.space
+    cols, actor = choose_rollout(req, space.columns, space.rollouts, None, plan.actors.memory)
+    rows = score_rows(req, cols, actor, pick_utilization=True, time_rows=Head(5))
+    fits = rows.column("fits").astype(bool)
+    assert 0 < rows.timed.sum() < fits.sum() / 2
+    assert not (rows.timed & ~fits).any()
+    tolerance = req.cost.uncertainty
+    tied = score_rows(req, cols, actor, pick_utilization=True, time_rows=Head(5, tolerance))
+    assert rows.timed.sum() <= tied.timed.sum() < fits.sum()
+    ranked = make_plan(req, actors=plan.actors)  # the model's tie tolerance
+    assert ranked.ties > 5
+    for count in (1, 5, 40):
+        for full, tie_tolerance in ((plan, 0.0), (ranked, None)):
+            head = make_plan(req, tie_tolerance=tie_tolerance, actors=plan.actors, keep=count)
+            for name in ("tp", "pp", "vpp", "cp", "ep", "micro_batch", "step_time_s",
+                         "step_time_start_s", "step_time_end_s", "peak_bytes",
+                         "within_error_of_best", "rank"):
+                np.testing.assert_array_equal(head.candidates[name].to_numpy(),
+                                              full.candidates[name].to_numpy()[:count])
+
+
+def test_the_weight_sync_does_not_move_with_the_response_length():
+    """What the head's bound rests on: the weight-sync phase's time (with its offload trip
+    and the step's fixed costs) is the same at every point of the run."""
+    from planner.cost.memory import estimate_memory
+    from planner.cost.timing import step_columns
+    from planner.cost.trajectory import node_lengths, request_at
+    from planner.plan import choose_rollout
+
+    req = request("qwen3-30b", 16, workload=MOVING)
+    actors = make_plan(req).actors
+    cols, _ = choose_rollout(req, actors.space.columns, actors.space.rollouts, None,
+                             actors.memory)
+    cols = {name: values[::7] for name, values in cols.items()}
+    memory = estimate_memory(req, cols, pick_utilization=True)
+    lengths = req.workload.lengths
+    assert not lengths.constant
+    syncs = [step_columns(request_at(req, point), cols, memory)["time_weight_sync_s"]
+             for point in node_lengths(lengths)]
+    np.testing.assert_array_equal(syncs[0], syncs[1])
+    np.testing.assert_array_equal(syncs[1], syncs[2])
 
 
 def mode_best(plan):

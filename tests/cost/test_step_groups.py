@@ -1,0 +1,94 @@
+"""Each GRPO phase is timed once per distinct row of the fields it reads (issue 24): the field
+lists cover everything the phase functions read, and the grouped step equals the step timed
+row by row, number for number."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.cost.memory import estimate_memory
+from planner.cost.request import PlanRequest
+from planner.cost.timing import (
+    GENERATE_FIELDS,
+    LOG_PROB_FIELDS,
+    UPDATE_FIELDS,
+    DistinctRows,
+    StepGroups,
+    generate_s,
+    grpo_step,
+    log_prob_phase_s,
+    update_phase_s,
+)
+from planner.plan import choose_rollout, evaluate_actors
+
+SMALL = GrpoWorkload(train_batch_size=64, rollout_n=4, mini_batch_size=16)
+
+
+class Recording(dict):
+    """Columns that remember which names were read."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+
+    def __getitem__(self, name):
+        self.read.add(name)
+        return super().__getitem__(name)
+
+    def get(self, name, default=None):
+        self.read.add(name)
+        return super().get(name, default)
+
+    def __contains__(self, name):
+        self.read.add(name)
+        return super().__contains__(name)
+
+    def __iter__(self):  # reading every column: the test must see it
+        self.read.update(self.keys())
+        return super().__iter__()
+
+
+def scored(model: str, gpus: int):
+    request = PlanRequest(resolve_model(model), ClusterSpec(get_gpu("h100"), gpus, 8), SMALL)
+    actors = evaluate_actors(request)
+    cols, actor = choose_rollout(request, actors.space.columns, actors.space.rollouts, None,
+                                 actors.memory)
+    memory = estimate_memory(request, cols, pick_utilization=True, actor=actor)
+    return request, {**cols, **memory}
+
+
+CASES = ["qwen3-8b", "qwen3-30b", "deepseek-v3", "Qwen3-Next-80B-A3B"]
+GPUS = {"deepseek-v3": 64}
+
+
+@pytest.fixture(scope="module", params=CASES)
+def case(request):
+    return scored(request.param, GPUS.get(request.param, 16))
+
+
+def test_the_field_lists_cover_what_each_phase_reads(case):
+    request, rows = case
+    for phase, names in ((log_prob_phase_s, LOG_PROB_FIELDS), (update_phase_s, UPDATE_FIELDS)):
+        recording = Recording(rows)
+        phase(request, recording)
+        assert recording.read <= set(names), (phase.__name__, recording.read - set(names))
+    recording = Recording(rows)
+    generate_s(request, recording, recording)
+    assert recording.read <= set(GENERATE_FIELDS), recording.read - set(GENERATE_FIELDS)
+
+
+def test_grouped_step_equals_the_step_timed_row_by_row(case):
+    request, rows = case
+    groups = StepGroups.of(rows, rows)
+    assert groups.update.inverse is not None  # the case is large enough to group
+    assert len(groups.log_prob.rows["tp"]) < len(rows["tp"])
+    direct = DistinctRows(rows, None)
+    grouped = grpo_step(request, rows, rows, groups)
+    plain = grpo_step(request, rows, rows, StepGroups(direct, direct, direct))
+    assert grouped.keys() == plain.keys()
+    for name, values in plain.items():
+        np.testing.assert_array_equal(grouped[name], values, err_msg=name)
