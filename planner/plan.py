@@ -388,7 +388,7 @@ def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns,
 
 
 def score_columns(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
-                  pick_utilization: bool, time_rows: str | int = "all") -> Columns:
+                  pick_utilization: bool, time_rows: "str | Head" = "all") -> Columns:
     """:func:`score_rows` as columns of every row."""
     return score_rows(request, cols, actor, pick_utilization=pick_utilization,
                       time_rows=time_rows).take()

@@ -76,6 +76,13 @@ class Workload(Protocol):
     entropy_chunk_tokens: int
     grad_reduce_in_fp32: bool
     adam_moment_bytes: int
+    # speculative decoding and MTP (verl actor_rollout_ref.model.mtp); a workload without a
+    # rollout states "off", no drafted tokens and untrained MTP layers
+    speculative: str
+    draft_tokens: int
+    tokens_per_verification: float
+    train_mtp: bool
+    mtp_enabled: bool
 
     @property
     def phases(self) -> tuple[str, ...]:

@@ -54,7 +54,7 @@ def _f(x) -> np.ndarray:
 def check_mtp(model: ModelSpec, workload) -> None:
     """Refuse MTP on a model without MTP layers, by name (verl's ``check_mtp_config``: "enable
     mtp while model has no mtp layer")."""
-    if not getattr(workload, "mtp_enabled", False) or model.mtp_layers:
+    if not workload.mtp_enabled or model.mtp_layers:
         return
     from planner.catalog.models import builtin_model, catalog_names  # on refusal only
 
@@ -190,7 +190,7 @@ def mtp_stage_params(model: ModelSpec, workload, tp, ep, etp) -> tuple[np.ndarra
     """(non-expert, expert) MTP parameters one GPU of the last pipeline stage holds when verl
     builds them (``mtp.enable``): non-expert split by TP, routed experts by EP x ETP; zero
     otherwise."""
-    if not getattr(workload, "mtp_enabled", False) or not model.mtp_layers:
+    if not workload.mtp_enabled or not model.mtp_layers:
         zero = np.zeros_like(_f(tp))
         return zero, zero
     non_expert, experts = mtp_param_split(model)
@@ -200,4 +200,4 @@ def mtp_stage_params(model: ModelSpec, workload, tp, ep, etp) -> tuple[np.ndarra
 def trains_mtp(model: ModelSpec, workload) -> bool:
     """The MTP block runs in the actor's passes (``mtp.enable_train``: the labels reach the
     last stage)."""
-    return bool(getattr(workload, "train_mtp", False)) and model.mtp_layers > 0
+    return workload.train_mtp and model.mtp_layers > 0

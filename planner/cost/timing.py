@@ -566,7 +566,7 @@ def tensor_count(model: ModelSpec) -> int:
 def synced_params(model: ModelSpec, workload) -> int:
     """Parameters the actor exports per sync: the model's, plus the MTP layers' when verl
     builds them (``mtp.enable``: they stay in the export; without it verl drops them)."""
-    return model.params.total + (model.mtp_params if getattr(workload, "mtp_enabled", False)
+    return model.params.total + (model.mtp_params if workload.mtp_enabled
                                  else 0)
 
 
@@ -574,7 +574,7 @@ def synced_tensor_count(model: ModelSpec, workload) -> int:
     """Tensors the actor exports per sync: :func:`tensor_count`, plus the MTP layers' with
     ``mtp.enable`` (:func:`planner.cost.speculative.mtp_tensor_count`)."""
     return tensor_count(model) + (mtp_tensor_count(model)
-                                  if getattr(workload, "mtp_enabled", False) else 0)
+                                  if workload.mtp_enabled else 0)
 
 
 def weight_sync_s(request: PlanRequest, cols: Columns) -> dict[str, np.ndarray]:
