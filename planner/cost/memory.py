@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, reduce
 
 import numpy as np
 
@@ -941,14 +941,30 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
 
 def argmax_rows(arrays) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the index of the largest of ``arrays`` (the first on ties) and its value:
-    ``np.argmax(np.stack(arrays), axis=0)`` without the strided pass over the stack."""
-    best = np.asarray(arrays[0])
+    ``np.argmax(np.stack(arrays), axis=0)`` without the strided pass over the stack (a NaN is
+    never larger, as there)."""
+    best = np.array(arrays[0], dtype=np.result_type(*arrays))
     index = np.zeros(best.shape, dtype=np.int64)
     for i, values in enumerate(arrays[1:], start=1):
         larger = values > best
-        index = np.where(larger, i, index)
-        best = np.where(larger, values, best)
+        np.copyto(index, i, where=larger)
+        np.copyto(best, values, where=larger)
     return index, best
+
+
+def max_rows(arrays) -> np.ndarray:
+    """Per row, the largest of ``arrays``: ``np.max(arrays, axis=0)`` (NaN propagating, as
+    there) without stacking the arrays into one first."""
+    return reduce(np.maximum, arrays[1:], np.asarray(arrays[0]))
+
+
+def pick_rows(index: np.ndarray, arrays) -> np.ndarray:
+    """Per row ``i``, ``arrays[index[i]][i]``: ``np.choose(index, arrays)`` without stacking
+    the arrays into one first."""
+    out = np.array(arrays[0], dtype=np.result_type(*arrays))
+    for i, values in enumerate(arrays[1:], start=1):
+        np.copyto(out, values, where=index == i)
+    return out
 
 
 def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool = False,
@@ -970,7 +986,7 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     # search space computed it while choosing the rollout.
     actor = actor or actor_memory(request, cols)
     phase_stages = {phase: list(values) for phase, values in actor["phases"].items()}
-    resident = np.max(phase_stages["generate"], axis=0)
+    resident = max_rows(phase_stages["generate"])
     out = rollout_memory(request, cols, resident,
                          None if pick_utilization else cols["gpu_memory_utilization"])
     allocated = {phase: list(values) for phase, values in actor["allocated"].items()}
@@ -994,18 +1010,18 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     zero = np.zeros_like(phases["update_actor"])
     out["peak_phase"], out["peak_bytes"] = argmax_rows(
         [phases[p] if p in workload.phases else zero for p in PHASES])
-    out["peak_stage"] = np.choose(out["peak_phase"], [worst[p][0] for p in PHASES])
+    out["peak_stage"] = pick_rows(out["peak_phase"], [worst[p][0] for p in PHASES])
     if "generate" not in workload.phases:
         out["rollout_fits"] = np.ones_like(out["rollout_fits"])
     for phase in PHASES:
         out[memory_column(phase)] = phases[phase]
-        out[working_set_column(phase)] = np.max(allocated[phase], axis=0)
+        out[working_set_column(phase)] = max_rows(allocated[phase])
     stages = actor["stages"]
     for part in ("weights", "grads", "optimizer", "train_activations", "train_logits",
                  "ref_weights"):
-        out[part_column(part)] = np.choose(out["peak_stage"], [stage[part] for stage in stages])
+        out[part_column(part)] = pick_rows(out["peak_stage"], [stage[part] for stage in stages])
     # Host memory: every GPU of a node runs one worker; the busiest stage sets the node.
-    host_per_gpu = np.max([stage["host"] for stage in stages], axis=0)
+    host_per_gpu = max_rows([stage["host"] for stage in stages])
     gpus_per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     out["host_bytes_per_gpu"] = host_per_gpu
     out["host_bytes_per_node"] = host_per_gpu * gpus_per_node + HOST_NODE_BYTES
