@@ -793,8 +793,12 @@ def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
 def actor_memory(request: PlanRequest, cols: Columns) -> dict:
     """Per-phase bytes of everything but the rollout engine's own budget, per pipeline stage.
 
-    Returns ``{"phases": {phase: [one array per STAGES entry]}, "stages": [...]}``, where a
-    stage dict holds its weights, grads, optimizer, activation, logits and host bytes.
+    Returns ``{"phases": {phase: [one array per STAGES entry]}, "allocated": {phase: array},
+    "stages": [...]}``, where a stage dict holds its weights, grads, optimizer, activation,
+    logits and host bytes, and ``allocated`` is each phase's allocated working set on its
+    largest stage (only that is read: what :func:`estimate_memory` adds to it is the same on
+    every stage, and a rounded sum is monotone in each term, so the largest stage stays the
+    largest, to the bit).
     """
     workload = request.workload
     fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
@@ -810,7 +814,7 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
                   - MASTER_WEIGHT_BYTES)
     frag = 1 + FRAGMENTATION_FRACTION
     stages, phases = [], {phase: [] for phase in PHASES}
-    allocated = {phase: [] for phase in PHASES}  # the same without fragmentation and overheads
+    allocated = {}  # the same without fragmentation and overheads, on the largest stage
     for c in cores:
         weights, grads = c["weights"], c["grads"]
         optimizer = c["optimizer_state"] * (1 - on_host)
@@ -849,7 +853,9 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
         for phase, (state, transient) in held.items():
             spread = frag if phase in ("update_actor", "old_log_prob", "ref") else 1.0
             phases[phase].append(state + spread * transient + fixed)
-            allocated[phase].append(state + transient)
+            tensors = state + transient
+            allocated[phase] = (np.maximum(allocated[phase], tensors) if phase in allocated
+                                else tensors)
         stages.append(s)
     return {"phases": phases, "allocated": allocated, "stages": stages}
 
@@ -989,21 +995,21 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     resident = max_rows(phase_stages["generate"])
     out = rollout_memory(request, cols, resident,
                          None if pick_utilization else cols["gpu_memory_utilization"])
-    allocated = {phase: list(values) for phase, values in actor["allocated"].items()}
+    allocated = dict(actor["allocated"])  # per phase, on its largest stage
     phase_stages["generate"] = [stage + out["mem_generate_bytes"] - resident
                                 for stage in phase_stages["generate"]]
-    allocated["generate"] = [stage + out["rollout_working_bytes"]
-                             for stage in allocated["generate"]]
+    allocated["generate"] = allocated["generate"] + out["rollout_working_bytes"]
     if engine_of(workload).free_cache_engine:
         # vLLM wakes its weights for the sync (sleep level 2 drops them otherwise).
-        for table in (phase_stages, allocated):
-            table["weight_sync"] = [stage + out["rollout_weights_bytes"]
-                                    for stage in table["weight_sync"]]
+        phase_stages["weight_sync"] = [stage + out["rollout_weights_bytes"]
+                                       for stage in phase_stages["weight_sync"]]
+        allocated["weight_sync"] = allocated["weight_sync"] + out["rollout_weights_bytes"]
     else:
         # Without sleep mode the engine keeps its whole budget through training.
         for phase in TRAINING_PHASES:
-            for table in (phase_stages, allocated):
-                table[phase] = [stage + out["rollout_budget_bytes"] for stage in table[phase]]
+            phase_stages[phase] = [stage + out["rollout_budget_bytes"]
+                                   for stage in phase_stages[phase]]
+            allocated[phase] = allocated[phase] + out["rollout_budget_bytes"]
     worst = {phase: argmax_rows(phase_stages[phase]) for phase in PHASES}
     phases = {phase: worst[phase][1] for phase in PHASES}
     # The phases the workload runs set the peak (a pretraining step has only the update).
@@ -1015,7 +1021,7 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
         out["rollout_fits"] = np.ones_like(out["rollout_fits"])
     for phase in PHASES:
         out[memory_column(phase)] = phases[phase]
-        out[working_set_column(phase)] = max_rows(allocated[phase])
+        out[working_set_column(phase)] = allocated[phase]
     stages = actor["stages"]
     for part in ("weights", "grads", "optimizer", "train_activations", "train_logits",
                  "ref_weights"):
