@@ -813,16 +813,19 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
     host_state = (CPU_OPTIMIZER_COPY_BYTES + optimizer_state_bytes(workload)
                   - MASTER_WEIGHT_BYTES)
     frag = 1 + FRAGMENTATION_FRACTION
+    on_gpu = 1 - on_host  # the optimizer's share on the GPU
+    no_ref = ref_off | (not needs_ref)  # no reference weights on the GPU
+    ref_on_host = ref_off & needs_ref
     stages, phases = [], {phase: [] for phase in PHASES}
     allocated = {}  # the same without fragmentation and overheads, on the largest stage
     for c in cores:
         weights, grads = c["weights"], c["grads"]
-        optimizer = c["optimizer_state"] * (1 - on_host)
+        optimizer = c["optimizer_state"] * on_gpu
         s = dict(weights=weights, grads=grads, optimizer=optimizer,
                  train_activations=c["train_activations"], train_logits=c["train_logits"])
         # The reference has the actor's parallel sizes: the same shard of the same weights.
         # Without a KL loss or KL reward verl builds no reference model.
-        s["ref_weights"] = np.where(ref_off | (not needs_ref), 0, weights)
+        s["ref_weights"] = np.where(no_ref, 0, weights)
         kept_grads = np.where(param_off, 0, grads)
         kept_optimizer = np.where(optim_off, 0, optimizer)
         s["resident_in_rollout"] = (np.where(param_off, 0, weights) + kept_grads
@@ -832,9 +835,11 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
         # offload_megatron_model_to_cpu; the optimizer's GPU state; the reference), and
         # Megatron's CPU optimizer's share of the optimizer.
         s["host"] = (np.where(param_off, weights, 0) + np.where(optim_off, optimizer, 0)
-                     + np.where(ref_off & needs_ref, weights, 0)
+                     + np.where(ref_on_host, weights, 0)
                      + on_host * c["optimizer_params"] * host_state + HOST_WORKER_BYTES)
         resident_state = s["resident_in_rollout"] - fixed
+        # what the log-prob pass and the weight sync hold: offloaded state stays on the host
+        loaded = weights + kept_grads + kept_optimizer + s["ref_weights"]
         # Per phase: (state held, transient tensors).  What nvidia-smi shows adds the
         # allocator's fragmentation on the transients and the fixed overheads; the allocated
         # working set is the tensors alone.
@@ -842,12 +847,10 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
             # verl loads offloaded params and optimizer state back before the update.
             "update_actor": (weights + grads + optimizer + s["ref_weights"],
                              c["train_activations"] + c["train_logits"]),
-            "old_log_prob": (weights + kept_grads + kept_optimizer + s["ref_weights"],
-                             c["forward"] + c["actor_logits"]),
+            "old_log_prob": (loaded, c["forward"] + c["actor_logits"]),
             "ref": (resident_state - s["ref_weights"] + weights, c["forward"] + c["ref_logits"]),
             # Actor weights are on the GPU while they are copied into the rollout engine.
-            "weight_sync": (weights + kept_grads + kept_optimizer + s["ref_weights"],
-                            WEIGHT_SYNC_BUCKET_BYTES),
+            "weight_sync": (loaded, WEIGHT_SYNC_BUCKET_BYTES),
             "generate": (resident_state, 0.0),
         }
         for phase, (state, transient) in held.items():
