@@ -25,7 +25,7 @@ from planner.cost.columns import (
     memory_column,
     time_column,
 )
-from planner.cost.memory import actor_memory, estimate_memory, rollout_memory
+from planner.cost.memory import actor_memory, estimate_memory, max_rows, rollout_memory
 from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import StepGroups, generate_s, step_columns
 from planner.cost.trajectory import (
@@ -150,12 +150,12 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
     timed = workload.has_rollout
     capacity = float(request.cluster.gpu.memory_bytes)
     memory = actor_memory(request, actor) if memory is None else memory
-    resident_all = np.max(memory["phases"]["generate"], axis=0)
+    resident_all = max_rows(memory["phases"]["generate"])
     # what the engine joins outside generation (planner.cost.memory.estimate_memory)
     sleeps = timed and workload.engine.free_cache_engine
     joined = ("weight_sync",) if sleeps else tuple(
         phase for phase in TRAINING_PHASES if phase in workload.phases)
-    beside_all = np.max([np.max(memory["phases"][phase], axis=0) for phase in joined], axis=0)
+    beside_all = max_rows([max_rows(memory["phases"][phase]) for phase in joined])
     first, inverse = distinct(resident_all + 1j * beside_all)
     resident, beside = resident_all[first], beside_all[first]
     n, options = len(resident), len(rollouts["rollout_tp"])
@@ -238,18 +238,15 @@ class ScoredRows:
         at = self._timed_index(rows)  # once for every column
         return {name: self._column(name, rows, at) for name in self.names}
 
-    def _timed_index(self, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
-        """Which of ``rows`` were timed, and their positions among the timed rows (None: every
-        row was timed)."""
+    def _timed_index(self, rows: np.ndarray | None) -> np.ndarray | None:
+        """Per row of ``rows``, its position among the timed rows, -1 where it was not timed
+        (None: every row was timed)."""
         position = self._position
         if position is None:
             return None
-        at = position if rows is None else position[rows]
-        has = at >= 0
-        return has, at[has]
+        return position if rows is None else position[rows]
 
-    def _column(self, name: str, rows: np.ndarray | None,
-                at: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    def _column(self, name: str, rows: np.ndarray | None, at: np.ndarray | None) -> np.ndarray:
         if name not in self.times:
             values = np.asarray(self.untimed[name])
             return values if rows is None else values[rows]
@@ -257,10 +254,11 @@ class ScoredRows:
         if at is None:  # every row was timed
             return values if rows is None else values[rows]
         floating = np.issubdtype(np.asarray(values).dtype, np.floating)
-        has, source = at
-        out = np.full(len(has), np.nan if floating else -1)
-        out[has] = values[source]
-        return out
+        # one gather from the timed values with the fill appended (position -1 reads it)
+        padded = np.empty(len(values) + 1, dtype=np.float64 if floating else np.int64)
+        padded[:-1] = values
+        padded[-1] = np.nan if floating else -1
+        return padded[at]
 
 
 @dataclass(frozen=True)

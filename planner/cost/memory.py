@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, reduce
 
 import numpy as np
 
@@ -793,8 +793,12 @@ def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
 def actor_memory(request: PlanRequest, cols: Columns) -> dict:
     """Per-phase bytes of everything but the rollout engine's own budget, per pipeline stage.
 
-    Returns ``{"phases": {phase: [one array per STAGES entry]}, "stages": [...]}``, where a
-    stage dict holds its weights, grads, optimizer, activation, logits and host bytes.
+    Returns ``{"phases": {phase: [one array per STAGES entry]}, "allocated": {phase: array},
+    "stages": [...]}``, where a stage dict holds its weights, grads, optimizer, activation,
+    logits and host bytes, and ``allocated`` is each phase's allocated working set on its
+    largest stage (only that is read: what :func:`estimate_memory` adds to it is the same on
+    every stage, and a rounded sum is monotone in each term, so the largest stage stays the
+    largest, to the bit).
     """
     workload = request.workload
     fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
@@ -809,16 +813,19 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
     host_state = (CPU_OPTIMIZER_COPY_BYTES + optimizer_state_bytes(workload)
                   - MASTER_WEIGHT_BYTES)
     frag = 1 + FRAGMENTATION_FRACTION
+    on_gpu = 1 - on_host  # the optimizer's share on the GPU
+    no_ref = ref_off | (not needs_ref)  # no reference weights on the GPU
+    ref_on_host = ref_off & needs_ref
     stages, phases = [], {phase: [] for phase in PHASES}
-    allocated = {phase: [] for phase in PHASES}  # the same without fragmentation and overheads
+    allocated = {}  # the same without fragmentation and overheads, on the largest stage
     for c in cores:
         weights, grads = c["weights"], c["grads"]
-        optimizer = c["optimizer_state"] * (1 - on_host)
+        optimizer = c["optimizer_state"] * on_gpu
         s = dict(weights=weights, grads=grads, optimizer=optimizer,
                  train_activations=c["train_activations"], train_logits=c["train_logits"])
         # The reference has the actor's parallel sizes: the same shard of the same weights.
         # Without a KL loss or KL reward verl builds no reference model.
-        s["ref_weights"] = np.where(ref_off | (not needs_ref), 0, weights)
+        s["ref_weights"] = np.where(no_ref, 0, weights)
         kept_grads = np.where(param_off, 0, grads)
         kept_optimizer = np.where(optim_off, 0, optimizer)
         s["resident_in_rollout"] = (np.where(param_off, 0, weights) + kept_grads
@@ -828,9 +835,11 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
         # offload_megatron_model_to_cpu; the optimizer's GPU state; the reference), and
         # Megatron's CPU optimizer's share of the optimizer.
         s["host"] = (np.where(param_off, weights, 0) + np.where(optim_off, optimizer, 0)
-                     + np.where(ref_off & needs_ref, weights, 0)
+                     + np.where(ref_on_host, weights, 0)
                      + on_host * c["optimizer_params"] * host_state + HOST_WORKER_BYTES)
         resident_state = s["resident_in_rollout"] - fixed
+        # what the log-prob pass and the weight sync hold: offloaded state stays on the host
+        loaded = weights + kept_grads + kept_optimizer + s["ref_weights"]
         # Per phase: (state held, transient tensors).  What nvidia-smi shows adds the
         # allocator's fragmentation on the transients and the fixed overheads; the allocated
         # working set is the tensors alone.
@@ -838,18 +847,18 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
             # verl loads offloaded params and optimizer state back before the update.
             "update_actor": (weights + grads + optimizer + s["ref_weights"],
                              c["train_activations"] + c["train_logits"]),
-            "old_log_prob": (weights + kept_grads + kept_optimizer + s["ref_weights"],
-                             c["forward"] + c["actor_logits"]),
+            "old_log_prob": (loaded, c["forward"] + c["actor_logits"]),
             "ref": (resident_state - s["ref_weights"] + weights, c["forward"] + c["ref_logits"]),
             # Actor weights are on the GPU while they are copied into the rollout engine.
-            "weight_sync": (weights + kept_grads + kept_optimizer + s["ref_weights"],
-                            WEIGHT_SYNC_BUCKET_BYTES),
+            "weight_sync": (loaded, WEIGHT_SYNC_BUCKET_BYTES),
             "generate": (resident_state, 0.0),
         }
         for phase, (state, transient) in held.items():
             spread = frag if phase in ("update_actor", "old_log_prob", "ref") else 1.0
             phases[phase].append(state + spread * transient + fixed)
-            allocated[phase].append(state + transient)
+            tensors = state + transient
+            allocated[phase] = (np.maximum(allocated[phase], tensors) if phase in allocated
+                                else tensors)
         stages.append(s)
     return {"phases": phases, "allocated": allocated, "stages": stages}
 
@@ -941,14 +950,30 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
 
 def argmax_rows(arrays) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the index of the largest of ``arrays`` (the first on ties) and its value:
-    ``np.argmax(np.stack(arrays), axis=0)`` without the strided pass over the stack."""
-    best = np.asarray(arrays[0])
+    ``np.argmax(np.stack(arrays), axis=0)`` without the strided pass over the stack (a NaN is
+    never larger, as there)."""
+    best = np.array(arrays[0], dtype=np.result_type(*arrays))
     index = np.zeros(best.shape, dtype=np.int64)
     for i, values in enumerate(arrays[1:], start=1):
         larger = values > best
-        index = np.where(larger, i, index)
-        best = np.where(larger, values, best)
+        np.copyto(index, i, where=larger)
+        np.copyto(best, values, where=larger)
     return index, best
+
+
+def max_rows(arrays) -> np.ndarray:
+    """Per row, the largest of ``arrays``: ``np.max(arrays, axis=0)`` (NaN propagating, as
+    there) without stacking the arrays into one first."""
+    return reduce(np.maximum, arrays[1:], np.asarray(arrays[0]))
+
+
+def pick_rows(index: np.ndarray, arrays) -> np.ndarray:
+    """Per row ``i``, ``arrays[index[i]][i]``: ``np.choose(index, arrays)`` without stacking
+    the arrays into one first."""
+    out = np.array(arrays[0], dtype=np.result_type(*arrays))
+    for i, values in enumerate(arrays[1:], start=1):
+        np.copyto(out, values, where=index == i)
+    return out
 
 
 def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool = False,
@@ -970,42 +995,42 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     # search space computed it while choosing the rollout.
     actor = actor or actor_memory(request, cols)
     phase_stages = {phase: list(values) for phase, values in actor["phases"].items()}
-    resident = np.max(phase_stages["generate"], axis=0)
+    resident = max_rows(phase_stages["generate"])
     out = rollout_memory(request, cols, resident,
                          None if pick_utilization else cols["gpu_memory_utilization"])
-    allocated = {phase: list(values) for phase, values in actor["allocated"].items()}
+    allocated = dict(actor["allocated"])  # per phase, on its largest stage
     phase_stages["generate"] = [stage + out["mem_generate_bytes"] - resident
                                 for stage in phase_stages["generate"]]
-    allocated["generate"] = [stage + out["rollout_working_bytes"]
-                             for stage in allocated["generate"]]
+    allocated["generate"] = allocated["generate"] + out["rollout_working_bytes"]
     if engine_of(workload).free_cache_engine:
         # vLLM wakes its weights for the sync (sleep level 2 drops them otherwise).
-        for table in (phase_stages, allocated):
-            table["weight_sync"] = [stage + out["rollout_weights_bytes"]
-                                    for stage in table["weight_sync"]]
+        phase_stages["weight_sync"] = [stage + out["rollout_weights_bytes"]
+                                       for stage in phase_stages["weight_sync"]]
+        allocated["weight_sync"] = allocated["weight_sync"] + out["rollout_weights_bytes"]
     else:
         # Without sleep mode the engine keeps its whole budget through training.
         for phase in TRAINING_PHASES:
-            for table in (phase_stages, allocated):
-                table[phase] = [stage + out["rollout_budget_bytes"] for stage in table[phase]]
+            phase_stages[phase] = [stage + out["rollout_budget_bytes"]
+                                   for stage in phase_stages[phase]]
+            allocated[phase] = allocated[phase] + out["rollout_budget_bytes"]
     worst = {phase: argmax_rows(phase_stages[phase]) for phase in PHASES}
     phases = {phase: worst[phase][1] for phase in PHASES}
     # The phases the workload runs set the peak (a pretraining step has only the update).
     zero = np.zeros_like(phases["update_actor"])
     out["peak_phase"], out["peak_bytes"] = argmax_rows(
         [phases[p] if p in workload.phases else zero for p in PHASES])
-    out["peak_stage"] = np.choose(out["peak_phase"], [worst[p][0] for p in PHASES])
+    out["peak_stage"] = pick_rows(out["peak_phase"], [worst[p][0] for p in PHASES])
     if "generate" not in workload.phases:
         out["rollout_fits"] = np.ones_like(out["rollout_fits"])
     for phase in PHASES:
         out[memory_column(phase)] = phases[phase]
-        out[working_set_column(phase)] = np.max(allocated[phase], axis=0)
+        out[working_set_column(phase)] = allocated[phase]
     stages = actor["stages"]
     for part in ("weights", "grads", "optimizer", "train_activations", "train_logits",
                  "ref_weights"):
-        out[part_column(part)] = np.choose(out["peak_stage"], [stage[part] for stage in stages])
+        out[part_column(part)] = pick_rows(out["peak_stage"], [stage[part] for stage in stages])
     # Host memory: every GPU of a node runs one worker; the busiest stage sets the node.
-    host_per_gpu = np.max([stage["host"] for stage in stages], axis=0)
+    host_per_gpu = max_rows([stage["host"] for stage in stages])
     gpus_per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     out["host_bytes_per_gpu"] = host_per_gpu
     out["host_bytes_per_node"] = host_per_gpu * gpus_per_node + HOST_NODE_BYTES
