@@ -44,6 +44,16 @@ def _error(message: str) -> None:
     print(f"plan-parallel: error: {text}", file=sys.stderr)
 
 
+def _unknown_command(word: str) -> str:
+    """The one-line error for a first word that is neither a command nor an option."""
+    import difflib
+
+    close = difflib.get_close_matches(word, SUBCOMMANDS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"unknown command {word!r}{hint}; valid: {', '.join(SUBCOMMANDS)}, "
+            "or options alone for `plan` (plan-parallel --model qwen3-30b --gpus 16)")
+
+
 def _quiet_stdout() -> None:
     """After a broken pipe: send what Python still flushes at exit to /dev/null."""
     try:
@@ -55,6 +65,9 @@ def _quiet_stdout() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+        _error(_unknown_command(argv[0]))  # `plan-parallel plna ...`: a command, mistyped
+        return ExitCode.USAGE
     if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
         argv.insert(0, "plan")  # `plan-parallel --model ... --gpus ...`
     if not argv:
