@@ -14,8 +14,9 @@ from their MFU, as the calibration does) or the source run's (what a user's run 
 whose micro-batches ``grpo_runs.csv`` does not state (rows 96-98 of the Qwen2.5-7B sweep, fixed
 micro-batches; ``benchmarks/rl_data.py`` assumes 4/10) count in the headline MAPE and are
 reported without too; and the job is re-run over the plausible settings
-(``MICRO_BATCH_SETTINGS``, among them the sweep script's own 2/4): no setting brings those rows
-near their measured steps (``--loo``'s last lines), so the unstated input is not what misses.
+(``MICRO_BATCH_SETTINGS``, among them the sweep script's own 2/4; ``--loo``'s last lines): with
+fixed micro-batches the host's floor per micro-batch (``host_layer_s``) makes their count
+matter.
 
 ``--band`` -- every published colocated step (``rl_data.load_rl_cases``) planned with no lengths
 given: the default trajectory for the model's kind (:func:`planner.catalog.lengths.

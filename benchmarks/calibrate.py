@@ -1,6 +1,7 @@
 """Fit the step-time model's efficiency constants to published Megatron measurements.
 
     python benchmarks/calibrate.py [--write planner/cost/calibration.json] [--exclude-source S]
+                                   [--rl-only]
 
 Two fits, one after the other, and the provenance of both (``"provenance"``: each source's
 framework, releases and the fit's error on it, read by :mod:`planner.cost.provenance`).
@@ -8,7 +9,9 @@ First the Megatron training constants (below).  Then the RL
 constants (decode HBM efficiency per GPU type; per-layer and per-step decode latencies; the
 weight sync's per-tensor and fixed costs; the fixed per-step overhead) on the colocated RL steps
 of ``grpo_runs.csv`` (``benchmarks/rl_data.py``), phase by phase where phases are published, with
-the training constants held: the RL fit cannot move the pretraining accuracy.
+the training constants held: the RL fit cannot move the pretraining accuracy.  ``--rl-only``
+keeps the planner file's training fit as it is and refits the RL constants alone (what a change
+to the RL time model needs).
 
 Reads ``benchmarks/data/calibration_layouts.csv`` (the in-repo copy of the shared reference data;
 ``$PLAN_PARALLEL_REFERENCE_DIR`` points elsewhere) through ``calibration_data.py`` (FP4 rows
@@ -34,7 +37,7 @@ from calibration_data import CalibrationCase, load_cases  # noqa: E402
 from rl_data import fit_rl, load_rl_cases, phase_measurement  # noqa: E402
 
 from planner.cost import calibration  # noqa: E402
-from planner.cost.efficiency import CostModel  # noqa: E402
+from planner.cost.efficiency import RL_PRIORS, CostModel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "planner" / "cost" / "calibration.json"
@@ -93,6 +96,17 @@ def provenance(cases: list[CalibrationCase], fitted: dict, rl_cases: list) -> di
             "rl": {"source": fitted["rl_fit"]["source"], "by_source": rl}}
 
 
+def training_part(calibration: dict) -> dict:
+    """The Megatron training fit of a calibration as it stands (its shared training constants,
+    per-GPU GEMM efficiencies with their bookkeeping, fit error and ranking uncertainty), the
+    RL constants and the RL fit left out: what ``--rl-only`` refits the RL constants on."""
+    shared = {k: v for k, v in calibration.get("shared", {}).items() if k not in RL_PRIORS}
+    by_gpu = {key: {k: v for k, v in entry.items() if k not in RL_PRIORS and k != "rl_donor"}
+              for key, entry in calibration.get("by_gpu", {}).items()}
+    return {"shared": shared, "by_gpu": by_gpu,
+            **{k: calibration[k] for k in ("fit", "ranking_uncertainty") if k in calibration}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,13 +117,20 @@ def main() -> None:
                         help="replace an existing file other than the planner's own")
     parser.add_argument("--exclude-source", action="append", default=[],
                         help="leave a source out (training or RL source names)")
+    parser.add_argument("--rl-only", action="store_true",
+                        help=f"keep the training fit of {OUTPUT.relative_to(REPO)} as it is "
+                             f"and refit only the RL constants on it (a new RL term must not "
+                             f"move the pretraining fit)")
     args = parser.parse_args()
     cases, _ = load_cases()
     cases = [case for case in cases if case.source not in args.exclude_source]
-    fitted = fit(cases)
-    from accuracy import ranking_uncertainty  # noqa: PLC0415 - accuracy imports this module
+    if args.rl_only:
+        fitted = training_part(json.loads(OUTPUT.read_text()))
+    else:
+        fitted = fit(cases)
+        from accuracy import ranking_uncertainty  # noqa: PLC0415 - accuracy imports this
 
-    fitted["ranking_uncertainty"] = ranking_uncertainty(cases, predict(cases, fitted))
+        fitted["ranking_uncertainty"] = ranking_uncertainty(cases, predict(cases, fitted))
     rl_cases, _ = load_rl_cases()
     rl_cases = [case for case in rl_cases if case.source not in args.exclude_source]
     fitted = fit_rl(rl_cases, fitted)

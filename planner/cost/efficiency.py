@@ -58,6 +58,10 @@ class Efficiency:
     bucketed_tensor_s: float = 0.1e-3  # NeMo RL bucketed (CUDA IPC) refit, per tensor
     sync_fixed_s: float = 1.5  # rollout engine wake-up, cache reset and sleep per step
     step_fixed_s: float = 3.0  # reward, advantage and data movement between workers per step
+    # host time per layer on a stage to prepare and launch one forward-and-backward micro-batch
+    # of an RL trainer's Megatron pass, a floor on the micro-batch's time: the trainers block the
+    # host on the GPU every micro-batch (planner.cost.timing.train_phase_s)
+    host_layer_s: float = 5e-3
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -299,7 +303,9 @@ DONORS = {"H800": "H100-80GB", "H20-96GB": "H100-80GB", "H200": "H100-80GB",
 # (typical value, sigma of the log, bounds): HBM streaming at decode ~60-80% of the datasheet
 # (vLLM/SGLang decode benchmarks); tens of microseconds per layer of graph replay and ~1-3 ms of
 # scheduling per step (vLLM v1), ~ms more to broadcast each step to TP workers;
-# sub-millisecond per exported tensor; seconds of fixed costs.
+# sub-millisecond per exported tensor; seconds of fixed costs; a few ms of host work per layer to
+# prepare and dispatch an eager forward and backward (Python module calls, hooks and ~100-300
+# kernel launches of ~10-20 us each), wide: no published profile of the trainers' loops sizes it.
 RL_PRIORS = {"decode_hbm": (0.7, 0.3, (0.2, 0.95)),
              "decode_layer_s": (20e-6, 1.0, (2e-6, 60e-6)),
              "decode_step_s": (2.5e-3, 1.0, (1e-4, 20e-3)),
@@ -307,9 +313,10 @@ RL_PRIORS = {"decode_hbm": (0.7, 0.3, (0.2, 0.95)),
              "sync_tensor_s": (0.5e-3, 1.5, (1e-6, 20e-3)),
              "bucketed_tensor_s": (0.1e-3, 1.5, (1e-7, 5e-3)),
              "sync_fixed_s": (1.5, 1.0, (0.1, 20.0)),
-             "step_fixed_s": (3.0, 1.0, (0.1, 30.0))}
+             "step_fixed_s": (3.0, 1.0, (0.1, 30.0)),
+             "host_layer_s": (5e-3, 1.0, (1e-4, 20e-3))}
 RL_SHARED = ("decode_layer_s", "decode_step_s", "decode_tp_step_s", "sync_tensor_s",
-             "bucketed_tensor_s", "sync_fixed_s", "step_fixed_s")
+             "bucketed_tensor_s", "sync_fixed_s", "step_fixed_s", "host_layer_s")
 RL_BY_GPU = ("decode_hbm",)
 PER_GPU = ("gemm",) + RL_BY_GPU  # constants kept per GPU type and precision family
 

@@ -25,6 +25,12 @@ Training step (actor update, reference and old-log-prob forwards, pretraining):
   all-gather of bf16 parameters per optimizer step over DP*CP (experts over expert-DP), partly
   overlapped with backward; the optimizer step itself is memory-bound (Adam reads and writes
   the fp32 master weight, m, v and the gradient of the local shard);
+* RL trainers' passes (actor update, old/ref log-prob): the host waits for the GPU inside every
+  micro-batch (verl's packed-sequence ``.tolist()``, the losses' ``.item()``), so it cannot run
+  ahead of the GPU: a micro-batch takes at least the host's time to prepare and launch it, a
+  fitted ``host_layer_s`` per layer on the stage (half for a forward-only pass,
+  :func:`host_layer_s`) -- why many small fixed micro-batches cost more than a few dynamic ones
+  of the same tokens;
 * links: NVLink when a group fits in one NVLink domain (ranks ordered tp-cp-ep-dp-pp as
   megatron-core does), else the network.
 
@@ -164,6 +170,23 @@ class TrainShape:
     # behind the backward pass; verl's Megatron workers leave it off by default
     # (megatron_workers override_ddp_config), so the whole DP traffic is exposed
     overlap_grad_reduce: bool = True
+    # host seconds per layer on the stage to prepare and launch one micro-batch
+    # (:func:`host_layer_s`); 0 for a plain Megatron step, whose loop never waits on the GPU
+    host_per_layer_s: float = 0.0
+
+
+# The share of a training micro-batch's host time a forward-only (log-prob) micro-batch takes:
+# it dispatches the forward alone, whose Python module calls are most of the host's work (the
+# backward is launched by autograd's C++ engine); 1/2 as verl's published forward-only passes
+# show against its updates (docs/guide/advise.md, rows 96-98 of grpo_runs.csv).
+FORWARD_ONLY_HOST_SHARE = 0.5
+
+
+def host_layer_s(eff: Efficiency, forward_only: bool) -> float:
+    """Host seconds per layer on a stage to prepare and launch one micro-batch of an RL
+    trainer's Megatron pass: the fitted ``host_layer_s`` for a forward-and-backward micro-batch,
+    :data:`FORWARD_ONLY_HOST_SHARE` of it for a forward-only one."""
+    return eff.host_layer_s * (FORWARD_ONLY_HOST_SHARE if forward_only else 1.0)
 
 
 def _stage_compute_s(request: PlanRequest, cols: Columns, shape: TrainShape):
@@ -281,11 +304,22 @@ def train_phase_s(request: PlanRequest, cols: Columns, shape: TrainShape
     # with VPP model chunks a micro-batch crosses vpp times as many stage boundaries
     per_micro = per_micro + p2p * vpp * (1 if shape.forward_only else 2)
     m = _f(shape.micro_batches)
-    pipeline = (m + (pp - 1) / vpp) * per_micro
+    # The RL trainers block the host on the GPU inside every micro-batch (verl: ``.tolist()`` of
+    # the packed lengths in ``verl/models/mcore/util.py::preprocess_packed_seqs`` and
+    # ``postprocess_packed_seqs``, the losses' ``.item()`` in ``workers/actor/megatron_actor.py``
+    # (2025-09) and ``workers/engine/megatron/transformer_impl.py`` (0.9.1); NeMo RL: the loss
+    # metrics' ``.item()`` in ``nemo_rl/algorithms/loss_functions.py``), so the host cannot run
+    # ahead: a micro-batch takes the longer of its GPU time and the host's time to prepare and
+    # launch it, which grows with the layers on the stage.  Every stage runs its own loop at
+    # once: the floor is per stage, not summed over PP.  Large micro-batches hide it; many small
+    # fixed ones (verl's ``ppo_micro_batch_size_per_gpu``) are host-bound.
+    slot = np.maximum(per_micro, shape.host_per_layer_s * layers_on_stage)
+    pipeline = (m + (pp - 1) / vpp) * slot
     bubble = (pp - 1) / vpp * per_micro
     out = {"compute_s": m * compute * shape.optimizer_steps,
            "comm_s": m * exposed_comm * shape.optimizer_steps,
-           "bubble_s": bubble * shape.optimizer_steps}
+           "bubble_s": bubble * shape.optimizer_steps,
+           "host_s": (m + (pp - 1) / vpp) * (slot - per_micro) * shape.optimizer_steps}
     total = pipeline * shape.optimizer_steps
     if not shape.forward_only:
         shards = actor_params_per_gpu(model, cols)
@@ -617,7 +651,8 @@ def log_prob_phase_s(request: PlanRequest, cols: Columns) -> dict[str, np.ndarra
     batches = log_prob_batches(workload, cols)
     shape = TrainShape(tokens_per_micro_batch=batches.mean_tokens * _f(cols["cp"]),
                        seq_len=np.full(len(cols["tp"]), workload.mean_sequence_length),
-                       micro_batches=batches.count, optimizer_steps=1.0, forward_only=True)
+                       micro_batches=batches.count, optimizer_steps=1.0, forward_only=True,
+                       host_per_layer_s=host_layer_s(request.efficiency, True))
     return train_phase_s(request, cols, shape)
 
 
@@ -634,7 +669,8 @@ def update_phase_s(request: PlanRequest, cols: Columns) -> dict[str, np.ndarray]
                        cpu_adam_bytes_per_s=HOST_ADAM_BYTES_PER_S,
                        cpu_adam_streamed_bytes=(4 + 4 + 2 * workload.adam_moment_bytes)
                        + (4 + 2 * workload.adam_moment_bytes),
-                       overlap_grad_reduce=workload.overlap_grad_reduce)
+                       overlap_grad_reduce=workload.overlap_grad_reduce,
+                       host_per_layer_s=host_layer_s(request.efficiency, False))
     return train_phase_s(request, cols, shape)
 
 
@@ -737,7 +773,8 @@ def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
         return {"compute_s": phase["compute_s"] + phase.get("optimizer_s", 0.0)
                 + phase.get("cpu_optimizer_s", 0.0),
                 "comm_s": phase["comm_s"] + phase.get("dp_comm_s", 0.0),
-                "bubble_s": phase["bubble_s"], "host_transfer_s": host, "latency_s": zero}
+                "bubble_s": phase["bubble_s"], "host_transfer_s": host,
+                "latency_s": phase["host_s"] + zero}
 
     parts = {
         "generate": {"compute_s": gen["compute_s"], "comm_s": gen["comm_s"], "bubble_s": zero,

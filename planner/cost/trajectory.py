@@ -44,6 +44,9 @@ def expected_over_run(at_nodes) -> Seconds:
     the mean response length)."""
     first, middle, last = (np.asarray(value, dtype=float) for value in at_nodes)
     total = WEIGHTS[0] * first + WEIGHTS[1] * middle + WEIGHTS[2] * last
+    # a quantity that does not move over the run is its own mean, exactly (the weighted sum
+    # can differ from it in the last bit)
+    total = np.where((first == middle) & (middle == last), middle, total)
     return float(total) if total.ndim == 0 else total
 
 

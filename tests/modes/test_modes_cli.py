@@ -61,8 +61,10 @@ def test_estimate_mode_sync_is_todays_estimate(capsys):
 
 
 def test_estimate_one_step_off_on_a_given_split(capsys):
+    # micro-batches of 4: with 1 sequence each the trainer's time is the host's floor per
+    # micro-batch (host_layer_s), the same at every length, and the band would be flat
     code, data = run_json(capsys, "estimate", *GRPO, "--gpus", "16", "--tp", "2", "--pp", "2",
-                          "--mode", "one-step-off", "--trainer-gpus", "8")
+                          "--micro-batch", "4", "--mode", "one-step-off", "--trainer-gpus", "8")
     assert code == 0 and data["valid"] and data["fits"]
     assert data["mode"] == "one-step-off"
     assert data["placement"] == {"trainer_gpus": 8, "rollout_gpus": 8, "colocated": False,
@@ -78,7 +80,7 @@ def test_estimate_one_step_off_on_a_given_split(capsys):
     band = data["step_time_over_run_s"]
     assert band["start"] < band["expected"] == data["step_time_s"] < band["end"]
     code, fixed = run_json(capsys, "estimate", *GRPO, "--gpus", "16", "--tp", "2", "--pp", "2",
-                           "--mode", "one-step-off", "--trainer-gpus", "8",
+                           "--micro-batch", "4", "--mode", "one-step-off", "--trainer-gpus", "8",
                            "--mean-response-length", "1024")
     fixed_times = fixed["time_s"]
     assert fixed["step_time_s"] == pytest.approx(
