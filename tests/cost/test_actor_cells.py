@@ -15,12 +15,13 @@ from planner.phases import PHASES
 from planner.search.space import SearchOptions, build_space
 
 
-def _request(name: str, world: int, workload=GrpoWorkload()) -> PlanRequest:
-    return PlanRequest(resolve_model(name), cluster(world), workload)
+def _request(name: str, world: int, workload: GrpoWorkload | None = None) -> PlanRequest:
+    return PlanRequest(resolve_model(name), cluster(world), workload or GrpoWorkload())
 
 
-def _space(request: PlanRequest, options: SearchOptions = SearchOptions()):
-    return build_space(request.model, request.cluster, request.workload, options).columns
+def _space(request: PlanRequest):
+    return build_space(request.model, request.cluster, request.workload,
+                       SearchOptions()).columns
 
 
 def _memory_per_row(memory: dict) -> dict:
