@@ -508,7 +508,9 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
         order = first_in_order(scored, keep)
         tied = np.zeros(len(scored["tp"]), dtype=bool)
     else:
-        order, tied = tie_order(scored, tolerance, request.policy)
+        # of the layouts that do not fit, only as many as the frame keeps are sorted
+        order, tied = tie_order(scored, tolerance, request.policy,
+                                misses=KEEP_NOT_FITTING if keep is None else keep)
     # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
     order = order[:fitting + KEEP_NOT_FITTING if keep is None else keep]

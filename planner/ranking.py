@@ -89,16 +89,48 @@ def offload_count(cols: Columns) -> np.ndarray:
             + (np.asarray(cols.get("optimizer_cpu_fraction", np.zeros(n))) > 0).astype(int))
 
 
-def rank_order(cols: Columns) -> np.ndarray:
+def rank_order(cols: Columns, misses: int | None = None) -> np.ndarray:
     """Indices that sort scored layouts best first, strictly by the prediction
     (:func:`prediction_order` on step time, the memory band and the peak; without a step-time
-    column the memory-headroom rule of the module docstring)."""
+    column the memory-headroom rule of the module docstring).  ``misses``: of the layouts
+    that do not fit (last, the closest miss first), only the first ``misses``
+    (:func:`_closest_misses`; None: all)."""
     if "step_time_s" in cols:
+        if misses is not None:
+            return _with_closest_misses(cols, misses)
         return prediction_order(cols["fits"], cols["step_time_s"], cols["peak_bytes"],
                                 cols[flag_column("memory_tight")])
     return best_first(~cols["fits"].astype(bool), cols["unwise_count"], cols["recompute"],
                       offload_count(cols), cols["tp"] * cols["pp"] * cols["cp"],
                       cols["ep"] * cols["etp"], -cols["micro_batch"], cols["peak_bytes"])
+
+
+def _with_closest_misses(cols: Columns, misses: int) -> np.ndarray:
+    """:func:`prediction_order`'s first rows: every layout that fits, then the first
+    ``misses`` of those that do not, without sorting them all.  The sort is stable and the
+    layouts that fit come first, so sorting them apart keeps their order; the others are
+    ordered by the peak alone (:func:`_closest_misses`)."""
+    fits = np.asarray(cols["fits"]).astype(bool)
+    fitting = np.flatnonzero(fits)
+    peak = np.asarray(cols["peak_bytes"])
+    head = fitting[prediction_order(np.ones(len(fitting), dtype=bool),
+                                    np.asarray(cols["step_time_s"])[fitting], peak[fitting],
+                                    np.asarray(cols[flag_column("memory_tight")])[fitting])]
+    return np.concatenate([head, _closest_misses(np.flatnonzero(~fits), peak, misses)])
+
+
+def _closest_misses(rows: np.ndarray, peak: np.ndarray, count: int) -> np.ndarray:
+    """The first ``count`` of ``rows`` by ``peak`` (stably, NaN last), without sorting them
+    all: those whose peak is at most the ``count``-th smallest, sorted."""
+    if count <= 0:
+        return rows[:0]
+    values = peak[rows]
+    if len(rows) > count:
+        bound = np.partition(values, count - 1)[count - 1]
+        if not np.isnan(bound):  # NaN sorts last: then every row is a candidate
+            keep = values <= bound
+            rows, values = rows[keep], values[keep]
+    return rows[np.argsort(values, kind="stable")][:count]
 
 
 def parallel_dimensions(cols: Columns) -> np.ndarray:
@@ -124,7 +156,8 @@ def tied_with_best(cols: Columns, order: np.ndarray, tolerance: float) -> np.nda
     and not memory-tight unless it is), predicted step time within ``tolerance`` of it."""
     n = len(cols["tp"])
     tied = np.zeros(n, dtype=bool)
-    if tolerance <= 0 or "step_time_s" not in cols or not n or not bool(cols["fits"][order[0]]):
+    if (tolerance <= 0 or "step_time_s" not in cols or not n or not len(order)
+            or not bool(cols["fits"][order[0]])):
         return tied
     best = order[0]
     tight = cols[flag_column("memory_tight")].astype(bool)
@@ -156,11 +189,13 @@ TIE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "param_offload", "optimizer_
               "unwise_count", "step_time_s", "peak_bytes")
 
 
-def tie_order(cols: Columns, tolerance: float,
-              policy: MemoryPolicy = DEFAULT_POLICY) -> tuple[np.ndarray, np.ndarray]:
+def tie_order(cols: Columns, tolerance: float, policy: MemoryPolicy = DEFAULT_POLICY,
+              misses: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The ranking with ties resolved towards simple layouts (module docstring): returns
-    ``(order, tied)`` -- indices best first, and the mask of layouts tied with the best."""
-    order = rank_order(cols)
+    ``(order, tied)`` -- indices best first, and the mask of layouts tied with the best.
+    ``misses``: of the layouts that do not fit, ``order`` holds only the first ``misses``
+    (:func:`rank_order`; ties are layouts that fit)."""
+    order = rank_order(cols, misses)
     tied = tied_with_best(cols, order, tolerance)
     if not tied.any():
         return order, tied

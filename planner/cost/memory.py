@@ -36,6 +36,7 @@ Sources and scope
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache, reduce
 
@@ -742,6 +743,138 @@ def core_fields(cols: Columns) -> tuple[str, ...]:
                  and np.asarray(cols[name]).ndim == 1 and name in LAYOUT_FIELDS)
 
 
+@dataclass(frozen=True)
+class _Knobs:
+    """One combination of the knobs :func:`actor_memory` reads, as plain values."""
+
+    param_offload: bool
+    optimizer_offload: bool
+    ref_param_offload: bool
+    on_host: float  # the CPU optimizer's share of the optimizer (cpu_fraction)
+
+
+def _knob_combinations(cols: Columns) -> tuple[list[_Knobs], np.ndarray]:
+    """The distinct knob combinations of the rows (in order of first appearance) and each
+    row's index among them."""
+    flags = [np.asarray(cols[name]).astype(bool)
+             for name in ("param_offload", "optimizer_offload", "ref_param_offload")]
+    on_host = cpu_fraction(cols)
+    _, fraction = distinct(on_host)
+    first, which = distinct(flags[0] + 2 * flags[1] + 4 * flags[2] + 8 * fraction)
+    return [_Knobs(bool(flags[0][i]), bool(flags[1][i]), bool(flags[2][i]), float(on_host[i]))
+            for i in first], which
+
+
+def _core_rows(cols: Columns, knob: np.ndarray, combinations: int
+               ) -> tuple[Columns, np.ndarray]:
+    """The core rows of ``cols`` (:func:`core_fields`) and each row's index among them.  A
+    search's cross product lists every knob combination of a core row in a block, one block
+    after the other: that is checked (a pass per field) and read off; other rows are hashed
+    (:func:`planner.search.layout.unique_rows`)."""
+    n = len(knob)
+    if combinations and n % combinations == 0 and np.array_equal(
+            knob.reshape(-1, combinations), np.broadcast_to(np.arange(combinations),
+                                                             (n // combinations, combinations))):
+        blocks = {name: np.asarray(cols[name]).reshape(-1, combinations)
+                  for name in core_fields(cols)}
+        if all((values == values[:, :1]).all() for values in blocks.values()):
+            core = np.repeat(np.arange(n // combinations), combinations)
+            return {name: np.asarray(values)[::combinations] for name, values in cols.items()}, core
+    return unique_rows(cols, core_fields(cols))
+
+
+def _sum(*terms):
+    """``terms`` added left to right, ``None`` standing for an exact zero: a term a knob zeroes
+    (``np.where(offloaded, 0, weights)``) is left out, which changes no bit of the sum
+    (``x + 0.0 == x``)."""
+    total = None
+    for term in terms:
+        if term is not None:
+            total = term if total is None else total + term
+    return 0.0 if total is None else total
+
+
+class ActorParts:
+    """The actor's parts per pipeline stage, held per core row (the parts no knob changes:
+    weights, grads, the optimizer state, activations, logits) or per (knob combination, core
+    row) cell (the host memory), and read per row.  ``core`` and ``knob`` give each row its
+    core row and knob combination.  Rows that list every knob combination of each core row in
+    order, one core row after the other (a search's cross product), read a cell table
+    transposed; other rows gather their cells."""
+
+    def __init__(self, core: np.ndarray, knob: np.ndarray, cores: int, knobs: list[_Knobs],
+                 needs_reference: bool) -> None:
+        # per stage (appended by actor_memory): part -> (core rows,) or (combinations, core rows)
+        self.tables: list[dict] = []
+        self.core, self.knob = core, knob
+        self.on_gpu = np.array([1 - k.on_host for k in knobs], dtype=np.float64)
+        self.no_ref = np.array([k.ref_param_offload or not needs_reference for k in knobs],
+                               dtype=bool)
+        self._in_order = bool(np.array_equal(core * len(knobs) + knob,
+                                             np.arange(len(core))))
+        self._cells = None if self._in_order else knob * cores + core
+
+    def rows(self, table: np.ndarray) -> np.ndarray:
+        """A table's value on every row."""
+        if table.ndim == 1:
+            return table[self.core]
+        if self._in_order:
+            return np.ascontiguousarray(table.T).reshape(-1)
+        return table.reshape(-1)[self._cells]
+
+    def _derived(self, part: str, values) -> np.ndarray:
+        """The knob-dependent parts from the core ones (``values(name)``, per row):
+        the optimizer's GPU share and the reference's weights."""
+        if part == "optimizer":
+            return values("optimizer_state") * self.on_gpu[self.knob]
+        if part == "ref_weights":
+            # The reference has the actor's parallel sizes: the same shard of the same weights.
+            # Without a KL loss or KL reward verl builds no reference model.
+            return np.where(self.no_ref[self.knob], 0, values("weights"))
+        return values(part)
+
+    def stage(self, index: int, part: str) -> np.ndarray:
+        """``part`` of stage ``index`` (of :data:`STAGES`) on every row."""
+        return self._derived(part, lambda name: self.rows(self.tables[index][name]))
+
+    def pick(self, part: str, stage: np.ndarray) -> np.ndarray:
+        """Per row, ``part`` on the row's stage ``stage`` (an index into :data:`STAGES`)."""
+
+        def values(name: str) -> np.ndarray:
+            tables = np.stack([tables[name] for tables in self.tables])
+            if tables.ndim == 2:
+                return tables[stage, self.core]
+            return tables[stage, self.knob, self.core]
+
+        return self._derived(part, values)
+
+    def largest(self, part: str) -> np.ndarray:
+        """Per row, the largest ``part`` over the stages."""
+        return self.rows(max_rows([tables[part] for tables in self.tables]))
+
+
+STAGE_PARTS = ("weights", "grads", "optimizer", "train_activations", "train_logits",
+               "ref_weights", "host")
+
+
+class _StageView(Mapping):
+    """One stage's parts on every row, computed when read (:class:`ActorParts`)."""
+
+    def __init__(self, parts: ActorParts, index: int) -> None:
+        self._parts, self._index = parts, index
+
+    def __getitem__(self, part: str) -> np.ndarray:
+        if part not in STAGE_PARTS:
+            raise KeyError(part)
+        return self._parts.stage(self._index, part)
+
+    def __iter__(self):
+        return iter(STAGE_PARTS)
+
+    def __len__(self) -> int:
+        return len(STAGE_PARTS)
+
+
 def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
     """Per rank of :data:`STAGES`: the bytes that do not depend on offload or the CPU optimizer
     (weights, grads, the whole optimizer state, the parameters it covers, activations and
@@ -794,73 +927,92 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
     """Per-phase bytes of everything but the rollout engine's own budget, per pipeline stage.
 
     Returns ``{"phases": {phase: [one array per STAGES entry]}, "allocated": {phase: array},
-    "stages": [...]}``, where a stage dict holds its weights, grads, optimizer, activation,
-    logits and host bytes, and ``allocated`` is each phase's allocated working set on its
-    largest stage (only that is read: what :func:`estimate_memory` adds to it is the same on
-    every stage, and a rounded sum is monotone in each term, so the largest stage stays the
-    largest, to the bit).
+    "stages": [...], "parts": ActorParts}``, where a stage mapping holds its weights, grads,
+    optimizer, activation, logits and host bytes (:data:`STAGE_PARTS`, computed when read), and
+    ``allocated`` is each phase's allocated working set on its largest stage (only that is
+    read: what :func:`estimate_memory` adds to it is the same on every stage, and a rounded sum
+    is monotone in each term, so the largest stage stays the largest, to the bit).
+
+    Evaluated once per core row (the layout without the offload and CPU-optimizer knobs,
+    :func:`core_fields`) and knob combination present: a search crosses some 137,000 core rows
+    of DeepSeek-V3 on 1,024 GPUs with 12 combinations.  Per combination the knobs are plain
+    values, so a term a knob zeroes is left out of its sum (:func:`_sum`: the same bits as
+    adding the zero), and the terms no knob touches are computed once per core row.
     """
     workload = request.workload
     fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
-    core, inverse = unique_rows(cols, core_fields(cols))
-    cores = [{name: np.asarray(values)[inverse] for name, values in stage.items()}
-             for stage in _actor_core(request, core)]
-    param_off = cols["param_offload"].astype(bool)
-    optim_off = cols["optimizer_offload"].astype(bool)
-    ref_off = cols["ref_param_offload"].astype(bool)
+    knobs, knob = _knob_combinations(cols)
+    core_rows, core = _core_rows(cols, knob, len(knobs))
+    n_core = len(core_rows["tp"])
     needs_ref = workload.needs_reference
-    on_host = cpu_fraction(cols)
     host_state = (CPU_OPTIMIZER_COPY_BYTES + optimizer_state_bytes(workload)
                   - MASTER_WEIGHT_BYTES)
     frag = 1 + FRAGMENTATION_FRACTION
-    on_gpu = 1 - on_host  # the optimizer's share on the GPU
-    no_ref = ref_off | (not needs_ref)  # no reference weights on the GPU
-    ref_on_host = ref_off & needs_ref
-    stages, phases = [], {phase: [] for phase in PHASES}
-    allocated = {}  # the same without fragmentation and overheads, on the largest stage
-    for c in cores:
+
+    def table() -> np.ndarray:  # one value per knob combination and core row
+        return np.empty((len(knobs), n_core))
+
+    parts = ActorParts(core, knob, n_core, knobs, needs_ref)
+    phase_rows = {phase: [] for phase in PHASES}
+    allocated = {phase: table() for phase in PHASES}  # on the largest stage
+    for stage, c in enumerate(_actor_core(request, core_rows)):
         weights, grads = c["weights"], c["grads"]
-        optimizer = c["optimizer_state"] * on_gpu
-        s = dict(weights=weights, grads=grads, optimizer=optimizer,
-                 train_activations=c["train_activations"], train_logits=c["train_logits"])
-        # The reference has the actor's parallel sizes: the same shard of the same weights.
-        # Without a KL loss or KL reward verl builds no reference model.
-        s["ref_weights"] = np.where(no_ref, 0, weights)
-        kept_grads = np.where(param_off, 0, grads)
-        kept_optimizer = np.where(optim_off, 0, optimizer)
-        s["resident_in_rollout"] = (np.where(param_off, 0, weights) + kept_grads
-                                    + kept_optimizer + s["ref_weights"] + fixed)
-        # Host memory of this GPU's worker: verl's offloaded copies (parameters into a pinned
-        # buffer, grads freed not copied -- utils/megatron_utils.py
-        # offload_megatron_model_to_cpu; the optimizer's GPU state; the reference), and
-        # Megatron's CPU optimizer's share of the optimizer.
-        s["host"] = (np.where(param_off, weights, 0) + np.where(optim_off, optimizer, 0)
-                     + np.where(ref_on_host, weights, 0)
-                     + on_host * c["optimizer_params"] * host_state + HOST_WORKER_BYTES)
-        resident_state = s["resident_in_rollout"] - fixed
-        # what the log-prob pass and the weight sync hold: offloaded state stays on the host
-        loaded = weights + kept_grads + kept_optimizer + s["ref_weights"]
-        # Per phase: (state held, transient tensors).  What nvidia-smi shows adds the
-        # allocator's fragmentation on the transients and the fixed overheads; the allocated
-        # working set is the tensors alone.
-        held = {
-            # verl loads offloaded params and optimizer state back before the update.
-            "update_actor": (weights + grads + optimizer + s["ref_weights"],
-                             c["train_activations"] + c["train_logits"]),
-            "old_log_prob": (loaded, c["forward"] + c["actor_logits"]),
-            "ref": (resident_state - s["ref_weights"] + weights, c["forward"] + c["ref_logits"]),
-            # Actor weights are on the GPU while they are copied into the rollout engine.
-            "weight_sync": (loaded, WEIGHT_SYNC_BUCKET_BYTES),
-            "generate": (resident_state, 0.0),
-        }
-        for phase, (state, transient) in held.items():
-            spread = frag if phase in ("update_actor", "old_log_prob", "ref") else 1.0
-            phases[phase].append(state + spread * transient + fixed)
-            tensors = state + transient
-            allocated[phase] = (np.maximum(allocated[phase], tensors) if phase in allocated
-                                else tensors)
-        stages.append(s)
-    return {"phases": phases, "allocated": allocated, "stages": stages}
+        update_transient = c["train_activations"] + c["train_logits"]
+        log_prob_transient = c["forward"] + c["actor_logits"]
+        ref_transient = c["forward"] + c["ref_logits"]
+        # what nvidia-smi shows adds the allocator's fragmentation on the transients
+        spread = {"update_actor": frag * update_transient,
+                  "old_log_prob": frag * log_prob_transient, "ref": frag * ref_transient}
+        host = table()
+        phases = {phase: table() for phase in PHASES}
+        for j, k in enumerate(knobs):
+            on_gpu = 1 - k.on_host  # the optimizer's share on the GPU
+            optimizer = c["optimizer_state"] * on_gpu if on_gpu != 1 else c["optimizer_state"]
+            ref_weights = None if k.ref_param_offload or not needs_ref else weights
+            kept_grads = None if k.param_offload else grads
+            kept_optimizer = None if k.optimizer_offload else optimizer
+            resident = _sum(None if k.param_offload else weights, kept_grads, kept_optimizer,
+                            ref_weights, fixed)
+            # Host memory of this GPU's worker: verl's offloaded copies (parameters into a
+            # pinned buffer, grads freed not copied -- utils/megatron_utils.py
+            # offload_megatron_model_to_cpu; the optimizer's GPU state; the reference), and
+            # Megatron's CPU optimizer's share of the optimizer.
+            host[j] = _sum(weights if k.param_offload else None,
+                           optimizer if k.optimizer_offload else None,
+                           weights if k.ref_param_offload and needs_ref else None,
+                           k.on_host * c["optimizer_params"] * host_state if k.on_host
+                           else None, HOST_WORKER_BYTES)
+            resident_state = resident - fixed
+            # what the log-prob pass and the weight sync hold: offloaded state stays on the host
+            loaded = _sum(weights, kept_grads, kept_optimizer, ref_weights)
+            # Per phase: (state held, transient tensors); the allocated working set is the
+            # tensors alone.  verl loads offloaded params and optimizer state back before the
+            # update; actor weights are on the GPU while they are copied into the rollout.
+            held = {
+                "update_actor": (_sum(weights, grads, optimizer, ref_weights), update_transient),
+                "old_log_prob": (loaded, log_prob_transient),
+                "ref": (_sum(resident_state - (0.0 if ref_weights is None else ref_weights),
+                             weights), ref_transient),
+                "weight_sync": (loaded, WEIGHT_SYNC_BUCKET_BYTES),
+                "generate": (resident_state, None),
+            }
+            for phase, (state, transient) in held.items():
+                phases[phase][j] = _sum(state, spread.get(phase, transient), fixed)
+                tensors = _sum(state, transient)
+                if stage:
+                    np.maximum(allocated[phase][j], tensors, out=allocated[phase][j])
+                else:
+                    allocated[phase][j] = tensors
+        for phase in PHASES:
+            phase_rows[phase].append(parts.rows(phases[phase]))
+        parts.tables.append({"weights": weights, "grads": grads,
+                             "optimizer_state": c["optimizer_state"],
+                             "train_activations": c["train_activations"],
+                             "train_logits": c["train_logits"], "host": host})
+    return {"phases": phase_rows,
+            "allocated": {phase: parts.rows(t) for phase, t in allocated.items()},
+            "stages": [_StageView(parts, index) for index in range(len(parts.tables))],
+            "parts": parts}
 
 
 def pick_utilization(wanted_fraction, resident_bytes, capacity: float,
@@ -948,6 +1100,30 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
     }
 
 
+def _rollout_memory_once(request: PlanRequest, cols: Columns, resident_bytes: np.ndarray,
+                         utilization: np.ndarray | None) -> Columns:
+    """:func:`rollout_memory` evaluated once per distinct (rollout TP, DP, EP, utilization,
+    resident bytes) and spread over the rows: it reads nothing else of a row, and a plan's
+    rows hold few such combinations (DeepSeek-V3 on 1,024 GPUs: about 6,000 in 1.6 million
+    rows).  The same values, row by row."""
+    if np.isnan(resident_bytes).any() or (utilization is not None
+                                          and np.isnan(_f(utilization)).any()):
+        return rollout_memory(request, cols, resident_bytes, utilization)  # NaN: no hashing
+    tp, dp, ep = (np.asarray(cols[name], dtype=np.int64)
+                  for name in ("rollout_tp", "rollout_dp", "rollout_ep"))
+    _, layout = distinct((tp << 42) + (dp << 21) + ep)  # each below 2**21 GPUs
+    code = layout
+    if utilization is not None:
+        _, fraction = distinct(_f(utilization))
+        code = layout * (int(fraction.max(initial=0)) + 1) + fraction
+    first, inverse = distinct(_f(resident_bytes) + 1j * code)
+    few = {name: tp_dp_ep[first] for name, tp_dp_ep in
+           zip(("rollout_tp", "rollout_dp", "rollout_ep"), (tp, dp, ep))}
+    out = rollout_memory(request, few, _f(resident_bytes)[first],
+                         None if utilization is None else _f(utilization)[first])
+    return {name: values[inverse] for name, values in out.items()}
+
+
 def argmax_rows(arrays) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the index of the largest of ``arrays`` (the first on ties) and its value:
     ``np.argmax(np.stack(arrays), axis=0)`` without the strided pass over the stack (a NaN is
@@ -996,8 +1172,8 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     actor = actor or actor_memory(request, cols)
     phase_stages = {phase: list(values) for phase, values in actor["phases"].items()}
     resident = max_rows(phase_stages["generate"])
-    out = rollout_memory(request, cols, resident,
-                         None if pick_utilization else cols["gpu_memory_utilization"])
+    out = _rollout_memory_once(request, cols, resident,
+                               None if pick_utilization else cols["gpu_memory_utilization"])
     allocated = dict(actor["allocated"])  # per phase, on its largest stage
     phase_stages["generate"] = [stage + out["mem_generate_bytes"] - resident
                                 for stage in phase_stages["generate"]]
@@ -1025,12 +1201,12 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     for phase in PHASES:
         out[memory_column(phase)] = phases[phase]
         out[working_set_column(phase)] = allocated[phase]
-    stages = actor["stages"]
+    parts = actor["parts"]
     for part in ("weights", "grads", "optimizer", "train_activations", "train_logits",
                  "ref_weights"):
-        out[part_column(part)] = pick_rows(out["peak_stage"], [stage[part] for stage in stages])
+        out[part_column(part)] = parts.pick(part, out["peak_stage"])
     # Host memory: every GPU of a node runs one worker; the busiest stage sets the node.
-    host_per_gpu = max_rows([stage["host"] for stage in stages])
+    host_per_gpu = parts.largest("host")
     gpus_per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     out["host_bytes_per_gpu"] = host_per_gpu
     out["host_bytes_per_node"] = host_per_gpu * gpus_per_node + HOST_NODE_BYTES

@@ -32,6 +32,7 @@ from planner.search.layout import (
     RECOMPUTE,
     Columns,
     applicable_modules,
+    distinct,
     unique_rows,
 )
 from planner.search.pipeline import pipeline_split, split_candidates
@@ -319,15 +320,52 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     ok = _count(rejected, SPLIT_RULES, broken, n_knobs * n_rollouts)
     parallel = _take(parallel, ok)
 
+    # The batch rules read the parallel sizes and the micro-batch alone (not recompute nor
+    # offload): they are checked once per (parallel row, micro-batch) and the cross product is
+    # built from the rows that pass, by index, instead of materialising every column of every
+    # combination first.  The counts weigh each checked row by the knob rows it stands for.
     repeats = equivalent_splits(model, parallel)
-    actor = _cross(parallel, knobs)
-    repeated = np.repeat(repeats, n_knobs)
+    micro_first, micro_of_knob = distinct(knobs["micro_batch"])
+    micro = {"micro_batch": knobs["micro_batch"][micro_first]}
+    probe = _with_batching(model, workload, options, _cross(parallel, micro))
+    broken = violations(model, cluster, workload, probe, _rules(BATCH_RULES))
+    knobs_per_micro = np.bincount(micro_of_knob, minlength=len(micro_first))
+    ok_probe = _count(rejected, BATCH_RULES, broken,
+                      np.tile(knobs_per_micro, len(parallel["tp"])) * n_rollouts)
+    ok = ok_probe.reshape(len(parallel["tp"]), len(micro_first))[:, micro_of_knob]
+    merged = 0
+    if not options.exhaustive:
+        repeated = ok & repeats[:, None]
+        merged = int(np.count_nonzero(repeated))
+        ok &= ~repeated
+    rows = np.flatnonzero(ok)  # row-major over (parallel row, knob row), as _cross orders them
+    parallel_row, knob_row = np.divmod(rows, max(n_knobs, 1))
+    actor = {name: values[parallel_row] for name, values in parallel.items()}
+    actor.update({name: values[knob_row] for name, values in knobs.items()})
+    actor = _with_batching(model, workload, options, actor)
+
+    # Every valid actor layout paired with an invalid rollout option is a rejected pair.
+    actors = len(actor["tp"]) + merged
+    for name, count in rollout_rejected.items():
+        rejected[name] = rejected.get(name, 0) + count * actors
+
+    valid_pairs = actors * len(rollouts["rollout_tp"])
+    return SearchSpace(columns=actor, rollouts=rollouts, enumerated=enumerated,
+                       valid=valid_pairs, rejected=rejected, merged=merged)
+
+
+def _with_batching(model: ModelSpec, workload: GrpoWorkload, options: SearchOptions,
+                   actor: Columns) -> Columns:
+    """The actor columns the search does not vary, and the batching they imply: sequence
+    parallel with TP, the distributed optimizer, the recompute detail, verl's dynamic batches
+    and their token budget (``micro_batch`` longest sequences per CP rank, or the pinned one)."""
     n = len(actor["tp"])
     actor["sequence_parallel"] = actor["tp"] > 1
     actor["distributed_optimizer"] = np.ones(n, dtype=bool)
-    actor["recompute_modules"] = np.where(
-        actor["recompute"] == RECOMPUTE.index("selective"),
-        applicable_modules(DEFAULT_SELECTIVE_MODULES, model.is_moe, model.is_mla), 0)
+    if "recompute" in actor:
+        actor["recompute_modules"] = np.where(
+            actor["recompute"] == RECOMPUTE.index("selective"),
+            applicable_modules(DEFAULT_SELECTIVE_MODULES, model.is_moe, model.is_mla), 0)
     actor["recompute_num_layers"] = np.ones(n, dtype=np.int64)
     actor["recompute_block"] = np.zeros(n, dtype=bool)
     actor["pipeline_layout"] = np.full(n, "")
@@ -339,22 +377,7 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     actor["max_token_len"] = np.where(dynamic, budget, 0)
     actor["log_prob_max_token_len"] = np.zeros(n, dtype=np.int64)
     actor["log_prob_micro_batch"] = np.zeros(n, dtype=np.int64)
-    broken = violations(model, cluster, workload, actor, _rules(BATCH_RULES))
-    ok = _count(rejected, BATCH_RULES, broken, n_rollouts)
-    merged = 0
-    if not options.exhaustive:
-        merged = int(np.count_nonzero(ok & repeated))
-        ok &= ~repeated
-    actor = _take(actor, ok)
-
-    # Every valid actor layout paired with an invalid rollout option is a rejected pair.
-    actors = len(actor["tp"]) + merged
-    for name, count in rollout_rejected.items():
-        rejected[name] = rejected.get(name, 0) + count * actors
-
-    valid_pairs = actors * len(rollouts["rollout_tp"])
-    return SearchSpace(columns=actor, rollouts=rollouts, enumerated=enumerated,
-                       valid=valid_pairs, rejected=rejected, merged=merged)
+    return actor
 
 
 SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "account_embedding", "account_loss")

@@ -131,3 +131,32 @@ def test_first_in_order_is_the_head_of_rank_order(count):
             "peak_bytes": rng.choice([5.0, 6.0, 7.0], n),
             flag_column("memory_tight"): rng.random(n) < 0.3}
     np.testing.assert_array_equal(first_in_order(cols, count), rank_order(cols)[:count])
+
+
+@pytest.mark.parametrize("misses", [0, 1, 3, 40, 200])
+def test_rank_order_with_a_few_misses_is_the_full_sort_cut_after_them(misses):
+    """A plan sorts every layout that fits and only the closest misses its frame keeps: the
+    same rows in the same order as the full sort's, cut after the first ``misses`` misses
+    (ties in step time and in the peak, NaN times and peaks, memory-tight rows)."""
+    from planner.cost.columns import flag_column
+    from planner.ranking import rank_order
+
+    rng = np.random.default_rng(misses)
+    n = 300
+    cols = {"tp": np.ones(n, dtype=int), "fits": rng.random(n) < 0.4,
+            "step_time_s": rng.choice([1.0, 2.0, 2.0, 3.0, np.nan], n),
+            "peak_bytes": rng.choice([5.0, 6.0, 7.0, np.nan], n),
+            flag_column("memory_tight"): rng.random(n) < 0.3}
+    full = rank_order(cols)
+    fitting = int(cols["fits"].sum())
+    np.testing.assert_array_equal(rank_order(cols, misses), full[:fitting + misses])
+    ones, no = np.ones(n, dtype=int), np.zeros(n, dtype=bool)
+    cols |= {"memory_utilization": rng.random(n), "unwise_count": rng.integers(0, 2, n),
+             "pp": ones, "cp": ones, "vpp": ones, "ep": ones, "etp": ones,
+             "param_offload": rng.random(n) < 0.5, "optimizer_offload": no,
+             "ref_param_offload": no}
+    order, tied = tie_order(cols, 0.6, misses=misses)
+    every, every_tied = tie_order(cols, 0.6)
+    assert tied.any()
+    np.testing.assert_array_equal(tied, every_tied)
+    np.testing.assert_array_equal(order, every[:fitting + misses])

@@ -206,3 +206,46 @@ def test_counts_add_up_for_a_highly_composite_gpu_count():
     assert space.enumerated == space.valid + sum(space.rejected.values())
     # every split candidate of every combination is enumerated once
     assert space.rejected["world_size"] > space.rejected["pipeline_split"] > 0
+
+
+@pytest.mark.parametrize("name, world, options", [
+    ("qwen3-30b", 16, SearchOptions(exhaustive=True)),
+    ("qwen2.5-7b", 8, SearchOptions(exhaustive=True, dynamic_batch=False)),
+    ("llama3.1-70b", 32, SearchOptions(exhaustive=True, micro_batches=(4, 1, 2))),
+])
+def test_the_batch_rules_checked_per_micro_batch_match_the_whole_cross_product(name, world,
+                                                                                options):
+    """build_space checks the batch rules once per (parallel row, micro-batch) and builds the
+    cross product by index; the same layouts, columns, order and counts as crossing every
+    parallel row with every knob row and checking each."""
+    from planner.search.rules import first_violation
+    from planner.search.space import (
+        BATCH_RULES,
+        PARALLEL_RULES,
+        _cross,
+        _with_batching,
+        knob_options,
+        parallel_options,
+        rollout_options,
+    )
+
+    model, workload = resolve_model(name), GrpoWorkload()
+    space = build_space(model, cluster(world), workload, options)
+    parallel = parallel_options(model, cluster(world), options)
+    broken = violations(model, cluster(world), workload, parallel,
+                        tuple(rule for rule in RULES if rule.name in PARALLEL_RULES))
+    keep = ~np.any(list(broken.values()), axis=0)
+    parallel = {key: values[keep] for key, values in parallel.items()}
+    every = _with_batching(model, workload, options,
+                           _cross(parallel, knob_options(options, workload)))
+    order = [rule.name for rule in RULES if rule.name in BATCH_RULES]
+    first = first_violation(violations(model, cluster(world), workload, every,
+                                       tuple(rule for rule in RULES if rule.name in order)),
+                            order)
+    rollouts = len(rollout_options(model, cluster(world), options)["rollout_tp"])
+    for index, rule in enumerate(order):
+        assert space.rejected.get(rule, 0) == int(np.sum(first == index)) * rollouts, rule
+    assert list(space.columns) == list(every)
+    for key, values in every.items():
+        np.testing.assert_array_equal(space.columns[key], values[first < 0], err_msg=key)
+        assert space.columns[key].dtype == values.dtype, key

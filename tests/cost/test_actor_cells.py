@@ -1,0 +1,99 @@
+"""The actor's memory is evaluated per core row and knob combination (planner.cost.memory
+``actor_memory``): every row's numbers equal those of the same row evaluated on its own, to the
+bit, whether the rows come as a search's cross product (blocks of knob combinations, read off)
+or in any other order (hashed and gathered)."""
+
+import numpy as np
+import pytest
+from conftest import cluster
+
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.cost.memory import STAGE_PARTS, _sum, actor_memory, estimate_memory
+from planner.cost.request import PlanRequest
+from planner.phases import PHASES
+from planner.search.space import SearchOptions, build_space
+
+
+def _request(name: str, world: int, workload: GrpoWorkload | None = None) -> PlanRequest:
+    return PlanRequest(resolve_model(name), cluster(world), workload or GrpoWorkload())
+
+
+def _space(request: PlanRequest):
+    return build_space(request.model, request.cluster, request.workload,
+                       SearchOptions()).columns
+
+
+def _memory_per_row(memory: dict) -> dict:
+    out = {f"{phase}/{i}": values for phase, stages in memory["phases"].items()
+           for i, values in enumerate(stages)}
+    out.update({f"allocated/{phase}": values for phase, values in memory["allocated"].items()})
+    out.update({f"{part}/{i}": stage[part] for i, stage in enumerate(memory["stages"])
+                for part in STAGE_PARTS})
+    return out
+
+
+def _assert_same_bits(got: dict, expected: dict, rows=slice(None)) -> None:
+    assert got.keys() == expected.keys()
+    for name, values in expected.items():
+        np.testing.assert_array_equal(got[name], np.asarray(values)[rows], err_msg=name)
+
+
+@pytest.mark.parametrize("name, world, workload", [
+    ("qwen3-30b", 16, GrpoWorkload()),
+    ("qwen2.5-7b", 8, GrpoWorkload(use_kl_loss=False)),  # no reference model
+    ("deepseek-v3", 64, GrpoWorkload()),
+])
+def test_a_cross_product_in_any_order_gives_every_row_the_same_bits(name, world, workload):
+    request = _request(name, world, workload)
+    cols = _space(request)
+    memory = actor_memory(request, cols)
+    assert memory["parts"]._in_order  # a search's cross product is read off
+    order = np.random.default_rng(3).permutation(len(cols["tp"]))
+    shuffled = actor_memory(request, {name: values[order] for name, values in cols.items()})
+    assert not shuffled["parts"]._in_order
+    _assert_same_bits(_memory_per_row(shuffled), _memory_per_row(memory), order)
+
+
+def test_each_row_alone_gives_the_same_bits_as_in_the_search():
+    request = _request("qwen3-8b", 8)
+    cols = _space(request)
+    memory = _memory_per_row(actor_memory(request, cols))
+    # rows with every knob value: offloads, the CPU optimizer, several core rows
+    for row in np.random.default_rng(5).choice(len(cols["tp"]), 40, replace=False):
+        alone = actor_memory(request, {name: values[row:row + 1] for name, values in cols.items()})
+        _assert_same_bits(_memory_per_row(alone), memory, slice(row, row + 1))
+
+
+def test_the_peak_stage_parts_are_the_rows_stage_parts():
+    request = _request("qwen3-30b", 16)
+    cols = _space(request)
+    actor = actor_memory(request, cols)
+    rows = {**cols, "rollout_tp": np.full(len(cols["tp"]), 2),
+            "rollout_dp": np.ones(len(cols["tp"]), dtype=np.int64),
+            "rollout_ep": np.ones(len(cols["tp"]), dtype=np.int64),
+            "gpu_memory_utilization": np.full(len(cols["tp"]), 0.5)}
+    out = estimate_memory(request, rows, actor=actor)
+    stage = out["peak_stage"]
+    for part in ("weights", "grads", "optimizer", "train_activations", "train_logits",
+                 "ref_weights"):
+        expected = np.choose(stage, [actor["stages"][i][part] for i in range(4)])
+        np.testing.assert_array_equal(out[f"{part}_bytes"], expected, err_msg=part)
+    np.testing.assert_array_equal(out["host_bytes_per_gpu"],
+                                  np.max([actor["stages"][i]["host"] for i in range(4)], axis=0))
+
+
+def test_an_empty_set_of_rows_has_empty_phases():
+    request = _request("qwen3-8b", 8)
+    cols = {name: values[:0] for name, values in _space(request).items()}
+    memory = actor_memory(request, cols)
+    assert all(len(stage) == 0 for phase in PHASES for stage in memory["phases"][phase])
+
+
+def test_a_left_out_zero_term_changes_no_bit():
+    rng = np.random.default_rng(11)
+    a, b, c = (rng.random(1000) * 1e12 for _ in range(3))
+    zero = np.zeros(1000)
+    np.testing.assert_array_equal(_sum(a, None, b, None, 7.0), a + zero + b + zero + 7.0)
+    np.testing.assert_array_equal(_sum(None, a, c), zero + a + c)
+    assert _sum(None, None) == 0.0
