@@ -3,7 +3,7 @@ cost in GPU-hours, measured against a hidden truth.
 
     python benchmarks/tuning_regret.py [--draws 3] [--budgets 4,8,12,20] [--json]
                                        [--jobs NAME,...] [--strategies NAME,...]
-                                       [--study-trials N]
+                                       [--study-trials N] [--diagnose] [--bound]
 
 No process is started: every job is planned through the planner's public functions
 (:func:`planner.plan.make_plan`, :meth:`trials.candidates.CandidateSet.from_plan`), each
@@ -44,7 +44,10 @@ and the same sampler seed, so strategies are compared on equal terms.  Regret of
 candidates (100% when none of the b trials succeeded).  At equal GPU-hours (the second table):
 each study may spend what ``default (before)``'s study of the same job and draw spent on ``b``
 trials, whole trials only, pruned ones at what they cost (``--study-trials`` lets studies of
-cheap trials run long enough to spend it).
+cheap trials run long enough to spend it).  ``--diagnose``: why each study missed the best
+layout (:func:`diagnose`) and how each hidden table's error splits between TP/EP/PP families
+and their members (:func:`noise_parts`); ``--bound``: ``tune``'s default strategy on the true
+best family's layouts alone (:func:`best_family_job`), what knowing the family would reach.
 """
 
 from __future__ import annotations
