@@ -3,7 +3,7 @@ cost in GPU-hours, measured against a hidden truth.
 
     python benchmarks/tuning_regret.py [--draws 3] [--budgets 4,8,12,20] [--json]
                                        [--jobs NAME,...] [--strategies NAME,...]
-                                       [--study-trials N]
+                                       [--study-trials N] [--diagnose] [--bound]
 
 No process is started: every job is planned through the planner's public functions
 (:func:`planner.plan.make_plan`, :meth:`trials.candidates.CandidateSet.from_plan`), each
@@ -44,13 +44,17 @@ and the same sampler seed, so strategies are compared on equal terms.  Regret of
 candidates (100% when none of the b trials succeeded).  At equal GPU-hours (the second table):
 each study may spend what ``default (before)``'s study of the same job and draw spent on ``b``
 trials, whole trials only, pruned ones at what they cost (``--study-trials`` lets studies of
-cheap trials run long enough to spend it).
+cheap trials run long enough to spend it).  ``--diagnose``: why each study missed the best
+layout (:func:`diagnose`) and how each hidden table's error splits between TP/EP/PP families
+and their members (:func:`noise_parts`); ``--bound``: ``tune``'s default strategy on the true
+best family's layouts alone (:func:`best_family_job`), what knowing the family would reach.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -403,6 +407,15 @@ STRATEGIES = (
 )
 
 
+def default_strategy() -> Strategy:
+    """The strategy ``tune`` runs by default (:data:`trials.defaults.TUNE_DEFAULTS`)."""
+    from trials.defaults import TUNE_DEFAULTS
+
+    fields = ("sampler", "pruner", "first_trials", "top_k", "stop_when_confident", "ucb_width")
+    return next(s for s in STRATEGIES
+                if all(getattr(s, name) == TUNE_DEFAULTS[name] for name in fields))
+
+
 class _Quiet:
     """A :class:`trials.progress.Progress` that shows nothing."""
 
@@ -428,6 +441,7 @@ class StudyRun:
     stop_reason: str
     best_true: float
     n_gpus: int
+    cases: dict = field(default_factory=dict)  # budget -> diagnose()'s case (run_all)
 
 
 @contextlib.contextmanager
@@ -484,6 +498,127 @@ def run_study(prepared: PreparedJob, truth: Truth, strategy: Strategy, trials: i
                      "duration_s": float(trial.user_attrs.get(attrs.DURATION) or 0.0)})
     return StudyRun(prepared.job.name, truth.seed, strategy.name, rows, result.stop_reason,
                     truth.best, prepared.plan.cluster.num_gpus)
+
+
+# --- diagnosis: why a study misses the best layout -------------------------------------------
+
+CASES = ("found", "family never tried", "worse members of a best family",
+         "best layout stopped by the pruner", "best layout ran, another measured higher")
+NEAR = 0.03  # a layout within 3% of the best true throughput is "a best layout" (the target)
+
+
+def families(prepared: PreparedJob) -> list[tuple]:
+    """Each candidate's TP/EP/PP family (:func:`trials.proposals.family`)."""
+    from trials.proposals import family
+
+    return [family(c) for c in prepared.candidates.candidates]
+
+
+def diagnose(prepared: PreparedJob, truth: Truth, run: StudyRun, budget: int,
+             near: float = NEAR) -> str:
+    """Why the study's first ``budget`` trials wrote back a layout more than ``near`` below
+    the best true throughput (one of :data:`CASES`; ``found`` when it did not):
+
+    * ``family never tried`` -- no trial ran a layout of a TP/EP/PP family that has a layout
+      within ``near`` of the best;
+    * ``worse members of a best family`` -- it did, but none of the layouts it ran is within
+      ``near`` (the family is right, its micro-batch, recompute, offload, rollout ... are not);
+    * ``best layout stopped by the pruner`` -- one it ran is within ``near``, but the pruner
+      stopped it (or it failed), so it could not be written back;
+    * ``best layout ran, another measured higher`` -- one within ``near`` ran all its steps,
+      and a truly slower one measured faster (step noise)."""
+    trials = run.trials[:budget]
+    ok = [t for t in trials if t["value"] is not None]
+    if ok and max(ok, key=lambda t: t["value"])["true"] >= (1 - near) * truth.best:
+        return CASES[0]
+    family_of = families(prepared)
+    good = truth.tokens_per_s_per_gpu >= (1 - near) * truth.best
+    good_families = {family_of[i] for i in np.flatnonzero(good)}
+    ran = [prepared.candidates.index[t["key"]] for t in trials]
+    if not {family_of[i] for i in ran} & good_families:
+        return CASES[1]
+    near_ran = [t for t, i in zip(trials, ran) if good[i]]
+    if not near_ran:
+        return CASES[2]
+    if all(t["value"] is None for t in near_ran):
+        return CASES[3]
+    return CASES[4]
+
+
+def noise_parts(prepared: PreparedJob, truth: Truth, model_error: float | None = None,
+                near: float = NEAR) -> dict:
+    """How the hidden table's log error splits between TP/EP/PP families and their members,
+    and how many families the plan's tie set and the layouts within ``near`` of the best
+    span: ``family_sd`` (sd of the families' mean log error), ``within_sd`` (sd of a layout's
+    log error about its family's mean), ``families``, ``tie_families`` (families with a layout
+    predicted within the model's uncertainty of the best), ``near_layouts`` and
+    ``near_families`` (layouts within ``near`` of the best true throughput, and their
+    families)."""
+    from trials.proposals import tied
+
+    model_error = (model_error if model_error is not None
+                   else float(ranking_uncertainty()["relative"]))
+    candidates = prepared.candidates.candidates
+    predicted = np.array([c.predicted["tokens_per_s_per_gpu"] for c in candidates])
+    error = np.log(truth.tokens_per_s_per_gpu / predicted)
+    family_of = families(prepared)
+    members: dict[tuple, list[int]] = {}
+    for i, f in enumerate(family_of):
+        members.setdefault(f, []).append(i)
+    means = {f: float(error[ix].mean()) for f, ix in members.items()}
+    within = error - np.array([means[f] for f in family_of])
+    near_layouts = np.flatnonzero(truth.tokens_per_s_per_gpu >= (1 - near) * truth.best)
+    return {"family_sd": float(np.std(list(means.values()))),
+            "within_sd": float(np.std(within)), "families": len(members),
+            "tie_families": len({family_of[i] for i in tied(candidates, model_error)}),
+            "near_layouts": int(len(near_layouts)),
+            "near_families": len({family_of[i] for i in near_layouts})}
+
+
+def summarise_cases(runs: Sequence[StudyRun], budgets: Sequence[int]) -> list[dict]:
+    """Per strategy and budget: how many studies fall in each of :data:`CASES`."""
+    rows = []
+    for strategy in dict.fromkeys(r.strategy for r in runs):
+        mine = [r for r in runs if r.strategy == strategy]
+        for budget in budgets:
+            if not all(budget in r.cases for r in mine):
+                continue
+            rows.append({"strategy": strategy, "budget": budget, "studies": len(mine),
+                         **{case: sum(r.cases[budget] == case for r in mine)
+                            for case in CASES}})
+    return rows
+
+
+def format_cases(rows: Sequence[dict]) -> str:
+    lines = ["| strategy | trials | " + " | ".join(CASES) + " |",
+             "|---|---:|" + "---:|" * len(CASES)]
+    for r in rows:
+        lines.append(f"| {r['strategy']} | {r['budget']} | "
+                     + " | ".join(str(r[case]) for case in CASES) + " |")
+    return "\n".join(lines)
+
+
+BOUND = "best family known (bound)"  # the default strategy on the true best family's layouts
+
+
+def best_family_job(prepared: PreparedJob, truth: Truth) -> tuple[PreparedJob, Truth]:
+    """The job and hidden table cut to the layouts of the TP/EP/PP family of the truly
+    fastest layout: a study of it shows what a strategy would reach if the family were known
+    (an upper bound, not something ``tune`` can do; its regret is still against the best
+    layout of the whole job, which is in the family)."""
+    from trials.candidates import CandidateSet
+
+    family_of = families(prepared)
+    best = family_of[int(np.argmax(truth.tokens_per_s_per_gpu))]
+    keep = np.array([i for i, f in enumerate(family_of) if f == best], dtype=np.int64)
+    full = prepared.candidates
+    subset = CandidateSet([dataclasses.replace(full[int(i)], index=j)
+                           for j, i in enumerate(keep)], full.memory[keep],
+                          full.capacity_bytes, full.fields)
+    cut = dataclasses.replace(truth, tokens_per_s_per_gpu=truth.tokens_per_s_per_gpu[keep],
+                              step_time_s=truth.step_time_s[keep],
+                              oom_need=truth.oom_need[keep])
+    return PreparedJob(prepared.job, prepared.plan, subset, prepared.plan_s), cut
 
 
 def at_budget(run: StudyRun, budget: int) -> dict:
@@ -632,12 +767,15 @@ def same_regret(rows: Sequence[dict], reference: str = STRATEGIES[0].name) -> li
 def run_all(jobs: Sequence[Job], strategies: Sequence[Strategy], draws: int,
             budgets: Sequence[int], *, launch_s: float = LAUNCH_S,
             step_noise: float = STEP_NOISE, progress: Callable[[str], None] | None = None,
-            study_trials: int | None = None) -> tuple[list[StudyRun], dict]:
+            study_trials: int | None = None, bound: bool = False
+            ) -> tuple[list[StudyRun], dict]:
     """Every strategy's study of every job and draw, each ``study_trials`` trials long
-    (default the largest budget)."""
+    (default the largest budget), with :func:`diagnose`'s case at each budget; ``bound``:
+    also ``tune``'s default strategy's study of the best family's layouts alone (:data:`BOUND`,
+    :func:`best_family_job`).  ``info["noise"]``: :func:`noise_parts` of every hidden table."""
     memory_sd = memory_error_sd()
     runs: list[StudyRun] = []
-    info = {"memory_error_sd": memory_sd, "jobs": {}}
+    info = {"memory_error_sd": memory_sd, "jobs": {}, "noise": []}
     with scratch_dir() as tmp:
         for job in jobs:
             prepared = prepare(job)
@@ -650,12 +788,19 @@ def run_all(jobs: Sequence[Job], strategies: Sequence[Strategy], draws: int,
                     "gpus": job.gpus, "sigma": round(truth.sigma, 4),
                     "plan_s": round(prepared.plan_s, 2),
                     "predicted_oom_share": round(float(np.mean(truth.oom_need > 1)), 3)})
-                for strategy in strategies:
+                info["noise"].append({"job": job.name, "draw": draw,
+                                      **noise_parts(prepared, truth)})
+                studies = [(prepared, truth, strategy) for strategy in strategies]
+                if bound:
+                    studies.append((*best_family_job(prepared, truth),
+                                    dataclasses.replace(default_strategy(), name=BOUND)))
+                for on, hidden, strategy in studies:
                     started = time.perf_counter()
-                    runs.append(run_study(prepared, truth, strategy,
+                    runs.append(run_study(on, hidden, strategy,
                                           max(study_trials or 0, max(budgets)), draw,
                                           Path(tmp), launch_s=launch_s,
                                           step_noise=step_noise))
+                    runs[-1].cases = {b: diagnose(on, hidden, runs[-1], b) for b in budgets}
                     if progress:
                         progress(f"{job.name} draw {draw} {strategy.name}: "
                                  f"{len(runs[-1].trials)} trials, "
@@ -675,6 +820,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--study-trials", type=int, default=None,
                         help="trials each study runs (default: the largest budget); more "
                              "lets cheap trials use all of an equal-GPU-hours budget")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="also print why studies miss the best layout (diagnose()) and "
+                             "how the hidden tables' error splits (noise_parts())")
+    parser.add_argument("--bound", action="store_true",
+                        help=f"also run tune's default strategy on the true best TP/EP/PP "
+                             f"family's layouts alone ({BOUND!r}: what knowing the family "
+                             "would reach)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
@@ -686,15 +838,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     runs, info = run_all(jobs, strategies, args.draws, budgets, launch_s=args.launch_s,
                          step_noise=args.step_noise, progress=say,
-                         study_trials=args.study_trials)
+                         study_trials=args.study_trials, bound=args.bound)
     rows = summarise(runs, budgets)
+    case_rows = summarise_cases(runs, budgets)
     hour_rows = summarise_hours(runs, budgets)
     if args.json:
         studies = [{"job": r.job, "draw": r.draw, "strategy": r.strategy,
-                    "stop_reason": r.stop_reason,
+                    "stop_reason": r.stop_reason, "cases": r.cases,
                     **{f"at_{b}": at_budget(r, b) for b in budgets}} for r in runs]
         print(json.dumps({"info": info, "rows": rows, "equal_gpu_hours": hour_rows,
-                          "same_regret": same_regret(rows),
+                          "same_regret": same_regret(rows), "cases": case_rows,
                           "studies": studies}, indent=2))
         return 0
     print(f"{len(jobs)} jobs x {args.draws} hidden tables, {len(strategies)} strategies; "
@@ -705,6 +858,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nAt equal GPU-hours (each study spends what {STRATEGIES[0].name}'s study of "
               "the same job and draw spent on that many trials):\n")
         print(format_hours_table(hour_rows))
+    if args.diagnose:
+        print(f"\nWhy studies miss a layout within {NEAR:.0%} of the best (studies per "
+              "case):\n")
+        print(format_cases(case_rows))
+        print("\nThe hidden tables (median over them): " + ", ".join(
+            f"{name} {np.median([n[name] for n in info['noise']]):.3g}"
+            for name in ("family_sd", "within_sd", "families", "tie_families",
+                         "near_layouts", "near_families")))
     print("\nAt the same regret:")
     for line in same_regret(rows):
         print(f"- {line}")

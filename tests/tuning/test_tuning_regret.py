@@ -226,3 +226,96 @@ def test_the_tuner_sees_nothing_of_the_hidden_truth_it_did_not_measure(prepared,
     second = sim.run_study(job, scrambled, default_strategy(), 10, 0, tmp_path / "b")
     assert [(t["key"], t["category"], t["value"]) for t in second.trials] == \
         [(t["key"], t["category"], t["value"]) for t in first.trials]
+
+
+def _row(job, truth, index, category="ok", value=None):
+    """A trial row of ``run_study``'s shape for candidate ``index``."""
+    true = float(truth.tokens_per_s_per_gpu[index])
+    return {"key": job.candidates[int(index)].key, "category": category,
+            "value": (true if value is None else value) if category == "ok" else None,
+            "true": true, "duration_s": 600.0}
+
+
+def test_diagnose_names_why_a_study_missed_the_best_layout(prepared):
+    """Each of the diagnosis' cases, from trial rows built on one hidden table: the best
+    layout written back; no family with a layout within 3% tried; such a family tried with
+    only slower members; the best layout stopped by the pruner; the best layout ran all its
+    steps but a slower one measured higher."""
+    job = prepared["qwen2.5-7b-8"]
+    truth = sim.hidden_truth(job, 4, MEMORY_SD)
+    true = truth.tokens_per_s_per_gpu
+    family_of = sim.families(job)
+    best = int(np.argmax(true))
+    near = true >= 0.97 * truth.best
+    good = {family_of[i] for i in np.flatnonzero(near)}
+    outside = next(i for i in np.argsort(-true) if family_of[i] not in good)
+    member = next(i for i in np.argsort(-true) if family_of[i] in good and not near[i])
+
+    def case(*rows):
+        run = sim.StudyRun("job", 0, "s", list(rows), "", truth.best, 8)
+        return sim.diagnose(job, truth, run, len(rows))
+
+    assert case(_row(job, truth, outside), _row(job, truth, best)) == "found"
+    assert case(_row(job, truth, outside)) == "family never tried"
+    assert case(_row(job, truth, outside), _row(job, truth, member)) == \
+        "worse members of a best family"
+    assert case(_row(job, truth, outside), _row(job, truth, best, "pruned")) == \
+        "best layout stopped by the pruner"
+    assert case(_row(job, truth, best, value=100.0),
+                _row(job, truth, outside, value=200.0)) == \
+        "best layout ran, another measured higher"
+    # only the budget's first trials count
+    run = sim.StudyRun("job", 0, "s", [_row(job, truth, outside), _row(job, truth, best)], "",
+                       truth.best, 8)
+    assert sim.diagnose(job, truth, run, 1) == "family never tried"
+
+
+def test_noise_parts_split_family_and_member_errors(prepared):
+    """The simulator's tables put part of the error on the members of a TP/EP/PP family
+    (their micro-batch, recompute, rollout ... terms); a table whose error is one value per
+    family has none there, and the counts of families and near-best layouts add up."""
+    job = prepared["qwen3-30b-8"]
+    truth = sim.hidden_truth(job, 2, MEMORY_SD)
+    parts = sim.noise_parts(job, truth)
+    assert 0.0 < parts["within_sd"] < truth.sigma and parts["family_sd"] > 0.0
+    assert parts["families"] >= parts["tie_families"] >= 1
+    assert parts["near_layouts"] >= parts["near_families"] >= 1
+    predicted = np.array([c.predicted["tokens_per_s_per_gpu"] for c in job.candidates])
+    family_of = sim.families(job)
+    shift = {f: 0.1 * i for i, f in enumerate(dict.fromkeys(family_of))}
+    flat = dataclasses.replace(truth, tokens_per_s_per_gpu=predicted * np.exp(
+        [shift[f] for f in family_of]))
+    parts = sim.noise_parts(job, flat)
+    assert parts["within_sd"] == pytest.approx(0.0, abs=1e-12) and parts["family_sd"] > 0.1
+
+
+def test_the_bound_studies_the_best_family_alone(prepared, tmp_path):
+    """``--bound``: the job cut to the true best layout's TP/EP/PP family, with the same
+    hidden values and the same best; a study of it runs only that family's layouts."""
+    job = prepared["moonlight-8"]
+    truth = sim.hidden_truth(job, 3, MEMORY_SD)
+    cut_job, cut = sim.best_family_job(job, truth)
+    family_of = sim.families(job)
+    best = family_of[int(np.argmax(truth.tokens_per_s_per_gpu))]
+    assert 1 <= len(cut_job.candidates) < len(job.candidates)
+    assert set(sim.families(cut_job)) == {best} and cut.best == truth.best
+    for position, candidate in enumerate(cut_job.candidates.candidates):
+        assert candidate.index == position and cut_job.candidates.index[candidate.key] == position
+        assert cut.tokens_per_s_per_gpu[position] == \
+            truth.tokens_per_s_per_gpu[job.candidates.index[candidate.key]]
+    run = sim.run_study(cut_job, cut, sim.default_strategy(), 4, 0, tmp_path)
+    assert len(run.trials) == min(4, len(cut_job.candidates))
+    assert all(family_of[job.candidates.index[t["key"]]] == best for t in run.trials)
+
+
+def test_run_all_diagnoses_every_study_and_adds_the_bound(prepared, monkeypatch):
+    monkeypatch.setattr(sim, "memory_error_sd", lambda: MEMORY_SD)
+    runs, info = sim.run_all([JOBS["qwen3-30b-8"]], [sim.default_strategy()], 1, (3, 5),
+                             bound=True)
+    assert [r.strategy for r in runs] == [sim.default_strategy().name, sim.BOUND]
+    assert all(set(r.cases) == {3, 5} and set(r.cases.values()) <= set(sim.CASES)
+               for r in runs)
+    assert [n["job"] for n in info["noise"]] == ["qwen3-30b-8"]
+    rows = sim.summarise_cases(runs, (3, 5))
+    assert all(sum(row[case] for case in sim.CASES) == 1 for row in rows)
+    assert "family never tried" in sim.format_cases(rows)
