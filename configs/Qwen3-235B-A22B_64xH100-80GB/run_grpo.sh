@@ -5,7 +5,7 @@
 # Actor:     TP1 PP16 VPP1 CP1 EP4 ETP1 DP4, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute selective core_attn+layernorm+moe_act, offload -, CPU optimizer 100%, stages 0/../0 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP2 DP32 EP64 (1 replica(s) of 64 GPUs), gpu_memory_utilization 0.45
-# Predicted: peak 67.64 GiB of 79.6 GiB (85%) in generate; step 316.3 s, 450 tokens/s/GPU
+# Predicted: peak 67.64 GiB of 79.6 GiB (85%) in generate; step 326.1 s, 437 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
