@@ -12,9 +12,9 @@ time of the job's other layouts; MAPE over every (source, target) pair.  A *job*
 grouping across them is reported too).  The targets' lengths are either their own (recovered
 from their MFU, as the calibration does) or the source run's (what a user's run gives).  Rows
 whose micro-batches ``grpo_runs.csv`` does not state (rows 96-98 of the Qwen2.5-7B sweep, fixed
-micro-batches; ``benchmarks/rl_data.py`` assumes 4/10) count in the headline MAPE and are
-reported without too; and the job is re-run over the plausible settings
-(``MICRO_BATCH_SETTINGS``, among them the sweep script's own 2/4; ``--loo``'s last lines): with
+micro-batches; ``benchmarks/rl_data.py`` reads 2/4 from the launch script the rows name) count in
+the headline MAPE and are reported without too; and the job is re-run over the plausible settings
+(``MICRO_BATCH_SETTINGS``, the script's 2/4 among them; ``--loo``'s last lines): with
 fixed micro-batches the host's floor per micro-batch (``host_layer_s``) makes their count
 matter.
 

@@ -134,6 +134,25 @@ def _derived_mean_sequence(model: ModelSpec, gpu_name: str, gpus: int, sequences
     return mean
 
 
+# Fixed micro-batches of rows that leave them unstated, from the launch script the row names:
+# ISEEKYAN/verl_megatron_practice GRPO_7B/qwen2.5_7b_megatron_vllm_benchmark.sh sets
+# actor.ppo_micro_batch_size_per_gpu=2 and rollout/ref log_prob_micro_batch_size_per_gpu=4
+# (its experiment name says "lbmbs4").
+SCRIPT_MICRO_BATCHES = {"GRPO_7B/qwen2.5_7b_megatron_vllm_benchmark.sh": (2, 4)}
+# No script to read: the DAPO sweep's stated fixed micro-batches (dapo7b.csv, "4/10").
+FALLBACK_MICRO_BATCHES = (4, 10)
+
+
+def _unstated_micro_batches(text: str) -> tuple[int, int, str]:
+    """(update, log-prob) micro-batch per GPU of a fixed-micro-batch row that does not state
+    them, and where the numbers come from."""
+    for script, (micro, log_prob_micro) in SCRIPT_MICRO_BATCHES.items():
+        if script in text:
+            return micro, log_prob_micro, f"from its launch script {script}"
+    micro, log_prob_micro = FALLBACK_MICRO_BATCHES
+    return micro, log_prob_micro, "as the DAPO sweep's stated fixed rows (no script named)"
+
+
 def _token_budgets(notes: str) -> tuple[int, int, int, int]:
     """(actor budget, log-prob budget, micro batch, log-prob micro batch) from the notes."""
     fixed = re.search(r"fixed micro bs (\d+)/(\d+)", notes)
@@ -231,8 +250,9 @@ def case_from_row(row: dict) -> RlCase:
             log_prob_budget = int(log_prob.group(1)) * 1000 if log_prob else actor_budget
             notes.append("token budget not stated: prompt + response")
         else:
-            notes.append("micro-batches not stated: 4 (update) / 10 (log-prob) as the sweep's "
-                         "fixed rows")
+            micro, log_prob_micro, where = _unstated_micro_batches(text)
+            notes.append(f"micro-batches not stated in the row: {micro} (update) / "
+                         f"{log_prob_micro} (log-prob), {where}")
         mfu, update = _float(row["mfu"]), measured.get("update")
         if mfu is None or update is None:
             raise Skip("no mean length and no MFU to recover it from")

@@ -175,10 +175,14 @@ class TrainShape:
     host_per_layer_s: float = 0.0
 
 
-# The share of a training micro-batch's host time a forward-only (log-prob) micro-batch takes:
-# it dispatches the forward alone, whose Python module calls are most of the host's work (the
-# backward is launched by autograd's C++ engine); 1/2 as verl's published forward-only passes
-# show against its updates (docs/guide/advise.md, rows 96-98 of grpo_runs.csv).
+# The share of a training micro-batch's host time a forward-only (log-prob) micro-batch takes --
+# an assumption, not a fit.  The host's work is the Python module calls of the forward (autograd's
+# C++ engine launches the backward); a training micro-batch of verl's recipes, which recompute
+# (full recompute in the sweep behind host_layer_s, GRPO_7B/qwen2.5_7b_megatron_vllm_benchmark.sh),
+# runs the forward's Python twice (once more in the checkpointed backward), so a forward-only one
+# does about half.  The one published fixed-micro-batch log-prob time (row 96 of grpo_runs.csv,
+# 130.4 s against an update of 406.9 s, script micro-batches 4 and 2) gives 0.64 per micro-batch
+# if it is one log-prob pass and 0.32 if it holds the old and the reference pass: 1/2 lies between.
 FORWARD_ONLY_HOST_SHARE = 0.5
 
 
