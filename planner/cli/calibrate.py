@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from planner.cli.codes import ExitCode
-from planner.cost.efficiency import read_calibration
+from planner.cli.inputs import note_filled
+from planner.cost.efficiency import read_calibration, with_shipped_rl_constants
 from planner.errors import PlanInputError
 from trials.calibration_fit import calibrate_study, write_calibration
 from trials.sweep_folder import open_study
@@ -22,7 +23,10 @@ def cmd_calibrate(args) -> int:
         Path(args.sweep_dir) / "calibration.json" if args.sweep_dir else Path("calibration.json"))
     if output.exists() and not args.force:
         raise PlanInputError(f"{output} exists; pass --force to overwrite it (or --output FILE)")
-    initial = read_calibration(Path(args.calibration)) if args.calibration else None
+    initial = None
+    if args.calibration:  # an RL constant the file lacks: the shipped one, carried to the output
+        initial, filled = with_shipped_rl_constants(read_calibration(Path(args.calibration)))
+        note_filled(args.calibration, filled)
     study, spec = open_study(args.storage, args.sweep_dir, args.study_name)
     name = study.study_name
     result = calibrate_study(study, initial, source=f"plan-parallel calibrate: study {name} "

@@ -174,7 +174,18 @@ def cost_model(args) -> CostModel:
     if not getattr(args, "calibration", None):
         return CostModel.load()
     # size, depth, NaN, schema
-    return CostModel.load(read_calibration(Path(args.calibration)), source=args.calibration)
+    cost = CostModel.load(read_calibration(Path(args.calibration)), source=args.calibration,
+                          fill_from_shipped=True)
+    note_filled(args.calibration, cost.filled_from_shipped)
+    return cost
+
+
+def note_filled(path: str, filled: tuple[str, ...]) -> None:
+    """Hold a note naming the RL constants a user's calibration file lacked and that were taken
+    from the shipped calibration (:func:`planner.cost.efficiency.with_shipped_rl_constants`)."""
+    if filled:
+        notes.note(f"{path} has no {', '.join(filled)}; the shipped calibration's "
+                   f"value{'s' if len(filled) > 1 else ''} used (RL phases)")
 
 
 def note_versions(args, cost: CostModel) -> None:

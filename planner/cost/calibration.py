@@ -11,6 +11,7 @@ expert GEMMs).  It minimises the squared log error of predicted tokens/s/GPU plu
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence, Union
@@ -25,6 +26,8 @@ from planner.cost.efficiency import (
     DONORS,
     PER_GPU,
     PRIORS,
+    RL_BY_GPU,
+    RL_SHARED,
     SHARED,
     CostModel,
     Efficiency,
@@ -57,10 +60,16 @@ def _predict_group(request: PlanRequest, cols: Columns) -> np.ndarray:
 
 
 class Problem:
-    """Measurements grouped by (model, cluster, workload): one vectorised call per group."""
+    """Measurements grouped by (model, cluster, workload): one vectorised call per group.
 
-    def __init__(self, measurements: Sequence[Measurement]):
+    ``base``: the cost model each trial point starts from (the calibration a fit starts from):
+    a point sets the GEMM efficiency and :data:`SHARED` on that GPU and precision's constants
+    and keeps the rest (the RL constants among them); None: the built-in :class:`Efficiency`.
+    """
+
+    def __init__(self, measurements: Sequence[Measurement], base: CostModel | None = None):
         self.measurements = list(measurements)
+        self.base = base
         groups = defaultdict(list)
         for index, item in enumerate(self.measurements):
             groups[(item.model, item.cluster, item.workload)].append(index)
@@ -73,15 +82,17 @@ class Problem:
         self.keys = sorted({gpu_key(item) for item in self.measurements})
         self.measured = np.array([item.tokens_per_s_per_gpu for item in self.measurements])
 
-    def efficiency(self, x: np.ndarray, key: str) -> Efficiency:
+    def efficiency(self, x: np.ndarray, measurement: Measurement) -> Efficiency:
+        """The trial point ``x``'s constants for a measurement's GPU and precision."""
+        start = Efficiency() if self.base is None else self.base.efficiency(
+            measurement.cluster.gpu, measurement.workload.precision)
         shared = dict(zip(SHARED, x[len(self.keys):]))
-        return replace(Efficiency(), gemm=x[self.keys.index(key)], **shared)
+        return replace(start, gemm=x[self.keys.index(gpu_key(measurement))], **shared)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         out = np.empty(len(self.measurements))
         for request, cols, indices in self.groups:
-            key = gpu_key(self.measurements[indices[0]])
-            cost = CostModel.fixed(self.efficiency(x, key), "fit")
+            cost = CostModel.fixed(self.efficiency(x, self.measurements[indices[0]]), "fit")
             out[indices] = _predict_group(replace(request, cost=cost), cols)
         return out
 
@@ -130,10 +141,18 @@ def fit(measurements: Sequence[Measurement], initial: dict | None = None,
     disagree by tens of percent, so the priors keep the constants physical); a cluster's own
     trials are precise and few, so ``plan-parallel calibrate`` passes a small value and lets
     them move the constants they constrain.
+
+    With ``initial``, every constant the fit does not move (the RL constants, :data:`RL_SHARED`
+    and :data:`RL_BY_GPU`, among them) is the initial calibration's for that GPU and precision,
+    in the fit and in the result: the RL constants, the ``rl_fit`` record and the RL provenance
+    are carried into the result unchanged.  Without it (the published pretraining tables of
+    ``benchmarks/calibrate.py``) they are the built-in :class:`Efficiency` values and the
+    result holds the training constants alone.
     """
     from scipy.optimize import least_squares  # lazy: only calibration needs scipy
 
-    problem = Problem(measurements)
+    base = CostModel.load(initial) if initial else None
+    problem = Problem(measurements, base)
     problem.measurement_sigma = measurement_sigma
     x0, lower, upper = problem.start(initial)
     result = least_squares(problem.residuals, x0, bounds=(lower, upper), x_scale="jac",
@@ -159,9 +178,33 @@ def fit(measurements: Sequence[Measurement], initial: dict | None = None,
         if fitted:
             by_gpu[f"*/{family}"] = {"gemm": float(np.median(fitted)), "donor": "median"}
     errors = np.abs(problem.predict(x) / problem.measured - 1)
-    return {"shared": shared, "by_gpu": dict(sorted(by_gpu.items())),
-            "fit": {"measurements": len(problem.measurements),
-                    "mape": round(float(errors.mean()), 4), "source": source}}
+    out = {"shared": shared, "by_gpu": dict(sorted(by_gpu.items())),
+           "fit": {"measurements": len(problem.measurements),
+                   "mape": round(float(errors.mean()), 4), "source": source}}
+    return out if base is None else _with_rl_constants(out, initial, base)
+
+
+def _with_rl_constants(fitted: dict, initial: Mapping, base: CostModel) -> dict:
+    """``fitted`` with the initial calibration's RL constants, unchanged: :data:`RL_SHARED`
+    as ``initial`` states them, :data:`RL_BY_GPU` of each entry the initial calibration's figure
+    for that key (:meth:`CostModel.efficiency_of`) with its ``rl_donor``, and the ``rl_fit``
+    record and RL provenance that say where they came from."""
+    initial_shared = initial.get("shared") or {}
+    fitted["shared"].update({name: initial_shared[name] for name in RL_SHARED
+                             if name in initial_shared})
+    initial_by_gpu = initial.get("by_gpu") or {}
+    for key, entry in fitted["by_gpu"].items():
+        own = initial_by_gpu.get(key) or {}
+        entry.update({name: own.get(name, getattr(base.efficiency_of(key), name))
+                      for name in RL_BY_GPU})
+        if "rl_donor" in own:
+            entry["rl_donor"] = own["rl_donor"]
+    if "rl_fit" in initial:
+        fitted["rl_fit"] = copy.deepcopy(initial["rl_fit"])
+    rl_provenance = (initial.get("provenance") or {}).get("rl")
+    if rl_provenance is not None:
+        fitted["provenance"] = {"rl": copy.deepcopy(rl_provenance)}
+    return fitted
 
 
 def mape(predicted: np.ndarray, measured: np.ndarray) -> float:

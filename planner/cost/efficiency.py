@@ -23,7 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
-from planner.catalog.hardware import GpuSpec
+from planner.catalog.hardware import GPU_CATALOG, GpuSpec
 from planner.errors import PlanInputError
 
 
@@ -136,13 +136,25 @@ class CostModel:
     # the calibration as read (read-only): what a refit starts from (``advise``) and the
     # provenance it records (:mod:`planner.cost.provenance`); empty for :meth:`fixed`
     calibration: Mapping = field(default_factory=lambda: MappingProxyType({}))
+    # the RL constants a user's file lacked and that were taken from the shipped file
+    # (:func:`with_shipped_rl_constants`; ``load(..., fill_from_shipped=True)``), for the CLI's
+    # note; empty when nothing was filled
+    filled_from_shipped: tuple[str, ...] = ()
 
     @classmethod
-    def load(cls, calibration: Mapping | None = None, source: str | None = None) -> "CostModel":
+    def load(cls, calibration: Mapping | None = None, source: str | None = None,
+             fill_from_shipped: bool = False) -> "CostModel":
         """The cost model of ``calibration`` (a dict as ``benchmarks/calibrate.py`` or
-        ``plan-parallel calibrate`` writes it); None: the shipped calibration."""
+        ``plan-parallel calibrate`` writes it); None: the shipped calibration.
+
+        ``fill_from_shipped`` (a user's file, as the CLI reads it): an RL constant the file
+        lacks takes the shipped calibration's value instead of the built-in default
+        (:func:`with_shipped_rl_constants`), and :attr:`filled_from_shipped` names them."""
         if calibration is None:
             return shipped_cost_model()
+        if fill_from_shipped:
+            calibration, filled = with_shipped_rl_constants(calibration)
+            return replace(cls.load(calibration, source), filled_from_shipped=filled)
         known = {f.name for f in fields(Efficiency)}
         shared = replace(Efficiency(), **{k: v for k, v in calibration.get("shared", {}).items()
                                           if k in known})
@@ -184,6 +196,15 @@ class CostModel:
         key = self.entry(gpu, precision)
         return self.shared if key is None else self.by_key[key]
 
+    def efficiency_of(self, key: str) -> Efficiency:
+        """The constants a calibration key (``"H100-80GB/bf16"``, ``"*/fp8"``) resolves to: its
+        own entry, else the GPU's (:meth:`efficiency`), else the shared constants."""
+        if key in self.by_key:
+            return self.by_key[key]
+        name, _, family = key.partition("/")
+        gpu = next((g for g in GPU_CATALOG if g.name == name), None)
+        return self.shared if gpu is None else self.efficiency(gpu, family)
+
     def source_of(self, gpu: GpuSpec, precision: str) -> str:
         """Where a GPU's fitted efficiencies come from, in words; starts "uncalibrated" when
         the calibration holds no measurement of this GPU type (borrowed or default
@@ -212,6 +233,28 @@ def shipped_cost_model() -> CostModel:
     return CostModel.load(_shipped(), SHIPPED_SOURCE)
 
 
+def with_shipped_rl_constants(calibration: Mapping) -> tuple[dict, tuple[str, ...]]:
+    """A copy of ``calibration`` in which each RL constant (:data:`RL_SHARED`,
+    :data:`RL_BY_GPU`) it lacks takes the shipped calibration's value (per entry for
+    :data:`RL_BY_GPU`, the shipped figure of that GPU and family), and the names filled, sorted.
+    A calibration fitted before the RL constants existed, or written by hand, thereby keeps the
+    shipped RL phases rather than the built-in defaults; ``calibration`` is not changed."""
+    shipped = shipped_cost_model()
+    out = {**calibration, "shared": dict(calibration.get("shared") or {}),
+           "by_gpu": {k: dict(v) for k, v in (calibration.get("by_gpu") or {}).items()}}
+    filled = set()
+    for name in RL_SHARED:
+        if name not in out["shared"]:
+            out["shared"][name] = getattr(shipped.shared, name)
+            filled.add(name)
+    for key, entry in out["by_gpu"].items():
+        for name in RL_BY_GPU:
+            if name not in entry:
+                entry[name] = getattr(shipped.efficiency_of(key), name)
+                filled.add(name)
+    return out, tuple(sorted(filled))
+
+
 def load_efficiency(gpu: GpuSpec, precision: str, calibration: Mapping | None = None
                     ) -> Efficiency:
     """Efficiency for a GPU type and precision: shared constants, then per-GPU/precision ones.
@@ -233,7 +276,8 @@ def read_calibration(path: Path) -> dict:
     """A calibration file (``plan-parallel calibrate`` writes them), checked whole on read:
     bounded size and nesting, UTF-8 JSON without NaN, and the schema -- ``shared`` an object
     of constants, ``by_gpu`` an object of ``GPU/family`` objects, every efficiency a finite
-    number (the fitted ones within :data:`BOUNDS`).  Anything else is one input error."""
+    number (the fitted ones within :data:`BOUNDS`, the RL ones within :data:`RL_PRIORS`'
+    bounds).  Anything else is one input error."""
     from planner.bounds import load_json
 
     where = str(path)
@@ -258,11 +302,11 @@ def read_calibration(path: Path) -> dict:
         for key, value in section.items():
             if key not in known:
                 continue  # bookkeeping: measurements, donor, rl_donor
-            low, high = BOUNDS.get(key, (0.0, float("inf")))
+            bounded = key in BOUNDS or key in RL_PRIORS
+            low, high = prior(key)[2] if bounded else (0.0, float("inf"))
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not low <= value <= high or value != value or value == float("inf"):
-                shown = (f"a number in {low:g}..{high:g}" if key in BOUNDS
-                         else "a finite number >= 0")
+                shown = f"a number in {low:g}..{high:g}" if bounded else "a finite number >= 0"
                 raise PlanInputError(f"{where!r}: {name}.{key} = {value!r:.60} is not {shown}")
     return data
 

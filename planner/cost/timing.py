@@ -306,7 +306,9 @@ def train_phase_s(request: PlanRequest, cols: Columns, shape: TrainShape
         * model.hidden_size * WEIGHT_BYTES
     p2p = np.where(pp > 1, p2p_bytes / link_bandwidth(cluster, eff, cluster.num_gpus), 0.0)
     # with VPP model chunks a micro-batch crosses vpp times as many stage boundaries
-    per_micro = per_micro + p2p * vpp * (1 if shape.forward_only else 2)
+    p2p_per_micro = p2p * vpp * (1 if shape.forward_only else 2)
+    exposed_comm = exposed_comm + p2p_per_micro  # booked as communication (comm_s, bubble_s)
+    per_micro = per_micro + p2p_per_micro
     m = _f(shape.micro_batches)
     # The RL trainers block the host on the GPU inside every micro-batch (verl: ``.tolist()`` of
     # the packed lengths in ``verl/models/mcore/util.py::preprocess_packed_seqs`` and

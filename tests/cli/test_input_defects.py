@@ -38,7 +38,12 @@ def test_the_shipped_calibration_passes_its_own_schema(tmp_path):
     ({"shared": {}, "by_gpu": "x"}, "by_gpu is a string"),
     ({"by_gpu": {"H100-80GB/bf16": [0.7]}}, "by_gpu.H100-80GB/bf16 is a list"),
     ({"by_gpu": {"H100-80GB/bf16": {"gemm": True}}}, "gemm = True is not a number in 0.2..0.95"),
-    ({"shared": {"sync_fixed_s": -1}}, "sync_fixed_s = -1 is not a finite number >= 0"),
+    ({"shared": {"sync_fixed_s": -1}}, "sync_fixed_s = -1 is not a number in 0.1..20"),
+    # the RL constants are bounded by their priors' bounds, as the training ones by BOUNDS
+    ({"shared": {"host_layer_s": 5.0}}, "shared.host_layer_s = 5.0 is not a number in 0.0001..0.02"),
+    ({"by_gpu": {"H100-80GB/bf16": {"decode_hbm": 1.5}}},
+     "by_gpu.H100-80GB/bf16.decode_hbm = 1.5 is not a number in 0.2..0.95"),
+    ({"shared": {"hbm": -1}}, "hbm = -1 is not a finite number >= 0"),
 ])
 def test_calibration_schema(tmp_path, data, needle):
     path = tmp_path / "c.json"

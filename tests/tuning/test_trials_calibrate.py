@@ -19,7 +19,7 @@ from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
 from planner.cost.calibration import Measurement, mape, predict
-from planner.cost.efficiency import CostModel, shipped_calibration
+from planner.cost.efficiency import RL_SHARED, CostModel, shipped_calibration
 from planner.cost.request import PlanRequest
 from planner.plan import make_plan
 from planner.search.space import SearchOptions
@@ -78,6 +78,11 @@ def test_calibrate_reduces_the_prediction_error(study_of_a_slower_cluster, capsy
     fitted = json.loads((sweep / "calibration.json").read_text())
     assert set(fitted) >= {"shared", "by_gpu", "fit"}
     assert fitted["by_gpu"]["H100-80GB/bf16"]["measurements"] == 12
+    # the RL constants it started from (the shipped ones) are carried unchanged
+    shipped = shipped_calibration()
+    assert {k: fitted["shared"][k] for k in RL_SHARED} == {k: shipped["shared"][k] for k in RL_SHARED}
+    assert fitted["by_gpu"]["H100-80GB/bf16"]["decode_hbm"] == \
+        shipped["by_gpu"]["H100-80GB/bf16"]["decode_hbm"]
 
     # the same error, computed here from the study itself
     measurements = study_measurements(load_study(sqlite_url(tmp_path)))
