@@ -5,7 +5,7 @@
 # Actor:     TP4 PP4 VPP1 CP1 EP32 ETP1 DP8, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload -, CPU optimizer 100%, stages 16/../0 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP4 DP32 EP128 (1 replica(s) of 128 GPUs), gpu_memory_utilization 0.30
-# Predicted: peak 79.29 GiB of 95.6 GiB (83%) in generate; step 927.9 s, 78 tokens/s/GPU
+# Predicted: peak 79.29 GiB of 95.6 GiB (83%) in generate; step 930.5 s, 78 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

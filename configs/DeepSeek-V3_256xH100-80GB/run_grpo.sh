@@ -5,7 +5,7 @@
 # Actor:     TP1 PP16 VPP1 CP1 EP16 ETP1 DP16, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute full, offload optim, stages 3/../2 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP2 DP64 EP128 (2 replica(s) of 128 GPUs), gpu_memory_utilization 0.45
-# Predicted: peak 65.37 GiB of 79.6 GiB (82%) in generate; step 192.8 s, 188 tokens/s/GPU
+# Predicted: peak 65.37 GiB of 79.6 GiB (82%) in generate; step 193.8 s, 187 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

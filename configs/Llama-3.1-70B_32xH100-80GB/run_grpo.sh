@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): Llama-3.1-70B on 32 x H100-80GB (4 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 544->1024 over the run), mini-batch 256, bf16
-# Actor:     TP4 PP8 VPP1 CP1 EP1 ETP1 DP1, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute none, offload -, CPU optimizer 100%, stages 0/../0 layers
+# Actor:     TP4 PP4 VPP1 CP1 EP1 ETP1 DP2, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload -, CPU optimizer 100%, stages 0/../0 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP8 DP1 EP1 (4 replica(s) of 8 GPUs), gpu_memory_utilization 0.40
-# Predicted: peak 65.54 GiB of 79.6 GiB (82%) in update_actor; step 637.8 s, 454 tokens/s/GPU
+# Predicted: peak 67.28 GiB of 79.6 GiB (84%) in generate; step 627.0 s, 461 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -52,20 +52,20 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.model.use_fused_kernels=False \
     actor_rollout_ref.actor.optim.lr=1e-06 \
     actor_rollout_ref.actor.ppo_mini_batch_size=256 \
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
     actor_rollout_ref.actor.use_dynamic_bsz=True \
-    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192 \
-    actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192 \
-    actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=8192 \
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096 \
+    actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096 \
+    actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=4096 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2 \
     actor_rollout_ref.actor.ppo_epochs=1 \
     actor_rollout_ref.actor.use_kl_loss=True \
     actor_rollout_ref.actor.kl_loss_coef=0.001 \
     actor_rollout_ref.actor.kl_loss_type=low_var_kl \
     actor_rollout_ref.actor.entropy_coeff=0 \
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
-    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=8 \
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=4 \
     actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=null \
     actor_rollout_ref.actor.megatron.context_parallel_size=1 \
     actor_rollout_ref.actor.megatron.expert_model_parallel_size=1 \

@@ -5,7 +5,7 @@
 # Actor:     TP8 PP4 VPP1 CP1 EP1 ETP1 DP1, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute none, offload -, stages 0/../0 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP8 DP1 EP1 (4 replica(s) of 8 GPUs), gpu_memory_utilization 0.35
-# Predicted: peak 77.33 GiB of 95.6 GiB (81%) in generate; step 2728.6 s, 106 tokens/s/GPU
+# Predicted: peak 77.33 GiB of 95.6 GiB (81%) in generate; step 2734.4 s, 106 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

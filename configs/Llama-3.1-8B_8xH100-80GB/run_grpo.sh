@@ -5,7 +5,7 @@
 # Actor:     TP2 PP2 VPP1 CP1 EP1 ETP1 DP2, dynamic batch 16384 tokens/GPU (log-prob 16384), recompute none, offload -, stages 0/../0 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP1 DP1 EP1 (8 replica(s) of 1 GPUs), gpu_memory_utilization 0.50
-# Predicted: peak 67.59 GiB of 79.6 GiB (85%) in generate; step 314.1 s, 3684 tokens/s/GPU
+# Predicted: peak 67.59 GiB of 79.6 GiB (85%) in generate; step 314.3 s, 3681 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

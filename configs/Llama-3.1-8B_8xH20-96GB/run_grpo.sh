@@ -5,7 +5,7 @@
 # Actor:     TP2 PP1 VPP1 CP1 EP1 ETP1 DP4, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute none, offload -
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP2 DP1 EP1 (4 replica(s) of 2 GPUs), gpu_memory_utilization 0.35
-# Predicted: peak 76.17 GiB of 95.6 GiB (80%) in generate; step 1146.2 s, 1010 tokens/s/GPU
+# Predicted: peak 76.17 GiB of 95.6 GiB (80%) in generate; step 1150.8 s, 1006 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

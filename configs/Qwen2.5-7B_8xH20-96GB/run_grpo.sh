@@ -5,7 +5,7 @@
 # Actor:     TP2 PP1 VPP1 CP1 EP1 ETP1 DP4, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute none, offload -
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP1 DP1 EP1 (8 replica(s) of 1 GPUs), gpu_memory_utilization 0.40
-# Predicted: peak 78.83 GiB of 95.6 GiB (82%) in generate; step 1031.9 s, 1121 tokens/s/GPU
+# Predicted: peak 78.83 GiB of 95.6 GiB (82%) in generate; step 1032.5 s, 1121 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -4,8 +4,8 @@
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 705->809 over the run), mini-batch 256, bf16
 # Actor:     TP1 PP16 VPP1 CP1 EP4 ETP1 DP4, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute selective core_attn+layernorm+moe_act, offload -, CPU optimizer 100%, stages 0/../0 layers
 # Reference: the actor's parallel sizes, param offload no
-# Rollout:   vLLM TP2 DP32 EP64 (1 replica(s) of 64 GPUs), gpu_memory_utilization 0.45
-# Predicted: peak 67.64 GiB of 79.6 GiB (85%) in generate; step 326.1 s, 437 tokens/s/GPU
+# Rollout:   vLLM TP1 DP64 EP64 (1 replica(s) of 64 GPUs), gpu_memory_utilization 0.45
+# Predicted: peak 67.64 GiB of 79.6 GiB (85%) in generate; step 315.0 s, 452 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -85,8 +85,8 @@ python3 -m verl.trainer.main_ppo \
     +actor_rollout_ref.actor.megatron.override_transformer_config.account_for_loss_in_pipeline_split=True \
     actor_rollout_ref.ref.megatron.param_offload=False \
     actor_rollout_ref.rollout.name=vllm \
-    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
-    actor_rollout_ref.rollout.data_parallel_size=32 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+    actor_rollout_ref.rollout.data_parallel_size=64 \
     actor_rollout_ref.rollout.expert_parallel_size=64 \
     actor_rollout_ref.rollout.gpu_memory_utilization=0.45 \
     actor_rollout_ref.rollout.n=5 \

@@ -5,7 +5,7 @@
 # Actor:     TP1 PP4 VPP1 CP1 EP16 ETP1 DP16, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute selective core_attn+layernorm+moe_act, offload -, CPU optimizer 100%, stages 0/../0 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP2 DP32 EP64 (1 replica(s) of 64 GPUs), gpu_memory_utilization 0.35
-# Predicted: peak 77.86 GiB of 95.6 GiB (81%) in generate; step 965.1 s, 148 tokens/s/GPU
+# Predicted: peak 77.86 GiB of 95.6 GiB (81%) in generate; step 967.2 s, 147 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -5,7 +5,7 @@
 # Actor:     TP1 PP1 VPP1 CP1 EP16 ETP1 DP16, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute full, offload optim
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP1 DP8 EP8 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.50
-# Predicted: peak 66.39 GiB of 79.6 GiB (83%) in generate; step 167.1 s, 3410 tokens/s/GPU
+# Predicted: peak 66.39 GiB of 79.6 GiB (83%) in generate; step 167.6 s, 3401 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -5,7 +5,7 @@
 # Actor:     TP1 PP1 VPP1 CP1 EP16 ETP1 DP16, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload -
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP1 DP8 EP8 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.30
-# Predicted: peak 76.57 GiB of 95.6 GiB (80%) in generate; step 482.6 s, 1181 tokens/s/GPU
+# Predicted: peak 76.57 GiB of 95.6 GiB (80%) in generate; step 483.9 s, 1178 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

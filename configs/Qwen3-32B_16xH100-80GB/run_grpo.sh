@@ -5,7 +5,7 @@
 # Actor:     TP1 PP8 VPP1 CP1 EP1 ETP1 DP2, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute none, offload -, CPU optimizer 100%, stages 0/../0 layers
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP8 DP1 EP1 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.30
-# Predicted: peak 67.52 GiB of 79.6 GiB (85%) in update_actor; step 652.0 s, 874 tokens/s/GPU
+# Predicted: peak 67.52 GiB of 79.6 GiB (85%) in update_actor; step 625.5 s, 911 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

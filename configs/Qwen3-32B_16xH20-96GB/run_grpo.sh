@@ -5,7 +5,7 @@
 # Actor:     TP8 PP1 VPP1 CP1 EP1 ETP1 DP2, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute none, offload -
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP8 DP1 EP1 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.25
-# Predicted: peak 78.88 GiB of 95.6 GiB (83%) in generate; step 2453.9 s, 232 tokens/s/GPU
+# Predicted: peak 78.88 GiB of 95.6 GiB (83%) in generate; step 2462.4 s, 232 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -2,10 +2,10 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-8B on 8 x H100-80GB (1 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 705->809 over the run), mini-batch 256, bf16
-# Actor:     TP1 PP8 VPP1 CP1 EP1 ETP1 DP1, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute none, offload -, stages 3/../3 layers
+# Actor:     TP2 PP1 VPP1 CP1 EP1 ETP1 DP4, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute none, offload param
 # Reference: the actor's parallel sizes, param offload no
-# Rollout:   vLLM TP1 DP1 EP1 (8 replica(s) of 1 GPUs), gpu_memory_utilization 0.50
-# Predicted: peak 63.78 GiB of 79.6 GiB (80%) in generate; step 325.1 s, 3506 tokens/s/GPU
+# Rollout:   vLLM TP1 DP1 EP1 (8 replica(s) of 1 GPUs), gpu_memory_utilization 0.55
+# Predicted: peak 66.55 GiB of 79.6 GiB (84%) in update_actor; step 310.4 s, 3672 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).
@@ -64,24 +64,22 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.kl_loss_coef=0.001 \
     actor_rollout_ref.actor.kl_loss_type=low_var_kl \
     actor_rollout_ref.actor.entropy_coeff=0 \
-    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 \
-    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=8 \
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1 \
     actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=null \
     actor_rollout_ref.actor.megatron.context_parallel_size=1 \
     actor_rollout_ref.actor.megatron.expert_model_parallel_size=1 \
     actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
-    actor_rollout_ref.actor.megatron.sequence_parallel=False \
+    actor_rollout_ref.actor.megatron.sequence_parallel=True \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=True \
-    actor_rollout_ref.actor.megatron.param_offload=False \
+    actor_rollout_ref.actor.megatron.param_offload=True \
     actor_rollout_ref.actor.megatron.optimizer_offload=False \
-    +actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=3 \
-    +actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage=3 \
     actor_rollout_ref.ref.megatron.param_offload=False \
     actor_rollout_ref.rollout.name=vllm \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.data_parallel_size=1 \
     actor_rollout_ref.rollout.expert_parallel_size=1 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.55 \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.max_num_seqs=256 \
     actor_rollout_ref.rollout.max_num_batched_tokens=8192 \
