@@ -64,10 +64,9 @@ CHOICE_CELLS = 1 << 19  # (rollout option, resident size) pairs choose_rollout s
 class Plan(OfRequest):
     request: PlanRequest  # what was asked (model, cluster, workload, options, cost, policy)
     # ranked, best first: every valid layout that fits, then the closest that do not
-    # (:attr:`candidates`; built from ``ranked`` on first use)
-    ranked: "RankedRows | None" = field(default=None, repr=False, compare=False)
+    candidates: "pd.DataFrame"
     # the space and actor memory behind it, for a plan of the same request under another policy
-    actors: "ActorEvaluation | None" = field(default=None, repr=False, compare=False)
+    actors: "ActorEvaluation | None" = field(repr=False, compare=False)
     enumerated: int = 0
     valid: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
@@ -78,47 +77,6 @@ class Plan(OfRequest):
     # step-time ratio within which layouts are ties, and where the figure comes from
     tie_tolerance: float = 0.0
     tie_source: str = ""
-
-    @cached_property
-    def candidates(self) -> "pd.DataFrame":
-        """The ranked layouts as a frame, every column (built once, on first use: the text
-        table reads a few columns and its shown rows alone, :meth:`column` and :meth:`top`)."""
-        frame = self.ranked.frame()
-        self.ranked = None  # the frame holds it all now
-        return frame
-
-    @property
-    def _lazy(self) -> "RankedRows | None":
-        """The ranked rows, while the frame is not built."""
-        return None if "candidates" in self.__dict__ else self.ranked
-
-    def has_column(self, name: str) -> bool:
-        lazy = self._lazy
-        return name in lazy.names if lazy is not None else name in self.candidates
-
-    @property
-    def kept(self) -> int:
-        """Ranked layouts the plan keeps (the rows of :attr:`candidates`)."""
-        lazy = self._lazy
-        return len(lazy) if lazy is not None else len(self.candidates)
-
-    def column(self, name: str, fitting: bool = False) -> np.ndarray:
-        """A numeric column of the ranked layouts (``fitting``: of those that fit), as
-        :attr:`candidates` holds it, without building the frame."""
-        lazy = self._lazy
-        if lazy is None:
-            frame = self.fitting if fitting else self.candidates
-            return frame[name].to_numpy()
-        values = lazy.column(name)
-        return values[self._fitting_rows()] if fitting else values
-
-    def _fitting_rows(self) -> "slice | np.ndarray":
-        """Positions of the layouts that fit among the ranked ones (they come first)."""
-        fits = self._lazy.column("fits")
-        count = min(self.fitting_count, len(fits))
-        if bool(fits[:count].all()):
-            return slice(0, count)
-        return np.flatnonzero(fits)
 
     @property
     def fitting(self) -> "pd.DataFrame":
@@ -134,54 +92,41 @@ class Plan(OfRequest):
         """Layouts that fit in memory (all of them, also when the frame keeps fewer)."""
         if self.fit_total is not None:
             return self.fit_total
-        return int(self.column("fits").sum())
+        return int(self.candidates["fits"].sum())
 
     @property
     def ties(self) -> int:
         """Layouts within the ranking uncertainty of the best (``within_error_of_best``)."""
-        return int(self.column("within_error_of_best").sum()) \
-            if self.has_column("within_error_of_best") else 0
-
-    def _records(self, count: int | None, fitting: bool) -> list[dict]:
-        """The first ``count`` ranked layouts' rows (None: all; ``fitting``: of those that
-        fit), as :attr:`candidates`' ``to_dict("records")`` gives them."""
-        lazy = self._lazy
-        if lazy is None or count is None or count < 0:
-            frame = self.fitting if fitting else self.candidates
-            shown = frame if count is None else frame.head(count)
-            return shown.to_dict("records")
-        rows = self._fitting_rows() if fitting else slice(0, len(lazy))
-        positions = np.arange(len(lazy))[rows][:max(count, 0)]
-        return lazy.frame(positions).to_dict("records")
+        frame = self.candidates
+        return int(frame["within_error_of_best"].sum()) if "within_error_of_best" in frame \
+            else 0
 
     def top(self, count: int | None = None, fitting: bool = False,
             staleness: Staleness | None = None,
             mode: str = COLOCATED_MODE) -> list[ColocatedCandidate]:
         """The first ``count`` ranked layouts (None: all; ``fitting``: of those that fit) as
         typed candidates on every GPU of ``mode``; ``staleness``: what a timed one reports."""
+        frame = self.fitting if fitting else self.candidates
+        shown = frame if count is None else frame.head(count)
         placement = Placement.shared(self.cluster)
         return [ColocatedCandidate.from_row(row, placement, mode, staleness)
-                for row in self._records(count, fitting)]
+                for row in shown.to_dict("records")]
 
     @cached_property
     def fastest_in_band(self) -> ColocatedCandidate | None:
         """The predicted-fastest layout inside the memory band
         (:func:`planner.ranking.fastest_in_band`); None: none fits or none is timed."""
-        index = fastest_in_band({name: self.column(name, fitting=True) for name in
+        frame = self.fitting
+        index = fastest_in_band({name: frame[name].to_numpy() for name in
                                  ("tp", "fits", "step_time_s", "memory_utilization")
-                                 if self.has_column(name)}, self.policy)
+                                 if name in frame}, self.policy)
         return None if index is None else self.candidate(index, fitting=True)
 
     def candidate(self, index: int, fitting: bool = False) -> ColocatedCandidate:
         """The ``index``-th ranked layout (0: the best; ``fitting``: of those that fit)."""
-        lazy = self._lazy
-        if lazy is None:
-            frame = self.fitting if fitting else self.candidates
-            row = frame.iloc[index].to_dict()
-        else:
-            rows = self._fitting_rows() if fitting else slice(0, len(lazy))
-            row = lazy.frame(np.arange(len(lazy))[rows][[index]]).iloc[0].to_dict()
-        return ColocatedCandidate.from_row(row, Placement.shared(self.cluster))
+        frame = self.fitting if fitting else self.candidates
+        return ColocatedCandidate.from_row(frame.iloc[index].to_dict(),
+                                           Placement.shared(self.cluster))
 
 
 def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
@@ -314,54 +259,6 @@ class ScoredRows:
         padded[:-1] = values
         padded[-1] = np.nan if floating else -1
         return padded[at]
-
-
-@dataclass(frozen=True)
-class RankedRows:
-    """A plan's ranked layouts before they are a frame: the scored rows, the ranking
-    (``order``), the tie flag of each ranked row and the fill columns of the first ones
-    (:func:`fill_columns`).  :meth:`frame` builds the frame of every ranked row, or of a few
-    (the same rows, columns, values and dtypes as those rows of the whole frame): gathering
-    some hundred columns of every fitting layout costs more than the rest of a plan's
-    ranking, and the text table reads a few columns and the rows it shows."""
-
-    rows: ScoredRows
-    order: np.ndarray  # scored row of each ranked row, best first
-    tied: np.ndarray  # within the tie tolerance of the best, per ranked row
-    fill: Columns  # fill_columns of the first ranked rows, per ranked row (NaN after them)
-
-    def __len__(self) -> int:
-        return len(self.order)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The frame's columns, in order."""
-        return (*self.rows.names, "within_error_of_best", "rank", *self.fill,
-                "peak_memory_gib")
-
-    def column(self, name: str) -> np.ndarray:
-        """A numeric column of every ranked row (a whole-number code for a categorical one)."""
-        if name in ("within_error_of_best", "rank", "peak_memory_gib") or name in self.fill:
-            return self._columns(None)[name]
-        return self.rows.column(name, self.order)
-
-    def _columns(self, positions: np.ndarray | None) -> Columns:
-        """The columns the ranking adds, at ``positions`` of it (None: every ranked row)."""
-        at = slice(None) if positions is None else positions
-        out = {"within_error_of_best": self.tied[at],
-               "rank": np.arange(1, len(self.order) + 1)[at]}
-        out.update({name: values[at] for name, values in self.fill.items()})
-        out["peak_memory_gib"] = self.rows.column("peak_bytes", self.order[at]) / GIB
-        return out
-
-    def frame(self, positions: np.ndarray | None = None) -> "pd.DataFrame":
-        """The frame of the ranked rows at ``positions`` (None: every one)."""
-        rows = self.order if positions is None else self.order[positions]
-        ranked = self.rows.take(rows)
-        added = self._columns(positions)
-        del added["peak_memory_gib"]  # _frame adds it, last
-        ranked.update(added)
-        return _frame(ranked)
 
 
 @dataclass(frozen=True)
@@ -618,17 +515,13 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
     order = order[:fitting + KEEP_NOT_FITTING if keep is None else keep]
-    tied = tied[order]
-    # the fill columns read the first rows alone: gather those, not the whole ranking
-    count = min(fitting, FILL_ROWS, len(order))
-    head = rows.take(order[:count])
-    head["within_error_of_best"] = tied[:count]
-    head["rank"] = np.arange(1, count + 1)
-    fill = {name: np.concatenate([values[:count], np.full(len(order) - count, np.nan)])
-            for name, values in fill_columns(request, head, count).items()}
-    return Plan(request=request, ranked=RankedRows(rows, order, tied, fill), actors=actors,
-                enumerated=space.enumerated, valid=space.valid, rejected=space.rejected,
-                scored=len(scored["tp"]),
+    ranked = rows.take(order)
+    ranked["within_error_of_best"] = tied[order]
+    ranked["rank"] = np.arange(1, len(order) + 1)
+    ranked.update(fill_columns(request, ranked, min(fitting, FILL_ROWS)))
+    frame = _frame(ranked)
+    return Plan(request=request, candidates=frame, actors=actors, enumerated=space.enumerated,
+                valid=space.valid, rejected=space.rejected, scored=len(scored["tp"]),
                 merged=space.merged, fit_total=None if keep is None else fitting,
                 tie_tolerance=tolerance,
                 tie_source=request.cost.uncertainty_source if tie_tolerance is None

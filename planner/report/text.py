@@ -26,7 +26,7 @@ from planner.units import GIB
 
 
 def ranking_line(plan) -> str | None:
-    if plan.tie_tolerance <= 0 or not plan.has_column("step_time_s"):
+    if plan.tie_tolerance <= 0 or "step_time_s" not in plan.candidates:
         return None
     ties = plan.ties
     band = plan.policy.band_text
@@ -220,8 +220,6 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
     """The ranked table; ``fill_plan``, the same search under the fill-the-GPU band, prices
     the memory band's headroom."""
     model, cluster = plan.model, plan.cluster
-    inside_band = int((plan.column("memory_utilization", fitting=True)
-                       <= plan.policy.high + 1e-9).sum())
     capacity = cluster.gpu.memory_bytes
     p = model.params
     head = [
@@ -232,11 +230,11 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
         f"{cluster.gpus_per_node} per node",
         f"workload {plan.workload.describe()}",
         f"searched {plan.enumerated:,} layouts: {plan.valid:,} valid"
-        + (f" ({plan.scored or plan.kept:,} actor layouts, rollout chosen per "
+        + (f" ({plan.scored or len(plan.candidates):,} actor layouts, rollout chosen per "
            f"layout{merged_text(plan.merged, '; ')})"
            if plan.workload.has_rollout else merged_text(plan.merged, ' (', ')'))
         + f", {plan.fitting_count:,} fit in memory, "
-        + f"{inside_band:,} "
+        + f"{int((plan.fitting['memory_utilization'] <= plan.policy.high + 1e-9).sum()):,} "
         + f"with the {PEAK_NAME} at most {100 * plan.policy.high:.0f}%",
     ]
     for line in (ranking_line(plan), fastest_line(plan)):
