@@ -40,7 +40,7 @@ from planner.phases import PHASES, TRAINING_PHASES
 from planner.policy import FILL_POLICY
 from planner.ranking import fastest_in_band, first_in_order, tie_order
 from planner.results import COLOCATED_MODE, ColocatedCandidate, Placement, Staleness
-from planner.search.layout import RECOMPUTE, Columns, Layout, distinct
+from planner.search.layout import RECOMPUTE, Columns, Layout, RowsAt, distinct
 from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
 from planner.search.space import (
     SearchOptions,
@@ -294,7 +294,8 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     out = {**cols, **memory}
     timed = np.ones(len(cols["tp"]), dtype=bool) if time_all else memory["fits"].astype(bool)
     index = np.flatnonzero(timed)  # once for every column (a mask would be scanned per column)
-    subset = out if timed.all() else {name: values[index] for name, values in out.items()}
+    # each column gathered when the step reads it (a few dozen of about a hundred)
+    subset = out if timed.all() else RowsAt(out, index)
     # each phase timed once per distinct row of what it reads, at every point of the run
     groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
     known = None  # (point of the run, the rows' step columns there) when already computed
@@ -305,7 +306,7 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
         if not leads.all():
             timed[timed] = leads
             index = np.flatnonzero(leads)
-            subset = {name: values[index] for name, values in subset.items()}
+            subset = RowsAt(out, np.flatnonzero(timed))
             groups = StepGroups.of(subset, subset)
             middle = {name: values[index] if np.ndim(values) else values
                       for name, values in middle.items()}
@@ -373,7 +374,7 @@ def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns,
         if size > left:
             rows = np.flatnonzero(members)
             probe = rows[np.argpartition(t_mid[rows], left - 1)[:left]]
-            few = {name: values[probe] for name, values in subset.items()}
+            few = subset.at(probe) if isinstance(subset, RowsAt) else RowsAt(subset, probe)
             exact = step_columns_over_run(
                 request, lambda at, few=few: step_columns(at, few, few))["step_time_s"]
             bound = max(float(np.max(exact)), (1 + ties) * float(np.min(exact)))

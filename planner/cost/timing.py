@@ -114,7 +114,7 @@ from planner.search.batches import (
     mean_response_length,
     update_batches,
 )
-from planner.search.layout import Columns, unique_rows
+from planner.search.layout import Columns, scalar_columns, unique_rows
 
 SELECTIVE_RECOMPUTE_OVERHEAD = 0.03  # layernorm + activation recompute, of a forward pass
 ADAM_BYTES_PER_PARAM = 4 * 2 * 3 + MAIN_GRAD_BYTES + WEIGHT_BYTES  # r/w master, m, v; grad; param
@@ -712,7 +712,7 @@ class DistinctRows:
             return cls(dict(cols), None)
         # the distinct rows carry the fields ``names`` alone (and ``tp``, which counts rows):
         # what the phase reads (tests/cost/test_step_groups.py), not every column of a plan
-        scalars = {name: values for name, values in cols.items() if np.ndim(values) == 0}
+        scalars = scalar_columns(cols)
         few, inverse = unique_rows({name: cols[name] for name in ("tp", *names)
                                     if name in cols and np.ndim(cols[name]) == 1}, names)
         return cls({**scalars, **few}, inverse)

@@ -212,6 +212,48 @@ class Layout:
 LAYOUT_FIELDS = tuple(field.name for field in fields(Layout))
 
 
+class RowsAt(Mapping):
+    """The columns ``columns`` at rows ``index``, each gathered when first read (and kept):
+    a plan times its fitting rows on the few dozen columns the step reads, not on the hundred
+    its memory and layout columns make (the same values as ``values[index]`` per column; a 0-d
+    value is read as it is)."""
+
+    def __init__(self, columns: Mapping, index: np.ndarray) -> None:
+        self._columns, self._index, self._taken = columns, index, {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        taken = self._taken.get(name)
+        if taken is None:
+            values = self._columns[name]
+            taken = values if np.ndim(values) == 0 else values[self._index]
+            self._taken[name] = taken
+        return taken
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._columns
+
+    def __iter__(self):
+        return iter(self._columns)
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+    def scalars(self) -> dict:
+        """Its 0-d values (read from the columns without gathering the others)."""
+        return {name: values for name, values in self._columns.items() if np.ndim(values) == 0}
+
+    def at(self, index: np.ndarray) -> "RowsAt":
+        """These rows at ``index`` (of them), gathered from the columns at once."""
+        return RowsAt(self._columns, self._index[index])
+
+
+def scalar_columns(cols: Mapping) -> dict:
+    """The 0-d values of ``cols`` (a :class:`RowsAt`'s, without gathering its columns)."""
+    if isinstance(cols, RowsAt):
+        return cols.scalars()
+    return {name: values for name, values in cols.items() if np.ndim(values) == 0}
+
+
 def unique_rows(cols: Columns, names: tuple[str, ...]) -> tuple[Columns, np.ndarray]:
     """The distinct rows of ``cols`` over the fields ``names``, and for every row the index of
     its distinct row: the cost model computes what depends only on those fields once per
