@@ -66,7 +66,9 @@ def _quiet_stdout() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "help":  # `plan-parallel help [COMMAND]`, as git and pip take it
-        argv = [*argv[1:2], "--help"]
+        word = argv[1] if argv[1:2] and not argv[1].startswith("-") else "help"
+        argv = (["--help"] if word == "help" else [word, "--help"] if word in SUBCOMMANDS
+                else [word])  # a mistyped command: refused by name below
     if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
         _error(_unknown_command(argv[0]))  # `plan-parallel plna ...`: a command, mistyped
         return ExitCode.USAGE

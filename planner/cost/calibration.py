@@ -159,9 +159,11 @@ def fit(measurements: Sequence[Measurement], initial: dict | None = None,
                            diff_step=1e-3, max_nfev=400)
     x = result.x
     shared = {name: float(f"{value:.4g}") for name, value in zip(SHARED, x[len(problem.keys):])}
-    by_gpu = {key: {"gemm": float(f"{x[i]:.4g}"),
-                    "measurements": int(sum(gpu_key(m) == key for m in problem.measurements))}
-              for i, key in enumerate(problem.keys)}
+    by_gpu = _initial_own_entries(initial)  # the parts this study did not measure keep theirs
+    by_gpu.update({key: {"gemm": float(f"{x[i]:.4g}"),
+                         "measurements": int(sum(gpu_key(m) == key
+                                                 for m in problem.measurements))}
+                   for i, key in enumerate(problem.keys)})
     for gpu in GPU_CATALOG:
         for family in ("bf16", "fp8"):
             key, donor = f"{gpu.name}/{family}", DONORS.get(gpu.name)
@@ -177,11 +179,23 @@ def fit(measurements: Sequence[Measurement], initial: dict | None = None,
                   if k.endswith(family) and "measurements" in v]
         if fitted:
             by_gpu[f"*/{family}"] = {"gemm": float(np.median(fitted)), "donor": "median"}
+    for key, entry in ((initial or {}).get("by_gpu") or {}).items():
+        by_gpu.setdefault(key, copy.deepcopy(entry))  # a donor entry with no donor fitted here
     errors = np.abs(problem.predict(x) / problem.measured - 1)
     out = {"shared": shared, "by_gpu": dict(sorted(by_gpu.items())),
            "fit": {"measurements": len(problem.measurements),
                    "mape": round(float(errors.mean()), 4), "source": source}}
     return out if base is None else _with_rl_constants(out, initial, base)
+
+
+def _initial_own_entries(initial: Mapping | None) -> dict:
+    """The initial calibration's per-GPU entries that hold their own figure (measured, or written
+    by hand): a study of one GPU type leaves every other part as the initial calibration has it.
+    Entries borrowed from a donor (``"donor"``) are derived again from the result, so a part
+    that borrows from a refitted one follows it."""
+    return {key: copy.deepcopy(entry)
+            for key, entry in ((initial or {}).get("by_gpu") or {}).items()
+            if "donor" not in entry}
 
 
 def _with_rl_constants(fitted: dict, initial: Mapping, base: CostModel) -> dict:

@@ -15,6 +15,7 @@ precision family it states, the ranking uncertainty, where it came from), which 
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cache
@@ -252,6 +253,14 @@ def with_shipped_rl_constants(calibration: Mapping) -> tuple[dict, tuple[str, ..
             if name not in entry:
                 entry[name] = getattr(shipped.efficiency_of(key), name)
                 filled.add(name)
+    if filled:  # where the filled constants come from: the shipped RL fit and its provenance
+        source = shipped_calibration()
+        if "rl_fit" not in out and "rl_fit" in source:
+            out["rl_fit"] = copy.deepcopy(source["rl_fit"])
+        provenance = dict(out.get("provenance") or {})
+        if "rl" not in provenance and "rl" in (source.get("provenance") or {}):
+            provenance["rl"] = copy.deepcopy(source["provenance"]["rl"])
+            out["provenance"] = provenance
     return out, tuple(sorted(filled))
 
 

@@ -25,3 +25,16 @@ def test_a_mistyped_command_is_refused_with_the_closest(capsys):
     err = capsys.readouterr().err
     assert "unknown command 'estimat' (did you mean 'estimate'?)" in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["help", "help"], ["help", "--model", "x"]])
+def test_help_with_no_command_after_it_prints_the_commands(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: plan-parallel [-h]")
+
+
+def test_help_with_a_mistyped_command_names_the_closest(capsys):
+    assert main(["help", "tun"]) == 2
+    assert "unknown command 'tun' (did you mean 'tune'?)" in capsys.readouterr().err

@@ -128,3 +128,37 @@ def test_time_parts_add_up_to_the_phase_time_with_pipeline_p2p():
         assert parts == pytest.approx(float(out[time_column(phase)][0]), rel=1e-9), phase
     # TP1 CP1 EP1: the log-prob's only communication is the P2P between the two stages
     assert float(out[breakdown_column("old_log_prob", "comm_s")][0]) > 0
+
+
+def test_a_study_of_one_gpu_type_leaves_the_other_parts_as_they_were():
+    """An H100 bf16 study refits H100 bf16; the parts it did not measure keep the initial
+    calibration's figures (H100 fp8, the A100, the B200), and a part that borrows from the
+    refitted one (H200 from the H100) follows it."""
+    start = shipped_calibration()
+    measurements = [Measurement(m.model, m.cluster, m.workload, m.layout,
+                                m.tokens_per_s_per_gpu * 0.8) for m in _measurements(start)]
+    fitted = fit(measurements, initial=start, measurement_sigma=0.05)
+    for key in ("H100-80GB/fp8", "A100-80GB/bf16", "B200/bf16", "GB200/bf16"):
+        assert fitted["by_gpu"][key] == {**start["by_gpu"][key],
+                                         **{k: fitted["by_gpu"][key][k] for k in RL_BY_GPU}}, key
+        assert fitted["by_gpu"][key]["gemm"] == start["by_gpu"][key]["gemm"], key
+    assert fitted["by_gpu"]["H100-80GB/bf16"]["gemm"] != start["by_gpu"]["H100-80GB/bf16"]["gemm"]
+    assert fitted["by_gpu"]["H200/bf16"] == {"gemm": fitted["by_gpu"]["H100-80GB/bf16"]["gemm"],
+                                            "donor": "H100-80GB/bf16",
+                                            **{k: fitted["by_gpu"]["H200/bf16"][k]
+                                               for k in fitted["by_gpu"]["H200/bf16"]
+                                               if k not in ("gemm", "donor")}}
+    assert set(start["by_gpu"]) <= set(fitted["by_gpu"])
+
+
+def test_filled_rl_constants_carry_the_shipped_rl_fit_and_provenance():
+    """An old file (training constants only) filled with the shipped RL constants also says where
+    they came from; a file that has its own RL constants is left as it is."""
+    start = shipped_calibration()
+    old = {"shared": {k: v for k, v in start["shared"].items() if k not in RL_SHARED},
+           "by_gpu": {"H100-80GB/bf16": {"gemm": 0.6}}}
+    filled, names = with_shipped_rl_constants(old)
+    assert names and filled["rl_fit"] == start["rl_fit"]
+    assert filled["provenance"]["rl"] == start["provenance"]["rl"]
+    same, none = with_shipped_rl_constants(start)
+    assert none == () and same["rl_fit"] == start["rl_fit"]
