@@ -61,6 +61,7 @@ def test_a_fit_starts_from_the_initial_calibrations_rl_constants():
         == 5e-3
 
 
+@pytest.mark.needs("tune")  # the fit needs scipy
 def test_a_fit_on_what_the_calibration_predicts_keeps_it_and_its_rl_constants():
     start = shipped_calibration()
     measurements = _measurements(start)
@@ -80,6 +81,7 @@ def test_a_fit_on_what_the_calibration_predicts_keeps_it_and_its_rl_constants():
     assert fitted["provenance"] == {"rl": start["provenance"]["rl"]}
 
 
+@pytest.mark.needs("tune")  # the fit needs scipy
 def test_a_fit_without_an_initial_calibration_holds_the_training_constants_alone():
     fitted = fit(_measurements(shipped_calibration()))
     assert not set(fitted["shared"]) & set(RL_SHARED)
@@ -130,6 +132,7 @@ def test_time_parts_add_up_to_the_phase_time_with_pipeline_p2p():
     assert float(out[breakdown_column("old_log_prob", "comm_s")][0]) > 0
 
 
+@pytest.mark.needs("tune")  # the fit needs scipy
 def test_a_study_of_one_gpu_type_leaves_the_other_parts_as_they_were():
     """An H100 bf16 study refits H100 bf16; the parts it did not measure keep the initial
     calibration's figures (H100 fp8, the A100, the B200), and a part that borrows from the
