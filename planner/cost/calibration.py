@@ -31,6 +31,7 @@ from planner.cost.efficiency import (
     SHARED,
     CostModel,
     Efficiency,
+    carry_rl_record,
     prior,
 )
 from planner.cost.memory import estimate_memory
@@ -213,11 +214,7 @@ def _with_rl_constants(fitted: dict, initial: Mapping, base: CostModel) -> dict:
                       for name in RL_BY_GPU})
         if "rl_donor" in own:
             entry["rl_donor"] = own["rl_donor"]
-    if "rl_fit" in initial:
-        fitted["rl_fit"] = copy.deepcopy(initial["rl_fit"])
-    rl_provenance = (initial.get("provenance") or {}).get("rl")
-    if rl_provenance is not None:
-        fitted["provenance"] = {"rl": copy.deepcopy(rl_provenance)}
+    carry_rl_record(fitted, initial)
     return fitted
 
 

@@ -254,14 +254,20 @@ def with_shipped_rl_constants(calibration: Mapping) -> tuple[dict, tuple[str, ..
                 entry[name] = getattr(shipped.efficiency_of(key), name)
                 filled.add(name)
     if filled:  # where the filled constants come from: the shipped RL fit and its provenance
-        source = shipped_calibration()
-        if "rl_fit" not in out and "rl_fit" in source:
-            out["rl_fit"] = copy.deepcopy(source["rl_fit"])
-        provenance = dict(out.get("provenance") or {})
-        if "rl" not in provenance and "rl" in (source.get("provenance") or {}):
-            provenance["rl"] = copy.deepcopy(source["provenance"]["rl"])
-            out["provenance"] = provenance
+        carry_rl_record(out, shipped_calibration())
     return out, tuple(sorted(filled))
+
+
+def carry_rl_record(calibration: dict, source: Mapping) -> None:
+    """Copy ``source``'s record of its RL constants (``rl_fit`` and ``provenance.rl``) into
+    ``calibration`` where it has none of its own: RL constants taken from ``source`` keep
+    saying where they came from."""
+    if "rl_fit" not in calibration and "rl_fit" in source:
+        calibration["rl_fit"] = copy.deepcopy(source["rl_fit"])
+    provenance = dict(calibration.get("provenance") or {})
+    if "rl" not in provenance and "rl" in (source.get("provenance") or {}):
+        provenance["rl"] = copy.deepcopy(source["provenance"]["rl"])
+        calibration["provenance"] = provenance
 
 
 def load_efficiency(gpu: GpuSpec, precision: str, calibration: Mapping | None = None

@@ -310,15 +310,12 @@ def train_phase_s(request: PlanRequest, cols: Columns, shape: TrainShape
     exposed_comm = exposed_comm + p2p_per_micro  # booked as communication (comm_s, bubble_s)
     per_micro = per_micro + p2p_per_micro
     m = _f(shape.micro_batches)
-    # The RL trainers block the host on the GPU inside every micro-batch (verl: ``.tolist()`` of
-    # the packed lengths in ``verl/models/mcore/util.py::preprocess_packed_seqs`` and
-    # ``postprocess_packed_seqs``, the losses' ``.item()`` in ``workers/actor/megatron_actor.py``
-    # (2025-09) and ``workers/engine/megatron/transformer_impl.py`` (0.9.1); NeMo RL: the loss
-    # metrics' ``.item()`` in ``nemo_rl/algorithms/loss_functions.py``), so the host cannot run
-    # ahead: a micro-batch takes the longer of its GPU time and the host's time to prepare and
-    # launch it, which grows with the layers on the stage.  Every stage runs its own loop at
-    # once: the floor is per stage, not summed over PP.  Large micro-batches hide it; many small
-    # fixed ones (verl's ``ppo_micro_batch_size_per_gpu``) are host-bound.
+    # The host's floor (module docstring): the RL trainers block the host on the GPU in every
+    # micro-batch (verl: ``.tolist()`` in ``verl/models/mcore/util.py::preprocess_packed_seqs``
+    # and ``postprocess_packed_seqs``, the loss's ``.item()`` in 0.9.1's
+    # ``workers/engine/megatron/transformer_impl.py``; NeMo RL: ``.item()`` in
+    # ``nemo_rl/algorithms/loss_functions.py``).  Every stage runs its own loop at once: the
+    # floor is per stage, not summed over PP.
     slot = np.maximum(per_micro, shape.host_per_layer_s * layers_on_stage)
     pipeline = (m + (pp - 1) / vpp) * slot
     bubble = (pp - 1) / vpp * per_micro

@@ -238,10 +238,6 @@ class RowsAt(Mapping):
     def __len__(self) -> int:
         return len(self._columns)
 
-    def scalars(self) -> dict:
-        """Its 0-d values (read from the columns without gathering the others)."""
-        return {name: values for name, values in self._columns.items() if np.ndim(values) == 0}
-
     def at(self, index: np.ndarray) -> "RowsAt":
         """These rows at ``index`` (of them), gathered from the columns at once."""
         return RowsAt(self._columns, self._index[index])
@@ -249,9 +245,8 @@ class RowsAt(Mapping):
 
 def scalar_columns(cols: Mapping) -> dict:
     """The 0-d values of ``cols`` (a :class:`RowsAt`'s, without gathering its columns)."""
-    if isinstance(cols, RowsAt):
-        return cols.scalars()
-    return {name: values for name, values in cols.items() if np.ndim(values) == 0}
+    source = cols._columns if isinstance(cols, RowsAt) else cols  # a 0-d value is not gathered
+    return {name: values for name, values in source.items() if np.ndim(values) == 0}
 
 
 def unique_rows(cols: Columns, names: tuple[str, ...]) -> tuple[Columns, np.ndarray]:
