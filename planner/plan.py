@@ -63,8 +63,10 @@ CHOICE_CELLS = 1 << 19  # (rollout option, resident size) pairs choose_rollout s
 @dataclass
 class Plan(OfRequest):
     request: PlanRequest  # what was asked (model, cluster, workload, options, cost, policy)
-    # ranked, best first: every valid layout that fits, then the closest that do not
-    candidates: "pd.DataFrame"
+    # ranked, best first: every valid layout that fits, then the closest that do not, as
+    # columns (numpy arrays; ``recompute``, ``peak_phase`` and ``dominant_phase`` as indices);
+    # :attr:`candidates` is the same as a pandas DataFrame
+    columns: Columns = field(repr=False, compare=False)
     # the space and actor memory behind it, for a plan of the same request under another policy
     actors: "ActorEvaluation | None" = field(repr=False, compare=False)
     enumerated: int = 0
@@ -78,6 +80,17 @@ class Plan(OfRequest):
     tie_tolerance: float = 0.0
     tie_source: str = ""
 
+    @cached_property
+    def candidates(self) -> "pd.DataFrame":
+        """The ranked layouts as a DataFrame (built on first use: the text table reads
+        :attr:`columns` and does not import pandas)."""
+        return _frame(self.columns)
+
+    @property
+    def rows(self) -> int:
+        """Layouts the plan keeps (:attr:`columns`' length)."""
+        return len(self.columns["tp"])
+
     @property
     def fitting(self) -> "pd.DataFrame":
         frame = self.candidates
@@ -87,45 +100,61 @@ class Plan(OfRequest):
             return head
         return frame[frame["fits"]]
 
+    def fitting_rows(self) -> np.ndarray:
+        """The positions of the kept layouts that fit, in rank order (:attr:`fitting`'s)."""
+        fits = np.asarray(self.columns["fits"])
+        head = fits[:self.fitting_count]
+        if head.all():  # ranked: the layouts that fit come first
+            return np.arange(len(head))
+        return np.flatnonzero(fits)
+
     @property
     def fitting_count(self) -> int:
         """Layouts that fit in memory (all of them, also when the frame keeps fewer)."""
         if self.fit_total is not None:
             return self.fit_total
-        return int(self.candidates["fits"].sum())
+        return int(np.count_nonzero(self.columns["fits"]))
 
     @property
     def ties(self) -> int:
         """Layouts within the ranking uncertainty of the best (``within_error_of_best``)."""
-        frame = self.candidates
-        return int(frame["within_error_of_best"].sum()) if "within_error_of_best" in frame \
-            else 0
+        tied = self.columns.get("within_error_of_best")
+        return 0 if tied is None else int(np.count_nonzero(tied))
+
+    def records(self, rows: np.ndarray) -> list[dict]:
+        """The kept layouts at positions ``rows`` as :attr:`candidates`' records
+        (``DataFrame.to_dict("records")``): Python scalars, the phase and recompute columns
+        by name, ``peak_memory_gib`` added."""
+        cols = {name: np.asarray(values)[rows] for name, values in self.columns.items()}
+        cols.update(_named(cols))
+        cols["peak_memory_gib"] = cols["peak_bytes"] / GIB
+        lists = {name: values.tolist() for name, values in cols.items()}
+        return [dict(zip(lists, values)) for values in zip(*lists.values())]
 
     def top(self, count: int | None = None, fitting: bool = False,
             staleness: Staleness | None = None,
             mode: str = COLOCATED_MODE) -> list[ColocatedCandidate]:
         """The first ``count`` ranked layouts (None: all; ``fitting``: of those that fit) as
         typed candidates on every GPU of ``mode``; ``staleness``: what a timed one reports."""
-        frame = self.fitting if fitting else self.candidates
-        shown = frame if count is None else frame.head(count)
+        rows = self.fitting_rows() if fitting else np.arange(self.rows)
         placement = Placement.shared(self.cluster)
         return [ColocatedCandidate.from_row(row, placement, mode, staleness)
-                for row in shown.to_dict("records")]
+                for row in self.records(rows if count is None else rows[:count])]
 
     @cached_property
     def fastest_in_band(self) -> ColocatedCandidate | None:
         """The predicted-fastest layout inside the memory band
         (:func:`planner.ranking.fastest_in_band`); None: none fits or none is timed."""
-        frame = self.fitting
-        index = fastest_in_band({name: frame[name].to_numpy() for name in
+        rows = self.fitting_rows()
+        index = fastest_in_band({name: np.asarray(self.columns[name])[rows] for name in
                                  ("tp", "fits", "step_time_s", "memory_utilization")
-                                 if name in frame}, self.policy)
+                                 if name in self.columns}, self.policy)
         return None if index is None else self.candidate(index, fitting=True)
 
     def candidate(self, index: int, fitting: bool = False) -> ColocatedCandidate:
         """The ``index``-th ranked layout (0: the best; ``fitting``: of those that fit)."""
-        frame = self.fitting if fitting else self.candidates
-        return ColocatedCandidate.from_row(frame.iloc[index].to_dict(),
+        rows = self.fitting_rows() if fitting else np.arange(self.rows)
+        return ColocatedCandidate.from_row(self.records(rows[[index]])[0],
                                            Placement.shared(self.cluster))
 
 
@@ -422,17 +451,28 @@ def fill_columns(request: PlanRequest, cols: Columns, count: int) -> Columns:
     return out
 
 
+# the columns a plan keeps as indices into these names, and a frame as pandas Categoricals
+NAMED_COLUMNS = (("recompute", RECOMPUTE), ("peak_phase", PHASES), ("dominant_phase", PHASES))
+
+
+def _named(cols: Columns) -> dict[str, np.ndarray]:
+    """The index columns of :data:`NAMED_COLUMNS` in ``cols`` as arrays of their names (NaN
+    for -1, an untimed row's: a Categorical's missing value)."""
+    named = {}
+    for name, names in NAMED_COLUMNS:
+        if name in cols:
+            codes = np.asarray(cols[name]).astype(int)
+            named[name] = np.where(codes >= 0, np.asarray(names, dtype=object)[codes], np.nan)
+    return named
+
+
 def _frame(cols: Columns) -> "pd.DataFrame":
     import pandas as pd
 
     columns = dict(cols)
-    columns["recompute"] = pd.Categorical.from_codes(np.asarray(cols["recompute"]).astype(int),
-                                                     RECOMPUTE)
-    columns["peak_phase"] = pd.Categorical.from_codes(
-        np.asarray(cols["peak_phase"]).astype(int), PHASES)
-    if "dominant_phase" in cols:
-        columns["dominant_phase"] = pd.Categorical.from_codes(
-            np.asarray(cols["dominant_phase"]).astype(int), PHASES)
+    for name, names in NAMED_COLUMNS:
+        if name in cols:
+            columns[name] = pd.Categorical.from_codes(np.asarray(cols[name]).astype(int), names)
     columns["peak_memory_gib"] = np.asarray(cols["peak_bytes"]) / GIB
     return pd.DataFrame(columns, copy=False)
 
@@ -519,8 +559,7 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     ranked["within_error_of_best"] = tied[order]
     ranked["rank"] = np.arange(1, len(order) + 1)
     ranked.update(fill_columns(request, ranked, min(fitting, FILL_ROWS)))
-    frame = _frame(ranked)
-    return Plan(request=request, candidates=frame, actors=actors, enumerated=space.enumerated,
+    return Plan(request=request, columns=ranked, actors=actors, enumerated=space.enumerated,
                 valid=space.valid, rejected=space.rejected, scored=len(scored["tp"]),
                 merged=space.merged, fit_total=None if keep is None else fitting,
                 tie_tolerance=tolerance,

@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import json
 
+import numpy as np
+
 from planner.cost.columns import memory_column, working_set_column
 from planner.cost.flops import verl_reports_mfu
 from planner.output import fraction, gib, rate, seconds, setting
@@ -26,7 +28,7 @@ from planner.units import GIB
 
 
 def ranking_line(plan) -> str | None:
-    if plan.tie_tolerance <= 0 or "step_time_s" not in plan.candidates:
+    if plan.tie_tolerance <= 0 or "step_time_s" not in plan.columns:
         return None
     ties = plan.ties
     band = plan.policy.band_text
@@ -222,6 +224,7 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
     model, cluster = plan.model, plan.cluster
     capacity = cluster.gpu.memory_bytes
     p = model.params
+    utilization = np.asarray(plan.columns["memory_utilization"])[plan.fitting_rows()]
     head = [
         f"model    {model.name}: {p.total / 1e9:.2f}B params ({p.active / 1e9:.2f}B active), "
         f"{model.num_layers} layers{layer_kinds_text(model)}, hidden {model.hidden_size}"
@@ -230,11 +233,11 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
         f"{cluster.gpus_per_node} per node",
         f"workload {plan.workload.describe()}",
         f"searched {plan.enumerated:,} layouts: {plan.valid:,} valid"
-        + (f" ({plan.scored or len(plan.candidates):,} actor layouts, rollout chosen per "
+        + (f" ({plan.scored or plan.rows:,} actor layouts, rollout chosen per "
            f"layout{merged_text(plan.merged, '; ')})"
            if plan.workload.has_rollout else merged_text(plan.merged, ' (', ')'))
         + f", {plan.fitting_count:,} fit in memory, "
-        + f"{int((plan.fitting['memory_utilization'] <= plan.policy.high + 1e-9).sum()):,} "
+        + f"{int(np.count_nonzero(utilization <= plan.policy.high + 1e-9)):,} "
         + f"with the {PEAK_NAME} at most {100 * plan.policy.high:.0f}%",
     ]
     for line in (ranking_line(plan), fastest_line(plan)):
@@ -290,8 +293,9 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
                     "and last step, as the mean response length moves")
     tail += answer_lines(plan.workload, plan.request.cost)
     if not rows:
-        smallest = plan.candidates.nsmallest(1, "peak_bytes")
-        best = smallest.to_dict("records")
+        peaks = np.asarray(plan.columns["peak_bytes"], dtype=np.float64)
+        known = np.flatnonzero(~np.isnan(peaks))  # the smallest, first of equals
+        best = plan.records(known[[np.argmin(peaks[known])]]) if len(known) else []
         if best:
             tail.append(f"closest: {best[0]['peak_bytes'] / GIB:.1f} GiB {PEAK_NAME} in "
                         f"{best[0]['peak_phase']} vs {cluster.gpu.memory_gib:.1f} GiB per GPU; "

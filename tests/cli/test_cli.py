@@ -124,6 +124,15 @@ def test_help_does_not_import_heavy_packages():
     assert "plan-parallel" in output
 
 
+def test_a_plain_plan_imports_no_pandas():
+    # the text table reads the plan's numpy columns
+    heavy, output = imported_by(["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100",
+                                 "--top", "2"],
+                                ("pandas", "pyarrow"))
+    assert heavy == [], output
+    assert "fit in memory" in output and "\n2  " in output and "\n3  " not in output
+
+
 def test_models_and_gpus_listings(capsys):
     code, out, _ = run(capsys, "models")
     assert code == 0 and "DeepSeek-V3" in out and "671.03B" in out

@@ -1,0 +1,60 @@
+"""planner.search.layout.distinct: pandas.factorize's coding, with numpy alone below
+HASHED_VALUES values (a small plan's path imports no pandas) and hashed from there on."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from planner.search import layout
+from planner.search.layout import distinct, unique_rows
+
+
+def factorized(values):
+    """What distinct returned when it was pandas.factorize: first occurrences, codes."""
+    codes, uniques = pd.factorize(np.asarray(values))
+    first = np.empty(len(uniques), dtype=np.int64)
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+    return first, codes.astype(np.int64)
+
+
+RNG = np.random.default_rng(24)
+CASES = {
+    "narrow ints": RNG.integers(0, 5, 1000),
+    "wide ints": RNG.integers(-2**62, 2**62, 5000),
+    "few wide ints": RNG.choice([2**62, -2**62, 0, 7], 1000),
+    "shifted ints": RNG.integers(-3, 3, 50) << 40,
+    "uint8": RNG.integers(0, 50, 300).astype(np.uint8),
+    "bool": RNG.integers(0, 2, 100).astype(bool),
+    "floats with signed zeros": RNG.choice([0.5, 0.25, -0.0, 0.0, 1e12], 1000),
+    "distinct floats": RNG.random(1000),
+    "infinities": RNG.choice([3.0, np.inf, -np.inf], 100),
+    "complex": RNG.choice([1.0, 2.0], 200) + 1j * RNG.choice([3.0, -0.0, 0.0], 200),
+    "bytes + code": RNG.integers(0, 3000, 4000) * 1e6 + 1j * RNG.integers(0, 9, 4000),
+    "strings": np.array(["b", "a", "b", "c", "a"]),
+    "one": np.array([7.5]),
+    "none": np.zeros(0, dtype=np.int64),
+}
+
+
+@pytest.mark.parametrize("hashed", [False, True], ids=["numpy", "hashed"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_distinct_codes_as_pandas_factorize(monkeypatch, name, hashed):
+    if hashed:
+        monkeypatch.setattr(layout, "HASHED_VALUES", 1)
+    values = CASES[name]
+    first, inverse = distinct(values)
+    want_first, want_inverse = factorized(values)
+    np.testing.assert_array_equal(first, want_first)
+    np.testing.assert_array_equal(inverse, want_inverse)
+    assert first.dtype == inverse.dtype == np.int64
+
+
+def test_unique_rows_in_order_of_appearance():
+    n = 2000
+    cols = {"tp": RNG.integers(0, 2**40, n) % 7, "a": RNG.integers(0, 2**40, n) % 5 * 2**40,
+            "b": RNG.choice([0.1, 0.2, 0.3], n), "c": RNG.integers(0, 2**62, n) % 3 * 2**61}
+    few, inverse = unique_rows(cols, ("tp", "a", "b", "c"))
+    rows = list(zip(*(cols[name].tolist() for name in cols)))
+    order = list(dict.fromkeys(rows))  # distinct rows in order of appearance
+    assert list(zip(*(few[name].tolist() for name in cols))) == order
+    assert [order[i] for i in inverse] == rows

@@ -1,0 +1,62 @@
+"""A plan's ranked layouts as numpy columns (what the text table reads, without pandas) and as
+the DataFrame built from them on first use (JSON, CSV, --write, sizing): the same rows."""
+
+import math
+
+import numpy as np
+
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.cost.request import PlanRequest
+from planner.plan import make_plan
+from planner.policy import MemoryPolicy
+from planner.results import ColocatedCandidate, Placement
+
+
+def _same(a, b) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k] == b[k] or (isinstance(a[k], float) and math.isnan(a[k]) and math.isnan(b[k]))
+        for k in a)
+
+
+def _plan(policy=None, gpus=8):
+    request = PlanRequest(resolve_model("qwen3-8b"), ClusterSpec(get_gpu("h100"), gpus, 8),
+                          GrpoWorkload())
+    if policy is not None:
+        request = PlanRequest(request.model, request.cluster, request.workload,
+                              policy=policy)
+    return make_plan(request)
+
+
+def test_records_are_the_frames_records_and_the_frame_waits_for_its_first_reader():
+    plan = _plan()
+    assert "candidates" not in plan.__dict__  # nothing built the DataFrame yet
+    rows = np.array([0, 3, plan.rows - 1, 1])
+    records = plan.records(rows)
+    assert "candidates" not in plan.__dict__
+    frame = plan.candidates.iloc[rows].to_dict("records")
+    assert all(_same(mine, theirs) for mine, theirs in zip(records, frame, strict=True))
+    assert all(type(mine[k]) is type(theirs[k]) for mine, theirs in zip(records, frame)
+               for k in mine)
+    assert isinstance(records[0]["recompute"], str) and isinstance(records[0]["peak_phase"],
+                                                                   str)
+
+
+def test_what_the_text_table_reads_equals_the_frames():
+    # a tight band: some fitting layouts fall outside it, so fitting rows need not lead
+    for plan in (_plan(), _plan(MemoryPolicy.parse("0.3-0.5"), gpus=4)):
+        frame = plan.candidates
+        fitting = plan.fitting
+        np.testing.assert_array_equal(plan.fitting_rows(),
+                                      np.flatnonzero(frame["fits"].to_numpy()))
+        assert plan.fitting_count == int(frame["fits"].sum()) == len(fitting)
+        assert plan.ties == int(frame["within_error_of_best"].sum())
+        placement = Placement.shared(plan.cluster)
+        want = [ColocatedCandidate.from_row(row, placement)
+                for row in fitting.head(7).to_dict("records")]
+        assert plan.top(7, fitting=True) == want
+        assert plan.candidate(2, fitting=True) == ColocatedCandidate.from_row(
+            fitting.iloc[2].to_dict(), placement)
+        assert plan.candidate(-1) == ColocatedCandidate.from_row(frame.iloc[-1].to_dict(),
+                                                                 placement)
