@@ -11,7 +11,8 @@ own ``fit`` / ``run_fit`` source instead.
 from __future__ import annotations
 
 import re
-from importlib import metadata
+
+from planner import versions
 
 SHIPPED_FILE = "planner/cost/calibration.json"
 SHIPPED_LABEL = f"the shipped one ({SHIPPED_FILE})"
@@ -71,17 +72,15 @@ def calibration_summary(calibration: dict, label: str) -> str:
 
 
 def installed_version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
+    return versions.installed_version(package)
 
 
 def version_notes(calibration: dict, installed: dict[str, str | None] | None = None
                   ) -> list[str]:
     """A note for each of verl and vLLM installed here in a release the calibration's RL
     sources were not measured with (``installed``: package -> version, default: what
-    ``importlib.metadata`` finds).  None when nothing is recorded to compare with."""
+    :func:`planner.versions.installed_version` finds).  None when nothing is recorded to
+    compare with."""
     installed = installed if installed is not None else {
         name: installed_version(name) for name in ("verl", "vllm")}
     rl = ((calibration.get("provenance") or {}).get("rl") or {}).get("by_source") or {}

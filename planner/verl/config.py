@@ -47,12 +47,9 @@ class ComposeError(Exception):
 
 
 def installed_verl_version() -> str | None:
-    from importlib import metadata
+    from planner.versions import installed_version
 
-    try:
-        return metadata.version("verl")
-    except metadata.PackageNotFoundError:
-        return None
+    return installed_version("verl")
 
 
 def verl_config_dir() -> Path:

@@ -124,11 +124,11 @@ def test_help_does_not_import_heavy_packages():
     assert "plan-parallel" in output
 
 
-def test_a_plain_plan_imports_no_pandas():
-    # the text table reads the plan's numpy columns
+def test_a_plain_plan_imports_neither_pandas_nor_importlib_metadata():
+    # the text table reads the plan's numpy columns; versions are read off the dist-info
     heavy, output = imported_by(["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100",
                                  "--top", "2"],
-                                ("pandas", "pyarrow"))
+                                ("pandas", "pyarrow", "importlib.metadata", "email"))
     assert heavy == [], output
     assert "fit in memory" in output and "\n2  " in output and "\n3  " not in output
 
