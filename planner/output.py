@@ -26,8 +26,7 @@ from planner.results import (
     SplitCandidate,
     Staleness,
 )
-from planner.sizing.sweep import SECONDS_PER_HOUR
-from planner.units import GIB
+from planner.units import GIB, SECONDS_PER_HOUR
 
 if TYPE_CHECKING:
     from planner.placement import ModePlan, SplitEstimate

@@ -8,6 +8,7 @@ MIB = 1024**2
 GIB = 1024**3
 GIGA = 1e9
 TERA = 1e12
+SECONDS_PER_HOUR = 3600.0
 
 
 def gib(nbytes: float) -> float:

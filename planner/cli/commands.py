@@ -13,31 +13,31 @@ from planner.catalog.models import builtin_model, catalog_names, resolve_model
 from planner.cli import inputs
 from planner.cli.args import UsageError
 from planner.cli.codes import ExitCode
-from planner.cli.sizing import cmd_size, sizing_requested
 from planner.errors import InvalidLayoutError, NoFitError
 from planner.modes import BEST, get_mode, mode_names, off_policy_note
 from planner.output import estimate_json, plan_json, split_estimate_json
 from planner.placement import SplitEstimate, pool_layout
 from planner.plan import make_plan
 from planner.policy import FILL_POLICY
-from planner.report.mode_tables import split_estimate_text
 from planner.report.text import estimate_text, format_table, plan_csv, plan_table, to_json
 from planner.search.layout import Layout, modules_mask
 from planner.search.pipeline import default_split, layout_vpp, split_problems
 from planner.search.space import SearchOptions
-from planner.verl.export import check_overrides
-from planner.verl.files import write_plan_job
 
 
 def cmd_plan(args) -> int:
     inputs.check_mode_flags(args)
-    if sizing_requested(args):
+    if inputs.sizing_requested(args):
+        from planner.cli.sizing import cmd_size
+
         return cmd_size(args)
     if not inputs.baseline_mode(args):
         from planner.cli.modes import cmd_plan_mode
 
         return cmd_plan_mode(args)
     if args.write:
+        from planner.verl.export import check_overrides
+
         check_overrides(args.override or ())  # before any planning: Hydra's own parser
     model = resolve_model(args.model)
     cluster = inputs.resolve_cluster(args)
@@ -54,6 +54,8 @@ def cmd_plan(args) -> int:
         if not 1 <= args.rank <= fitting:
             raise UsageError(f"--rank {args.rank} is outside the {fitting} layouts that fit "
                              f"(valid: 1..{fitting})")
+        from planner.verl.files import write_plan_job
+
         written = write_plan_job(plan, rank=args.rank, directory=Path(args.write),
                                  force=args.force, model_path=args.model_path,
                                  train_files=args.train_files, val_files=args.val_files,
@@ -202,6 +204,8 @@ def cmd_estimate(args) -> int:
 
 
 def _print_split_estimate(args, estimate: SplitEstimate) -> int:
+    from planner.report.mode_tables import split_estimate_text
+
     candidate = estimate.candidate
     placement, lay = candidate.placement, candidate.layout
     trainer_gpus = estimate.async_options.trainer_gpus

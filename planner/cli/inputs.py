@@ -298,6 +298,16 @@ MODE_FLAGS = {"trainer_gpus": ("--trainer-gpus", []),
               "partial_rollout": ("--no-partial-rollout", True)}
 
 
+SIZING_FLAGS = ("price", "prices", "steps", "epochs", "dataset_prompts")
+
+
+def sizing_requested(args) -> bool:
+    """A range, list or ``auto`` of ``--gpus``, a list of ``--gpu-type``, or a sizing flag
+    (:mod:`planner.cli.sizing` answers; here so that a plain plan does not import it)."""
+    return (isinstance(args.gpus, str) or "," in (args.gpu_type or "")
+            or any(getattr(args, name, None) is not None for name in SIZING_FLAGS))
+
+
 def baseline_mode(args) -> bool:
     """The command runs the baseline mode (``sync``, the default): the plain plan and
     estimate outputs."""

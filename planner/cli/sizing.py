@@ -18,18 +18,11 @@ from planner.catalog.models import resolve_model
 from planner.cli import inputs
 from planner.cli.args import UsageError
 from planner.cli.codes import ExitCode
+from planner.cli.inputs import SIZING_FLAGS, sizing_requested  # noqa: F401  (re-exported)
 from planner.search.space import SearchOptions
 from planner.sizing.counts import GpuCounts, parse_counts, parse_gpu_types
 from planner.sizing.prices import PriceTable, parse_prices, read_prices
 from planner.sizing.sweep import Sizing, SizingRequest, run_length, size_cluster
-
-SIZING_FLAGS = ("price", "prices", "steps", "epochs", "dataset_prompts")
-
-
-def sizing_requested(args) -> bool:
-    """A range, list or ``auto`` of ``--gpus``, a list of ``--gpu-type``, or a sizing flag."""
-    return (isinstance(args.gpus, str) or "," in (args.gpu_type or "")
-            or any(getattr(args, name, None) is not None for name in SIZING_FLAGS))
 
 
 def prices_from_args(args) -> PriceTable | None:

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from planner.cost.request import PlanRequest
 from planner.placement import AsyncOptions, ModePlan
 from planner.results import Candidate, Staleness
 from planner.search.layout import Layout
-from planner.verl.export import ExportedJob
+
+if TYPE_CHECKING:  # a job is exported on --write only: its modules wait until then
+    from planner.verl.export import ExportedJob
 
 
 @dataclass(frozen=True)

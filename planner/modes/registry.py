@@ -9,12 +9,16 @@ registered mode (``sync``) is the baseline ``--mode best`` compares the others w
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from planner.cost.request import PlanRequest
 from planner.errors import PlanInputError
 from planner.modes.base import Launch, TrainingMode
 from planner.placement import AsyncOptions, ModePlan
 from planner.plan import Plan
-from planner.verl.export import ExportedJob, job_from_plan
+
+if TYPE_CHECKING:
+    from planner.verl.export import ExportedJob
 
 BEST = "best"  # every registered mode side by side (not a mode itself)
 _MODES: dict[str, type[TrainingMode]] = {}
@@ -86,6 +90,8 @@ def export_job(plan: Plan | ModePlan, rank: int, launch: Launch) -> ExportedJob:
     """The candidate ranked ``rank`` (among those that fit) of a plan as a runnable job: a mode
     plan through its mode (:meth:`~TrainingMode.job`), a plain plan of layouts as the baseline
     runs it."""
+    from planner.verl.export import job_from_plan
+
     if isinstance(plan, ModePlan):
         return get_mode(plan.mode, plan.async_options).job(plan, rank, launch)
     return job_from_plan(plan, rank, model_path=launch.model_path,

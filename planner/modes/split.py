@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from planner.catalog.hardware import ClusterSpec
 from planner.catalog.workload import GrpoWorkload
@@ -48,11 +49,12 @@ from planner.placement import (
 from planner.results import AsyncTraining, Candidate, SplitCandidate
 from planner.search.layout import Columns, Layout
 from planner.search.space import SearchOptions
-from planner.verl.export import ExportedJob, check_overrides, settings
 from planner.verl.findings import Finding
-from planner.verl.keymap import Source, mode_keys
 from planner.verl.keys import ROLLOUT, get
 from planner.verl.pools import Pools
+
+if TYPE_CHECKING:  # a job is exported on --write only: its modules wait until then
+    from planner.verl.export import ExportedJob
 
 TIE = 1e-9  # step ratios within this are ties (the plan then prefers the larger rollout pool)
 
@@ -109,6 +111,9 @@ class SplitMode(TrainingMode):
     def job_overrides(self, cluster: ClusterSpec, candidate: SplitCandidate) -> list[str]:
         """The overrides the mode adds to the trainer pool's job: the key map's rows for the
         mode (:func:`planner.verl.keymap.mode_keys`; see the module docstring)."""
+        from planner.verl.export import settings
+        from planner.verl.keymap import Source, mode_keys
+
         rollout_nodes, rollout_per_node = pool_nodes(cluster, candidate.placement.rollout_gpus)
         pool = {"rollout_nodes": rollout_nodes, "rollout_gpus_per_node": rollout_per_node}
         source = Source(pool=pool, async_training=candidate.async_training)
@@ -116,6 +121,8 @@ class SplitMode(TrainingMode):
 
     def job(self, plan: ModePlan, rank: int, launch: Launch) -> ExportedJob:
         """The split ranked ``rank`` among those that fit, as a job on the trainer pool."""
+        from planner.verl.export import ExportedJob, check_overrides
+
         fitting = plan.fitting
         if not 1 <= rank <= len(fitting):
             raise PlanInputError(f"--rank {rank} is outside the {len(fitting)} splits that fit "

@@ -19,6 +19,7 @@ whether a slow link is involved.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from planner.cost.request import PlanRequest
 from planner.errors import NoFitError, PlanInputError
@@ -32,7 +33,9 @@ from planner.results import COLOCATED_MODE, ON_POLICY, Staleness
 from planner.search.layout import Layout
 from planner.search.space import SearchOptions
 from planner.units import GIB
-from planner.verl.export import ExportedJob, job_from_plan
+
+if TYPE_CHECKING:
+    from planner.verl.export import ExportedJob
 
 RANKS_KEPT = 1000  # ranked layouts a colocated mode plan for a short list keeps
 
@@ -72,6 +75,8 @@ class SyncMode(TrainingMode):
         return explain_text(report)
 
     def job(self, plan: ModePlan, rank: int, launch: Launch) -> ExportedJob:
+        from planner.verl.export import job_from_plan
+
         return job_from_plan(plan.sync_plan, rank, model_path=launch.model_path,
                              train_files=launch.train_files, val_files=launch.val_files,
                              extra_overrides=launch.extra_overrides)

@@ -32,11 +32,10 @@ from planner.search.space import SearchOptions
 from planner.sizing.best_per_count import CountResult, best_layout
 from planner.sizing.counts import AUTO_MAX_GPUS, GpuCounts, auto_counts
 from planner.sizing.prices import PriceTable
-from planner.units import GIB
+from planner.units import GIB, SECONDS_PER_HOUR
 
 DEFAULT_STEPS = 100  # a round number for the run figures when neither --steps nor --epochs
 DEFAULT_MIN_SCALING = 1.5  # the speed-up a doubling of GPUs must bring to be worth it
-SECONDS_PER_HOUR = 3600.0
 MARKS = ("fastest", "cheapest", "smallest", "knee")
 
 
