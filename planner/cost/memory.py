@@ -73,6 +73,7 @@ from planner.search.layout import (
     RECOMPUTE_MODULES,
     Columns,
     distinct,
+    sorted_distinct,
     unique_rows,
 )
 from planner.search.pipeline import layout_ranks, pipeline_split
@@ -618,7 +619,7 @@ def _per_rollout_tp(cols: Columns, value) -> np.ndarray:
     """``value(tp)`` for every row's rollout TP (evaluated once per distinct TP)."""
     tp = np.asarray(cols["rollout_tp"])
     out = np.zeros(tp.shape, dtype=np.float64)
-    for degree in np.unique(tp):
+    for degree in sorted_distinct(tp):
         out[tp == degree] = value(int(degree))
     return out
 

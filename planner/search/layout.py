@@ -334,9 +334,18 @@ def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     elif kind != "f" or np.isnan(values).any():
         _, index, inverse = np.unique(values, return_index=True, return_inverse=True)
         return _by_position(inverse.reshape(-1).astype(np.int64), len(index))
-    ordered = np.sort(values)
-    sorted_distinct = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
-    return _by_position(np.searchsorted(sorted_distinct, values), len(sorted_distinct))
+    present = sorted_distinct(values)
+    return _by_position(np.searchsorted(present, values), len(present))
+
+
+def sorted_distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values of ``values``, ascending: ``np.unique(values)`` (no NaN), without
+    the ``numpy.ma`` import (about 20 ms) numpy 2's plain ``np.unique`` makes to ask whether
+    the array is masked."""
+    ordered = np.sort(np.asarray(values).ravel())
+    first = np.ones(len(ordered), dtype=bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    return ordered[first]
 
 
 def _by_position(codes: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:

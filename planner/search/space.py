@@ -33,6 +33,7 @@ from planner.search.layout import (
     Columns,
     applicable_modules,
     distinct,
+    sorted_distinct,
     unique_rows,
 )
 from planner.search.pipeline import pipeline_split, split_candidates
@@ -197,7 +198,7 @@ def _with_split_candidates(model: ModelSpec, cols: Columns) -> Columns:
         empty = np.zeros(0, dtype=np.int64)
         return {**cols, "first_stage_layers": empty, "last_stage_layers": empty,
                 "account_embedding": empty.astype(bool), "account_loss": empty.astype(bool)}
-    sizes = np.unique(cols["pp"])
+    sizes = sorted_distinct(cols["pp"])
     tables = [np.array(split_candidates(model.num_layers, int(pp)), dtype=np.int64).reshape(-1, 4)
               for pp in sizes]
     which = np.searchsorted(sizes, cols["pp"])

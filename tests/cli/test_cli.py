@@ -132,7 +132,7 @@ def test_a_plain_plan_imports_neither_pandas_nor_importlib_metadata():
                                  # what the text plan does not use: export, sizing, split tables
                                  "planner.verl.export", "planner.verl.files",
                                  "planner.report.mode_tables", "planner.sizing.sweep",
-                                 "planner.cli.sizing"))
+                                 "planner.cli.sizing", "numpy.ma"))
     assert heavy == [], output
     assert "fit in memory" in output and "\n2  " in output and "\n3  " not in output
 

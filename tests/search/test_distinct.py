@@ -58,3 +58,11 @@ def test_unique_rows_in_order_of_appearance():
     order = list(dict.fromkeys(rows))  # distinct rows in order of appearance
     assert list(zip(*(few[name].tolist() for name in cols))) == order
     assert [order[i] for i in inverse] == rows
+
+
+@pytest.mark.parametrize("values", [np.array([3, 1, 3, 2, 1]), np.array([[2.5, -0.0], [0.0, 2.5]]),
+                                    np.array([4]), np.array(7), np.zeros(0, dtype=np.int64)])
+def test_sorted_distinct_is_np_unique(values):
+    got = layout.sorted_distinct(values)
+    np.testing.assert_array_equal(got, np.unique(values))
+    assert got.dtype == values.dtype
