@@ -12,6 +12,7 @@ so a single layout and a search space of millions go through the same code.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
@@ -296,8 +297,15 @@ def _codes(values: np.ndarray) -> tuple[np.ndarray, int]:
 # From this many values on, :func:`distinct` hashes them with ``pandas.factorize`` (linear):
 # there the hashing saves more than importing pandas costs (DeepSeek-V3 on 1,024 GPUs: 1.6
 # million rows, about 0.8 s of sorting and binary search against 0.45 s of import); below it,
-# numpy alone, and a small plan's default path does not import pandas.
+# numpy alone, and a small plan's default path does not import pandas -- unless pandas is
+# imported already (a frame was built: JSON, ``--mode best``, a sizing sweep), when hashing
+# costs nothing more.
 HASHED_VALUES = 1 << 20
+
+
+def _hashed(count: int) -> bool:
+    """Whether :func:`distinct` hashes ``count`` values (``pandas.factorize``)."""
+    return count >= HASHED_VALUES or "pandas" in sys.modules
 
 
 def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -305,19 +313,20 @@ def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     of appearance) and, per element, the position of its value in ``first`` --
     ``values[first][inverse] == values`` (int64 both).
 
-    :data:`HASHED_VALUES` values or more are hashed (``pandas.factorize``).  Fewer go through
-    numpy, to the same result: integers spanning at most a few times as many values as there
-    are elements through a table indexed by value (linear); other integers and floats through a
-    plain ``np.sort`` (vectorised, unlike an argsort) and a binary search of each value among
-    the distinct ones; complex numbers as the pair of their parts' codes.  NaN is never passed
-    (pandas would code it -1; numpy's path takes ``np.unique`` for it, one value).
+    :data:`HASHED_VALUES` values or more, or any number once pandas is imported, are hashed
+    (``pandas.factorize``).  Others go through numpy, to the same result: integers spanning at
+    most a few times as many values as there are elements through a table indexed by value
+    (linear); other integers and floats through a plain ``np.sort`` (vectorised, unlike an
+    argsort) and a binary search of each value among the distinct ones; complex numbers as the
+    pair of their parts' codes.  NaN is never passed (pandas would code it -1; numpy's path
+    takes ``np.unique`` for it, one value).
     """
     values = np.asarray(values)
     n = len(values)
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     kind = values.dtype.kind
-    if n >= HASHED_VALUES:
+    if _hashed(n):
         import pandas as pd
 
         codes, uniques = pd.factorize(values)

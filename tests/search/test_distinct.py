@@ -1,5 +1,8 @@
 """planner.search.layout.distinct: pandas.factorize's coding, with numpy alone below
-HASHED_VALUES values (a small plan's path imports no pandas) and hashed from there on."""
+HASHED_VALUES values (a small plan's path imports no pandas) and hashed from there on or once
+pandas is imported."""
+
+import sys
 
 import numpy as np
 import pandas as pd
@@ -39,8 +42,7 @@ CASES = {
 @pytest.mark.parametrize("hashed", [False, True], ids=["numpy", "hashed"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_distinct_codes_as_pandas_factorize(monkeypatch, name, hashed):
-    if hashed:
-        monkeypatch.setattr(layout, "HASHED_VALUES", 1)
+    monkeypatch.setattr(layout, "_hashed", lambda count: hashed)
     values = CASES[name]
     first, inverse = distinct(values)
     want_first, want_inverse = factorized(values)
@@ -66,3 +68,10 @@ def test_sorted_distinct_is_np_unique(values):
     got = layout.sorted_distinct(values)
     np.testing.assert_array_equal(got, np.unique(values))
     assert got.dtype == values.dtype
+
+
+def test_distinct_hashes_large_inputs_and_once_pandas_is_imported(monkeypatch):
+    monkeypatch.delitem(sys.modules, "pandas")
+    assert not layout._hashed(layout.HASHED_VALUES - 1) and layout._hashed(layout.HASHED_VALUES)
+    monkeypatch.setitem(sys.modules, "pandas", pd)
+    assert layout._hashed(10)
