@@ -3,9 +3,9 @@
 This is the one place the pieces meet: search space -> cost model -> ranking.  The search space
 (:mod:`planner.search.space`) yields every valid actor layout and every valid rollout option;
 here each actor layout gets the rollout option that fits beside it and generates fastest, the
-cost model scores the result, and the layouts are ranked.  It returns plain data (:class:`Plan`,
-a pandas DataFrame of candidates plus counts); rendering lives in :mod:`planner.report` and exit
-codes in :mod:`planner.cli`.
+cost model scores the result, and the layouts are ranked.  It returns plain data (:class:`Plan`:
+the ranked layouts as numpy columns, as a pandas DataFrame on first use, plus counts); rendering
+lives in :mod:`planner.report` and exit codes in :mod:`planner.cli`.
 
 Ranking is :mod:`planner.ranking`'s rule (fits, inside the memory band, predicted step time,
 more headroom), with the layouts the model cannot tell from the best moved to the top simplest
