@@ -234,7 +234,7 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
            f"layout{merged_text(plan.merged, '; ')})"
            if plan.workload.has_rollout else merged_text(plan.merged, ' (', ')'))
         + f", {plan.fitting_count:,} fit in memory, "
-        + f"{int((plan.fitting['memory_utilization'] <= plan.policy.high + 1e-9).sum()):,} "
+        + f"{plan.fitting_below_top:,} "
         + f"with the {PEAK_NAME} at most {100 * plan.policy.high:.0f}%",
     ]
     for line in (ranking_line(plan), fastest_line(plan)):
