@@ -25,7 +25,14 @@ from planner.cost.columns import (
     memory_column,
     time_column,
 )
-from planner.cost.memory import actor_memory, estimate_memory, max_rows, rollout_memory
+from planner.cost.memory import (
+    actor_memory,
+    actor_reduction,
+    estimate_memory,
+    max_rows,
+    reduce_actor,
+    rollout_memory,
+)
 from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import StepGroups, generate_s, step_columns
 from planner.cost.trajectory import (
@@ -172,14 +179,21 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
     timed = workload.has_rollout
     capacity = float(request.cluster.gpu.memory_bytes)
     memory = actor_memory(request, actor) if memory is None else memory
-    resident_all = max_rows(memory["phases"]["generate"])
     # what the engine joins outside generation (planner.cost.memory.estimate_memory)
     sleeps = timed and workload.engine.free_cache_engine
     joined = ("weight_sync",) if sleeps else tuple(
         phase for phase in TRAINING_PHASES if phase in workload.phases)
-    beside_all = max_rows([max_rows(memory["phases"][phase]) for phase in joined])
-    first, inverse = distinct(resident_all + 1j * beside_all)
-    resident, beside = resident_all[first], beside_all[first]
+
+    def pairs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        resident_all = actor_reduction(memory, "resident",
+                                       lambda: max_rows(memory["phases"]["generate"]))
+        beside_all = max_rows([max_rows(memory["phases"][phase]) for phase in joined])
+        first, inverse = distinct(resident_all + 1j * beside_all)
+        return resident_all[first], beside_all[first], inverse
+
+    # the actor's memory alone: found once per actor evaluation (the plans that share it)
+    resident, beside, inverse = actor_reduction(memory, "rollout_pairs_" + "+".join(joined),
+                                                pairs)
     n, options = len(resident), len(rollouts["rollout_tp"])
     chosen = {name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS}
     chosen["gpu_memory_utilization"] = np.full(n, 0.5)
@@ -543,7 +557,8 @@ def evaluate_actors(request: PlanRequest) -> ActorEvaluation:
     """The request's search space and the memory of its actor layouts."""
     space = build_space(request.model, request.cluster, request.workload,
                         search_options_for(request))
-    return ActorEvaluation(request, space, actor_memory(request, space.columns))
+    return ActorEvaluation(request, space, reduce_actor(request.workload,
+                                                       actor_memory(request, space.columns)))
 
 
 def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
