@@ -25,7 +25,14 @@ from planner.cost.columns import (
     memory_column,
     time_column,
 )
-from planner.cost.memory import actor_memory, estimate_memory, max_rows, rollout_memory
+from planner.cost.memory import (
+    actor_memory,
+    actor_reduction,
+    estimate_memory,
+    max_rows,
+    reduce_actor,
+    rollout_memory,
+)
 from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import StepGroups, generate_s, step_columns
 from planner.cost.trajectory import (
@@ -38,7 +45,14 @@ from planner.cost.trajectory import (
 from planner.errors import InvalidLayoutError
 from planner.phases import PHASES, TRAINING_PHASES
 from planner.policy import FILL_POLICY
-from planner.ranking import fastest_in_band, first_in_order, tie_order
+from planner.ranking import (
+    band_pool,
+    fastest_in_band,
+    first_in_order,
+    rows_before,
+    tie_order,
+    tied_with_best,
+)
 from planner.results import COLOCATED_MODE, ColocatedCandidate, Placement, Staleness
 from planner.search.layout import RECOMPUTE, Columns, Layout, RowsAt, distinct
 from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
@@ -76,6 +90,10 @@ class Plan(OfRequest):
     merged: int = 0  # valid actor layouts merged into an equivalent scored one (SearchSpace)
     # layouts that fit when ``candidates`` keeps only the first few (make_plan's ``keep``)
     fit_total: int | None = None
+    # of those, with the peak at most the band's top, and the ties, when ``candidates`` keeps
+    # only the rows the text table reads (make_plan's ``table``)
+    below_top_total: int | None = None
+    tie_total: int | None = None
     # step-time ratio within which layouts are ties, and where the figure comes from
     tie_tolerance: float = 0.0
     tie_source: str = ""
@@ -116,8 +134,19 @@ class Plan(OfRequest):
         return int(np.count_nonzero(self.columns["fits"]))
 
     @property
+    def fitting_below_top(self) -> int:
+        """Layouts that fit with their nvidia-smi peak at most the memory band's top (all of
+        them, also when the frame keeps fewer)."""
+        if self.below_top_total is not None:
+            return self.below_top_total
+        fraction = np.asarray(self.columns["memory_utilization"])[self.fitting_rows()]
+        return int(np.count_nonzero(fraction <= self.policy.high + 1e-9))
+
+    @property
     def ties(self) -> int:
         """Layouts within the ranking uncertainty of the best (``within_error_of_best``)."""
+        if self.tie_total is not None:
+            return self.tie_total
         tied = self.columns.get("within_error_of_best")
         return 0 if tied is None else int(np.count_nonzero(tied))
 
@@ -179,14 +208,21 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
     timed = workload.has_rollout
     capacity = float(request.cluster.gpu.memory_bytes)
     memory = actor_memory(request, actor) if memory is None else memory
-    resident_all = max_rows(memory["phases"]["generate"])
     # what the engine joins outside generation (planner.cost.memory.estimate_memory)
     sleeps = timed and workload.engine.free_cache_engine
     joined = ("weight_sync",) if sleeps else tuple(
         phase for phase in TRAINING_PHASES if phase in workload.phases)
-    beside_all = max_rows([max_rows(memory["phases"][phase]) for phase in joined])
-    first, inverse = distinct(resident_all + 1j * beside_all)
-    resident, beside = resident_all[first], beside_all[first]
+
+    def pairs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        resident_all = actor_reduction(memory, "resident",
+                                       lambda: max_rows(memory["phases"]["generate"]))
+        beside_all = max_rows([max_rows(memory["phases"][phase]) for phase in joined])
+        first, inverse = distinct(resident_all + 1j * beside_all)
+        return resident_all[first], beside_all[first], inverse
+
+    # the actor's memory alone: found once per actor evaluation (the plans that share it)
+    resident, beside, inverse = actor_reduction(memory, "rollout_pairs_" + "+".join(joined),
+                                                pairs)
     n, options = len(resident), len(rollouts["rollout_tp"])
     chosen = {name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS}
     chosen["gpu_memory_utilization"] = np.full(n, 0.5)
@@ -298,6 +334,9 @@ class Head:
 
     rows: int
     tie_tolerance: float = 0.0
+    # also the fastest layout inside the memory band and every layout ranked before it
+    # (:func:`planner.ranking.fastest_in_band`: what the text table reads beyond the head)
+    band_fastest: bool = False
 
 
 def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
@@ -331,7 +370,8 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     if head is not None and _moving(request):
         at = _middle_request(request)
         middle = step_columns(at, subset, subset, groups)
-        leads = _rows_that_can_lead(request, subset, middle, flags["memory_tight"][timed], head)
+        leads = _rows_that_can_lead(request, subset, middle, flags["memory_tight"][timed], head,
+                                    memory["memory_utilization"][timed])
         if not leads.all():
             timed[timed] = leads
             index = np.flatnonzero(leads)
@@ -369,10 +409,11 @@ def _middle_request(request: PlanRequest) -> PlanRequest:
 
 
 def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns,
-                        tight: np.ndarray, head: Head) -> np.ndarray:
+                        tight: np.ndarray, head: Head, fraction: np.ndarray) -> np.ndarray:
     """Which of the fitting rows ``subset`` can be in the ``head`` of the ranking, from their
-    step columns at the middle of the run (``middle``) and their memory-tight flag
-    (``tight``).
+    step columns at the middle of the run (``middle``), their memory-tight flag (``tight``)
+    and, for ``head.band_fastest``, their peak's share of the GPU (``fraction``,
+    :func:`_rows_up_to_band_fastest`).
 
     The expected step time is Simpson's rule over the first, middle and last step,
     ``E = (T_0 + 4 T_mid + T_1) / 6`` (:mod:`planner.cost.trajectory`).  Every phase time is
@@ -403,16 +444,55 @@ def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns,
         if size > left:
             rows = np.flatnonzero(members)
             probe = rows[np.argpartition(t_mid[rows], left - 1)[:left]]
-            few = subset.at(probe) if isinstance(subset, RowsAt) else RowsAt(subset, probe)
-            exact = step_columns_over_run(
-                request, lambda at, few=few: step_columns(at, few, few))["step_time_s"]
+            exact = _exact_step_s(request, subset, probe)
             bound = max(float(np.max(exact)), (1 + ties) * float(np.min(exact)))
             members &= ~(lower > bound * (1 + 1e-9))  # NaN bound: nothing is dropped
         leads |= members
         if size:
             ties = 0.0  # the ties are the first tier with rows
         left -= size
+    if head.band_fastest:
+        leads |= _rows_up_to_band_fastest(request, subset, t_mid, lower, tight, fraction)
     return leads
+
+
+def _exact_step_s(request: PlanRequest, subset: Columns, rows: np.ndarray) -> np.ndarray:
+    """The expected step time over the run of ``subset``'s ``rows``, timed at every point."""
+    few = subset.at(rows) if isinstance(subset, RowsAt) else RowsAt(subset, rows)
+    return step_columns_over_run(
+        request, lambda at, few=few: step_columns(at, few, few))["step_time_s"]
+
+
+def _rows_up_to_band_fastest(request: PlanRequest, subset: Columns, t_mid: np.ndarray,
+                             lower: np.ndarray, tight: np.ndarray,
+                             fraction: np.ndarray) -> np.ndarray:
+    """Which of the fitting rows ``subset`` can be the fastest inside the memory band
+    (:func:`planner.ranking.fastest_in_band`) or rank before it, from the lower bounds
+    ``lower`` of their expected step time (:func:`_rows_that_can_lead`).
+
+    The band's pool (inside the band, else below its top, else every fitting row) depends on
+    memory alone.  Its row with the smallest middle-of-run time is timed fully: its ``E``
+    bounds the pool's fastest, ``E_f <= B``.  A row ranked before the fastest is in an
+    earlier tier or in its tier with ``E <= E_f`` (the ties before it are such rows too), so
+    a row of its tier with ``L > B`` is neither the fastest nor before it.  The pool lies in
+    the first tier (not memory-tight) unless no row fits below the band's top; then every
+    row of the first tier is kept."""
+    policy = request.policy
+    everything = np.ones(len(t_mid), dtype=bool)
+    for pool in ((fraction >= policy.low) & (fraction <= policy.high),
+                 fraction <= policy.high, everything):
+        if pool.any():
+            break
+    else:
+        return ~everything
+    rows = np.flatnonzero(pool & np.isfinite(t_mid))
+    if not len(rows):
+        return everything
+    bound = float(_exact_step_s(request, subset, rows[[np.argmin(t_mid[rows])]])[0])
+    if not np.isfinite(bound):
+        return everything
+    within = ~(lower > bound * (1 + 1e-9))  # a NaN bound keeps the row
+    return (~tight | within) if (pool & tight).any() else (~tight & within)
 
 
 def score_columns(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
@@ -517,18 +597,24 @@ def evaluate_actors(request: PlanRequest) -> ActorEvaluation:
     """The request's search space and the memory of its actor layouts."""
     space = build_space(request.model, request.cluster, request.workload,
                         search_options_for(request))
-    return ActorEvaluation(request, space, actor_memory(request, space.columns))
+    return ActorEvaluation(request, space, reduce_actor(request.workload,
+                                                       actor_memory(request, space.columns)))
 
 
 def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
-              actors: ActorEvaluation | None = None, keep: int | None = None) -> Plan:
+              actors: ActorEvaluation | None = None, keep: int | None = None,
+              table: bool = False) -> Plan:
     """Rank every valid layout.  ``tie_tolerance``: the step-time ratio within which layouts
     are ties (None: the cost model's ranking uncertainty; 0: a strict ranking).  ``actors``:
     the request's :class:`ActorEvaluation` when already computed (by a plan of the same
     request under another memory policy, :attr:`Plan.actors`).  ``keep``: put only the first
     ``keep`` ranked layouts in the frame (a caller that reads the best alone), and time only
     the layouts that can be among them (:class:`Head`); the counts
-    (:attr:`Plan.fitting_count`) stay those of every layout."""
+    (:attr:`Plan.fitting_count`) stay those of every layout.  ``table`` (with ``keep``): what
+    the text table reads -- the first ``keep`` rows, and up to the fastest layout inside the
+    memory band (:attr:`Plan.fastest_in_band`, its rank), with the exact counts of ties
+    (:attr:`Plan.ties`) and of layouts below the band's top (:attr:`Plan.fitting_below_top`);
+    only the layouts that can be among those rows are timed at every point of the run."""
     options = search_options_for(request)
     if actors is None or not actors.serves(request):
         actors = evaluate_actors(request)
@@ -538,13 +624,22 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     tolerance = request.cost.uncertainty if tie_tolerance is None else tie_tolerance
     # a ranking read only at its head times only the fitting rows that can be in it
     head = keep is not None and not options.exhaustive
+    table = table and keep is not None
     rows = score_rows(request, actor, memory,
                       pick_utilization=options.gpu_memory_utilization is None,
-                      time_rows=Head(keep, tolerance) if head else "fitting")
+                      time_rows=Head(keep, tolerance, table) if head else "fitting")
     # the ranking reads one time column: the step time
     scored = {**rows.untimed, "step_time_s": rows.column("step_time_s")}
     fitting = int(np.count_nonzero(scored["fits"]))
-    if keep is not None and tolerance <= 0:
+    totals = {}
+    if table:
+        order, tied = _table_order(scored, min(keep, fitting + KEEP_NOT_FITTING), tolerance,
+                                   request.policy)
+        fraction = scored["memory_utilization"][scored["fits"].astype(bool)]
+        totals = {"tie_total": int(np.count_nonzero(tied)), "below_top_total": int(
+            np.count_nonzero(fraction <= request.policy.high + 1e-9))}
+        keep = len(order)
+    elif keep is not None and tolerance <= 0:
         # a strict ranking read only at its head: the first rows without sorting them all
         order = first_in_order(scored, keep)
         tied = np.zeros(len(scored["tp"]), dtype=bool)
@@ -561,10 +656,37 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     ranked.update(fill_columns(request, ranked, min(fitting, FILL_ROWS)))
     return Plan(request=request, columns=ranked, actors=actors, enumerated=space.enumerated,
                 valid=space.valid, rejected=space.rejected, scored=len(scored["tp"]),
-                merged=space.merged, fit_total=None if keep is None else fitting,
+                merged=space.merged, fit_total=None if keep is None else fitting, **totals,
                 tie_tolerance=tolerance,
                 tie_source=request.cost.uncertainty_source if tie_tolerance is None
                 else "given")
+
+
+def _table_order(scored: Columns, keep: int, tolerance: float,
+                 policy) -> tuple[np.ndarray, np.ndarray]:
+    """The first rows of :func:`planner.ranking.tie_order` that the text table reads: the
+    first ``keep``, and up to the fastest layout inside the memory band (its rank), without
+    sorting every row; and the mask of every tie.  The ties are the first rows of the strict
+    ranking (the best's tier's fastest), so counting them needs its best row alone; the
+    fastest's position (any of the rows as fast as it in the band's pool: the first of them
+    in the ranking is the one shown) is that of the ties, or the count of rows ranked before
+    it (:func:`planner.ranking.rows_before`)."""
+    tied = tied_with_best(scored, first_in_order(scored, 1), tolerance)
+    count = max(keep, int(np.count_nonzero(tied)))
+    pool = band_pool(scored, policy)
+    fastest = None
+    if pool is not None:
+        step = np.asarray(scored["step_time_s"], dtype=float)
+        fastest = pool & (step == np.min(step[pool]))
+        candidates = np.flatnonzero(fastest)
+        last = candidates[np.lexsort((candidates, scored["peak_bytes"][candidates],
+                                      scored[flag_column("memory_tight")][candidates]))[-1]]
+        count = max(count, rows_before(scored, int(last)) + 1)
+    order, tied = tie_order(scored, tolerance, policy, first=count)
+    shown = keep
+    if fastest is not None:
+        shown = max(keep, int(np.flatnonzero(fastest[order])[0]) + 1)
+    return order[:shown], tied
 
 
 @dataclass

@@ -167,11 +167,10 @@ def tied_with_best(cols: Columns, order: np.ndarray, tolerance: float) -> np.nda
     return tied
 
 
-def fastest_in_band(cols: Columns, policy: MemoryPolicy = DEFAULT_POLICY) -> int | None:
-    """Row of the predicted-fastest layout (least ``step_time_s``, the run's expected step time)
-    among those that fit with their peak inside the memory band; where none is inside, among
-    those that fit below the band's top, else among those that fit.  None: nothing fits, or
-    nothing is timed.  What the tie rule's simplest layout is compared with (issue 26)."""
+def band_pool(cols: Columns, policy: MemoryPolicy = DEFAULT_POLICY) -> np.ndarray | None:
+    """Mask of the rows :func:`fastest_in_band` chooses among: the timed layouts that fit with
+    their peak inside the memory band; where none is inside, those that fit below the band's
+    top, else those that fit.  None: nothing fits, or nothing is timed."""
     if "step_time_s" not in cols or not len(cols["tp"]):
         return None
     step = np.asarray(cols["step_time_s"], dtype=float)
@@ -180,8 +179,42 @@ def fastest_in_band(cols: Columns, policy: MemoryPolicy = DEFAULT_POLICY) -> int
     for pool in (fits & (fraction >= policy.low) & (fraction <= policy.high),
                  fits & (fraction <= policy.high), fits):
         if pool.any():
-            return int(np.flatnonzero(pool)[np.argmin(step[pool])])
+            return pool
     return None
+
+
+def fastest_in_band(cols: Columns, policy: MemoryPolicy = DEFAULT_POLICY) -> int | None:
+    """Row of the predicted-fastest layout (least ``step_time_s``, the run's expected step time)
+    among those that fit with their peak inside the memory band; where none is inside, among
+    those that fit below the band's top, else among those that fit (:func:`band_pool`).  None:
+    nothing fits, or nothing is timed.  What the tie rule's simplest layout is compared with
+    (issue 26)."""
+    pool = band_pool(cols, policy)
+    if pool is None:
+        return None
+    step = np.asarray(cols["step_time_s"], dtype=float)
+    return int(np.flatnonzero(pool)[np.argmin(step[pool])])
+
+
+def rows_before(cols: Columns, row: int) -> int:
+    """How many rows :func:`rank_order` puts before ``row`` (scored layouts with a step-time
+    column), without sorting: the rows whose keys (fits, memory-tight, step time, peak; then
+    the row's index, the sort being stable) are smaller, a NaN key sorting last."""
+    fits = np.asarray(cols["fits"]).astype(bool)
+    tier = np.where(fits, (fits & np.asarray(cols[flag_column("memory_tight")]).astype(bool))
+                    .astype(np.int8), np.int8(2))
+    seconds = np.where(fits, np.asarray(cols["step_time_s"], dtype=float), 0.0)
+    peak = np.asarray(cols["peak_bytes"], dtype=float)
+    earlier = np.arange(len(fits)) < row
+    before = earlier
+    for key in (peak, seconds, tier):  # the least important first
+        mine = key[row]
+        if np.issubdtype(key.dtype, np.floating) and np.isnan(mine):
+            less, same = ~np.isnan(key), np.isnan(key)
+        else:
+            less, same = key < mine, key == mine
+        before = less | (same & before)
+    return int(np.count_nonzero(before))
 
 
 TIE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "param_offload", "optimizer_offload",
@@ -190,12 +223,16 @@ TIE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "param_offload", "optimizer_
 
 
 def tie_order(cols: Columns, tolerance: float, policy: MemoryPolicy = DEFAULT_POLICY,
-              misses: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+              misses: int | None = None, first: int | None = None,
+              ) -> tuple[np.ndarray, np.ndarray]:
     """The ranking with ties resolved towards simple layouts (module docstring): returns
     ``(order, tied)`` -- indices best first, and the mask of layouts tied with the best.
     ``misses``: of the layouts that do not fit, ``order`` holds only the first ``misses``
-    (:func:`rank_order`; ties are layouts that fit)."""
-    order = rank_order(cols, misses)
+    (:func:`rank_order`; ties are layouts that fit).  ``first``: ``order`` holds only the first
+    ``first`` rows, found without sorting every row (:func:`first_in_order`; at least the
+    number of ties: the ties are the first rows of :func:`rank_order`, the best's tier's
+    fastest)."""
+    order = rank_order(cols, misses) if first is None else first_in_order(cols, first)
     tied = tied_with_best(cols, order, tolerance)
     if not tied.any():
         return order, tied

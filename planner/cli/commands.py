@@ -43,7 +43,11 @@ def cmd_plan(args) -> int:
     cluster = inputs.resolve_cluster(args)
     workload = inputs.workload(args, model)
     request = inputs.request(args, model, cluster, workload)
-    plan = make_plan(request, tie_tolerance=args.tie_tolerance)
+    # the text table reads the plan's first rows, its fastest layout inside the memory band and
+    # counts: only what it reads is ranked (JSON, CSV and --write read every layout)
+    table = args.format not in ("json", "csv") and not args.write
+    plan = make_plan(request, tie_tolerance=args.tie_tolerance,
+                     keep=args.top if table else None, table=table)
     inputs.note_versions(args, request.cost)
     fitting = plan.fitting_count
     if args.write:

@@ -1016,6 +1016,62 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
             "parts": parts}
 
 
+def engine_phases(workload) -> tuple[str, ...]:
+    """The phases whose stages the rollout engine's memory joins (:func:`estimate_memory`):
+    generation, and the weight sync (a sleeping engine wakes its weights for it) or, for an
+    engine that keeps its whole budget, every training phase."""
+    if engine_of(workload).free_cache_engine:
+        return ("generate", "weight_sync")
+    return ("generate", *TRAINING_PHASES)
+
+
+def _largest_stage(actor: dict, phase: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the index of ``phase``'s largest stage (the first on ties) and its bytes, of
+    the actor alone (:func:`argmax_rows`, kept: :func:`actor_reduction`)."""
+    return actor_reduction(actor, f"largest_{phase}",
+                           lambda: argmax_rows(actor["phases"][phase]))
+
+
+def reduce_actor(workload, actor: dict) -> dict:
+    """``actor`` (:func:`actor_memory`) with each phase the rollout engine does not join
+    (:func:`engine_phases`) reduced to what :func:`estimate_memory` reads of it, its largest
+    stage per row (the index as int8, at most four stages), and its per-stage arrays dropped:
+    a plan's actor evaluation, kept for its plans under other policies, holds 12 fewer arrays
+    of every row (DeepSeek-V3 on 1,024 GPUs: 1.6 million rows).  A workload without a
+    rollout keeps them (a plan's rollout choice reads its training phases)."""
+    actor["reduced"] = {}
+    if not workload.has_rollout:
+        return actor
+    joined = engine_phases(workload)
+    for phase in PHASES:
+        if phase not in joined:
+            index, largest = _largest_stage(actor, phase)
+            small = index.astype(np.int8)
+            small.flags.writeable = False
+            actor["reduced"][f"largest_{phase}"] = (small, largest)
+    actor["phases"] = {phase: stages for phase, stages in actor["phases"].items()
+                       if phase in joined}
+    return actor
+
+
+def actor_reduction(actor: dict, name: str, compute) -> tuple | np.ndarray:
+    """``compute()``, a reduction of ``actor``'s own per-stage bytes (no rollout column read),
+    kept in ``actor["reduced"]`` under ``name`` and computed once: the plans that share an
+    actor evaluation (:func:`reduce_actor`: the text table's filled-GPU plan, a sizing sweep's
+    GPU types) reduce the same arrays.  The kept arrays are read-only, so no caller can change
+    them for another.  An actor memory without ``reduced`` (:func:`actor_memory`'s own) keeps
+    nothing."""
+    reduced = actor.get("reduced")
+    if reduced is None:
+        return compute()
+    if name not in reduced:
+        value = compute()
+        for array in value if isinstance(value, tuple) else (value,):
+            array.flags.writeable = False
+        reduced[name] = value
+    return reduced[name]
+
+
 def pick_utilization(wanted_fraction, resident_bytes, capacity: float,
                      ceiling: float) -> np.ndarray:
     """``gpu_memory_utilization`` for a pool of ``wanted_fraction`` of the GPU beside
@@ -1172,7 +1228,7 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     # search space computed it while choosing the rollout.
     actor = actor or actor_memory(request, cols)
     phase_stages = {phase: list(values) for phase, values in actor["phases"].items()}
-    resident = max_rows(phase_stages["generate"])
+    resident = actor_reduction(actor, "resident", lambda: max_rows(phase_stages["generate"]))
     out = _rollout_memory_once(request, cols, resident,
                                None if pick_utilization else cols["gpu_memory_utilization"])
     allocated = dict(actor["allocated"])  # per phase, on its largest stage
@@ -1190,7 +1246,10 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
             phase_stages[phase] = [stage + out["rollout_budget_bytes"]
                                    for stage in phase_stages[phase]]
             allocated[phase] = allocated[phase] + out["rollout_budget_bytes"]
-    worst = {phase: argmax_rows(phase_stages[phase]) for phase in PHASES}
+    joined = engine_phases(workload)
+    # the other phases' largest stage is the actor's own: reduced once per actor evaluation
+    worst = {phase: argmax_rows(phase_stages[phase]) if phase in joined else
+             _largest_stage(actor, phase) for phase in PHASES}
     phases = {phase: worst[phase][1] for phase in PHASES}
     # The phases the workload runs set the peak (a pretraining step has only the update).
     zero = np.zeros_like(phases["update_actor"])
@@ -1207,7 +1266,7 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
                  "ref_weights"):
         out[part_column(part)] = parts.pick(part, out["peak_stage"])
     # Host memory: every GPU of a node runs one worker; the busiest stage sets the node.
-    host_per_gpu = parts.largest("host")
+    host_per_gpu = actor_reduction(actor, "host", lambda: parts.largest("host"))
     gpus_per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     out["host_bytes_per_gpu"] = host_per_gpu
     out["host_bytes_per_node"] = host_per_gpu * gpus_per_node + HOST_NODE_BYTES

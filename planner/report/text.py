@@ -224,7 +224,6 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
     model, cluster = plan.model, plan.cluster
     capacity = cluster.gpu.memory_bytes
     p = model.params
-    utilization = np.asarray(plan.columns["memory_utilization"])[plan.fitting_rows()]
     head = [
         f"model    {model.name}: {p.total / 1e9:.2f}B params ({p.active / 1e9:.2f}B active), "
         f"{model.num_layers} layers{layer_kinds_text(model)}, hidden {model.hidden_size}"
@@ -237,7 +236,7 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
            f"layout{merged_text(plan.merged, '; ')})"
            if plan.workload.has_rollout else merged_text(plan.merged, ' (', ')'))
         + f", {plan.fitting_count:,} fit in memory, "
-        + f"{int(np.count_nonzero(utilization <= plan.policy.high + 1e-9)):,} "
+        + f"{plan.fitting_below_top:,} "
         + f"with the {PEAK_NAME} at most {100 * plan.policy.high:.0f}%",
     ]
     for line in (ranking_line(plan), fastest_line(plan)):

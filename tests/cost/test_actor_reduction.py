@@ -1,0 +1,54 @@
+"""A plan's actor evaluation keeps each phase the rollout engine does not join reduced to its
+largest stage, computed once for the plans that share it (the text table's filled-GPU plan, a
+sizing sweep's GPU types): ``estimate_memory`` and the rollout choice then give, under every
+memory policy, the columns of a fresh actor evaluation, to the bit."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from conftest import cluster
+
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.cost.memory import actor_memory, engine_phases, estimate_memory
+from planner.cost.request import PlanRequest
+from planner.phases import PHASES
+from planner.plan import choose_rollout, evaluate_actors
+from planner.policy import FILL_POLICY, MemoryPolicy
+
+SMALL = GrpoWorkload(train_batch_size=64, rollout_n=4, mini_batch_size=16)
+
+
+@pytest.mark.parametrize("sleeps", [True, False])
+def test_shared_reduced_actor_gives_the_fresh_columns(sleeps):
+    workload = replace(SMALL, free_cache_engine=sleeps)
+    request = PlanRequest(resolve_model("qwen3-30b"), cluster(16), workload)
+    actors = evaluate_actors(request)
+    kept = set(actors.memory["phases"])
+    assert kept == set(engine_phases(workload))
+    assert (kept < set(PHASES)) == sleeps  # an engine kept awake joins every phase
+    space = actors.space
+    for policy in (request.policy, FILL_POLICY, MemoryPolicy(0.5, 0.6), request.policy):
+        req = replace(request, policy=policy)
+        cols, memory = choose_rollout(req, space.columns, space.rollouts, None, actors.memory)
+        fresh_cols, fresh = choose_rollout(req, space.columns, space.rollouts, None,
+                                           actor_memory(req, space.columns))
+        for name, values in fresh_cols.items():
+            np.testing.assert_array_equal(cols[name], values, err_msg=name)
+        got = estimate_memory(req, cols, pick_utilization=True, actor=memory)
+        expected = estimate_memory(req, cols, pick_utilization=True, actor=fresh)
+        assert list(got) == list(expected)
+        for name, values in expected.items():
+            assert got[name].dtype == values.dtype, name
+            np.testing.assert_array_equal(got[name], values, err_msg=name)
+
+
+def test_the_kept_reductions_are_read_only():
+    request = PlanRequest(resolve_model("qwen3-8b"), cluster(8), SMALL)
+    actors = evaluate_actors(request)
+    cols, memory = choose_rollout(request, actors.space.columns, actors.space.rollouts, None,
+                                  actors.memory)
+    out = estimate_memory(request, cols, pick_utilization=True, actor=memory)
+    with pytest.raises(ValueError):
+        out["mem_update_actor_bytes"][0] = 0.0
