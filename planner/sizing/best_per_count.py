@@ -151,13 +151,15 @@ def best_layout(request: PlanRequest, refine: int = REFINE,
     shared = {} if shared is None else shared
 
     def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp, probe: str = "") -> Plan:
-        # the probes keep the split settings that build the same stages (exhaustive): see below;
-        # the refinement (the plan that is no probe) is read at its head alone (its best)
+        # the probes keep the split settings that build the same stages (exhaustive): see below.
+        # Every plan here is timed in full (no ``keep``): a plan of a few thousand layouts costs
+        # its calls of the time model, not its rows, and reading the refinement at its head
+        # (planner.plan.Head) would time its layouts once more, at the middle of the run, first.
         key = (cluster.num_gpus, probe)
         made = make_plan(replace(request, options=replace(
             options, knob_rows=knobs, parallel_rows=parallel, rollout_rows=rollouts, vpp=vpp,
             exhaustive=bool(probe) or options.exhaustive)), tie_tolerance=0.0,
-            actors=shared.get(key) if probe else None, keep=None if probe else 1)
+            actors=shared.get(key) if probe else None)
         if probe:
             shared[key] = made.actors
         return made
