@@ -23,6 +23,18 @@ recompute, every offload combination over every parallel layout and VPP.  Memory
 each of them (a smaller micro-batch or token budget, fewer activations kept, less state
 resident), so a count where none of those fits has no layout that fits, and the one with the
 smallest peak is the plan's closest miss.  Tests compare both with full plans.
+
+**Cost.**  A sweep makes two plans per GPU type and count (96 for 48 counts), each of a few
+thousand layouts, so its time is the plans' fixed costs -- the calls of the cost model, each
+spending its time in per-call Python rather than over rows -- not their rows: with response
+lengths that move over the run, every plan calls the time model at the run's three points
+(:mod:`planner.cost.trajectory`).  So every plan is timed in full: reading the refinement at
+its head (:class:`planner.plan.Head`, what pays on a plan of millions of layouts) would time
+its layouts once more, at the middle of the run, before the head's three points (measured on
+the 48-count DAPO sweep: 432 calls of the GRPO step's time model instead of 288, about 10%
+more CPU time).  The probes of the GPU types at one count share the search space and the
+actor's memory (:class:`planner.plan.ActorEvaluation`); their refinements differ (each keeps
+its own probe's first layouts) and are evaluated each.
 """
 
 from __future__ import annotations
@@ -151,13 +163,15 @@ def best_layout(request: PlanRequest, refine: int = REFINE,
     shared = {} if shared is None else shared
 
     def plan(knobs=None, parallel=None, rollouts=None, vpp=options.vpp, probe: str = "") -> Plan:
-        # the probes keep the split settings that build the same stages (exhaustive): see below;
-        # the refinement (the plan that is no probe) is read at its head alone (its best)
+        # the probes keep the split settings that build the same stages (exhaustive): see below.
+        # Every plan here is timed in full (no ``keep``): a plan of a few thousand layouts costs
+        # its calls of the time model, not its rows, and reading the refinement at its head
+        # (planner.plan.Head) would time its layouts once more, at the middle of the run, first.
         key = (cluster.num_gpus, probe)
         made = make_plan(replace(request, options=replace(
             options, knob_rows=knobs, parallel_rows=parallel, rollout_rows=rollouts, vpp=vpp,
             exhaustive=bool(probe) or options.exhaustive)), tie_tolerance=0.0,
-            actors=shared.get(key) if probe else None, keep=None if probe else 1)
+            actors=shared.get(key) if probe else None)
         if probe:
             shared[key] = made.actors
         return made
