@@ -176,6 +176,12 @@ class ModelSpec:
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
 
+    @property
+    def linear_bias(self) -> bool:
+        """megatron-core's ``add_bias_linear``: the checkpoint's linear layers carry biases, so
+        the bridge builds them (Megatron-Bridge's GPTOSSProvider: ``add_bias_linear=True``)."""
+        return self.expert_bias or self.attention_o_bias
+
     @cached_property  # a function of the frozen fields: computed once (the cost model asks often)
     def num_moe_layers(self) -> int:
         return sum(layer.mlp is MlpKind.MOE for layer in self.layers)

@@ -244,6 +244,13 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, w, x: np.bool_(m.is_moe) & (max(m.moe_ffn_hidden_size, 1) % x["etp"] != 0),
          lambda m, c, w, v: f"expert_tensor_parallel_size {v['etp']} does not divide "
                             f"moe_ffn_hidden_size {m.moe_ffn_hidden_size}"),
+    Rule("etp_moe_bias",
+         "megatron-core 0.16.1 TransformerConfig: 'Bias in Moe is only supported when ETP==1' "
+         "(add_bias_linear, which the bridge sets for a checkpoint with linear biases)",
+         lambda m, c, w, x: np.bool_(m.is_moe and m.linear_bias) & (x["etp"] > 1),
+         lambda m, c, w, v: f"expert_tensor_parallel_size {v['etp']}: {m.name}'s linear layers "
+                            f"carry biases (add_bias_linear), which megatron-core supports in "
+                            f"MoE layers only with ETP 1"),
     Rule("expert_grid", "megatron-core parallel_state: world % (ETP*EP*PP) == 0",
          lambda m, c, w, x: c.num_gpus % (x["etp"] * x["ep"] * x["pp"]) != 0,
          lambda m, c, w, v: f"ETP*EP*PP = {v['etp']}*{v['ep']}*{v['pp']} does not divide "

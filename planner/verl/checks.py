@@ -62,6 +62,7 @@ RULE_KEYS = {
     "dense_model_has_no_experts": (_m("ep"),),
     "ep_divides_experts": (_m("ep"),),
     "etp_divides_moe_ffn": (_m("etp"),),
+    "etp_moe_bias": (_m("etp"),),
     "expert_grid": (_m("etp"), _m("ep"), _m("pp"), *WORLD_KEYS),
     "batch_divides_dp": ("data.train_batch_size", _r("n"), MICRO),
     "mini_batch_divides_dp": (MINI, _r("n")),
@@ -285,7 +286,8 @@ def model_findings(config: dict, job: JobReading, request: PlanRequest,
         out.append(Finding("expert_tensor_parallel", f"{_m('etp')} is null, so megatron-core "
                            f"splits every expert over TP={layout.tp}; set it explicitly (1 keeps "
                            f"experts whole)", (_m("etp"),), "warning"))
-    if model.is_moe and layout.etp > 1 and job.transformer.get("add_bias_linear") is True:
+    if model.is_moe and layout.etp > 1 and not model.linear_bias \
+            and job.transformer.get("add_bias_linear") is True:  # biased models: etp_moe_bias
         out.append(Finding("expert_tensor_parallel", f"{TRANSFORMER}.add_bias_linear=True with "
                            f"{_m('etp')}={layout.etp}: megatron-core supports MoE biases only "
                            f"with ETP 1", (f"{TRANSFORMER}.add_bias_linear", _m("etp"))))

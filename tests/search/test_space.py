@@ -249,3 +249,15 @@ def test_the_batch_rules_checked_per_micro_batch_match_the_whole_cross_product(n
     for key, values in every.items():
         np.testing.assert_array_equal(space.columns[key], values[first < 0], err_msg=key)
         assert space.columns[key].dtype == values.dtype, key
+
+
+def test_models_with_expert_biases_keep_experts_whole():
+    """gpt-oss's experts carry biases (Megatron-Bridge's GPTOSSProvider: add_bias_linear=True),
+    which megatron-core supports only with ETP 1; the plan used to pick ETP 2 and write
+    add_bias_linear=False, a model without the checkpoint's biases."""
+    model = resolve_model("gpt-oss-20b")
+    assert model.linear_bias
+    space = build_space(model, cluster(8), GrpoWorkload())
+    assert set(space.columns["etp"]) == {1}
+    assert space.rejected.get("etp_moe_bias", 0) > 0
+    assert not resolve_model("qwen3-30b").linear_bias

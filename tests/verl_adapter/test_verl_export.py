@@ -71,6 +71,17 @@ CASES = {
 }
 
 
+def test_a_model_with_expert_biases_keeps_add_bias_linear():
+    """gpt-oss's linear layers carry biases (Megatron-Bridge's GPTOSSProvider sets
+    add_bias_linear=True): the export never writes add_bias_linear=False, which would build a
+    model without the checkpoint's biases."""
+    layout = Layout(tp=1, pp=1, ep=4, etp=2, dp=8, micro_batch=4, rollout_dp=8, rollout_ep=8,
+                    gpu_memory_utilization=0.5)
+    overrides = job_overrides(builtin_model("gpt-oss-20b"), cluster(8), GrpoWorkload(), layout,
+                              **PATHS)
+    assert not [o for o in overrides if "add_bias_linear" in o]
+
+
 def overrides_for(case, **extra):
     name, gpus, layout = CASES[case]
     return job_overrides(builtin_model(name), cluster(gpus), GrpoWorkload(), layout, **PATHS,
