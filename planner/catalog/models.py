@@ -99,6 +99,9 @@ class ModelSpec:
     expert_bias: bool = False  # gpt-oss: expert gate_up and down biases
     mlp_bias: bool = False  # Nemotron-H's mlp_bias
     moe_latent_size: int = 0  # Nemotron-3 Super's LatentMoE width
+    # config.json's max_position_embeddings: the longest prompt + response verl's rollout
+    # serves (vllm_async_server: max_model_len <= it); 0: the config states none
+    max_position_embeddings: int = 0
 
     def __post_init__(self) -> None:
         for field_name in ("num_layers", "hidden_size", "num_attention_heads",
@@ -294,6 +297,7 @@ INTEGER_FIELDS = {
     "mamba_num_heads": (1, 1 << 16), "mamba_head_dim": (1, 1 << 16),
     "ssm_state_size": (1, 1 << 16), "n_groups": (1, 1 << 16), "conv_kernel": (1, 1 << 10),
     "moe_latent_size": (0, _WIDTH), "moe_shared_expert_intermediate_size": (0, 1 << 24),
+    "max_position_embeddings": (1, 1 << 40),
 }
 
 
@@ -402,6 +406,7 @@ def spec_from_hf_config(config: Mapping[str, Any], name: str, source: str = "") 
         expert_bias=model_type == "gpt_oss",
         mlp_bias=bool(config.get("mlp_bias", False)),
         moe_latent_size=int(_first(config, "moe_latent_size", default=0)) if num_experts else 0,
+        max_position_embeddings=int(config.get("max_position_embeddings") or 0),
     )
 
 

@@ -133,6 +133,20 @@ def response_lengths(args, model_name: str = "") -> tuple["ResponseLengths", flo
     return default_lengths(args.response_length, name), 0.0
 
 
+def check_context(model, prompt_length: int, response_length: int) -> None:
+    """Refuse a prompt + response longer than the model's context: verl 0.9.1's rollout
+    server takes ``max_model_len`` as at most ``max_position_embeddings``
+    (``vllm_async_server._validate_configs``), so a longer sequence never runs."""
+    total = prompt_length + response_length
+    if model.max_position_embeddings and total > model.max_position_embeddings:
+        raise PlanInputError(
+            f"--prompt-length {prompt_length} + --response-length {response_length} = {total} "
+            f"tokens exceeds {model.name}'s max_position_embeddings "
+            f"{model.max_position_embeddings}, the longest sequence verl's rollout serves "
+            f"(max_model_len); shorten the lengths, or pass a config.json whose "
+            f"max_position_embeddings covers {total}")
+
+
 def workload(args, model=None):
     """The workload of the flags; a GRPO step's response lengths as
     :func:`response_lengths` states them (``model``: the resolved model, whose name picks the
@@ -140,6 +154,8 @@ def workload(args, model=None):
     if args.workload == "pretrain":
         return PretrainWorkload(seq_len=args.seq_len, global_batch=args.global_batch,
                                 precision=precision(args))
+    if model is not None:
+        check_context(model, args.prompt_length, args.response_length)
     lengths, prompt = response_lengths(args, model.name if model is not None else "")
     mean_prompt = args.mean_prompt_length
     if prompt and not mean_prompt:
