@@ -554,10 +554,13 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     if not name_or_path.strip():
         raise PlanInputError("--model is empty; give a catalog name or a config.json path")
     check_text("--model", name_or_path, what="a catalog name or a config.json path")
+    path = Path(name_or_path).expanduser()
+    if path.is_file() or (path / "config.json").is_file():
+        # a local download named after its model (~/models/Qwen3-8B) is read from its own file
+        return load_model_config_path(path)
     found = _lookup(name_or_path)
     if found is not None:
         return builtin_model(found)
-    path = Path(name_or_path).expanduser()
     if path.exists():
         return load_model_config_path(path)
     index = _alias_index()
