@@ -175,3 +175,19 @@ def test_closest_layout_is_the_smallest_when_nothing_fits(capsys):
     plan = make_plan(PlanRequest(resolve_model("llama3.1-405b"), cluster(16), GrpoWorkload()))
     assert closest == pytest.approx(plan.candidates["peak_memory_gib"].min(), abs=0.05)
     assert plan.candidates.iloc[0]["recompute"] == "full"
+
+
+ESTIMATE_8B = ["estimate", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--tp",
+               "2", "--micro-batch", "4", "--rollout-tp", "2"]
+
+
+def test_estimate_json_is_strict_json_when_the_pool_holds_no_sequence(capsys):
+    """The filled-GPU step of a layout whose own generation cannot run was NaN (inf - inf),
+    which strict JSON readers (jq, JavaScript) refuse; the text said 'step inf -> nan s'."""
+    code, out, _ = run(capsys, *ESTIMATE_8B, "--gpu-memory-utilization", "0.08",
+                       "--format", "json")
+    data = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
+    fill = data["fill_gpu"]
+    assert fill["generate_s"] > 0 and 0 < fill["step_time_s"] < 10_000
+    _, text, _ = run(capsys, *ESTIMATE_8B, "--gpu-memory-utilization", "0.08")
+    assert "nan" not in text
