@@ -181,6 +181,21 @@ ESTIMATE_8B = ["estimate", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "
                "2", "--micro-batch", "4", "--rollout-tp", "2"]
 
 
+def test_estimate_names_why_a_layout_inside_the_band_does_not_fit(capsys):
+    """'fits: NO' used to quote a peak inside the band and stop there: a rollout pool too small
+    for one sequence, or offloaded state beyond the host's memory, went unsaid."""
+    code, out, _ = run(capsys, *ESTIMATE_8B, "--gpu-memory-utilization", "0.08")
+    assert code == 1
+    fits = next(line for line in out.splitlines() if line.startswith("fits:"))
+    assert "gpu_memory_utilization 0.08 holds 0 KV tokens per GPU" in fits
+    assert "2,048-token sequence" in fits
+    code, out, _ = run(capsys, *ESTIMATE_8B, "--param-offload", "--optimizer-offload",
+                       "--host-memory-gib", "16")
+    assert code == 1
+    fits = next(line for line in out.splitlines() if line.startswith("fits:"))
+    assert "host memory" in fits and "16.0 GiB per node (--host-memory-gib)" in fits
+
+
 def test_estimate_json_is_strict_json_when_the_pool_holds_no_sequence(capsys):
     """The filled-GPU step of a layout whose own generation cannot run was NaN (inf - inf),
     which strict JSON readers (jq, JavaScript) refuse; the text said 'step inf -> nan s'."""
