@@ -82,6 +82,24 @@ def test_a_model_with_expert_biases_keeps_add_bias_linear():
     assert not [o for o in overrides if "add_bias_linear" in o]
 
 
+@pytest.mark.parametrize("case,text", [
+    ("dense_tp_pp", ", layers per stage 14/14"),  # Qwen2.5-7B, 28 layers over PP 2
+    ("moe_uneven_full", ", layers per stage 3/4/../2"),  # DeepSeek-V3: 61 = 3 + 14 x 4 + 2
+])
+def test_script_header_names_the_layers_of_each_stage(case, text):
+    """The header used to read 'stages 0/../0 layers' for an even split (the unset uneven-stage
+    settings), and 'stages 16/../0' where only the first stage was set."""
+    from planner.verl.export import ExportedJob
+    from planner.verl.files import stages_text
+
+    name, gpus, layout = CASES[case]
+    job = ExportedJob(builtin_model(name), cluster(gpus), GrpoWorkload(), layout, {})
+    assert stages_text(job).startswith(text)
+    first = dataclasses.replace(layout, first_stage_layers=12, last_stage_layers=0, pp=4)
+    job = ExportedJob(builtin_model("Qwen3-8B"), cluster(16), GrpoWorkload(), first, {})
+    assert stages_text(job) == ", layers per stage 12/8/../8"  # 36 - 12 = 24 over 3 stages
+
+
 def overrides_for(case, **extra):
     name, gpus, layout = CASES[case]
     return job_overrides(builtin_model(name), cluster(gpus), GrpoWorkload(), layout, **PATHS,
