@@ -173,7 +173,10 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
         "mini_batch_size": (256, MAX_BATCH), "ppo_epochs": (1, 1000)}
     group = parser.add_argument_group("GRPO workload (verl's data/actor settings)")
     for name, (default, high) in from_defaults.items():
-        group.add_argument(f"--{name.replace('_', '-')}", type=integer(1, high), default=default,
+        # the mini-batch's default is filled in by planner.cli.inputs.workload, which says so
+        # when the default does not suit the --train-batch-size given
+        group.add_argument(f"--{name.replace('_', '-')}", type=integer(1, high),
+                           default=None if name == "mini_batch_size" else default,
                            help=f"default {default}")
     group.add_argument("--mean-response-length", type=integer(0, MAX_TOKENS), default=0,
                        help="tokens generated per response on average, fixed over the run "

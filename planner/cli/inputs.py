@@ -133,6 +133,31 @@ def response_lengths(args, model_name: str = "") -> tuple["ResponseLengths", flo
     return default_lengths(args.response_length, name), 0.0
 
 
+DEFAULT_MINI_BATCH = 256  # verl's GRPO examples' ppo_mini_batch_size
+
+
+def mini_batch_size(args) -> int:
+    """``--mini-batch-size``, else verl's examples' 256; a default that exceeds or does not
+    divide ``--train-batch-size`` is refused as the default (the user never typed it)."""
+    given = getattr(args, "mini_batch_size", None)
+    if given is not None:
+        return given
+    train = args.train_batch_size
+    if DEFAULT_MINI_BATCH > train or train % DEFAULT_MINI_BATCH:
+        # the largest mini-batch up to the default that divides the train batch
+        near = max(size for size in range(1, min(train, DEFAULT_MINI_BATCH) + 1)
+                   if not train % size)
+        raise PlanInputError(
+            f"--mini-batch-size {DEFAULT_MINI_BATCH} (the default) "
+            + (f"exceeds --train-batch-size {train}; pass --mini-batch-size {train} or less"
+               if DEFAULT_MINI_BATCH > train else
+               f"does not divide --train-batch-size {train}; pass a --mini-batch-size that "
+               f"does")
+            + f" (verl splits each step into whole mini-batches; e.g. --mini-batch-size "
+              f"{near})")
+    return DEFAULT_MINI_BATCH
+
+
 def check_context(model, prompt_length: int, response_length: int) -> None:
     """Refuse a prompt + response longer than the model's context: verl 0.9.1's rollout
     server takes ``max_model_len`` as at most ``max_position_embeddings``
@@ -156,6 +181,7 @@ def workload(args, model=None):
                                 precision=precision(args))
     if model is not None:
         check_context(model, args.prompt_length, args.response_length)
+    mini_batch = mini_batch_size(args)
     lengths, prompt = response_lengths(args, model.name if model is not None else "")
     mean_prompt = args.mean_prompt_length
     if prompt and not mean_prompt:
@@ -165,7 +191,7 @@ def workload(args, model=None):
                         overlap_grad_reduce=args.overlap_grad_reduce,
                         train_batch_size=args.train_batch_size, rollout_n=args.rollout_n,
                         prompt_length=args.prompt_length, response_length=args.response_length,
-                        mini_batch_size=args.mini_batch_size, ppo_epochs=args.ppo_epochs,
+                        mini_batch_size=mini_batch, ppo_epochs=args.ppo_epochs,
                         precision=precision(args), max_num_seqs=args.max_num_seqs,
                         use_kl_loss=args.kl_loss, use_kl_in_reward=args.kl_in_reward,
                         bypass_old_log_prob=args.bypass_old_log_prob,
