@@ -535,8 +535,14 @@ def load_model_config_path(path: Path) -> ModelSpec:
                 config = AutoConfig.for_model(**raw)
             except Exception as error:  # noqa: BLE001 - transformers raises ValueError,
                 # TypeError, KeyError and StrictDataclassFieldValidationError for bad fields
+                # transformers puts the reason on the lines after a heading ("Class validation
+                # error for validator ...:"): keep them, on one line and bounded
+                reason = " ".join(line.strip() for line in str(error).splitlines()
+                                  if line.strip())
+                if len(reason) > 400:
+                    reason = reason[:397] + "..."
                 raise PlanInputError(f"{str(config_file)!r}: transformers cannot read it "
-                                     f"({str(error).splitlines()[0]})") from None
+                                     f"({reason})") from None
             values = {**raw, **config.to_dict()}
     # else: the normaliser knows every field it reads; transformers only adds class defaults
     check_supported(values, name)
