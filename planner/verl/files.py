@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Sequence
 
 from planner.errors import PlanInputError
-from planner.search.pipeline import pipeline_split
 from planner.extras import require
+from planner.search.pipeline import pipeline_split
 from planner.verl.export import (
     ENVIRONMENT,
     ExportedJob,
