@@ -166,6 +166,10 @@ def memory_band_args(parser: argparse.ArgumentParser) -> None:
                              "the band users watch in nvidia-smi; 0.70-0.95 fills the GPU)")
 
 
+class DefaultInt(int):
+    """An integer flag's default, told apart from the same value typed by the user."""
+
+
 def workload_args(parser: argparse.ArgumentParser) -> None:
     from_defaults = {  # verl GRPO example defaults, see planner/catalog/workload.py
         "train_batch_size": (1024, MAX_BATCH), "rollout_n": (5, 4096),
@@ -173,11 +177,10 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
         "mini_batch_size": (256, MAX_BATCH), "ppo_epochs": (1, 1000)}
     group = parser.add_argument_group("GRPO workload (verl's data/actor settings)")
     for name, (default, high) in from_defaults.items():
-        # the mini-batch's default is filled in by planner.cli.inputs.workload, which says so
-        # when the default does not suit the --train-batch-size given
+        # a default marks itself (planner.cli.inputs.workload says '(the default)' when the
+        # mini-batch's does not suit the --train-batch-size given)
         group.add_argument(f"--{name.replace('_', '-')}", type=integer(1, high),
-                           default=None if name == "mini_batch_size" else default,
-                           help=f"default {default}")
+                           default=DefaultInt(default), help=f"default {default}")
     group.add_argument("--mean-response-length", type=integer(0, MAX_TOKENS), default=0,
                        help="tokens generated per response on average, fixed over the run "
                             "(time follows it; default: the published runs' lengths for the "

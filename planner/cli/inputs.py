@@ -133,29 +133,24 @@ def response_lengths(args, model_name: str = "") -> tuple["ResponseLengths", flo
     return default_lengths(args.response_length, name), 0.0
 
 
-DEFAULT_MINI_BATCH = 256  # verl's GRPO examples' ppo_mini_batch_size
-
-
 def mini_batch_size(args) -> int:
-    """``--mini-batch-size``, else verl's examples' 256; a default that exceeds or does not
+    """``--mini-batch-size``; its default (verl's examples' 256) when it exceeds or does not
     divide ``--train-batch-size`` is refused as the default (the user never typed it)."""
-    given = getattr(args, "mini_batch_size", None)
-    if given is not None:
-        return given
-    train = args.train_batch_size
-    if DEFAULT_MINI_BATCH > train or train % DEFAULT_MINI_BATCH:
+    from planner.cli.args import DefaultInt
+
+    mini, train = int(args.mini_batch_size), args.train_batch_size
+    if isinstance(args.mini_batch_size, DefaultInt) and (mini > train or train % mini):
         # the largest mini-batch up to the default that divides the train batch
-        near = max(size for size in range(1, min(train, DEFAULT_MINI_BATCH) + 1)
-                   if not train % size)
+        near = max(size for size in range(1, min(train, mini) + 1) if not train % size)
         raise PlanInputError(
-            f"--mini-batch-size {DEFAULT_MINI_BATCH} (the default) "
+            f"--mini-batch-size {mini} (the default) "
             + (f"exceeds --train-batch-size {train}; pass --mini-batch-size {train} or less"
-               if DEFAULT_MINI_BATCH > train else
+               if mini > train else
                f"does not divide --train-batch-size {train}; pass a --mini-batch-size that "
                f"does")
             + f" (verl splits each step into whole mini-batches; e.g. --mini-batch-size "
               f"{near})")
-    return DEFAULT_MINI_BATCH
+    return mini
 
 
 def check_context(model, prompt_length: int, response_length: int) -> None:
