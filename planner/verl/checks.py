@@ -80,8 +80,7 @@ ADVISORY_RULES = {"rollout_dp_moe_only"}
 # Planner rules validate checks per verl key itself (_batch_findings names the key at fault).
 CHECKED_PER_KEY = {"token_budget_holds_a_sequence"}
 # verl checks these itself when batches are static, and rounds instead when they are dynamic.
-STATIC_BATCH_RULES = {"batch_divides_dp", "micro_batch_divides_mini_batch",
-                      "interleaved_microbatches"}
+STATIC_BATCH_RULES = {"batch_divides_dp", "micro_batch_divides_mini_batch"}
 
 
 def key_values(config: dict, keys) -> str:

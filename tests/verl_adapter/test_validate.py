@@ -599,3 +599,22 @@ def test_overlap_grad_reduce_from_the_job_hides_the_update_gradient_reduce(tmp_p
                                       if "overlap_grad_reduce" not in item])
     assert from_yaml["workload"]["overlap_grad_reduce"] is True
     assert from_yaml["memory"]["time_s"] == overlap_time
+
+
+@pytest.mark.needs("verl")
+def test_dynamic_batches_on_an_interleaved_pipeline_need_a_sequence_per_micro_batch(capsys):
+    """use_dynamic_bsz with PP 4 VPP 3 and one sequence per DP rank: verl rounds the packed
+    micro-batches up to 4 and raises ('Requested 4 non-empty micro-batches, but a rank has only
+    1'); validate skipped the interleaving rule for every dynamic job and said it would
+    launch."""
+    pipeline = [f"{A}.{module}.megatron.{key}={value}" for module in ("actor", "ref")
+                for key, value in (("tensor_model_parallel_size", 1),
+                                   ("pipeline_model_parallel_size", 4),
+                                   ("virtual_pipeline_model_parallel_size", 3))]
+    argv = ["validate", "--gpu-type", "h100", "--format", "json",
+            "configs/Qwen3-8B_8xH100-80GB/run_grpo.sh", "--", *pipeline,
+            "data.train_batch_size=2", f"{A}.actor.ppo_mini_batch_size=2", f"{A}.rollout.n=1"]
+    assert main(argv) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [f["check"] for f in errors(report)] == ["interleaved_microbatches"]
+    assert "1 sequences per mini-batch" in errors(report)[0]["message"]
