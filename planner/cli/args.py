@@ -37,6 +37,21 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def trailing_inputs(args: argparse.Namespace, extra: list[str]) -> None:
+    """``validate PATH --gpu-type h100 -- KEY=VALUE``: argparse fills a positional list once,
+    so words after the options arrive unrecognised.  For the commands that read a job
+    (``inputs``: validate, fix) they join the inputs; anything else, or an unknown option, is
+    refused as argparse would."""
+    words = [word for word in extra if word != "--"]
+    if not hasattr(args, "inputs") or any(word.startswith("-") for word in words):
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
+    check = free_text("a path or KEY=VALUE", 1 << 16)
+    try:
+        args.inputs = list(args.inputs) + [check(word) for word in words]
+    except argparse.ArgumentTypeError as error:
+        raise UsageError(f"argument PATH | -- KEY=VALUE: {error}") from None
+
+
 def integer(low: int, high: int):
     """An argparse type: an integer in ``low..high``."""
 

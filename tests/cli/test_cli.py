@@ -206,3 +206,20 @@ def test_estimate_json_is_strict_json_when_the_pool_holds_no_sequence(capsys):
     assert fill["generate_s"] > 0 and 0 < fill["step_time_s"] < 10_000
     _, text, _ = run(capsys, *ESTIMATE_8B, "--gpu-memory-utilization", "0.08")
     assert "nan" not in text
+
+
+@pytest.mark.needs("verl")
+def test_validate_takes_overrides_after_its_options(capsys):
+    """`validate PATH --gpu-type h100 -- KEY=VALUE` (the order README's example invites) was
+    refused with 'unrecognized arguments: -- KEY=VALUE': argparse takes a positional list
+    once, before the options."""
+    script = "configs/Qwen3-8B_8xH100-80GB/run_grpo.sh"
+    override = "actor_rollout_ref.rollout.gpu_memory_utilization=0.97"
+    late = run(capsys, "validate", script, "--gpu-type", "h100", "--format", "json", "--",
+               override)
+    early = run(capsys, "validate", "--gpu-type", "h100", "--format", "json", script, "--",
+                override)
+    assert late[0] == early[0] and "unrecognized" not in late[2]
+    assert json.loads(late[1]) == json.loads(early[1])
+    code, _, err = run(capsys, "validate", script, "--gpu-type", "h100", "--no-such-flag")
+    assert code == 2 and "unrecognized arguments: --no-such-flag" in err
