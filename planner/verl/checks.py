@@ -250,6 +250,28 @@ SPLIT_KEYS = {"pipeline_layout": f"{TRANSFORMER}.pipeline_model_parallel_layout"
               "account_loss": f"{TRANSFORMER}.account_for_loss_in_pipeline_split"}
 
 
+def context_findings(config: dict, job: JobReading, model) -> list[Finding]:
+    """The sequence against the model's context: verl 0.9.1's rollout server refuses a
+    ``max_model_len`` above ``max_position_embeddings`` and, unset, takes that as the limit,
+    cutting each response to what its prompt leaves (``vllm_async_server``)."""
+    limit, total = model.max_position_embeddings, job.prompt_length + job.response_length
+    max_model_len = get(config, _r("max_model_len"), None)
+    if limit and isinstance(max_model_len, int) and max_model_len > limit:
+        return [Finding("context_length", f"{_r('max_model_len')}={max_model_len} exceeds "
+                        f"{model.name}'s max_position_embeddings {limit}: verl's rollout "
+                        f"server raises ('max_model_len should be less than or equal to "
+                        f"max_position_embeddings')", (_r("max_model_len"),))]
+    if limit and total > limit:
+        keys = ("data.max_prompt_length", "data.max_response_length")
+        return [Finding("context_length", f"data.max_prompt_length + data.max_response_length"
+                        f" = {total} exceeds {model.name}'s max_position_embeddings {limit}: "
+                        f"verl's rollout serves at most {limit} tokens (max_model_len) and cuts "
+                        f"each response to what its prompt leaves; shorten the lengths or raise "
+                        f"max_position_embeddings in the model's config.json", keys,
+                        "warning")]
+    return []
+
+
 def model_findings(config: dict, job: JobReading, request: PlanRequest,
                    layout) -> list[Finding]:
     """The planner's rules, and the model-shape rules verl leaves to megatron-core
@@ -300,6 +322,7 @@ def model_findings(config: dict, job: JobReading, request: PlanRequest,
                                f"recompute_method=uniform does not divide the {sizes} layers of "
                                f"each model chunk; megatron-core indexes past the chunk (1 "
                                f"always works)", (f"{TRANSFORMER}.recompute_num_layers",)))
+    out += context_findings(config, job, model)
     for rule, message in explain(model, cluster, workload, layout.to_dict()):
         if rule in CHECKED_PER_KEY or (job.dynamic_batch and rule in STATIC_BATCH_RULES):
             continue

@@ -618,3 +618,23 @@ def test_dynamic_batches_on_an_interleaved_pipeline_need_a_sequence_per_micro_ba
     report = json.loads(capsys.readouterr().out)
     assert [f["check"] for f in errors(report)] == ["interleaved_microbatches"]
     assert "1 sequences per mini-batch" in errors(report)[0]["message"]
+
+
+@pytest.mark.needs("verl")
+@pytest.mark.parametrize("overrides,level,needle", [
+    (["data.max_prompt_length=36864", "data.max_response_length=8192"], "warning",
+     "= 45056 exceeds Qwen3-8B's max_position_embeddings 40960"),
+    ([f"{A}.rollout.max_model_len=65536"], "error",
+     "max_model_len=65536 exceeds Qwen3-8B's max_position_embeddings 40960"),
+])
+def test_a_sequence_beyond_the_models_context_is_named(capsys, overrides, level, needle):
+    """verl's rollout server caps max_model_len at max_position_embeddings (and raises above
+    it); validate used to pass both jobs without a word."""
+    budgets = [f"{A}.{key}=65536" for key in ("actor.ppo_max_token_len_per_gpu",
+                                               "rollout.log_prob_max_token_len_per_gpu",
+                                               "ref.log_prob_max_token_len_per_gpu")]
+    main(["validate", "--gpu-type", "h100", "--format", "json",
+          "configs/Qwen3-8B_8xH100-80GB/run_grpo.sh", "--", *budgets, *overrides])
+    report = json.loads(capsys.readouterr().out)
+    [finding] = [f for f in report["findings"] if f["check"] == "context_length"]
+    assert finding["level"] == level and needle in finding["message"]
