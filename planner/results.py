@@ -251,6 +251,18 @@ def _phase_name(value: Any) -> str:
     return value if isinstance(value, str) else PHASES[int(value)]
 
 
+def _filled_step_s(row: Mapping[str, Any]) -> float:
+    """The step with the filled pool's generation in place of the layout's own.  Where the
+    layout's generation cannot run (inf: no KV cache for one sequence) the step is the filled
+    generation plus the other phases, not inf - inf."""
+    generate_s, fill_s = float(row["time_generate_s"]), float(row["time_generate_s_fill"])
+    step_s = float(row["step_time_s"])
+    if np.isfinite(step_s) and np.isfinite(generate_s):
+        return step_s - generate_s + fill_s
+    return fill_s + sum(float(row[time_column(phase)]) for phase in PHASES
+                        if phase != "generate")
+
+
 def _colocated(row: Mapping[str, Any], placement: Placement, mode: str,
                staleness: Staleness | None) -> ColocatedCandidate:
     memory = MemoryUsage(
@@ -273,8 +285,7 @@ def _colocated(row: Mapping[str, Any], placement: Placement, mode: str,
             kv_cache_tokens_per_gpu=int(row["kv_cache_tokens_per_gpu_fill"]),
             peak_bytes=float(row["peak_bytes_fill"]),
             generate_s=float(row["time_generate_s_fill"]),
-            step_time_s=float(row["step_time_s"]) - float(row["time_generate_s"])
-            + float(row["time_generate_s_fill"]))
+            step_time_s=_filled_step_s(row))
     step = float(row.get("step_time_s", np.nan))
     if not np.isnan(step):  # timed (inf: it cannot run, e.g. no KV cache for a sequence)
         values.update(step_time_s=step,

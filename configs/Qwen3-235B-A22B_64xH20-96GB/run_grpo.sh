@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-235B-A22B on 64 x H20-96GB (8 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 705->809 over the run), mini-batch 256, bf16
-# Actor:     TP1 PP4 VPP1 CP1 EP16 ETP1 DP16, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute selective core_attn+layernorm+moe_act, offload -, CPU optimizer 100%, stages 0/../0 layers
+# Actor:     TP1 PP4 VPP1 CP1 EP16 ETP1 DP16, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute selective core_attn+layernorm+moe_act, offload -, CPU optimizer 100%, layers per stage 23/24/../23
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP2 DP32 EP64 (1 replica(s) of 64 GPUs), gpu_memory_utilization 0.35
 # Predicted: peak 77.86 GiB of 95.6 GiB (81%) in generate; step 967.2 s, 147 tokens/s/GPU

@@ -2,7 +2,7 @@
 # GRPO with verl 0.9.1 (Megatron backend): Qwen3-32B on 16 x H100-80GB (2 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
 # Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 705->809 over the run), mini-batch 256, bf16
-# Actor:     TP1 PP8 VPP1 CP1 EP1 ETP1 DP2, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute none, offload -, CPU optimizer 100%, stages 0/../0 layers
+# Actor:     TP1 PP8 VPP1 CP1 EP1 ETP1 DP2, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute none, offload -, CPU optimizer 100%, layers per stage 8/8/../8
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP8 DP1 EP1 (2 replica(s) of 8 GPUs), gpu_memory_utilization 0.30
 # Predicted: peak 67.52 GiB of 79.6 GiB (85%) in update_actor; step 625.5 s, 911 tokens/s/GPU

@@ -99,6 +99,9 @@ class ModelSpec:
     expert_bias: bool = False  # gpt-oss: expert gate_up and down biases
     mlp_bias: bool = False  # Nemotron-H's mlp_bias
     moe_latent_size: int = 0  # Nemotron-3 Super's LatentMoE width
+    # config.json's max_position_embeddings: the longest prompt + response verl's rollout
+    # serves (vllm_async_server: max_model_len <= it); 0: the config states none
+    max_position_embeddings: int = 0
 
     def __post_init__(self) -> None:
         for field_name in ("num_layers", "hidden_size", "num_attention_heads",
@@ -175,6 +178,12 @@ class ModelSpec:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    @property
+    def linear_bias(self) -> bool:
+        """megatron-core's ``add_bias_linear``: the checkpoint's linear layers carry biases, so
+        the bridge builds them (Megatron-Bridge's GPTOSSProvider: ``add_bias_linear=True``)."""
+        return self.expert_bias or self.attention_o_bias
 
     @cached_property  # a function of the frozen fields: computed once (the cost model asks often)
     def num_moe_layers(self) -> int:
@@ -288,6 +297,7 @@ INTEGER_FIELDS = {
     "mamba_num_heads": (1, 1 << 16), "mamba_head_dim": (1, 1 << 16),
     "ssm_state_size": (1, 1 << 16), "n_groups": (1, 1 << 16), "conv_kernel": (1, 1 << 10),
     "moe_latent_size": (0, _WIDTH), "moe_shared_expert_intermediate_size": (0, 1 << 24),
+    "max_position_embeddings": (1, 1 << 40),
 }
 
 
@@ -396,6 +406,7 @@ def spec_from_hf_config(config: Mapping[str, Any], name: str, source: str = "") 
         expert_bias=model_type == "gpt_oss",
         mlp_bias=bool(config.get("mlp_bias", False)),
         moe_latent_size=int(_first(config, "moe_latent_size", default=0)) if num_experts else 0,
+        max_position_embeddings=int(config.get("max_position_embeddings") or 0),
     )
 
 
@@ -524,8 +535,14 @@ def load_model_config_path(path: Path) -> ModelSpec:
                 config = AutoConfig.for_model(**raw)
             except Exception as error:  # noqa: BLE001 - transformers raises ValueError,
                 # TypeError, KeyError and StrictDataclassFieldValidationError for bad fields
+                # transformers puts the reason on the lines after a heading ("Class validation
+                # error for validator ...:"): keep them, on one line and bounded
+                reason = " ".join(line.strip() for line in str(error).splitlines()
+                                  if line.strip())
+                if len(reason) > 400:
+                    reason = reason[:397] + "..."
                 raise PlanInputError(f"{str(config_file)!r}: transformers cannot read it "
-                                     f"({str(error).splitlines()[0]})") from None
+                                     f"({reason})") from None
             values = {**raw, **config.to_dict()}
     # else: the normaliser knows every field it reads; transformers only adds class defaults
     check_supported(values, name)
@@ -543,10 +560,13 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     if not name_or_path.strip():
         raise PlanInputError("--model is empty; give a catalog name or a config.json path")
     check_text("--model", name_or_path, what="a catalog name or a config.json path")
+    path = Path(name_or_path).expanduser()
+    if path.is_file() or (path / "config.json").is_file():
+        # a local download named after its model (~/models/Qwen3-8B) is read from its own file
+        return load_model_config_path(path)
     found = _lookup(name_or_path)
     if found is not None:
         return builtin_model(found)
-    path = Path(name_or_path).expanduser()
     if path.exists():
         return load_model_config_path(path)
     index = _alias_index()

@@ -37,6 +37,21 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def trailing_inputs(args: argparse.Namespace, extra: list[str]) -> None:
+    """``validate PATH --gpu-type h100 -- KEY=VALUE``: argparse fills a positional list once,
+    so words after the options arrive unrecognised.  For the commands that read a job
+    (``inputs``: validate, fix) they join the inputs; anything else, or an unknown option, is
+    refused as argparse would."""
+    words = [word for word in extra if word != "--"]
+    if not hasattr(args, "inputs") or any(word.startswith("-") for word in words):
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
+    check = free_text("a path or KEY=VALUE", 1 << 16)
+    try:
+        args.inputs = list(args.inputs) + [check(word) for word in words]
+    except argparse.ArgumentTypeError as error:
+        raise UsageError(f"argument PATH | -- KEY=VALUE: {error}") from None
+
+
 def integer(low: int, high: int):
     """An argparse type: an integer in ``low..high``."""
 
@@ -166,6 +181,10 @@ def memory_band_args(parser: argparse.ArgumentParser) -> None:
                              "the band users watch in nvidia-smi; 0.70-0.95 fills the GPU)")
 
 
+class DefaultInt(int):
+    """An integer flag's default, told apart from the same value typed by the user."""
+
+
 def workload_args(parser: argparse.ArgumentParser) -> None:
     from_defaults = {  # verl GRPO example defaults, see planner/catalog/workload.py
         "train_batch_size": (1024, MAX_BATCH), "rollout_n": (5, 4096),
@@ -173,8 +192,10 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
         "mini_batch_size": (256, MAX_BATCH), "ppo_epochs": (1, 1000)}
     group = parser.add_argument_group("GRPO workload (verl's data/actor settings)")
     for name, (default, high) in from_defaults.items():
-        group.add_argument(f"--{name.replace('_', '-')}", type=integer(1, high), default=default,
-                           help=f"default {default}")
+        # a default marks itself (planner.cli.inputs.workload says '(the default)' when the
+        # mini-batch's does not suit the --train-batch-size given)
+        group.add_argument(f"--{name.replace('_', '-')}", type=integer(1, high),
+                           default=DefaultInt(default), help=f"default {default}")
     group.add_argument("--mean-response-length", type=integer(0, MAX_TOKENS), default=0,
                        help="tokens generated per response on average, fixed over the run "
                             "(time follows it; default: the published runs' lengths for the "

@@ -133,6 +133,40 @@ def response_lengths(args, model_name: str = "") -> tuple["ResponseLengths", flo
     return default_lengths(args.response_length, name), 0.0
 
 
+def mini_batch_size(args) -> int:
+    """``--mini-batch-size``; its default (verl's examples' 256) when it exceeds or does not
+    divide ``--train-batch-size`` is refused as the default (the user never typed it)."""
+    from planner.cli.args import DefaultInt
+
+    mini, train = int(args.mini_batch_size), args.train_batch_size
+    if isinstance(args.mini_batch_size, DefaultInt) and (mini > train or train % mini):
+        # the largest mini-batch up to the default that divides the train batch
+        near = max(size for size in range(1, min(train, mini) + 1) if not train % size)
+        raise PlanInputError(
+            f"--mini-batch-size {mini} (the default) "
+            + (f"exceeds --train-batch-size {train}; pass --mini-batch-size {train} or less"
+               if mini > train else
+               f"does not divide --train-batch-size {train}; pass a --mini-batch-size that "
+               f"does")
+            + f" (verl splits each step into whole mini-batches; e.g. --mini-batch-size "
+              f"{near})")
+    return mini
+
+
+def check_context(model, prompt_length: int, response_length: int) -> None:
+    """Refuse a prompt + response longer than the model's context: verl 0.9.1's rollout
+    server takes ``max_model_len`` as at most ``max_position_embeddings``
+    (``vllm_async_server._validate_configs``), so a longer sequence never runs."""
+    total = prompt_length + response_length
+    if model.max_position_embeddings and total > model.max_position_embeddings:
+        raise PlanInputError(
+            f"--prompt-length {prompt_length} + --response-length {response_length} = {total} "
+            f"tokens exceeds {model.name}'s max_position_embeddings "
+            f"{model.max_position_embeddings}, the longest sequence verl's rollout serves "
+            f"(max_model_len); shorten the lengths, or pass a config.json whose "
+            f"max_position_embeddings covers {total}")
+
+
 def workload(args, model=None):
     """The workload of the flags; a GRPO step's response lengths as
     :func:`response_lengths` states them (``model``: the resolved model, whose name picks the
@@ -140,6 +174,9 @@ def workload(args, model=None):
     if args.workload == "pretrain":
         return PretrainWorkload(seq_len=args.seq_len, global_batch=args.global_batch,
                                 precision=precision(args))
+    if model is not None:
+        check_context(model, args.prompt_length, args.response_length)
+    mini_batch = mini_batch_size(args)
     lengths, prompt = response_lengths(args, model.name if model is not None else "")
     mean_prompt = args.mean_prompt_length
     if prompt and not mean_prompt:
@@ -149,7 +186,7 @@ def workload(args, model=None):
                         overlap_grad_reduce=args.overlap_grad_reduce,
                         train_batch_size=args.train_batch_size, rollout_n=args.rollout_n,
                         prompt_length=args.prompt_length, response_length=args.response_length,
-                        mini_batch_size=args.mini_batch_size, ppo_epochs=args.ppo_epochs,
+                        mini_batch_size=mini_batch, ppo_epochs=args.ppo_epochs,
                         precision=precision(args), max_num_seqs=args.max_num_seqs,
                         use_kl_loss=args.kl_loss, use_kl_in_reward=args.kl_in_reward,
                         bypass_old_log_prob=args.bypass_old_log_prob,

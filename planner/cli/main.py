@@ -12,7 +12,7 @@ import sys
 from typing import Sequence
 
 from planner.cli import notes
-from planner.cli.args import SUBCOMMANDS, build_parser
+from planner.cli.args import SUBCOMMANDS, build_parser, trailing_inputs
 from planner.cli.codes import ExitCode
 from planner.errors import InvalidLayoutError, NoFitError, PlanInputError
 from planner.extras import missing_extra
@@ -78,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = ["--help"]
     notes.drop()
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = build_parser().parse_known_args(argv)
+        if extra:
+            trailing_inputs(args, extra)
         if args.command is None:
             build_parser().print_help()
             return ExitCode.USAGE

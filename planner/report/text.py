@@ -302,6 +302,27 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
     return "\n".join(head) + "\n\n" + body + "\n\n" + "\n".join(tail)
 
 
+def unfit_reasons(estimate) -> list[str]:
+    """Why a layout whose peak is within the GPU does not fit: a rollout pool without room for
+    one sequence, or offloaded state beyond the host's memory (the peak says the rest)."""
+    c, cluster = estimate.candidate, estimate.cluster
+    if c.fits or c.memory.peak_bytes > cluster.gpu.memory_bytes:
+        return []
+    reasons = []
+    if "generate" in estimate.workload.phases and not c.rollout.fits:
+        reasons.append(f"but the rollout pool at gpu_memory_utilization "
+                       f"{setting(estimate.layout.gpu_memory_utilization):.2f} holds "
+                       f"{c.rollout.kv_cache_tokens_per_gpu:,} KV tokens per GPU, not one "
+                       f"{estimate.workload.sequence_length:,}-token sequence (raise "
+                       f"--gpu-memory-utilization)")
+    if not c.memory.host_fits:
+        reasons.append(f"but the offloaded state needs {gib(c.memory.host_bytes_per_node):.1f} "
+                       f"GiB of host memory per node, over the "
+                       f"{cluster.host_memory_per_node_bytes / GIB:.1f} GiB per node "
+                       f"(--host-memory-gib)")
+    return reasons
+
+
 def estimate_text(estimate) -> str:
     c = estimate.candidate
     policy = estimate.policy
@@ -314,7 +335,8 @@ def estimate_text(estimate) -> str:
         f"fits: {'yes' if c.fits else 'NO'} - {PEAK_NAME} {gib(memory.peak_bytes):.2f} "
         f"GiB ({100 * share:.0f}% of "
         f"{estimate.cluster.gpu.memory_gib:.1f} GiB, {policy.position(memory.utilization)} the "
-        f"{policy.band_text} band) in {memory.peak_phase} ({memory.peak_stage} pipeline stage)",
+        f"{policy.band_text} band) in {memory.peak_phase} ({memory.peak_stage} pipeline stage)"
+        + "".join(f"; {reason}" for reason in unfit_reasons(estimate)),
         "",
     ]
     phases = estimate.workload.phases

@@ -21,7 +21,7 @@ from planner.catalog.layers import MixerKind
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
-from planner.search.batches import update_batches
+from planner.search.batches import log_prob_batches, update_batches
 from planner.search.layout import Columns
 from planner.search.pipeline import layout_vpp, pipeline_split
 
@@ -108,6 +108,32 @@ def _static(cols: Columns) -> np.ndarray:
     if dynamic is None:
         return np.ones(len(cols["tp"]), dtype=bool)
     return ~np.asarray(dynamic).astype(bool)
+
+
+def _packed_interleaved_breaks(workload, cols: Columns) -> np.ndarray:
+    """Dynamic batches on an interleaved pipeline: verl rounds the packed micro-batch count up
+    to a multiple of ``microbatch_group_size_per_vp_stage`` (PP) and raises when that exceeds
+    the rank's sequences (``rearrange_micro_batches``: "Requested N non-empty micro-batches,
+    but a rank has only M"); judged with every response at the maximum length, as memory is."""
+    dp = np.maximum(cols["dp"], 1)
+    update = update_batches(workload, cols).memory_count
+    log_prob = log_prob_batches(workload, cols).memory_count
+    return ~_static(cols) & (cols["vpp"] > 1) & (
+        (update > workload.sequences_per_mini_batch // dp)
+        | (log_prob > workload.sequences_per_step // dp))
+
+
+def _interleaved_text(workload, values: dict) -> str:
+    if values.get("dynamic_batch"):
+        return (f"dynamic batches round the micro-batches of a pipeline with "
+                f"virtual_pipeline_model_parallel_size {values['vpp']} up to a multiple of PP "
+                f"{values['pp']}, one sequence at least each, but a DP rank has "
+                f"{workload.sequences_per_mini_batch // max(values['dp'], 1)} sequences per "
+                f"mini-batch (verl rearrange_micro_batches raises); give each rank a multiple "
+                f"of PP sequences (fewer DP ranks or a larger mini-batch), or no VPP")
+    return (f"with virtual_pipeline_model_parallel_size {values['vpp']} the "
+            f"{_one_micro_batch_count(workload, values)} micro-batches per mini-batch must be "
+            f">= PP {values['pp']} and a multiple of it")
 
 
 def _token_budget_breaks(workload, cols: Columns) -> np.ndarray:
@@ -244,6 +270,13 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, w, x: np.bool_(m.is_moe) & (max(m.moe_ffn_hidden_size, 1) % x["etp"] != 0),
          lambda m, c, w, v: f"expert_tensor_parallel_size {v['etp']} does not divide "
                             f"moe_ffn_hidden_size {m.moe_ffn_hidden_size}"),
+    Rule("etp_moe_bias",
+         "megatron-core 0.16.1 TransformerConfig: 'Bias in Moe is only supported when ETP==1' "
+         "(add_bias_linear, which the bridge sets for a checkpoint with linear biases)",
+         lambda m, c, w, x: np.bool_(m.is_moe and m.linear_bias) & (x["etp"] > 1),
+         lambda m, c, w, v: f"expert_tensor_parallel_size {v['etp']}: {m.name}'s linear layers "
+                            f"carry biases (add_bias_linear), which megatron-core supports in "
+                            f"MoE layers only with ETP 1"),
     Rule("expert_grid", "megatron-core parallel_state: world % (ETP*EP*PP) == 0",
          lambda m, c, w, x: c.num_gpus % (x["etp"] * x["ep"] * x["pp"]) != 0,
          lambda m, c, w, v: f"ETP*EP*PP = {v['etp']}*{v['ep']}*{v['pp']} does not divide "
@@ -265,14 +298,13 @@ RULES: tuple[Rule, ...] = (
                             f" (ppo_mini_batch_size*n/DP) is not divisible by micro-batch "
                             f"{v['micro_batch']}"),
     Rule("interleaved_microbatches",
-         "megatron-core interleaved schedule: micro-batches >= PP and a multiple of PP",
-         lambda m, c, w, x: _static(x) & (x["vpp"] > 1)
-         & ((micro_batches_per_mini_batch(w, x) < x["pp"])
-            | (micro_batches_per_mini_batch(w, x) % x["pp"] != 0)),
-         lambda m, c, w, v: f"with virtual_pipeline_model_parallel_size {v['vpp']} the "
-                            f"{_one_micro_batch_count(w, v)}"
-                            f" micro-batches per mini-batch must be >= PP {v['pp']} and a "
-                            f"multiple of it"),
+         "megatron-core interleaved schedule: micro-batches >= PP and a multiple of PP (with "
+         "dynamic batches verl rounds up to that and needs a sequence for each)",
+         lambda m, c, w, x: (_static(x) & (x["vpp"] > 1)
+                             & ((micro_batches_per_mini_batch(w, x) < x["pp"])
+                                | (micro_batches_per_mini_batch(w, x) % x["pp"] != 0)))
+         | _packed_interleaved_breaks(w, x),
+         lambda m, c, w, v: _interleaved_text(w, v)),
     Rule("token_budget_holds_a_sequence",
          "verl rearrange_micro_batches: max_token_len_per_gpu * CP >= the longest sequence",
          lambda m, c, w, x: _token_budget_breaks(w, x),

@@ -62,6 +62,7 @@ RULE_KEYS = {
     "dense_model_has_no_experts": (_m("ep"),),
     "ep_divides_experts": (_m("ep"),),
     "etp_divides_moe_ffn": (_m("etp"),),
+    "etp_moe_bias": (_m("etp"),),
     "expert_grid": (_m("etp"), _m("ep"), _m("pp"), *WORLD_KEYS),
     "batch_divides_dp": ("data.train_batch_size", _r("n"), MICRO),
     "mini_batch_divides_dp": (MINI, _r("n")),
@@ -79,8 +80,7 @@ ADVISORY_RULES = {"rollout_dp_moe_only"}
 # Planner rules validate checks per verl key itself (_batch_findings names the key at fault).
 CHECKED_PER_KEY = {"token_budget_holds_a_sequence"}
 # verl checks these itself when batches are static, and rounds instead when they are dynamic.
-STATIC_BATCH_RULES = {"batch_divides_dp", "micro_batch_divides_mini_batch",
-                      "interleaved_microbatches"}
+STATIC_BATCH_RULES = {"batch_divides_dp", "micro_batch_divides_mini_batch"}
 
 
 def key_values(config: dict, keys) -> str:
@@ -250,6 +250,28 @@ SPLIT_KEYS = {"pipeline_layout": f"{TRANSFORMER}.pipeline_model_parallel_layout"
               "account_loss": f"{TRANSFORMER}.account_for_loss_in_pipeline_split"}
 
 
+def context_findings(config: dict, job: JobReading, model) -> list[Finding]:
+    """The sequence against the model's context: verl 0.9.1's rollout server refuses a
+    ``max_model_len`` above ``max_position_embeddings`` and, unset, takes that as the limit,
+    cutting each response to what its prompt leaves (``vllm_async_server``)."""
+    limit, total = model.max_position_embeddings, job.prompt_length + job.response_length
+    max_model_len = get(config, _r("max_model_len"), None)
+    if limit and isinstance(max_model_len, int) and max_model_len > limit:
+        return [Finding("context_length", f"{_r('max_model_len')}={max_model_len} exceeds "
+                        f"{model.name}'s max_position_embeddings {limit}: verl's rollout "
+                        f"server raises ('max_model_len should be less than or equal to "
+                        f"max_position_embeddings')", (_r("max_model_len"),))]
+    if limit and total > limit:
+        keys = ("data.max_prompt_length", "data.max_response_length")
+        return [Finding("context_length", f"data.max_prompt_length + data.max_response_length"
+                        f" = {total} exceeds {model.name}'s max_position_embeddings {limit}: "
+                        f"verl's rollout serves at most {limit} tokens (max_model_len) and cuts "
+                        f"each response to what its prompt leaves; shorten the lengths or raise "
+                        f"max_position_embeddings in the model's config.json", keys,
+                        "warning")]
+    return []
+
+
 def model_findings(config: dict, job: JobReading, request: PlanRequest,
                    layout) -> list[Finding]:
     """The planner's rules, and the model-shape rules verl leaves to megatron-core
@@ -285,7 +307,8 @@ def model_findings(config: dict, job: JobReading, request: PlanRequest,
         out.append(Finding("expert_tensor_parallel", f"{_m('etp')} is null, so megatron-core "
                            f"splits every expert over TP={layout.tp}; set it explicitly (1 keeps "
                            f"experts whole)", (_m("etp"),), "warning"))
-    if model.is_moe and layout.etp > 1 and job.transformer.get("add_bias_linear") is True:
+    if model.is_moe and layout.etp > 1 and not model.linear_bias \
+            and job.transformer.get("add_bias_linear") is True:  # biased models: etp_moe_bias
         out.append(Finding("expert_tensor_parallel", f"{TRANSFORMER}.add_bias_linear=True with "
                            f"{_m('etp')}={layout.etp}: megatron-core supports MoE biases only "
                            f"with ETP 1", (f"{TRANSFORMER}.add_bias_linear", _m("etp"))))
@@ -299,6 +322,7 @@ def model_findings(config: dict, job: JobReading, request: PlanRequest,
                                f"recompute_method=uniform does not divide the {sizes} layers of "
                                f"each model chunk; megatron-core indexes past the chunk (1 "
                                f"always works)", (f"{TRANSFORMER}.recompute_num_layers",)))
+    out += context_findings(config, job, model)
     for rule, message in explain(model, cluster, workload, layout.to_dict()):
         if rule in CHECKED_PER_KEY or (job.dynamic_batch and rule in STATIC_BATCH_RULES):
             continue

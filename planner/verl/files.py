@@ -22,6 +22,7 @@ from typing import Sequence
 
 from planner.errors import PlanInputError
 from planner.extras import require
+from planner.search.pipeline import pipeline_split
 from planner.verl.export import (
     ENVIRONMENT,
     ExportedJob,
@@ -81,6 +82,21 @@ def launch_overrides(job: ExportedJob) -> list[tuple[str, str | None, str]]:
     return out
 
 
+def stages_text(job: ExportedJob) -> str:
+    """The transformer layers on each pipeline stage (first/middle/../last), as megatron-core
+    splits them; the layout string where one is set; nothing without a pipeline."""
+    lay = job.layout
+    if lay.pp < 2:
+        return ""
+    if lay.pipeline_layout:
+        return f", pipeline layout {lay.pipeline_layout}"
+    first, middle, last, _ = (int(part[0]) for part in pipeline_split(
+        job.model.num_layers, [lay.pp], [lay.first_stage_layers], [lay.last_stage_layers],
+        [lay.account_embedding], [lay.account_loss]))
+    inner = {2: "", 3: f"{middle}/"}.get(lay.pp, f"{middle}/../")
+    return f", layers per stage {first}/{inner}{last}"
+
+
 def describe(job: ExportedJob) -> list[str]:
 
     lay, cluster, pred = job.layout, job.cluster, job.prediction
@@ -94,9 +110,7 @@ def describe(job: ExportedJob) -> list[str]:
         f"Planned by plan-parallel {planner_version()} (layout rank {job.rank}); plan.json holds "
         f"the layout and every prediction.",
         f"Workload:  {job.workload.describe()}",
-        f"Actor:     {lay.actor_text()}"
-        + (f", stages {lay.first_stage_layers}/../{lay.last_stage_layers} layers"
-           if lay.pp > 1 else ""),
+        f"Actor:     {lay.actor_text()}" + stages_text(job),
         f"Reference: the actor's parallel sizes, param offload "
         f"{'yes' if lay.ref_param_offload else 'no'}",
         f"Rollout:   vLLM TP{lay.rollout_tp} DP{lay.rollout_dp} EP{lay.rollout_ep} "

@@ -480,10 +480,12 @@ FIRST_STAGE = _split_key("num_layers_in_first_pipeline_stage", int, None, "first
                          _stage_layers)
 LAST_STAGE = _split_key("num_layers_in_last_pipeline_stage", int, None, "last_stage_layers",
                         _stage_layers)
-# megatron-core: "Bias in Moe is only supported when ETP==1"
+# megatron-core: "Bias in Moe is only supported when ETP==1"; a model whose checkpoint has
+# linear biases (gpt-oss) keeps them, and the search gives it ETP 1 (rule etp_moe_bias)
 ADD_BIAS_LINEAR = VerlKey(f"{TRANSFORMER}.add_bias_linear", bool, True, origin=MEGATRON_CORE,
                           new=True, write=const(False),
-                          when=lambda _, s: s.model.is_moe and s.layout.etp > 1)
+                          when=lambda _, s: (s.model.is_moe and s.layout.etp > 1
+                                             and not s.model.linear_bias))
 
 
 

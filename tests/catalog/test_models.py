@@ -104,6 +104,24 @@ def test_local_config_json_is_read_with_transformers(tmp_path):
     assert resolve_model(str(folder / "config.json")).num_layers == 12
 
 
+def test_a_local_directory_named_like_a_catalog_model_is_read_from_its_file(tmp_path):
+    """A Hugging Face download is a folder named after the model (``~/models/Qwen3-8B``): its
+    own config.json is what gets planned, not the catalog entry of the same name (which used
+    to win, silently ignoring a changed context, layer count or fine-tune's config)."""
+    config = builtin_config_dict("Qwen3-8B")
+    config["num_hidden_layers"] = 12
+    folder = tmp_path / "Qwen3-8B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    assert resolve_model(str(folder)).num_layers == 12
+    assert resolve_model(str(folder / "config.json")).num_layers == 12
+    # a path that is not here (the cluster's) still names the catalog model
+    assert resolve_model(str(tmp_path / "elsewhere" / "Qwen3-8B")).num_layers == 36
+    # ... and so does a folder of that name without a config.json
+    (tmp_path / "empty" / "Qwen3-8B").mkdir(parents=True)
+    assert resolve_model(str(tmp_path / "empty" / "Qwen3-8B")).num_layers == 36
+
+
 @pytest.mark.parametrize("content,needle", [
     ("{not json", "cannot read"),
     pytest.param(json.dumps({"model_type": "no-such-arch", "hidden_size": 8,

@@ -188,3 +188,51 @@ def test_closest_layout_is_the_smallest_when_nothing_fits(capsys):
     plan = make_plan(PlanRequest(resolve_model("llama3.1-405b"), cluster(16), GrpoWorkload()))
     assert closest == pytest.approx(plan.candidates["peak_memory_gib"].min(), abs=0.05)
     assert plan.candidates.iloc[0]["recompute"] == "full"
+
+
+ESTIMATE_8B = ["estimate", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--tp",
+               "2", "--micro-batch", "4", "--rollout-tp", "2"]
+
+
+def test_estimate_names_why_a_layout_inside_the_band_does_not_fit(capsys):
+    """'fits: NO' used to quote a peak inside the band and stop there: a rollout pool too small
+    for one sequence, or offloaded state beyond the host's memory, went unsaid."""
+    code, out, _ = run(capsys, *ESTIMATE_8B, "--gpu-memory-utilization", "0.08")
+    assert code == 1
+    fits = next(line for line in out.splitlines() if line.startswith("fits:"))
+    assert "gpu_memory_utilization 0.08 holds 0 KV tokens per GPU" in fits
+    assert "2,048-token sequence" in fits
+    code, out, _ = run(capsys, *ESTIMATE_8B, "--param-offload", "--optimizer-offload",
+                       "--host-memory-gib", "16")
+    assert code == 1
+    fits = next(line for line in out.splitlines() if line.startswith("fits:"))
+    assert "host memory" in fits and "16.0 GiB per node (--host-memory-gib)" in fits
+
+
+def test_estimate_json_is_strict_json_when_the_pool_holds_no_sequence(capsys):
+    """The filled-GPU step of a layout whose own generation cannot run was NaN (inf - inf),
+    which strict JSON readers (jq, JavaScript) refuse; the text said 'step inf -> nan s'."""
+    code, out, _ = run(capsys, *ESTIMATE_8B, "--gpu-memory-utilization", "0.08",
+                       "--format", "json")
+    data = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
+    fill = data["fill_gpu"]
+    assert fill["generate_s"] > 0 and 0 < fill["step_time_s"] < 10_000
+    _, text, _ = run(capsys, *ESTIMATE_8B, "--gpu-memory-utilization", "0.08")
+    assert "nan" not in text
+
+
+@pytest.mark.needs("verl")
+def test_validate_takes_overrides_after_its_options(capsys):
+    """`validate PATH --gpu-type h100 -- KEY=VALUE` (the order README's example invites) was
+    refused with 'unrecognized arguments: -- KEY=VALUE': argparse takes a positional list
+    once, before the options."""
+    script = "configs/Qwen3-8B_8xH100-80GB/run_grpo.sh"
+    override = "actor_rollout_ref.rollout.gpu_memory_utilization=0.97"
+    late = run(capsys, "validate", script, "--gpu-type", "h100", "--format", "json", "--",
+               override)
+    early = run(capsys, "validate", "--gpu-type", "h100", "--format", "json", script, "--",
+                override)
+    assert late[0] == early[0] and "unrecognized" not in late[2]
+    assert json.loads(late[1]) == json.loads(early[1])
+    code, _, err = run(capsys, "validate", script, "--gpu-type", "h100", "--no-such-flag")
+    assert code == 2 and "unrecognized arguments: --no-such-flag" in err

@@ -87,3 +87,26 @@ def test_tune_checks_its_output_paths_before_the_first_trial(tmp_path, capsys):
     assert main(argv) == 2
     assert "--write" in capsys.readouterr().err
     assert not (tmp_path / "sweep").exists()
+
+
+
+def test_a_config_whose_context_covers_the_sequence_is_planned(tmp_path, capsys):
+    """The context check reads the config.json it plans: Qwen2.5-Math-7B with its
+    max_position_embeddings raised (as long-response runs do) is planned at 2048 + 8192."""
+    from pathlib import Path
+
+    import planner.catalog
+
+    shipped = Path(planner.catalog.__file__).parent / "models_data" / "Qwen2.5-Math-7B.json"
+    config = json.loads(shipped.read_text())
+    config["max_position_embeddings"] = 32768
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    argv = ["estimate", "--model", str(tmp_path / "config.json"), "--gpus", "8", "--gpu-type",
+            "h100", "--prompt-length", "2048", "--response-length", "8192", "--tp", "2",
+            "--rollout-tp", "2", "--micro-batch", "1"]
+    assert main(argv) in (0, 1)
+    assert "max_position_embeddings" not in capsys.readouterr().err
+    config["max_position_embeddings"] = 4096
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(argv) == 2
+    assert "2048 + --response-length 8192 = 10240 tokens exceeds" in capsys.readouterr().err

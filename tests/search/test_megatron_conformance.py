@@ -677,3 +677,30 @@ def test_gated_deltanet_rules_match_transformer_config():
                                      f"{error or 'accepts'}")
     assert not disagreements, "\n".join(disagreements)
     assert verdicts[True] and verdicts[False]
+
+
+def test_moe_bias_rule_matches_transformer_config():
+    """``Bias in Moe is only supported when ETP==1``: the planner refuses ETP > 1 exactly where
+    megatron-core's ``TransformerConfig`` does, with the ``add_bias_linear`` each model's bridge
+    sets (True for gpt-oss, Megatron-Bridge's GPTOSSProvider; False for Qwen3-MoE)."""
+    disagreements, verdicts = [], {True: 0, False: 0}
+    etps = np.array([1, 2, 4])
+    for name in ("gpt-oss-20b", "qwen3-30b"):
+        model = resolve_model(name)
+        broken = violations(model, cluster(16), WORKLOAD, columns(len(etps), etp=etps))
+        for i, etp in enumerate(etps.tolist()):
+            try:
+                TransformerConfig(num_layers=4, hidden_size=1024, num_attention_heads=16,
+                                  num_moe_experts=model.num_experts, moe_router_topk=2,
+                                  add_bias_linear=model.linear_bias,
+                                  expert_tensor_parallel_size=etp)
+                error = None
+            except MCORE_ERRORS as exc:
+                error = str(exc) or type(exc).__name__
+            verdicts[error is None] += 1
+            if bool(broken["etp_moe_bias"][i]) != bool(error):
+                disagreements.append(f"{name} etp={etp}: planner breaks "
+                                     f"{bool(broken['etp_moe_bias'][i])}, megatron-core: "
+                                     f"{error or 'accepts'}")
+    assert not disagreements, "\n".join(disagreements)
+    assert verdicts[True] and verdicts[False]

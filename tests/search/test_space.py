@@ -249,3 +249,39 @@ def test_the_batch_rules_checked_per_micro_batch_match_the_whole_cross_product(n
     for key, values in every.items():
         np.testing.assert_array_equal(space.columns[key], values[first < 0], err_msg=key)
         assert space.columns[key].dtype == values.dtype, key
+
+
+def test_models_with_expert_biases_keep_experts_whole():
+    """gpt-oss's experts carry biases (Megatron-Bridge's GPTOSSProvider: add_bias_linear=True),
+    which megatron-core supports only with ETP 1; the plan used to pick ETP 2 and write
+    add_bias_linear=False, a model without the checkpoint's biases."""
+    model = resolve_model("gpt-oss-20b")
+    assert model.linear_bias
+    space = build_space(model, cluster(8), GrpoWorkload())
+    assert set(space.columns["etp"]) == {1}
+    assert space.rejected.get("etp_moe_bias", 0) > 0
+    assert not resolve_model("qwen3-30b").linear_bias
+
+
+def test_interleaving_with_dynamic_batches_has_a_sequence_per_micro_batch():
+    """With use_dynamic_bsz verl rounds the packed micro-batch count up to a multiple of PP
+    (microbatch_group_size_per_vp_stage) and raises when that exceeds the rank's sequences
+    (seqlen_balancing.rearrange_micro_batches: 'Requested 4 non-empty micro-batches, but a rank
+    has only 1').  16 sequences on 64 GPUs used to be planned as TP1 PP4 VPP3 DP16: one
+    sequence per rank, four micro-batches."""
+    from planner.search.batches import log_prob_batches
+
+    model = resolve_model("qwen3-8b")
+    workload = GrpoWorkload(train_batch_size=16, rollout_n=1, mini_batch_size=16)
+    space = build_space(model, cluster(64), workload)
+    cols = space.columns
+    interleaved = (cols["vpp"] > 1) & cols["dynamic_batch"]
+    assert interleaved.any()
+    per_rank = workload.sequences_per_mini_batch // cols["dp"]
+    assert (update_batches(workload, cols).memory_count[interleaved]
+            <= per_rank[interleaved]).all()
+    assert (log_prob_batches(workload, cols).memory_count[interleaved]
+            <= (workload.sequences_per_step // cols["dp"])[interleaved]).all()
+    one_each = {"tp": 1, "pp": 4, "vpp": 3, "dp": 16}
+    rows = np.flatnonzero(np.logical_and.reduce([cols[k] == v for k, v in one_each.items()]))
+    assert rows.size == 0

@@ -599,3 +599,42 @@ def test_overlap_grad_reduce_from_the_job_hides_the_update_gradient_reduce(tmp_p
                                       if "overlap_grad_reduce" not in item])
     assert from_yaml["workload"]["overlap_grad_reduce"] is True
     assert from_yaml["memory"]["time_s"] == overlap_time
+
+
+@pytest.mark.needs("verl")
+def test_dynamic_batches_on_an_interleaved_pipeline_need_a_sequence_per_micro_batch(capsys):
+    """use_dynamic_bsz with PP 4 VPP 3 and one sequence per DP rank: verl rounds the packed
+    micro-batches up to 4 and raises ('Requested 4 non-empty micro-batches, but a rank has only
+    1'); validate skipped the interleaving rule for every dynamic job and said it would
+    launch."""
+    pipeline = [f"{A}.{module}.megatron.{key}={value}" for module in ("actor", "ref")
+                for key, value in (("tensor_model_parallel_size", 1),
+                                   ("pipeline_model_parallel_size", 4),
+                                   ("virtual_pipeline_model_parallel_size", 3))]
+    argv = ["validate", "--gpu-type", "h100", "--format", "json",
+            "configs/Qwen3-8B_8xH100-80GB/run_grpo.sh", "--", *pipeline,
+            "data.train_batch_size=2", f"{A}.actor.ppo_mini_batch_size=2", f"{A}.rollout.n=1"]
+    assert main(argv) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [f["check"] for f in errors(report)] == ["interleaved_microbatches"]
+    assert "1 sequences per mini-batch" in errors(report)[0]["message"]
+
+
+@pytest.mark.needs("verl")
+@pytest.mark.parametrize("overrides,level,needle", [
+    (["data.max_prompt_length=36864", "data.max_response_length=8192"], "warning",
+     "= 45056 exceeds Qwen3-8B's max_position_embeddings 40960"),
+    ([f"{A}.rollout.max_model_len=65536"], "error",
+     "max_model_len=65536 exceeds Qwen3-8B's max_position_embeddings 40960"),
+])
+def test_a_sequence_beyond_the_models_context_is_named(capsys, overrides, level, needle):
+    """verl's rollout server caps max_model_len at max_position_embeddings (and raises above
+    it); validate used to pass both jobs without a word."""
+    budgets = [f"{A}.{key}=65536" for key in ("actor.ppo_max_token_len_per_gpu",
+                                               "rollout.log_prob_max_token_len_per_gpu",
+                                               "ref.log_prob_max_token_len_per_gpu")]
+    main(["validate", "--gpu-type", "h100", "--format", "json",
+          "configs/Qwen3-8B_8xH100-80GB/run_grpo.sh", "--", *budgets, *overrides])
+    report = json.loads(capsys.readouterr().out)
+    [finding] = [f for f in report["findings"] if f["check"] == "context_length"]
+    assert finding["level"] == level and needle in finding["message"]

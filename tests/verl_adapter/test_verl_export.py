@@ -71,6 +71,35 @@ CASES = {
 }
 
 
+def test_a_model_with_expert_biases_keeps_add_bias_linear():
+    """gpt-oss's linear layers carry biases (Megatron-Bridge's GPTOSSProvider sets
+    add_bias_linear=True): the export never writes add_bias_linear=False, which would build a
+    model without the checkpoint's biases."""
+    layout = Layout(tp=1, pp=1, ep=4, etp=2, dp=8, micro_batch=4, rollout_dp=8, rollout_ep=8,
+                    gpu_memory_utilization=0.5)
+    overrides = job_overrides(builtin_model("gpt-oss-20b"), cluster(8), GrpoWorkload(), layout,
+                              **PATHS)
+    assert not [o for o in overrides if "add_bias_linear" in o]
+
+
+@pytest.mark.parametrize("case,text", [
+    ("dense_tp_pp", ", layers per stage 14/14"),  # Qwen2.5-7B, 28 layers over PP 2
+    ("moe_uneven_full", ", layers per stage 3/4/../2"),  # DeepSeek-V3: 61 = 3 + 14 x 4 + 2
+])
+def test_script_header_names_the_layers_of_each_stage(case, text):
+    """The header used to read 'stages 0/../0 layers' for an even split (the unset uneven-stage
+    settings), and 'stages 16/../0' where only the first stage was set."""
+    from planner.verl.export import ExportedJob
+    from planner.verl.files import stages_text
+
+    name, gpus, layout = CASES[case]
+    job = ExportedJob(builtin_model(name), cluster(gpus), GrpoWorkload(), layout, {})
+    assert stages_text(job).startswith(text)
+    first = dataclasses.replace(layout, first_stage_layers=12, last_stage_layers=0, pp=4)
+    job = ExportedJob(builtin_model("Qwen3-8B"), cluster(16), GrpoWorkload(), first, {})
+    assert stages_text(job) == ", layers per stage 12/8/../8"  # 36 - 12 = 24 over 3 stages
+
+
 def overrides_for(case, **extra):
     name, gpus, layout = CASES[case]
     return job_overrides(builtin_model(name), cluster(gpus), GrpoWorkload(), layout, **PATHS,
