@@ -196,3 +196,30 @@ def test_the_phase_model_flag_reaches_the_study_sampler(sim, prepared, tmp_path)
         job, truth, dataclasses.replace(base, phase_model=model), 8, 0,
         tmp_path / model).trials] for model in ("off", "on")}
     assert keys["off"][0] == keys["on"][0] and keys["off"] != keys["on"]
+
+
+def test_the_per_phase_study_sees_nothing_of_the_hidden_truth_it_did_not_measure(
+        sim, prepared, tmp_path):
+    """No leak under the per-phase truth either: scrambling every untried layout's hidden phase
+    times (so its throughput) and memory leaves the default study's trials as they were."""
+    import dataclasses
+
+    job = prepared["qwen3-30b-8"]
+    truth = sim.hidden_truth(job, 9, MEMORY_SD, truth="phases")
+    first = sim.run_study(job, truth, sim.default_strategy(), 10, 0, tmp_path / "a")
+    assert sim.default_strategy().phase_model == "on"
+    ran = np.array([job.candidates.index[t["key"]] for t in first.trials])
+    rng = np.random.default_rng(1)
+    untried = np.ones(len(truth.tokens_per_s_per_gpu), dtype=bool)
+    untried[ran] = False
+    factor = np.where(untried[:, None], np.exp(rng.normal(0.0, 0.3, truth.phase_time_s.shape)),
+                      1.0)
+    phase_time = truth.phase_time_s * factor
+    step = phase_time.sum(axis=1)
+    scrambled = dataclasses.replace(
+        truth, phase_time_s=phase_time, step_time_s=step,
+        tokens_per_s_per_gpu=truth.tokens_per_s_per_gpu * truth.step_time_s / step,
+        oom_need=np.where(untried, rng.uniform(0.5, 1.2, len(untried)), truth.oom_need))
+    second = sim.run_study(job, scrambled, sim.default_strategy(), 10, 0, tmp_path / "b")
+    assert [(t["key"], t["category"], t["value"]) for t in second.trials] == \
+        [(t["key"], t["category"], t["value"]) for t in first.trials]
