@@ -40,7 +40,8 @@ sd``.  The groups' prior sds: their relative sizes are the measured per-phase MA
 (:data:`PHASE_MAPE`) turned into log sds (:func:`mape_log_sd`), their common scale solved so
 that the linearised step error meets the same measured ranking uncertainty as the scalar
 model (:func:`solve_phase_scale`).  A trial without phase timers counts in no phase; a study
-with none left uses the scalar model.
+with none left uses the scalar model, and so does an asynchronous study
+(:func:`phase_model_applies`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 
+from planner.results import COLOCATED_MODE
 from trials import study_state as attrs
 from trials.candidates import CandidateSet
 from trials.defaults import TUNE_DEFAULTS
@@ -348,6 +350,18 @@ def phase_observations(study: Study, candidates: CandidateSet
             for g, (i, v, n) in out.items()}
 
 
+def phase_model_applies(candidates: CandidateSet, phase_model: bool | None) -> bool:
+    """Whether the sampler models phases: asked (``tune --phase-model``), a colocated study
+    (an asynchronous trainer's ``timing_s/gen`` is the wait for a batch generated meanwhile,
+    not its generation) and predicted generation and update times to correct."""
+    use = TUNE_DEFAULTS["phase_model"] == "on" if phase_model is None else phase_model
+    if not use or any(getattr(c, "mode", COLOCATED_MODE) != COLOCATED_MODE
+                      for c in candidates.candidates):
+        return False
+    times = phase_fractions([c.predicted for c in candidates.candidates])
+    return bool((times["generate"] > 0).any() and (times["update"] > 0).any())
+
+
 class GuidedSampler(LayoutSampler):
     """A :class:`~trials.sampler.LayoutSampler` whose proposal is the allowed candidate with
     the highest upper confidence bound of its throughput (module docstring); the same contract
@@ -359,12 +373,8 @@ class GuidedSampler(LayoutSampler):
         super().__init__(candidates, allowed, inner=inner, seed=seed)
         self.model = ErrorModel(candidates, model_error)
         self.kappa = KAPPA if kappa is None else kappa
-        use = TUNE_DEFAULTS["phase_model"] == "on" if phase_model is None else phase_model
-        times = phase_fractions([c.predicted for c in candidates.candidates]) if use else {}
         self.phase_model = (PhaseErrorModel(candidates, model_error)
-                            if use and all((t > 0).any() for t in (times["generate"],
-                                                                   times["update"]))
-                            else None)
+                            if phase_model_applies(candidates, phase_model) else None)
 
     def posterior(self, study: Study) -> tuple[np.ndarray, np.ndarray]:
         """Every candidate's posterior mean and sd of its log throughput: per phase when the

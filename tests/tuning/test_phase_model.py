@@ -223,3 +223,17 @@ def test_the_per_phase_study_sees_nothing_of_the_hidden_truth_it_did_not_measure
     second = sim.run_study(job, scrambled, sim.default_strategy(), 10, 0, tmp_path / "b")
     assert [(t["key"], t["category"], t["value"]) for t in second.trials] == \
         [(t["key"], t["category"], t["value"]) for t in first.trials]
+
+
+def test_the_phase_model_applies_to_colocated_studies_when_asked():
+    """An asynchronous trainer's ``timing_s/gen`` is its wait for a batch, not generation: its
+    study keeps the step's model; so does one with --phase-model off."""
+    from planner.results import COLOCATED_MODE
+    from trials.guided import phase_model_applies
+
+    frame, _ = _four_layouts()
+    for c in frame.candidates:
+        c.mode = COLOCATED_MODE
+    assert phase_model_applies(frame, True) and not phase_model_applies(frame, False)
+    frame.candidates[0].mode = "fully_async"
+    assert not phase_model_applies(frame, True)
