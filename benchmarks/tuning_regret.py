@@ -4,6 +4,7 @@ cost in GPU-hours, measured against a hidden truth.
     python benchmarks/tuning_regret.py [--draws 3] [--budgets 4,8,12,20] [--json]
                                        [--jobs NAME,...] [--strategies NAME,...]
                                        [--study-trials N] [--diagnose] [--bound]
+                                       [--truth phases|scalar]
 
 No process is started: every job is planned through the planner's public functions
 (:func:`planner.plan.make_plan`, :meth:`trials.candidates.CandidateSet.from_plan`), each
@@ -27,6 +28,14 @@ Noise model (docs/tuning/regret.md):
   model's measured ranking uncertainty (``ranking_uncertainty`` of planner/cost/calibration.json,
   ln(1.162) = 0.150).  A job-wide factor is left out: regret, pruning and the confidence rule
   use ratios and measured values only, so it would change nothing but the absolute GPU-hours.
+* **throughput per phase** (``--truth phases``, the default; ``scalar`` is the model above):
+  each phase group's true time (generation; old + ref log-prob; the update; the weight sync)
+  is its predicted time x exp(e_g), e_g a sum of standard normal terms shared by the layouts
+  with the same value of each field the phase reads (:data:`PHASE_FIELDS`) plus the layout's
+  own, with sd c x s_g: s_g the measured per-phase MAPE of ``benchmarks/accuracy.py --rl`` as a
+  log sd (:func:`trials.guided.mape_log_sd`), c solved per job so that the step's error meets
+  the same ranking uncertainty (:func:`phase_calibration`).  The step is the phases' sum; the
+  launcher writes verl's ``timing_s/*`` timers of each phase.
 * **memory**: a layout predicted to fit runs out of memory when its predicted peak x exp(m)
   exceeds the GPU, m = s (sqrt(1/2) z_job + sqrt(1/2) z_layout); s is the maximum-likelihood
   fit to ``benchmarks/memory_anchors.py`` (the fit/OOM outcomes of verl's example jobs and of
