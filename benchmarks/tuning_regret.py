@@ -4,6 +4,7 @@ cost in GPU-hours, measured against a hidden truth.
     python benchmarks/tuning_regret.py [--draws 3] [--budgets 4,8,12,20] [--json]
                                        [--jobs NAME,...] [--strategies NAME,...]
                                        [--study-trials N] [--diagnose] [--bound]
+                                       [--truth phases|scalar]
 
 No process is started: every job is planned through the planner's public functions
 (:func:`planner.plan.make_plan`, :meth:`trials.candidates.CandidateSet.from_plan`), each
@@ -27,6 +28,14 @@ Noise model (docs/tuning/regret.md):
   model's measured ranking uncertainty (``ranking_uncertainty`` of planner/cost/calibration.json,
   ln(1.162) = 0.150).  A job-wide factor is left out: regret, pruning and the confidence rule
   use ratios and measured values only, so it would change nothing but the absolute GPU-hours.
+* **throughput per phase** (``--truth phases``, the default; ``scalar`` is the model above):
+  each phase group's true time (generation; old + ref log-prob; the update; the weight sync)
+  is its predicted time x exp(e_g), e_g a sum of standard normal terms shared by the layouts
+  with the same value of each field the phase reads (:data:`PHASE_FIELDS`) plus the layout's
+  own, with sd c x s_g: s_g the measured per-phase MAPE of ``benchmarks/accuracy.py --rl`` as a
+  log sd (:func:`trials.guided.mape_log_sd`), c solved per job so that the step's error meets
+  the same ranking uncertainty (:func:`phase_calibration`).  The step is the phases' sum; the
+  launcher writes verl's ``timing_s/*`` timers of each phase.
 * **memory**: a layout predicted to fit runs out of memory when its predicted peak x exp(m)
   exceeds the GPU, m = s (sqrt(1/2) z_job + sqrt(1/2) z_layout); s is the maximum-likelihood
   fit to ``benchmarks/memory_anchors.py`` (the fit/OOM outcomes of verl's example jobs and of
@@ -88,6 +97,16 @@ FAMILIES = {"tp": ("tp",), "ep": ("ep", "etp"), "pp": ("pp",), "vpp": ("vpp",), 
 FAMILY_SHARES = {"tp": 0.25, "ep": 0.20, "pp": 0.25, "vpp": 0.03, "cp": 0.03,
                  "micro_batch": 0.06, "recompute": 0.06, "offload": 0.04, "rollout": 0.06,
                  "layout": 0.02}
+# Per phase (--truth phases): the fields each phase group's error terms are shared by
+# (generation: the rollout layout and its KV pool; log-prob and update: the training layout, the
+# update its offload too; the sync: both), their shares the ones above restricted to those
+# fields plus the layout's own, renormalised (phase_truth_shares).
+PHASE_FIELDS = {"generate": ("rollout",),
+                "log_prob": ("tp", "ep", "pp", "vpp", "cp", "micro_batch", "recompute"),
+                "update": ("tp", "ep", "pp", "vpp", "cp", "micro_batch", "recompute", "offload"),
+                "sync": ("tp", "ep", "pp", "rollout")}
+TRUTHS = ("phases", "scalar")
+CALIBRATION_DRAWS = 24  # reference draws the per-phase scale is solved over
 MEMORY_JOB_SHARE = 0.5  # of the memory error's variance, shared by the job's layouts
 STEPS, WARMUP_STEPS = 5, 1  # tune's defaults
 LAUNCH_S = 180.0  # assumed: Ray start, model and reference load, vLLM engine start
@@ -204,6 +223,8 @@ class Truth:
     oom_need: np.ndarray  # true peak / GPU memory of the predicted peak phase (>1: OOM)
     sigma: float
     seed: int
+    # per candidate and planner phase (trials.guided.PHASES order), under --truth phases
+    phase_time_s: np.ndarray | None = None
 
     @property
     def best(self) -> float:
@@ -216,9 +237,72 @@ class Truth:
                       .normal(0.0, sd, steps))
 
 
+def phase_truth_shares(group: str) -> dict[str, float]:
+    """:data:`FAMILY_SHARES` restricted to the fields ``group`` reads and the layout's own."""
+    keep = {name: FAMILY_SHARES[name] for name in (*PHASE_FIELDS[group], "layout")}
+    return {name: value / sum(keep.values()) for name, value in keep.items()}
+
+
+def phase_unit_errors(codes: Mapping[str, np.ndarray], rng: np.random.Generator
+                      ) -> dict[str, np.ndarray]:
+    """Per phase group, each candidate's error in units of the group's sd: one standard normal
+    term per distinct value of each field the group reads, shared by the layouts with that
+    value, and one of the layout's own (the groups' terms independent of each other)."""
+    n = len(next(iter(codes.values())))
+    out = {}
+    for group in PHASE_FIELDS:
+        shares = phase_truth_shares(group)
+        e = math.sqrt(shares["layout"]) * rng.normal(size=n)
+        for name in PHASE_FIELDS[group]:
+            e += math.sqrt(shares[name]) * rng.normal(size=int(codes[name].max()) + 1)[
+                codes[name]]
+        out[group] = e
+    return out
+
+
+def step_log_error(times: Mapping[str, np.ndarray], errors: Mapping[str, np.ndarray],
+                   sds: Mapping[str, float], scale: float) -> np.ndarray:
+    """ln(true step / predicted step) when each phase group's time is its prediction x
+    exp(scale x sd_g x its unit error)."""
+    total = sum(times.values())
+    true = sum(times[g] * np.exp(scale * sds[g] * errors[g]) for g in times)
+    return np.log(true / np.maximum(total, 1e-12))
+
+
+def phase_calibration(prepared: PreparedJob, target: float) -> dict:
+    """The per-phase truth's sds: relative sizes the measured per-phase MAPEs as log sds
+    (:func:`trials.guided.mape_log_sd`), the common ``scale`` solved so that over
+    :data:`CALIBRATION_DRAWS` reference draws the median over pairs differing in TP/EP/PP of
+    |e_a - e_b| of the step's log error is ``target`` on average (the scalar model's
+    constraint, solved on the exact sum of lognormals rather than analytically)."""
+    from trials.guided import PHASE_MAPE, family_codes, mape_log_sd, parallel_pairs, phase_fractions
+
+    candidates = prepared.candidates.candidates
+    codes = family_codes([c.params for c in candidates], FAMILIES)
+    times = phase_fractions([c.predicted for c in candidates])
+    sds = {g: mape_log_sd(PHASE_MAPE[g]) for g in PHASE_FIELDS}
+    a, b = parallel_pairs(codes, np.random.default_rng(0))
+    draws = [phase_unit_errors(codes, np.random.default_rng(10_000 + r))
+             for r in range(CALIBRATION_DRAWS)]
+
+    def median_pair(scale: float) -> float:  # the mean over the draws of each one's median
+        return float(np.mean([np.median(np.abs(e[a] - e[b])) for e in (
+            step_log_error(times, d, sds, scale) for d in draws)]))
+
+    low, high = 1e-3, 10.0
+    for _ in range(50):
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if median_pair(middle) < target else (low, middle)
+    scale = math.sqrt(low * high)
+    return {"scale": scale, "sds": {g: scale * sd for g, sd in sds.items()}}
+
+
 def hidden_truth(prepared: PreparedJob, seed: int, memory_sd: float,
-                 target: float | None = None) -> Truth:
-    from trials.guided import family_codes, pair_weights, solve_sigma
+                 target: float | None = None, truth: str = "scalar") -> Truth:
+    """The hidden table of ``prepared`` for ``seed``: ``truth`` "scalar" (one log error per
+    layout, the first rounds' model) or "phases" (one per phase group; the step their sum)."""
+    from planner.phases import PHASES
+    from trials.guided import PHASE_GROUPS, family_codes, pair_weights, phase_fractions, solve_sigma
 
     candidates = prepared.candidates.candidates
     codes = family_codes([c.params for c in candidates], FAMILIES)
@@ -240,8 +324,29 @@ def hidden_truth(prepared: PreparedJob, seed: int, memory_sd: float,
                      + math.sqrt(1 - MEMORY_JOB_SHARE) * rng.normal(size=len(candidates)))
     capacity = float(prepared.plan.cluster.gpu.memory_bytes)
     peak = np.array([c.predicted["peak_gib"] * GIB for c in candidates])
-    return Truth(tokens_per_s_per_gpu=true, step_time_s=step * predicted / true,
-                 oom_need=peak * np.exp(m) / capacity, sigma=sigma, seed=seed)
+    oom_need = peak * np.exp(m) / capacity
+    if truth == "scalar":
+        return Truth(tokens_per_s_per_gpu=true, step_time_s=step * predicted / true,
+                     oom_need=oom_need, sigma=sigma, seed=seed)
+    # per phase: the same memory draw, the phases' terms from a stream of their own
+    key = ("phases", target)
+    if key not in prepared.sigmas:
+        prepared.sigmas[key] = phase_calibration(prepared, target)
+    calibration = prepared.sigmas[key]
+    errors = phase_unit_errors(codes, np.random.default_rng([seed, 1]))
+    groups = phase_fractions([c.predicted for c in candidates])
+    phase_time = np.zeros((len(candidates), len(PHASES)))
+    for g, members in PHASE_GROUPS.items():
+        factor = np.exp(calibration["sds"][g] * errors[g])
+        for phase in members:
+            phase_time[:, PHASES.index(phase)] = np.array(
+                [float((c.predicted.get("time_s") or {}).get(phase, 0.0)) for c in candidates]
+            ) * factor
+    rest = np.maximum(step - sum(groups.values()), 0.0)  # none in a colocated step
+    step_true = phase_time.sum(axis=1) + rest
+    return Truth(tokens_per_s_per_gpu=predicted * step / step_true, step_time_s=step_true,
+                 oom_need=oom_need, sigma=calibration["scale"], seed=seed,
+                 phase_time_s=phase_time)
 
 
 # --- the simulated launcher --------------------------------------------------------------------
@@ -287,6 +392,18 @@ class SimulatedLauncher(Launcher):
     def describe(self) -> str:
         return "simulated (no processes)"
 
+    def phase_timers(self, index: int, factor: float) -> dict:
+        """verl's per-phase timers of a step ``factor`` times the layout's true step (each
+        phase scaled alike), under the per-phase truth; none under the scalar one."""
+        from planner.phases import PHASES
+        from trials.guided import VERL_TIMERS
+
+        if self.truth.phase_time_s is None:
+            return {}
+        row = self.truth.phase_time_s[index]
+        return {f"timing_s/{timer}": float(row[PHASES.index(phase)] * factor)
+                for timer, phase in VERL_TIMERS.items()}
+
     def abandon(self, handle) -> str:
         return "a simulated trial leaves nothing running"
 
@@ -326,7 +443,8 @@ class SimulatedLauncher(Launcher):
                     seconds = tokens / (tps * self.n_gpus)
                     duration += seconds
                     data = {"training/global_step": step, "timing_s/step": seconds,
-                            "perf/total_num_tokens": tokens, "perf/throughput": tps}
+                            "perf/total_num_tokens": tokens, "perf/throughput": tps,
+                            **self.phase_timers(index, seconds / step_s)}
                     metrics.write(json.dumps({"step": step, "data": data}) + "\n")
                     metrics.flush()
                     steps = step
@@ -377,6 +495,7 @@ class Strategy:
     top_k: int = 5
     sampler: str = "tpe"
     ucb_width: float = 1.0
+    phase_model: str = "off"
     note: str = ""
 
 
@@ -404,6 +523,10 @@ STRATEGIES = (
              pruner="probe"),
     Strategy("guided-w3+probe+ucb1", first_trials="ucb", sampler="guided", top_k=1,
              ucb_width=3.0, pruner="probe"),
+    Strategy("guided-w2+probe+ucb1+phases", first_trials="ucb", sampler="guided", top_k=1,
+             ucb_width=2.0, pruner="probe", phase_model="on"),
+    Strategy("guided-w3+probe+ucb1+phases", first_trials="ucb", sampler="guided", top_k=1,
+             ucb_width=3.0, pruner="probe", phase_model="on"),
 )
 
 
@@ -411,7 +534,8 @@ def default_strategy() -> Strategy:
     """The strategy ``tune`` runs by default (:data:`trials.defaults.TUNE_DEFAULTS`)."""
     from trials.defaults import TUNE_DEFAULTS
 
-    fields = ("sampler", "pruner", "first_trials", "top_k", "stop_when_confident", "ucb_width")
+    fields = ("sampler", "pruner", "first_trials", "top_k", "stop_when_confident", "ucb_width",
+              "phase_model")
     return next(s for s in STRATEGIES
                 if all(getattr(s, name) == TUNE_DEFAULTS[name] for name in fields))
 
@@ -476,6 +600,7 @@ def run_study(prepared: PreparedJob, truth: Truth, strategy: Strategy, trials: i
                             pruner=strategy.pruner,
                             stop_when_confident=strategy.stop_when_confident, fail_fast=0,
                             sampler=strategy.sampler, ucb_width=strategy.ucb_width,
+                            phase_model=strategy.phase_model,
                             heartbeat_interval=3600, grace_period=7200)
     storage = resolve_storage(f"journal:{sweep / 'study.journal'}", sweep)
     tuner = Tuner(plan=prepared.plan, candidates=prepared.candidates,
@@ -617,7 +742,9 @@ def best_family_job(prepared: PreparedJob, truth: Truth) -> tuple[PreparedJob, T
                           full.capacity_bytes, full.fields)
     cut = dataclasses.replace(truth, tokens_per_s_per_gpu=truth.tokens_per_s_per_gpu[keep],
                               step_time_s=truth.step_time_s[keep],
-                              oom_need=truth.oom_need[keep])
+                              oom_need=truth.oom_need[keep],
+                              phase_time_s=(None if truth.phase_time_s is None
+                                            else truth.phase_time_s[keep]))
     return PreparedJob(prepared.job, prepared.plan, subset, prepared.plan_s), cut
 
 
@@ -767,40 +894,41 @@ def same_regret(rows: Sequence[dict], reference: str = STRATEGIES[0].name) -> li
 def run_all(jobs: Sequence[Job], strategies: Sequence[Strategy], draws: int,
             budgets: Sequence[int], *, launch_s: float = LAUNCH_S,
             step_noise: float = STEP_NOISE, progress: Callable[[str], None] | None = None,
-            study_trials: int | None = None, bound: bool = False
+            study_trials: int | None = None, bound: bool = False, truth: str = "phases"
             ) -> tuple[list[StudyRun], dict]:
     """Every strategy's study of every job and draw, each ``study_trials`` trials long
     (default the largest budget), with :func:`diagnose`'s case at each budget; ``bound``:
     also ``tune``'s default strategy's study of the best family's layouts alone (:data:`BOUND`,
-    :func:`best_family_job`).  ``info["noise"]``: :func:`noise_parts` of every hidden table."""
+    :func:`best_family_job`).  ``info["noise"]``: :func:`noise_parts` of every hidden table;
+    ``truth``: the hidden tables' noise model (:func:`hidden_truth`)."""
     memory_sd = memory_error_sd()
     runs: list[StudyRun] = []
-    info = {"memory_error_sd": memory_sd, "jobs": {}, "noise": []}
+    info = {"memory_error_sd": memory_sd, "truth": truth, "jobs": {}, "noise": []}
     with scratch_dir() as tmp:
         for job in jobs:
             prepared = prepare(job)
             for draw in range(draws):
                 seed = int.from_bytes(hashlib.sha256(f"{job.name}:{draw}".encode())
                                       .digest()[:4], "little")
-                truth = hidden_truth(prepared, seed, memory_sd)
+                hidden = hidden_truth(prepared, seed, memory_sd, truth=truth)
                 info["jobs"].setdefault(job.name, {
                     "candidates": len(prepared.candidates), "kind": job.kind,
-                    "gpus": job.gpus, "sigma": round(truth.sigma, 4),
+                    "gpus": job.gpus, "sigma": round(hidden.sigma, 4),
                     "plan_s": round(prepared.plan_s, 2),
-                    "predicted_oom_share": round(float(np.mean(truth.oom_need > 1)), 3)})
+                    "predicted_oom_share": round(float(np.mean(hidden.oom_need > 1)), 3)})
                 info["noise"].append({"job": job.name, "draw": draw,
-                                      **noise_parts(prepared, truth)})
-                studies = [(prepared, truth, strategy) for strategy in strategies]
+                                      **noise_parts(prepared, hidden)})
+                studies = [(prepared, hidden, strategy) for strategy in strategies]
                 if bound:
-                    studies.append((*best_family_job(prepared, truth),
+                    studies.append((*best_family_job(prepared, hidden),
                                     dataclasses.replace(default_strategy(), name=BOUND)))
-                for on, hidden, strategy in studies:
+                for on, table, strategy in studies:
                     started = time.perf_counter()
-                    runs.append(run_study(on, hidden, strategy,
+                    runs.append(run_study(on, table, strategy,
                                           max(study_trials or 0, max(budgets)), draw,
                                           Path(tmp), launch_s=launch_s,
                                           step_noise=step_noise))
-                    runs[-1].cases = {b: diagnose(on, hidden, runs[-1], b) for b in budgets}
+                    runs[-1].cases = {b: diagnose(on, table, runs[-1], b) for b in budgets}
                     if progress:
                         progress(f"{job.name} draw {draw} {strategy.name}: "
                                  f"{len(runs[-1].trials)} trials, "
@@ -827,6 +955,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"also run tune's default strategy on the true best TP/EP/PP "
                              f"family's layouts alone ({BOUND!r}: what knowing the family "
                              "would reach)")
+    parser.add_argument("--truth", choices=TRUTHS, default=TRUTHS[0],
+                        help="the hidden tables' noise model: phases (one error per GRPO phase "
+                             "group, the step their sum; the default) or scalar (one per "
+                             "layout: the first three rounds' tables)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
@@ -838,7 +970,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     runs, info = run_all(jobs, strategies, args.draws, budgets, launch_s=args.launch_s,
                          step_noise=args.step_noise, progress=say,
-                         study_trials=args.study_trials, bound=args.bound)
+                         study_trials=args.study_trials, bound=args.bound, truth=args.truth)
     rows = summarise(runs, budgets)
     case_rows = summarise_cases(runs, budgets)
     hour_rows = summarise_hours(runs, budgets)
@@ -850,7 +982,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "same_regret": same_regret(rows), "cases": case_rows,
                           "studies": studies}, indent=2))
         return 0
-    print(f"{len(jobs)} jobs x {args.draws} hidden tables, {len(strategies)} strategies; "
+    print(f"{len(jobs)} jobs x {args.draws} hidden tables ({args.truth} truth), "
+          f"{len(strategies)} strategies; "
           f"memory error sd {info['memory_error_sd']:.3f}; launch {args.launch_s:g} s, step "
           f"noise {args.step_noise:.0%}; {time.perf_counter() - started:.0f} s\n")
     print(format_table(rows))

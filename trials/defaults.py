@@ -5,6 +5,7 @@ parser reads it."""
 SAMPLERS = ("guided", "tpe", "random")  # trials.guided; Optuna's TPE or random over the fields
 PRUNERS = ("none", "successive-halving", "hyperband", "probe")  # trials.pruning
 FIRST_TRIALS = ("simplest", "spread", "ucb")  # trials.proposals
+PHASE_MODELS = ("on", "off")  # trials.guided: fit the error per GRPO phase, or the step's
 TUNE_DEFAULTS = {"top_k": 1, "first_trials": "ucb", "sampler": "guided",
                  "pruner": "probe", "stop_when_confident": False,
-                 "ucb_width": 2.0}
+                 "ucb_width": 2.0, "phase_model": "on"}

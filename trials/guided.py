@@ -22,6 +22,26 @@ trial's partial median is an observation too, with the larger noise of its fewer
 
 Without a measurement yet the bound is the prediction plus the prior's spread: the best
 predicted layout (the study enqueues its first trials before it asks anyway).
+
+**Per phase** (``tune --phase-model on``, :class:`PhaseErrorModel`).  Every trial also records
+verl's per-phase timers (``timing_s/gen``, ``timing_s/old_log_prob``, ``timing_s/ref``,
+``timing_s/update_actor``, ``timing_s/update_weights``; medians in ``phase_times_s``).  A phase
+reads only some fields: generation the rollout layout and its KV pool, log-prob and the update
+the training layout, the sync both (:data:`PHASE_FAMILIES`).  One process of the same form is
+fitted per phase group to ``ln(measured phase time / predicted phase time)``, over that phase's
+fields only, so a layout's rollout term is learned from every trial that ran its rollout layout
+whatever its training layout, and the other way round: the study can rank a pairing of the
+best measured rollout layout with the best measured training layout that never ran together.
+A candidate's step time is the sum over phase groups of its predicted phase time x
+exp(posterior mean); the sd of its log step time is the delta method's, sqrt(sum_g (T_g / T)^2
+sd_g^2) with T_g the group's posterior time and T their sum (the groups' posteriors are
+independent), and the bound is ``ln(predicted tokens/s/GPU x predicted step / T) + KAPPA x
+sd``.  The groups' prior sds: their relative sizes are the measured per-phase MAPEs
+(:data:`PHASE_MAPE`) turned into log sds (:func:`mape_log_sd`), their common scale solved so
+that the linearised step error meets the same measured ranking uncertainty as the scalar
+model (:func:`solve_phase_scale`).  A trial without phase timers counts in no phase; a study
+with none left uses the scalar model, and so does an asynchronous study
+(:func:`phase_model_applies`).
 """
 
 from __future__ import annotations
@@ -34,6 +54,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 
+from planner.results import COLOCATED_MODE
 from trials import study_state as attrs
 from trials.candidates import CandidateSet
 from trials.defaults import TUNE_DEFAULTS
@@ -57,6 +78,77 @@ STEP_SD = 0.03  # assumed log sd of one step's throughput around the layout's
 KAPPA = TUNE_DEFAULTS["ucb_width"]  # the bound's width in posterior sds (tune --ucb-width)
 PAIRS = 20_000  # candidate pairs sigma is solved over
 
+# --- per phase ----------------------------------------------------------------------------------
+# The phase groups whose errors are modelled apart, the planner's phases each sums, and the fields
+# each reads: generation runs the rollout engine (its TP/DP/EP and the KV pool
+# gpu_memory_utilization leaves); the log-prob passes and the update run Megatron's layout (the
+# update also its optimizer offload); the sync reshards the training layout into the rollout's.
+PHASE_GROUPS = {"generate": ("generate",), "log_prob": ("old_log_prob", "ref"),
+                "update": ("update_actor",), "sync": ("weight_sync",)}
+TRAINING_FIELDS = ("tp", "ep", "pp", "vpp", "cp", "micro_batch", "recompute")
+PHASE_FAMILIES = {"generate": ("rollout", "placement"),
+                  "log_prob": TRAINING_FIELDS + ("placement",),
+                  "update": TRAINING_FIELDS + ("offload", "placement"),
+                  "sync": ("tp", "ep", "pp", "rollout", "placement")}
+# Measured per-phase MAPE of the time model, |predicted / measured - 1| averaged over published
+# runs (benchmarks/accuracy.py --rl, stored in docs/accuracy.md on 2026-12-04).
+PHASE_MAPE = {"generate": 0.185, "log_prob": 0.363, "update": 0.194, "sync": 0.434}
+# verl's timers (RayPPOTrainer.fit; planner/diagnose/advice.py) -> the planner's phases
+VERL_TIMERS = {"gen": "generate", "old_log_prob": "old_log_prob", "ref": "ref",
+               "update_actor": "update_actor", "update_weights": "weight_sync"}
+
+
+def mape_log_sd(mape: float) -> float:
+    """The log sd ``s`` whose lognormal error has mean absolute percentage error ``mape``: with
+    ln(measured / predicted) ~ N(0, s^2), E|predicted / measured - 1| = exp(s^2 / 2)
+    (2 Phi(s) - 1) (the error taken unbiased: a job-wide bias in the MAPE makes this an upper
+    bound; only the phases' ratios are used)."""
+    low, high = 1e-6, 5.0
+    for _ in range(80):
+        s = 0.5 * (low + high)
+        value = math.exp(s * s / 2) * math.erf(s / math.sqrt(2))
+        low, high = (s, high) if value < mape else (low, s)
+    return 0.5 * (low + high)
+
+
+def phase_shares(group: str, shares: Mapping[str, float] = PRIOR_SHARES) -> dict[str, float]:
+    """``shares`` restricted to the fields ``group`` reads, in their proportions, and the
+    layout's own term with the share it has of the step's (5%): a phase's error is mostly its
+    fields', as the step's is."""
+    fields = {name: shares[name] for name in PHASE_FAMILIES[group]}
+    total = sum(fields.values())
+    return {**{name: (1 - shares[OWN]) * value / total for name, value in fields.items()},
+            OWN: shares[OWN]}
+
+
+def phase_fractions(predicted: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """Each candidate's predicted time per phase group (seconds; 0 for a phase it lacks)."""
+    return {group: np.array([sum(float((p.get("time_s") or {}).get(phase, 0.0))
+                                   for phase in phases) for p in predicted])
+            for group, phases in PHASE_GROUPS.items()}
+
+
+def solve_phase_scale(codes: Mapping[str, np.ndarray], times: Mapping[str, np.ndarray],
+                      sds: Mapping[str, float], shares: Mapping[str, Mapping[str, float]],
+                      median_log_error: float, rng: np.random.Generator,
+                      pairs: int = PAIRS) -> float:
+    """The common factor ``c`` on the groups' log sds ``sds`` such that the median over pairs
+    of candidates differing in TP, EP or PP of the linearised |e_a - e_b| is
+    ``median_log_error``, where e = sum_g f_g e_g (f_g: the group's share of the predicted
+    step) and the groups' errors are independent: Var(e_a - e_b) = c^2 sum_g sd_g^2
+    (f_ga^2 + f_gb^2 - 2 f_ga f_gb S_g(a, b)), S_g the variance share the pair has in common in
+    group g."""
+    total = sum(times.values())
+    a, b = parallel_pairs(codes, rng, pairs)
+    variance = np.zeros(len(a))
+    for group, sd in sds.items():
+        f = times[group] / np.maximum(total, 1e-12)
+        common = sum(share * (codes[name][a] == codes[name][b])
+                     for name, share in shares[group].items() if name != OWN)
+        common = common + shares[group][OWN] * (a == b)
+        variance += sd ** 2 * (f[a] ** 2 + f[b] ** 2 - 2 * f[a] * f[b] * common)
+    return solve_sigma(np.maximum(variance, 1e-12) / 2, median_log_error)
+
 
 def family_codes(params: Sequence[Mapping[str, Any]],
                  families: Mapping[str, Sequence[str]] = FAMILIES) -> dict[str, np.ndarray]:
@@ -70,20 +162,26 @@ def family_codes(params: Sequence[Mapping[str, Any]],
     return codes
 
 
-def pair_weights(codes: Mapping[str, np.ndarray], shares: Mapping[str, float],
-                 rng: np.random.Generator, pairs: int = PAIRS) -> np.ndarray:
-    """For random pairs of candidates that differ in TP, EP or PP, the share of the error
-    variance the two do not share (their differing families' and their own)."""
+def parallel_pairs(codes: Mapping[str, np.ndarray], rng: np.random.Generator,
+                   pairs: int = PAIRS) -> tuple[np.ndarray, np.ndarray]:
+    """Random pairs (a, b) of distinct candidates that differ in TP, EP or PP (all the random
+    pairs when none do)."""
     n = len(next(iter(codes.values())))
-    if n < 2:
-        return np.array([shares[OWN]])
     a = rng.integers(0, n, pairs)
     b = (a + rng.integers(1, n, pairs)) % n
     parallel = np.zeros(pairs, dtype=bool)
     for name in PARALLEL_FAMILIES:
         parallel |= codes[name][a] != codes[name][b]
-    if parallel.any():
-        a, b = a[parallel], b[parallel]
+    return (a[parallel], b[parallel]) if parallel.any() else (a, b)
+
+
+def pair_weights(codes: Mapping[str, np.ndarray], shares: Mapping[str, float],
+                 rng: np.random.Generator, pairs: int = PAIRS) -> np.ndarray:
+    """For random pairs of candidates that differ in TP, EP or PP, the share of the error
+    variance the two do not share (their differing families' and their own)."""
+    if len(next(iter(codes.values()))) < 2:
+        return np.array([shares[OWN]])
+    a, b = parallel_pairs(codes, rng, pairs)
     weights = np.full(len(a), shares[OWN])
     for name in codes:
         weights += shares.get(name, 0.0) * (codes[name][a] != codes[name][b])
@@ -109,15 +207,20 @@ class ErrorModel:
     docstring)."""
 
     def __init__(self, candidates: CandidateSet, model_error: float,
-                 shares: Mapping[str, float] = PRIOR_SHARES):
-        params = [c.params for c in candidates.candidates]
-        self.codes = family_codes(params)
+                 shares: Mapping[str, float] = PRIOR_SHARES, *,
+                 codes: Mapping[str, np.ndarray] | None = None, sigma: float | None = None,
+                 log_predicted: np.ndarray | None = None):
+        """The throughput's model; a phase group's with its ``codes`` (its fields), ``sigma``
+        and ``log_predicted`` (ln predicted phase time) given."""
+        self.codes = dict(codes) if codes is not None else family_codes(
+            [c.params for c in candidates.candidates])
         self.shares = dict(shares)
-        self.sigma = solve_sigma(pair_weights(self.codes, self.shares,
-                                              np.random.default_rng(0)),
-                                 math.log1p(model_error))
-        self.log_predicted = np.log([max(float(c.predicted["tokens_per_s_per_gpu"]), 1e-9)
-                                     for c in candidates.candidates])
+        self.sigma = sigma if sigma is not None else solve_sigma(
+            pair_weights(self.codes, self.shares, np.random.default_rng(0)),
+            math.log1p(model_error))
+        self.log_predicted = log_predicted if log_predicted is not None else np.log(
+            [max(float(c.predicted["tokens_per_s_per_gpu"]), 1e-9)
+             for c in candidates.candidates])
 
     def covariance(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
         """cov(y_rows, y_cols) (candidate indices)."""
@@ -171,6 +274,94 @@ def observations(study: Study, candidates: CandidateSet
             np.array(noise, dtype=float))
 
 
+class PhaseErrorModel:
+    """One :class:`ErrorModel` per phase group over the fields it reads, combined into the
+    step's throughput (module docstring, "Per phase")."""
+
+    def __init__(self, candidates: CandidateSet, model_error: float,
+                 shares: Mapping[str, float] = PRIOR_SHARES):
+        predicted = [c.predicted for c in candidates.candidates]
+        codes = family_codes([c.params for c in candidates.candidates])
+        self.times = phase_fractions(predicted)
+        self.groups = tuple(g for g, t in self.times.items() if (t > 0).any())
+        self.shares = {g: phase_shares(g, shares) for g in self.groups}
+        mape_sd = {g: mape_log_sd(PHASE_MAPE[g]) for g in self.groups}
+        self.scale = solve_phase_scale(codes, {g: self.times[g] for g in self.groups}, mape_sd,
+                                       self.shares, math.log1p(model_error),
+                                       np.random.default_rng(0))
+        self.sigmas = {g: self.scale * mape_sd[g] for g in self.groups}
+        self.models = {g: ErrorModel(candidates, model_error, self.shares[g],
+                                     codes={f: codes[f] for f in PHASE_FAMILIES[g]},
+                                     sigma=self.sigmas[g],
+                                     log_predicted=np.log(np.maximum(self.times[g], 1e-9)))
+                       for g in self.groups}
+        self.log_tokens = np.log([max(float(p["tokens_per_s_per_gpu"]), 1e-9)
+                                  * max(float(p["step_time_s"]), 1e-9) for p in predicted])
+        # what the step holds besides the phases (none in a colocated step; kept as predicted)
+        self.rest_s = np.maximum(np.array([float(p["step_time_s"]) for p in predicted])
+                                 - sum(self.times.values()), 0.0)
+
+    def posterior(self, observed: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and sd of every candidate's log throughput given, per phase group,
+        (candidate indices, measured group time in seconds, noise variance)."""
+        total = self.rest_s.copy()
+        parts = {}
+        for group, model in self.models.items():
+            index, values, noise = observed.get(group, (np.array([], dtype=np.int64),
+                                                        np.array([]), np.array([])))
+            mean, sd = model.posterior(index, values, noise)
+            time_s = np.where(self.times[group] > 0, np.exp(mean), 0.0)
+            parts[group] = (time_s, sd)
+            total += time_s
+        total = np.maximum(total, 1e-9)
+        variance = sum((time_s / total) ** 2 * sd ** 2 for time_s, sd in parts.values())
+        return self.log_tokens - np.log(total), np.sqrt(variance)
+
+
+def phase_observations(study: Study, candidates: CandidateSet
+                       ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per phase group: (candidate indices, measured group time, noise variance) of the
+    study's trials whose measurement has every verl timer of the group (successes and pruned
+    trials, as :func:`observations`)."""
+    out: dict[str, tuple[list, list, list]] = {g: ([], [], []) for g in PHASE_GROUPS}
+    for trial in study.get_trials(deepcopy=False):
+        user = trial.user_attrs
+        if user.get(attrs.CATEGORY) not in ("ok", "pruned"):
+            continue
+        measured = user.get(attrs.MEASURED) or {}
+        position = candidates.index.get(user.get(attrs.KEY, ""))
+        timers = measured.get("phase_times_s") or {}
+        if position is None or not timers:
+            continue
+        phases = {VERL_TIMERS[k]: float(v) for k, v in timers.items() if k in VERL_TIMERS}
+        steps = max(int(measured.get("steady_steps") or 1), 1)
+        predicted = candidates[position].predicted.get("time_s") or {}
+        for group, members in PHASE_GROUPS.items():
+            if not all(p in phases for p in members if predicted.get(p, 0.0) > 0):
+                continue
+            value = sum(phases.get(p, 0.0) for p in members)
+            if value <= 0:
+                continue
+            out[group][0].append(position)
+            out[group][1].append(value)
+            out[group][2].append(STEP_SD ** 2 / steps)
+    return {g: (np.array(i, dtype=np.int64), np.array(v, dtype=float), np.array(n, dtype=float))
+            for g, (i, v, n) in out.items()}
+
+
+def phase_model_applies(candidates: CandidateSet, phase_model: bool | None) -> bool:
+    """Whether the sampler models phases: asked (``tune --phase-model``), a colocated study
+    (an asynchronous trainer's ``timing_s/gen`` is the wait for a batch generated meanwhile,
+    not its generation) and predicted generation and update times to correct."""
+    use = TUNE_DEFAULTS["phase_model"] == "on" if phase_model is None else phase_model
+    if not use or any(getattr(c, "mode", COLOCATED_MODE) != COLOCATED_MODE
+                      for c in candidates.candidates):
+        return False
+    times = phase_fractions([c.predicted for c in candidates.candidates])
+    return bool((times["generate"] > 0).any() and (times["update"] > 0).any())
+
+
 class GuidedSampler(LayoutSampler):
     """A :class:`~trials.sampler.LayoutSampler` whose proposal is the allowed candidate with
     the highest upper confidence bound of its throughput (module docstring); the same contract
@@ -178,12 +369,23 @@ class GuidedSampler(LayoutSampler):
 
     def __init__(self, candidates: CandidateSet, allowed: Callable[[Study], np.ndarray],
                  model_error: float, seed: int | None = None, kappa: float | None = None,
-                 inner: BaseSampler | None = None):
+                 inner: BaseSampler | None = None, phase_model: bool | None = None):
         super().__init__(candidates, allowed, inner=inner, seed=seed)
         self.model = ErrorModel(candidates, model_error)
         self.kappa = KAPPA if kappa is None else kappa
+        self.phase_model = (PhaseErrorModel(candidates, model_error)
+                            if phase_model_applies(candidates, phase_model) else None)
+
+    def posterior(self, study: Study) -> tuple[np.ndarray, np.ndarray]:
+        """Every candidate's posterior mean and sd of its log throughput: per phase when the
+        sampler models phases and a trial measured them, else the step's."""
+        if self.phase_model is not None:
+            observed = phase_observations(study, self.candidates)
+            if any(len(index) for index, _, _ in observed.values()):
+                return self.phase_model.posterior(observed)
+        return self.model.posterior(*observations(study, self.candidates))
 
     def choose(self, study: Study, trial: FrozenTrial, search_space: dict,
                mask: np.ndarray) -> int:
-        mean, sd = self.model.posterior(*observations(study, self.candidates))
+        mean, sd = self.posterior(study)
         return int(np.argmax(np.where(mask, mean + self.kappa * sd, -np.inf)))

@@ -111,6 +111,8 @@ class TuneSettings:
     model_error: float | None = None  # ranking uncertainty (None: the shipped calibration's)
     # the guided sampler's bound, ln(predicted) + mean + ucb_width * sd (trials.guided)
     ucb_width: float = TUNE_DEFAULTS["ucb_width"]
+    # the guided sampler fits its error per GRPO phase ("on") or the step's ("off")
+    phase_model: str = TUNE_DEFAULTS["phase_model"]
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,7 @@ class Tuner:
 
             sampler = GuidedSampler(self.candidates, self._allowed, self.model_error,
                                     seed=self.settings.seed, kappa=self.settings.ucb_width,
+                                    phase_model=self.settings.phase_model == "on",
                                     inner=optuna.samplers.RandomSampler(seed=self.settings.seed))
         else:
             inner = (optuna.samplers.RandomSampler(seed=self.settings.seed)

@@ -23,7 +23,7 @@ from planner.bounds import (
     MAX_VPP,
 )
 from planner.errors import PlanInputError
-from trials.defaults import FIRST_TRIALS, PRUNERS, SAMPLERS, TUNE_DEFAULTS
+from trials.defaults import FIRST_TRIALS, PHASE_MODELS, PRUNERS, SAMPLERS, TUNE_DEFAULTS
 
 
 class UsageError(PlanInputError):
@@ -579,6 +579,13 @@ def _tune_parser(sub) -> None:
                        help="guided: how far the next layout's optimistic bound reaches, in "
                             "posterior standard deviations of its throughput (default "
                             f"{TUNE_DEFAULTS['ucb_width']:g}; docs/tuning/regret.md)")
+    study.add_argument("--phase-model", choices=PHASE_MODELS,
+                       default=TUNE_DEFAULTS["phase_model"],
+                       help="guided: on fits the model's error per GRPO phase (generation, "
+                            "log-prob, update, sync) from each trial's verl timers, so a "
+                            "rollout layout and a training layout measured apart combine; off "
+                            f"fits the step's (default {TUNE_DEFAULTS['phase_model']}; "
+                            "docs/tuning/regret.md)")
     study.add_argument("--pruner", choices=PRUNERS,
                        help="stop a trial that trails the study's best at equal steps; "
                             "probe: every trial stops after one step past its warm-up unless "

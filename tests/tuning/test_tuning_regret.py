@@ -40,10 +40,11 @@ def default_strategy():
     """The strategy ``tune`` runs by default (trials.defaults), as the simulator names it."""
     return next(s for s in sim.STRATEGIES
                 if (s.sampler, s.pruner, s.first_trials, s.top_k, s.stop_when_confident,
-                    s.ucb_width)
+                    s.ucb_width, s.phase_model)
                 == (TUNE_DEFAULTS["sampler"], TUNE_DEFAULTS["pruner"],
                     TUNE_DEFAULTS["first_trials"], TUNE_DEFAULTS["top_k"],
-                    TUNE_DEFAULTS["stop_when_confident"], TUNE_DEFAULTS["ucb_width"]))
+                    TUNE_DEFAULTS["stop_when_confident"], TUNE_DEFAULTS["ucb_width"],
+                    TUNE_DEFAULTS["phase_model"]))
 
 
 def test_the_benchmark_has_twenty_jobs_of_every_kind():
