@@ -370,8 +370,9 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     if head is not None and _moving(request):
         at = _middle_request(request)
         middle = step_columns(at, subset, subset, groups)
-        leads = _rows_that_can_lead(request, subset, middle, flags["memory_tight"][timed], head,
-                                    memory["memory_utilization"][timed])
+        leads = _rows_that_can_lead(request, subset, middle, head,
+                                    {"memory_tight": flags["memory_tight"][timed],
+                                     "fraction": memory["memory_utilization"][timed]})
         if not leads.all():
             timed[timed] = leads
             index = np.flatnonzero(leads)
@@ -408,12 +409,12 @@ def _middle_request(request: PlanRequest) -> PlanRequest:
     return request_at(request, node_lengths(request.workload.lengths)[1])
 
 
-def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns,
-                        tight: np.ndarray, head: Head, fraction: np.ndarray) -> np.ndarray:
+def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns, head: Head,
+                        memory: Columns) -> np.ndarray:
     """Which of the fitting rows ``subset`` can be in the ``head`` of the ranking, from their
-    step columns at the middle of the run (``middle``), their memory-tight flag (``tight``)
-    and, for ``head.band_fastest``, their peak's share of the GPU (``fraction``,
-    :func:`_rows_up_to_band_fastest`).
+    step columns at the middle of the run (``middle``), their memory-tight flag
+    (``memory["memory_tight"]``) and, for ``head.band_fastest``, their peak's share of the GPU
+    (``memory["fraction"]``, :func:`_rows_up_to_band_fastest`).
 
     The expected step time is Simpson's rule over the first, middle and last step,
     ``E = (T_0 + 4 T_mid + T_1) / 6`` (:mod:`planner.cost.trajectory`).  Every phase time is
@@ -433,7 +434,7 @@ def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns,
     t_mid = np.asarray(middle["step_time_s"], dtype=float)
     sync = np.asarray(middle[time_column("weight_sync")], dtype=float)
     lower = WEIGHTS[1] * t_mid + (WEIGHTS[0] + WEIGHTS[2]) * sync
-    tight = np.asarray(tight).astype(bool)
+    tight = np.asarray(memory["memory_tight"]).astype(bool)
     leads = np.zeros(len(t_mid), dtype=bool)
     left, ties = head.rows, max(head.tie_tolerance, 0.0)
     for level in (False, True):
@@ -452,7 +453,8 @@ def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns,
             ties = 0.0  # the ties are the first tier with rows
         left -= size
     if head.band_fastest:
-        leads |= _rows_up_to_band_fastest(request, subset, t_mid, lower, tight, fraction)
+        leads |= _rows_up_to_band_fastest(request, subset, (t_mid, lower), tight,
+                                          np.asarray(memory["fraction"]))
     return leads
 
 
@@ -463,12 +465,13 @@ def _exact_step_s(request: PlanRequest, subset: Columns, rows: np.ndarray) -> np
         request, lambda at, few=few: step_columns(at, few, few))["step_time_s"]
 
 
-def _rows_up_to_band_fastest(request: PlanRequest, subset: Columns, t_mid: np.ndarray,
-                             lower: np.ndarray, tight: np.ndarray,
+def _rows_up_to_band_fastest(request: PlanRequest, subset: Columns,
+                             times: tuple[np.ndarray, np.ndarray], tight: np.ndarray,
                              fraction: np.ndarray) -> np.ndarray:
     """Which of the fitting rows ``subset`` can be the fastest inside the memory band
-    (:func:`planner.ranking.fastest_in_band`) or rank before it, from the lower bounds
-    ``lower`` of their expected step time (:func:`_rows_that_can_lead`).
+    (:func:`planner.ranking.fastest_in_band`) or rank before it, from ``times``: their step
+    times at the middle of the run and the lower bounds of their expected step time
+    (:func:`_rows_that_can_lead`).
 
     The band's pool (inside the band, else below its top, else every fitting row) depends on
     memory alone.  Its row with the smallest middle-of-run time is timed fully: its ``E``
@@ -477,6 +480,7 @@ def _rows_up_to_band_fastest(request: PlanRequest, subset: Columns, t_mid: np.nd
     a row of its tier with ``L > B`` is neither the fastest nor before it.  The pool lies in
     the first tier (not memory-tight) unless no row fits below the band's top; then every
     row of the first tier is kept."""
+    t_mid, lower = times
     policy = request.policy
     everything = np.ones(len(t_mid), dtype=bool)
     for pool in ((fraction >= policy.low) & (fraction <= policy.high),
