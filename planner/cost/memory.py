@@ -1141,7 +1141,11 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
     return {
         "gpu_memory_utilization": utilization,
         "rollout_budget_bytes": budget,
-        "mem_generate_bytes": resident_bytes + budget,
+        # vLLM loads its weights and profiles its forward before it sizes the KV cache from the
+        # budget (vllm/v1/worker/gpu_worker.py, determine_available_memory); a budget below
+        # them stops it ("No available memory for the cache blocks") with them already on the
+        # GPU, so the generate phase holds at least the weights and the reserve.
+        "mem_generate_bytes": resident_bytes + np.maximum(budget, weights + reserve),
         "rollout_weights_bytes": weights,
         "rollout_working_bytes": weights + reserve + np.minimum(kv_in_use, kv_cache),
         "kv_cache_bytes": kv_cache,

@@ -323,6 +323,23 @@ def unfit_reasons(estimate) -> list[str]:
     return reasons
 
 
+def empty_pool_text(estimate) -> str:
+    """Why a rollout pool holds no KV cache at all: its budget is below vLLM's weights and
+    workspace, which it loads before it sizes the cache and then stops; a picked
+    ``gpu_memory_utilization`` says no setting leaves room beside the trainer's state."""
+    if estimate.candidate.rollout.kv_cache_tokens_per_gpu > 0:
+        return ""
+    util = estimate.layout.gpu_memory_utilization
+    capacity = estimate.cluster.gpu.memory_gib
+    text = (f" (the pool, gpu_memory_utilization {util:.2f} = {util * capacity:.1f} GiB, is "
+            f"below the rollout's weights and workspace: vLLM stops with 'No available memory "
+            f"for the cache blocks'")
+    if estimate.request.options.gpu_memory_utilization is None:
+        text += ("; no gpu_memory_utilization leaves room for them beside the trainer's "
+                 "state: fewer bytes per GPU (TP, PP, EP, offload) or more GPUs")
+    return text + ")"
+
+
 def estimate_text(estimate) -> str:
     c = estimate.candidate
     policy = estimate.policy
@@ -355,7 +372,7 @@ def estimate_text(estimate) -> str:
     if "generate" in phases:
         lines.append(f"rollout:            {rollout.kv_cache_tokens_per_gpu:,} KV "
                      f"tokens per GPU, {rollout.concurrent_seqs} sequences at once, "
-                     f"{rollout.seqs_per_rank} per rank")
+                     f"{rollout.seqs_per_rank} per rank" + empty_pool_text(estimate))
         filled = c.fill_gpu
         if filled and setting(filled.gpu_memory_utilization) \
                 > estimate.layout.gpu_memory_utilization:

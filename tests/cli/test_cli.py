@@ -194,6 +194,32 @@ ESTIMATE_8B = ["estimate", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "
                "2", "--micro-batch", "4", "--rollout-tp", "2"]
 
 
+def test_estimate_of_a_rollout_pool_below_its_weights(capsys):
+    """Qwen3-30B at TP1 on 8 GPUs holds 275 GiB of trainer state: the picked
+    gpu_memory_utilization fell to its 0.05 floor, the generate phase's peak left out the
+    rollout's 57 GiB of weights (below its own allocated working set), and '0 KV tokens' went
+    unexplained.  vLLM loads its weights before it sizes the cache and then stops."""
+    code, out, _ = run(capsys, "estimate", "--model", "qwen3-30b", "--gpus", "8", "--gpu-type",
+                       "h100", "--tp", "1", "--rollout-tp", "1")
+    assert code == 1
+    lines = out.splitlines()
+
+    def per_phase(prefix):
+        line = next(line for line in lines if line.startswith(prefix))
+        return float(line.split("generate ")[1].split()[0])
+
+    assert per_phase("nvidia-smi peak per phase") >= per_phase("allocated working set per phase")
+    rollout = next(line for line in lines if line.startswith("rollout:"))
+    assert "gpu_memory_utilization 0.05 = 4.0 GiB, is below the rollout's weights" in rollout
+    assert "No available memory for the cache blocks" in rollout
+    assert "no gpu_memory_utilization leaves room" in rollout
+    code, out, _ = run(capsys, "estimate", "--model", "qwen3-30b", "--gpus", "8", "--gpu-type",
+                       "h100", "--tp", "1", "--rollout-tp", "1", "--gpu-memory-utilization",
+                       "0.3")
+    rollout = next(line for line in out.splitlines() if line.startswith("rollout:"))
+    assert "0.30 = 23.9 GiB, is below" in rollout and "leaves room" not in rollout
+
+
 def test_estimate_names_why_a_layout_inside_the_band_does_not_fit(capsys):
     """'fits: NO' used to quote a peak inside the band and stop there: a rollout pool too small
     for one sequence, or offloaded state beyond the host's memory, went unsaid."""
