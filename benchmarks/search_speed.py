@@ -13,6 +13,11 @@ from outside any checkout so that it imports the ``planner`` installed in its en
 runs alternating with this one's (the load of a shared machine then weighs on both alike), and
 prints its figures under each command's.
 
+Before timing, each interpreter's ``planner`` and ``trials`` are compiled to bytecode
+(``compileall``), as an installed copy has them: with ``PYTHONDONTWRITEBYTECODE=1`` (set on
+the development machine) every run would otherwise compile the sources again, about 0.2 s of
+CPU no user spends after the first start.  ``--no-compile`` times it as it is.
+
 Targets (issue 24, a 2-core machine): DeepSeek-V3 x 1024 <= 1 s, Qwen3-30B x 16 <= 0.5 s,
 ``--mode best`` on 128 H20 <= 3 s, the 48-count sizing sweep <= 2 s, peak RSS <= 600 MB each.
 """
@@ -61,6 +66,16 @@ def measure(argv: list[str], cwd: str | None = None) -> tuple[float, float, floa
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
+def compile_sources(python: str, cwd: str | None = None) -> None:
+    """Write the bytecode of the ``planner`` and ``trials`` that ``python`` imports (in
+    ``cwd``), as ``pip install`` and a first start do; ``py_compile`` writes it whatever
+    ``PYTHONDONTWRITEBYTECODE`` says."""
+    code = ("import compileall, os, planner, trials\n"
+            "for package in (planner, trials):\n"
+            "    compileall.compile_dir(os.path.dirname(package.__file__), quiet=1)")
+    subprocess.run([python, "-c", code], check=True, cwd=cwd)
+
+
 def medians(runs: list[tuple[float, float, float]]) -> tuple[float, float, float]:
     return tuple(statistics.median(run[i] for run in runs) for i in range(3))
 
@@ -82,9 +97,16 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="PYTHON",
                         help="also time this interpreter (another checkout's .venv/bin/python), "
                              "its runs alternating with this one's")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="time without compiling the sources to bytecode first")
     args = parser.parse_args()
     python = sys.executable
     outside = tempfile.gettempdir()  # where a baseline imports its own installed planner
+    if not args.no_compile:
+        compile_sources(python)
+        if args.baseline:
+            compile_sources(args.baseline, outside)
+        print("bytecode: planner and trials compiled first (--no-compile: as they are)")
     bare = medians([measure([python, "-c", "pass"]) for _ in range(args.repeat)])
     print(f"bare `python -c pass`: {bare[0]:.3f} s wall, {bare[1]:.3f} s CPU, "
           f"{bare[2]:.0f} MB (median of {args.repeat})")
