@@ -142,6 +142,45 @@ def test_malformed_config_json(tmp_path, content, needle):
         resolve_model(str(path))
 
 
+@pytest.mark.needs("verl")
+def test_a_config_transformers_refuses_is_one_line_with_its_reason(tmp_path):
+    """transformers' validation error is a heading whose reason is on the next line; the one-line
+    error keeps both (without transformers the planner's own check names layer_types too)."""
+    config = {"architectures": ["Qwen3NextForCausalLM"],
+              "model_type": "qwen3_next",
+              "hidden_size": 2048,
+              "intermediate_size": 5120,
+              "num_attention_heads": 16,
+              "num_key_value_heads": 2,
+              "head_dim": 256,
+              "num_hidden_layers": 24,
+              "vocab_size": 151936,
+              "max_position_embeddings": 65536,
+              "num_experts": 128,
+              "num_experts_per_tok": 8,
+              "moe_intermediate_size": 512,
+              "shared_expert_intermediate_size": 512,
+              "decoder_sparse_step": 1,
+              "mlp_only_layers": [],
+              "full_attention_interval": 4,
+              "linear_num_key_heads": 16,
+              "linear_num_value_heads": 32,
+              "linear_key_head_dim": 128,
+              "linear_value_head_dim": 128,
+              "linear_conv_kernel_dim": 4}
+    # ten layer types for 24 layers
+    config["layer_types"] = (["linear_attention"] * 3 + ["full_attention"]) * 2 \
+        + ["linear_attention"] * 2
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(PlanInputError) as error:
+        resolve_model(str(path))
+    message = str(error.value)
+    assert "\n" not in message
+    assert "transformers cannot read it" in message
+    assert "`num_hidden_layers` (24) must be equal to the number of `layer_types` (10)" in message
+
+
 def test_directory_without_config_json(tmp_path):
     with pytest.raises(PlanInputError, match="no config.json"):
         resolve_model(str(tmp_path))
