@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from planner.catalog.hardware import ClusterSpec
 from planner.cost.request import PlanRequest
 from planner.plan import Plan, make_plan
@@ -118,9 +120,8 @@ def _plain(value):
 def _top(plan: Plan, count: int) -> tuple[tuple[tuple, ...], tuple[tuple, ...]]:
     """The first ``count`` distinct parallel layouts (with their split) among the plan's fitting
     layouts, best first, and the rollout options the plan chose for any of their layouts."""
-    frame = plan.candidates
-    fits = frame["fits"].to_numpy(dtype=bool)
-    cols = {name: frame[name].to_numpy()[fits] for name in PARALLEL_FIELDS + ROLLOUT_FIELDS}
+    rows = plan.fitting_rows()
+    cols = {name: np.asarray(plan.columns[name])[rows] for name in PARALLEL_FIELDS + ROLLOUT_FIELDS}
     shapes, inverse = unique_rows(cols, PARALLEL_FIELDS)  # in order of appearance: best first
     top = [tuple(_plain(shapes[name][i]) for name in PARALLEL_FIELDS)
            for i in range(min(count, len(shapes["tp"])))]
@@ -146,10 +147,13 @@ def _with_vpp(rows: tuple[tuple, ...], options: SearchOptions, count: int) -> tu
 
 
 def _first(plan: Plan) -> dict | None:
-    frame = plan.candidates
-    if not len(frame):
-        return None
-    return {name: _plain(value) for name, value in frame.iloc[0].items()}
+    """The plan's best row as :attr:`planner.plan.Plan.candidates`' record (read from its
+    columns: a sweep builds no frame)."""
+    return plan.records(np.arange(1))[0] if plan.rows else None
+
+
+def _fits(plan: Plan) -> bool:
+    return bool(np.any(plan.columns["fits"]))
 
 
 def best_layout(request: PlanRequest, refine: int = REFINE,
@@ -182,12 +186,12 @@ def best_layout(request: PlanRequest, refine: int = REFINE,
     # VPP, which the refinement tries for the probe's first layouts.
     probe = plan(knobs=probe_knobs(options), vpp=(1,), probe="probe")
     scored = probe.scored
-    if not probe.candidates["fits"].any():
+    if not _fits(probe):
         frugal = plan(knobs=frugal_knobs(options), probe="frugal")
         scored += frugal.scored
-        if not frugal.candidates["fits"].any():
-            closest = min((p for p in (probe, frugal) if len(p.candidates)),
-                          key=lambda p: float(p.candidates["peak_bytes"].iloc[0]), default=None)
+        if not _fits(frugal):
+            closest = min((p for p in (probe, frugal) if p.rows),
+                          key=lambda p: float(p.columns["peak_bytes"][0]), default=None)
             return CountResult(cluster=cluster, valid=max(probe.valid, frugal.valid), best=None,
                                closest=None if closest is None else _first(closest),
                                scored=scored, rejected=probe.rejected)
