@@ -171,10 +171,11 @@ def best_layout(request: PlanRequest, refine: int = REFINE,
         # Every plan here is timed in full (no ``keep``): a plan of a few thousand layouts costs
         # its calls of the time model, not its rows, and reading the refinement at its head
         # (planner.plan.Head) would time its layouts once more, at the middle of the run, first.
+        # No fill columns (the memory band's headroom): the sweep reads none of them.
         key = (cluster.num_gpus, probe)
         made = make_plan(replace(request, options=replace(
             options, knob_rows=knobs, parallel_rows=parallel, rollout_rows=rollouts, vpp=vpp,
-            exhaustive=bool(probe) or options.exhaustive)), tie_tolerance=0.0,
+            exhaustive=bool(probe) or options.exhaustive)), tie_tolerance=0.0, fill=False,
             actors=shared.get(key) if probe else None)
         if probe:
             shared[key] = made.actors
