@@ -34,7 +34,9 @@ its layouts once more, at the middle of the run, before the head's three points 
 the 48-count DAPO sweep: 432 calls of the GRPO step's time model instead of 288, about 10%
 more CPU time).  The probes of the GPU types at one count share the search space and the
 actor's memory (:class:`planner.plan.ActorEvaluation`); their refinements differ (each keeps
-its own probe's first layouts) and are evaluated each.
+its own probe's first layouts) and are evaluated each.  A sweep reads each plan's columns
+(:attr:`planner.plan.Plan.columns`), never its pandas frame, and asks for no fill columns
+(``make_plan(fill=False)``: the memory band's headroom, which no sweep column shows).
 """
 
 from __future__ import annotations
