@@ -607,7 +607,7 @@ def evaluate_actors(request: PlanRequest) -> ActorEvaluation:
 
 def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
               actors: ActorEvaluation | None = None, keep: int | None = None,
-              table: bool = False) -> Plan:
+              table: bool = False, fill: bool = True) -> Plan:
     """Rank every valid layout.  ``tie_tolerance``: the step-time ratio within which layouts
     are ties (None: the cost model's ranking uncertainty; 0: a strict ranking).  ``actors``:
     the request's :class:`ActorEvaluation` when already computed (by a plan of the same
@@ -618,7 +618,9 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     the text table reads -- the first ``keep`` rows, and up to the fastest layout inside the
     memory band (:attr:`Plan.fastest_in_band`, its rank), with the exact counts of ties
     (:attr:`Plan.ties`) and of layouts below the band's top (:attr:`Plan.fitting_below_top`);
-    only the layouts that can be among those rows are timed at every point of the run."""
+    only the layouts that can be among those rows are timed at every point of the run.
+    ``fill``: price the memory band's headroom (:func:`fill_columns`); False leaves those
+    columns NaN (a sizing sweep, which reads none of them)."""
     options = search_options_for(request)
     if actors is None or not actors.serves(request):
         actors = evaluate_actors(request)
@@ -657,7 +659,7 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     ranked = rows.take(order)
     ranked["within_error_of_best"] = tied[order]
     ranked["rank"] = np.arange(1, len(order) + 1)
-    ranked.update(fill_columns(request, ranked, min(fitting, FILL_ROWS)))
+    ranked.update(fill_columns(request, ranked, min(fitting, FILL_ROWS) if fill else 0))
     return Plan(request=request, columns=ranked, actors=actors, enumerated=space.enumerated,
                 valid=space.valid, rejected=space.rejected, scored=len(scored["tp"]),
                 merged=space.merged, fit_total=None if keep is None else fitting, **totals,

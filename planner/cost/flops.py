@@ -31,6 +31,8 @@ attention (Llama-4) counted ``sum(c^2)`` over chunks and Mamba-2 layers like Gat
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from planner.catalog.layers import LayerSpec, MixerKind, MlpKind
@@ -126,9 +128,12 @@ def _layer_matmul(model: ModelSpec, layer: LayerSpec, linear: dict[str, float],
     return mixer + mlp
 
 
+@lru_cache(maxsize=32)
 def active_linear_params_per_token(model: ModelSpec) -> float:
     """Matmul parameters one token passes through in the whole model (every layer, the routed
-    experts it is sent to, the output layer): ``2 x`` this is a token's forward matmul FLOPs."""
+    experts it is sent to, the output layer): ``2 x`` this is a token's forward matmul FLOPs.
+    Cached per model: a loop over the layers that the generation time asks for at every call
+    (a sizing sweep: over a thousand times)."""
     linear = linear_params_per_token(model)
     return (sum(_layer_matmul(model, layer, linear) for layer in model.layers)
             + linear["output_layer"])

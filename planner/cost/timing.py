@@ -64,6 +64,7 @@ are booked with the weight sync.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -229,7 +230,7 @@ def _stage_compute_s(request: PlanRequest, cols: Columns, shape: TrainShape):
     head = output + mtp_forward_s(request, tokens / tp, per_moe if mtp_is_moe(model)
                                   else per_dense, output, peak_flops * dense_eff)
     # The slowest of the representative ranks (ends and the ranks next to them) sets the pace.
-    ranks = rank_layers(model, cols)
+    ranks = of_layouts(cols, "rank_layers", model, lambda: rank_layers(model, cols))
     stage_times = [r.dense * per_dense + r.moe * per_moe + np.where(r.head, head, 0)
                    for r in ranks]
     layers = np.max([r.dense + r.moe for r in ranks], axis=0)
@@ -325,7 +326,8 @@ def train_phase_s(request: PlanRequest, cols: Columns, shape: TrainShape
            "host_s": (m + (pp - 1) / vpp) * (slot - per_micro) * shape.optimizer_steps}
     total = pipeline * shape.optimizer_steps
     if not shape.forward_only:
-        shards = actor_params_per_gpu(model, cols)
+        shards = of_layouts(cols, "actor_params_per_gpu", model,
+                            lambda: actor_params_per_gpu(model, cols))
         non_expert = np.max([ne for ne, _ in shards], axis=0)
         expert = np.max([exp for _, exp in shards], axis=0)
         dense_dp = _f(cols["dp"] * cols["cp"])
@@ -694,6 +696,32 @@ GENERATE_FIELDS = ("rollout_tp", "rollout_dp", "rollout_ep", "kv_cache_tokens_pe
 DISTINCT_MIN_ROWS = 256  # below this many rows every row is timed as it is
 
 
+class LayoutRows(dict):
+    """Columns of layouts (a dict) with a memo of what depends on the layouts and the model
+    alone: :class:`DistinctRows` are timed at each of the run's three points
+    (:mod:`planner.cost.trajectory`), and their pipeline stages' layers and parameter shards
+    do not move with the response length.  Treat as read-only (the memo follows the columns
+    it was made from)."""
+
+    __slots__ = ("memo",)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.memo: dict = {}
+
+
+def of_layouts(cols: Columns, name: str, model, compute: Callable):
+    """``compute()``, a function of ``model`` and the layouts ``cols`` alone, computed once per
+    :class:`LayoutRows` (every call for other columns)."""
+    memo = getattr(cols, "memo", None)
+    if memo is None:
+        return compute()
+    key = (name, model)
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
+
+
 @dataclass(frozen=True)
 class DistinctRows:
     """The distinct rows of some columns over a few fields (``rows``), and per row the index of
@@ -706,13 +734,13 @@ class DistinctRows:
     @classmethod
     def of(cls, cols: Columns, names: tuple[str, ...]) -> "DistinctRows":
         if len(cols["tp"]) < DISTINCT_MIN_ROWS:
-            return cls(dict(cols), None)
+            return cls(LayoutRows(cols), None)
         # the distinct rows carry the fields ``names`` alone (and ``tp``, which counts rows):
         # what the phase reads (tests/cost/test_step_groups.py), not every column of a plan
         scalars = scalar_columns(cols)
         few, inverse = unique_rows({name: cols[name] for name in ("tp", *names)
                                     if name in cols and np.ndim(cols[name]) == 1}, names)
-        return cls({**scalars, **few}, inverse)
+        return cls(LayoutRows({**scalars, **few}), inverse)
 
     def spread(self, out: dict) -> dict:
         if self.inverse is None:

@@ -19,6 +19,7 @@ an array over layouts), e.g. :func:`workload_at` plus the cost model.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Callable, Union
 
 import numpy as np
@@ -85,6 +86,14 @@ def workload_at(workload, mean_tokens: float):
     """``workload`` with its mean response length set to ``mean_tokens`` (rounded, at least 1,
     at most the maximum): the time model's input at one point of the trajectory."""
     mean = int(min(max(round(mean_tokens), 1), workload.response_length))
+    return _with_mean(workload, mean)
+
+
+@lru_cache(maxsize=64)
+def _with_mean(workload, mean: int):
+    """:func:`workload_at`'s copy, made once per workload and length (a sizing sweep's plans
+    ask for the same three points of one workload 96 times; the copy re-runs the workload's
+    checks)."""
     return replace(workload, mean_response_length=mean)
 
 

@@ -34,12 +34,16 @@ its layouts once more, at the middle of the run, before the head's three points 
 the 48-count DAPO sweep: 432 calls of the GRPO step's time model instead of 288, about 10%
 more CPU time).  The probes of the GPU types at one count share the search space and the
 actor's memory (:class:`planner.plan.ActorEvaluation`); their refinements differ (each keeps
-its own probe's first layouts) and are evaluated each.
+its own probe's first layouts) and are evaluated each.  A sweep reads each plan's columns
+(:attr:`planner.plan.Plan.columns`), never its pandas frame, and asks for no fill columns
+(``make_plan(fill=False)``: the memory band's headroom, which no sweep column shows).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from planner.catalog.hardware import ClusterSpec
 from planner.cost.request import PlanRequest
@@ -118,9 +122,8 @@ def _plain(value):
 def _top(plan: Plan, count: int) -> tuple[tuple[tuple, ...], tuple[tuple, ...]]:
     """The first ``count`` distinct parallel layouts (with their split) among the plan's fitting
     layouts, best first, and the rollout options the plan chose for any of their layouts."""
-    frame = plan.candidates
-    fits = frame["fits"].to_numpy(dtype=bool)
-    cols = {name: frame[name].to_numpy()[fits] for name in PARALLEL_FIELDS + ROLLOUT_FIELDS}
+    rows = plan.fitting_rows()
+    cols = {name: np.asarray(plan.columns[name])[rows] for name in PARALLEL_FIELDS + ROLLOUT_FIELDS}
     shapes, inverse = unique_rows(cols, PARALLEL_FIELDS)  # in order of appearance: best first
     top = [tuple(_plain(shapes[name][i]) for name in PARALLEL_FIELDS)
            for i in range(min(count, len(shapes["tp"])))]
@@ -146,10 +149,13 @@ def _with_vpp(rows: tuple[tuple, ...], options: SearchOptions, count: int) -> tu
 
 
 def _first(plan: Plan) -> dict | None:
-    frame = plan.candidates
-    if not len(frame):
-        return None
-    return {name: _plain(value) for name, value in frame.iloc[0].items()}
+    """The plan's best row as :attr:`planner.plan.Plan.candidates`' record (read from its
+    columns: a sweep builds no frame)."""
+    return plan.records(np.arange(1))[0] if plan.rows else None
+
+
+def _fits(plan: Plan) -> bool:
+    return bool(np.any(plan.columns["fits"]))
 
 
 def best_layout(request: PlanRequest, refine: int = REFINE,
@@ -167,10 +173,11 @@ def best_layout(request: PlanRequest, refine: int = REFINE,
         # Every plan here is timed in full (no ``keep``): a plan of a few thousand layouts costs
         # its calls of the time model, not its rows, and reading the refinement at its head
         # (planner.plan.Head) would time its layouts once more, at the middle of the run, first.
+        # No fill columns (the memory band's headroom): the sweep reads none of them.
         key = (cluster.num_gpus, probe)
         made = make_plan(replace(request, options=replace(
             options, knob_rows=knobs, parallel_rows=parallel, rollout_rows=rollouts, vpp=vpp,
-            exhaustive=bool(probe) or options.exhaustive)), tie_tolerance=0.0,
+            exhaustive=bool(probe) or options.exhaustive)), tie_tolerance=0.0, fill=False,
             actors=shared.get(key) if probe else None)
         if probe:
             shared[key] = made.actors
@@ -182,12 +189,12 @@ def best_layout(request: PlanRequest, refine: int = REFINE,
     # VPP, which the refinement tries for the probe's first layouts.
     probe = plan(knobs=probe_knobs(options), vpp=(1,), probe="probe")
     scored = probe.scored
-    if not probe.candidates["fits"].any():
+    if not _fits(probe):
         frugal = plan(knobs=frugal_knobs(options), probe="frugal")
         scored += frugal.scored
-        if not frugal.candidates["fits"].any():
-            closest = min((p for p in (probe, frugal) if len(p.candidates)),
-                          key=lambda p: float(p.candidates["peak_bytes"].iloc[0]), default=None)
+        if not _fits(frugal):
+            closest = min((p for p in (probe, frugal) if p.rows),
+                          key=lambda p: float(p.columns["peak_bytes"][0]), default=None)
             return CountResult(cluster=cluster, valid=max(probe.valid, frugal.valid), best=None,
                                closest=None if closest is None else _first(closest),
                                scored=scored, rejected=probe.rejected)

@@ -92,3 +92,15 @@ def test_grouped_step_equals_the_step_timed_row_by_row(case):
     assert grouped.keys() == plain.keys()
     for name, values in plain.items():
         np.testing.assert_array_equal(grouped[name], values, err_msg=name)
+
+
+def test_the_layer_ranks_of_distinct_rows_are_found_once_for_every_point_of_the_run():
+    from planner.cost.timing import LayoutRows, of_layouts
+
+    rows = LayoutRows({"tp": np.array([1, 2])})
+    calls = []
+    first = of_layouts(rows, "ranks", "model", lambda: calls.append(1) or len(calls))
+    assert of_layouts(rows, "ranks", "model", lambda: calls.append(1) or len(calls)) == first
+    assert of_layouts(rows, "ranks", "other", lambda: calls.append(1) or len(calls)) == 2
+    assert of_layouts(dict(rows), "ranks", "model", lambda: calls.append(1) or len(calls)) == 3
+    assert dict(rows) == {"tp": rows["tp"]}  # a dict for every other reader

@@ -225,3 +225,29 @@ def test_a_given_calibration_is_named_in_the_line(tmp_path, capsys):
     assert main(PLAN + ["--calibration", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line for line in lines if line.startswith(f"calibration: {path}: ")]
+
+
+# --- what a sizing sweep's many plans share (cached, the same numbers) -------------------------
+
+def test_workload_at_is_made_once_per_workload_and_length_and_equals_a_fresh_copy():
+    from dataclasses import replace
+
+    workload = GrpoWorkload(response_length=8192, lengths=default_lengths(8192, "Qwen3-8B"))
+    first = workload_at(workload, 3000.4)
+    assert workload_at(replace(workload), 3000.2) is first  # equal workload, same rounded length
+    assert first == replace(workload, mean_response_length=3000)
+    assert workload_at(workload, 9000.0).mean_response_length == 8192  # at most the maximum
+    assert workload_at(workload, 0.2).mean_response_length == 1
+
+
+def test_a_plan_without_fill_columns_ranks_and_prices_the_same_layouts():
+    request = PlanRequest(resolve_model(MODEL), H100, GrpoWorkload(
+        response_length=8192, lengths=default_lengths(8192, "Qwen3-8B")))
+    full = make_plan(request, tie_tolerance=0.0)
+    bare = make_plan(request, tie_tolerance=0.0, actors=full.actors, fill=False)
+    fill = [name for name in full.columns if name.endswith("_fill")]
+    assert len(fill) == 4 and np.isfinite(full.columns["time_generate_s_fill"][0])
+    assert all(np.isnan(bare.columns[name]).all() for name in fill)
+    for name in full.columns:
+        if name not in fill:
+            np.testing.assert_array_equal(bare.columns[name], full.columns[name], err_msg=name)
