@@ -399,9 +399,10 @@ class GuidedSampler(LayoutSampler):
 
     def exploiting(self, study: Study, trial: FrozenTrial) -> bool:
         """Whether ``trial`` is one of the study's last ``exploit_last`` of ``budget`` trials,
-        which run the allowed layout of the highest posterior mean (``tune --exploit-last``):
-        under the per-phase model that is often a composition never run as one trial -- the
-        best measured rollout layout with the best measured training fields."""
+        which run the allowed layout of the highest posterior mean (``TuneSettings.exploit_last``,
+        0 in ``tune``): under the per-phase model that is often a composition never run as one
+        trial -- the best measured rollout layout with the best measured training fields.  The
+        fifth round of docs/tuning/regret.md measured no gain from it, so ``tune`` has no flag."""
         if not self.exploit_last:
             return False
         others = sum(t.number != trial.number and t.state in _COUNTED

@@ -113,7 +113,8 @@ class TuneSettings:
     ucb_width: float = TUNE_DEFAULTS["ucb_width"]
     # the guided sampler fits its error per GRPO phase ("on") or the step's ("off")
     phase_model: str = TUNE_DEFAULTS["phase_model"]
-    # the last this-many trials run the posterior-best layout, no bound (trials.guided)
+    # the last this-many trials run the posterior-best layout, no bound (trials.guided; the
+    # fifth round of docs/tuning/regret.md: no measured gain, so no tune flag, 0)
     exploit_last: int = TUNE_DEFAULTS["exploit_last"]
 
 

@@ -586,13 +586,6 @@ def _tune_parser(sub) -> None:
                             "rollout layout and a training layout measured apart combine; off "
                             f"fits the step's (default {TUNE_DEFAULTS['phase_model']}; "
                             "docs/tuning/regret.md)")
-    study.add_argument("--exploit-last", type=integer(0, 100_000),
-                       default=TUNE_DEFAULTS["exploit_last"],
-                       help="guided: the study's last N of --trials run the layout of the "
-                            "highest predicted throughput given the trials (no bound), with "
-                            "--phase-model on often the best measured rollout layout with the "
-                            "best measured training fields, never run together (default "
-                            f"{TUNE_DEFAULTS['exploit_last']}; docs/tuning/regret.md)")
     study.add_argument("--pruner", choices=PRUNERS,
                        help="stop a trial that trails the study's best at equal steps; "
                             "probe: every trial stops after one step past its warm-up unless "

@@ -211,7 +211,7 @@ def cmd_tune(args) -> int:
         grace_period=args.grace_period, max_retry=args.max_retry, fail_fast=args.fail_fast,
         pruner=pruner, first_trials=args.first_trials,
         stop_when_confident=args.stop_when_confident, ucb_width=args.ucb_width,
-        phase_model=args.phase_model, exploit_last=args.exploit_last,
+        phase_model=args.phase_model,
         model_error=inputs.cost_model(args).uncertainty)
     jobs = TrialJobs(model=model, cluster=cluster, workload=workload, trainer_command=command,
                      model_path=model_path, train_files=train_files, val_files=val_files,

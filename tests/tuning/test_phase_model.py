@@ -240,14 +240,14 @@ def test_the_phase_model_applies_to_colocated_studies_when_asked():
 
 
 def test_the_last_trials_run_the_posterior_best_layout_when_asked(monkeypatch):
-    """``tune --exploit-last N``: the study's last N of its trials take the allowed layout of
-    the highest posterior mean (no bound), the others the bound; off (0) by default."""
+    """``TuneSettings.exploit_last`` N: the study's last N of its trials take the allowed
+    layout of the highest posterior mean (no bound), the others the bound; 0 in ``tune``."""
     from optuna.trial import TrialState
 
     from trials.guided import GuidedSampler
 
     frame, _ = _four_layouts()
-    frame = Frame(**vars(frame), distributions=dict)  # what LayoutSampler reads besides
+    frame = Frame(**vars(frame), distributions=dict)  # LayoutSampler reads it too
     mean, sd = np.array([0.0, 1.0, 0.5, 0.0]), np.array([1.0, 0.0, 0.0, 2.0])
     mask = np.ones(4, dtype=bool)
 

@@ -300,13 +300,3 @@ def test_a_bad_ucb_width_is_refused_by_name(tmp_path, capsys):
     assert main(tune_argv(tmp_path, "--ucb-width", "11")) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--ucb-width" in err and "11" in err and "0..10" in err
-
-
-def test_a_bad_exploit_last_is_refused_by_name(tmp_path, capsys):
-    from fixtures.tuning import tune_argv
-
-    from planner.cli.main import main
-
-    assert main(tune_argv(tmp_path, "--exploit-last", "-1")) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--exploit-last" in err and "-1" in err
