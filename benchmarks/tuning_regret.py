@@ -496,6 +496,7 @@ class Strategy:
     sampler: str = "tpe"
     ucb_width: float = 1.0
     phase_model: str = "off"
+    exploit_last: int = 0
     note: str = ""
 
 
@@ -527,6 +528,10 @@ STRATEGIES = (
              ucb_width=2.0, pruner="probe", phase_model="on"),
     Strategy("guided-w3+probe+ucb1+phases", first_trials="ucb", sampler="guided", top_k=1,
              ucb_width=3.0, pruner="probe", phase_model="on"),
+    Strategy("guided-w2+probe+ucb1+phases+exploit1", first_trials="ucb", sampler="guided",
+             top_k=1, ucb_width=2.0, pruner="probe", phase_model="on", exploit_last=1),
+    Strategy("guided-w2+probe+ucb1+phases+exploit2", first_trials="ucb", sampler="guided",
+             top_k=1, ucb_width=2.0, pruner="probe", phase_model="on", exploit_last=2),
 )
 
 
@@ -535,7 +540,7 @@ def default_strategy() -> Strategy:
     from trials.defaults import TUNE_DEFAULTS
 
     fields = ("sampler", "pruner", "first_trials", "top_k", "stop_when_confident", "ucb_width",
-              "phase_model")
+              "phase_model", "exploit_last")
     return next(s for s in STRATEGIES
                 if all(getattr(s, name) == TUNE_DEFAULTS[name] for name in fields))
 
@@ -601,6 +606,7 @@ def run_study(prepared: PreparedJob, truth: Truth, strategy: Strategy, trials: i
                             stop_when_confident=strategy.stop_when_confident, fail_fast=0,
                             sampler=strategy.sampler, ucb_width=strategy.ucb_width,
                             phase_model=strategy.phase_model,
+                            exploit_last=strategy.exploit_last,
                             heartbeat_interval=3600, grace_period=7200)
     storage = resolve_storage(f"journal:{sweep / 'study.journal'}", sweep)
     tuner = Tuner(plan=prepared.plan, candidates=prepared.candidates,

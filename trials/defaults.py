@@ -8,4 +8,4 @@ FIRST_TRIALS = ("simplest", "spread", "ucb")  # trials.proposals
 PHASE_MODELS = ("on", "off")  # trials.guided: fit the error per GRPO phase, or the step's
 TUNE_DEFAULTS = {"top_k": 1, "first_trials": "ucb", "sampler": "guided",
                  "pruner": "probe", "stop_when_confident": False,
-                 "ucb_width": 2.0, "phase_model": "on"}
+                 "ucb_width": 2.0, "phase_model": "on", "exploit_last": 0}

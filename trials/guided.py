@@ -52,7 +52,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from optuna.samplers import BaseSampler
 from optuna.study import Study
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from planner.results import COLOCATED_MODE
 from trials import study_state as attrs
@@ -362,6 +362,9 @@ def phase_model_applies(candidates: CandidateSet, phase_model: bool | None) -> b
     return bool((times["generate"] > 0).any() and (times["update"] > 0).any())
 
 
+_COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+
+
 class GuidedSampler(LayoutSampler):
     """A :class:`~trials.sampler.LayoutSampler` whose proposal is the allowed candidate with
     the highest upper confidence bound of its throughput (module docstring); the same contract
@@ -369,8 +372,11 @@ class GuidedSampler(LayoutSampler):
 
     def __init__(self, candidates: CandidateSet, allowed: Callable[[Study], np.ndarray],
                  model_error: float, seed: int | None = None, kappa: float | None = None,
-                 inner: BaseSampler | None = None, phase_model: bool | None = None):
+                 inner: BaseSampler | None = None, phase_model: bool | None = None,
+                 exploit_last: int = 0, budget: int | None = None):
         super().__init__(candidates, allowed, inner=inner, seed=seed)
+        self.exploit_last = exploit_last if budget is not None else 0
+        self.budget = budget
         self.model = ErrorModel(candidates, model_error)
         self.kappa = KAPPA if kappa is None else kappa
         self.phase_model = (PhaseErrorModel(candidates, model_error)
@@ -388,4 +394,17 @@ class GuidedSampler(LayoutSampler):
     def choose(self, study: Study, trial: FrozenTrial, search_space: dict,
                mask: np.ndarray) -> int:
         mean, sd = self.posterior(study)
-        return int(np.argmax(np.where(mask, mean + self.kappa * sd, -np.inf)))
+        kappa = 0.0 if self.exploiting(study, trial) else self.kappa
+        return int(np.argmax(np.where(mask, mean + kappa * sd, -np.inf)))
+
+    def exploiting(self, study: Study, trial: FrozenTrial) -> bool:
+        """Whether ``trial`` is one of the study's last ``exploit_last`` of ``budget`` trials,
+        which run the allowed layout of the highest posterior mean (``TuneSettings.exploit_last``,
+        0 in ``tune``): under the per-phase model that is often a composition never run as one
+        trial -- the best measured rollout layout with the best measured training fields.  The
+        fifth round of docs/tuning/regret.md measured no gain from it, so ``tune`` has no flag."""
+        if not self.exploit_last:
+            return False
+        others = sum(t.number != trial.number and t.state in _COUNTED
+                     for t in study.get_trials(deepcopy=False))
+        return self.budget - others <= self.exploit_last

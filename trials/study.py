@@ -113,6 +113,9 @@ class TuneSettings:
     ucb_width: float = TUNE_DEFAULTS["ucb_width"]
     # the guided sampler fits its error per GRPO phase ("on") or the step's ("off")
     phase_model: str = TUNE_DEFAULTS["phase_model"]
+    # the last this-many trials run the posterior-best layout, no bound (trials.guided; the
+    # fifth round of docs/tuning/regret.md: no measured gain, so no tune flag, 0)
+    exploit_last: int = TUNE_DEFAULTS["exploit_last"]
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,8 @@ class Tuner:
             sampler = GuidedSampler(self.candidates, self._allowed, self.model_error,
                                     seed=self.settings.seed, kappa=self.settings.ucb_width,
                                     phase_model=self.settings.phase_model == "on",
+                                    exploit_last=self.settings.exploit_last,
+                                    budget=self.settings.trials,
                                     inner=optuna.samplers.RandomSampler(seed=self.settings.seed))
         else:
             inner = (optuna.samplers.RandomSampler(seed=self.settings.seed)

@@ -237,3 +237,35 @@ def test_the_phase_model_applies_to_colocated_studies_when_asked():
     assert phase_model_applies(frame, True) and not phase_model_applies(frame, False)
     frame.candidates[0].mode = "fully_async"
     assert not phase_model_applies(frame, True)
+
+
+def test_the_last_trials_run_the_posterior_best_layout_when_asked(monkeypatch):
+    """``TuneSettings.exploit_last`` N: the study's last N of its trials take the allowed
+    layout of the highest posterior mean (no bound), the others the bound; 0 in ``tune``."""
+    from optuna.trial import TrialState
+
+    from trials.guided import GuidedSampler
+
+    frame, _ = _four_layouts()
+    frame = Frame(**vars(frame), distributions=dict)  # LayoutSampler reads it too
+    mean, sd = np.array([0.0, 1.0, 0.5, 0.0]), np.array([1.0, 0.0, 0.0, 2.0])
+    mask = np.ones(4, dtype=bool)
+
+    def study_of(done):
+        trials = [SimpleNamespace(number=i, state=TrialState.COMPLETE) for i in range(done)]
+        trials.append(SimpleNamespace(number=done, state=TrialState.RUNNING))  # this one
+        return SimpleNamespace(get_trials=lambda deepcopy=False: trials), trials[-1]
+
+    def choice(exploit_last, done, budget=12):
+        sampler = GuidedSampler(frame, lambda study: mask, 0.16, kappa=2.0,
+                                exploit_last=exploit_last, budget=budget)
+        monkeypatch.setattr(sampler, "posterior", lambda study: (mean, sd))
+        study, trial = study_of(done)
+        return sampler.choose(study, trial, {}, mask)
+
+    assert choice(0, 11) == 3  # the bound: 0 + 2 x 2
+    assert choice(2, 9) == 3 and choice(2, 10) == 1 and choice(2, 11) == 1
+    assert choice(1, 10) == 3 and choice(1, 11) == 1
+    assert choice(2, 11, budget=None) == 3  # no budget known: never
+    mask[1] = False  # the posterior-best is not allowed: the next-best mean
+    assert choice(2, 11) == 2
