@@ -55,7 +55,13 @@ from planner.ranking import (
 )
 from planner.results import COLOCATED_MODE, ColocatedCandidate, Placement, Staleness
 from planner.search.layout import RECOMPUTE, Columns, Layout, RowsAt, distinct
-from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
+from planner.search.rules import (
+    UNWISE_FLAGS,
+    PipelineStarvation,
+    explain,
+    pipeline_starvation,
+    unwise_flags,
+)
 from planner.search.space import (
     SearchOptions,
     SearchSpace,
@@ -703,6 +709,12 @@ class Estimate(OfRequest):
     def candidate(self) -> ColocatedCandidate:
         """The layout's prediction, typed: on every GPU of the request's cluster."""
         return ColocatedCandidate.from_row(self.row, Placement.shared(self.cluster))
+
+    @cached_property
+    def pipeline_starvation(self) -> PipelineStarvation | None:
+        """Fewer micro-batches per optimizer step than pipeline stages (the
+        ``pipeline_starved`` flag), with the numbers; None where the pipeline is fed."""
+        return pipeline_starvation(self.workload, self.layout.to_dict())
 
 
 def with_chosen_rollout(request: PlanRequest, cols: Columns,

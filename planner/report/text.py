@@ -340,6 +340,18 @@ def empty_pool_text(estimate) -> str:
     return text + ")"
 
 
+def pipeline_starvation_lines(estimate) -> list[str]:
+    """The ``pipeline_starved`` warning with its numbers and what would feed the pipeline."""
+    starved = estimate.pipeline_starvation
+    if starved is None:
+        return []
+    return [f"warning: the pipeline is starved: {starved.micro_batches} micro-batch(es) per "
+            f"optimizer step on each DP rank ({starved.sequences_per_rank:g} sequences) for "
+            f"{starved.stages} pipeline stages, so about "
+            f"{100 * starved.bubble_fraction:.0f}% of the update is pipeline bubble; feed it "
+            f"with " + ", or ".join(starved.fixes(estimate.workload.has_rollout))]
+
+
 def estimate_text(estimate) -> str:
     c = estimate.candidate
     policy = estimate.policy
@@ -406,5 +418,6 @@ def estimate_text(estimate) -> str:
                 lines.append(f"  {phase + ':':18}" + "  ".join(shown))
     if c.flags:
         lines.append("unwise:             " + ", ".join(c.flags))
+    lines += pipeline_starvation_lines(estimate)
     lines += answer_lines(estimate.workload, estimate.request.cost)
     return "\n".join(lines)

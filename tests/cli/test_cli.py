@@ -262,3 +262,26 @@ def test_validate_takes_overrides_after_its_options(capsys):
     assert json.loads(late[1]) == json.loads(early[1])
     code, _, err = run(capsys, "validate", script, "--gpu-type", "h100", "--no-such-flag")
     assert code == 2 and "unrecognized arguments: --no-such-flag" in err
+
+
+def test_estimate_warns_of_a_pipeline_starved_of_micro_batches(capsys):
+    """One sequence per DP rank through four pipeline stages: the bubble is 75% of the update,
+    and estimate said only 'unwise: pipeline_starved'.  It now names the numbers and the fixes,
+    in text and in JSON; a fed pipeline gets neither."""
+    starved = ["estimate", "--model", "qwen3-8b", "--gpus", "16", "--gpu-type", "h100",
+               "--train-batch-size", "2", "--mini-batch-size", "2", "--rollout-n", "1",
+               "--tp", "2", "--pp", "4", "--micro-batch", "1"]
+    _, out, _ = run(capsys, *starved)
+    warning = next(line for line in out.splitlines() if line.startswith("warning: the pipeline"))
+    assert "1 micro-batch(es) per optimizer step on each DP rank (1 sequences)" in warning
+    assert "4 pipeline stages" in warning and "75% of the update is pipeline bubble" in warning
+    assert "PP 1" in warning and "--mini-batch-size >= 8" in warning  # 4 stages x DP2 / n 1
+    _, out, _ = run(capsys, *starved, "--format", "json")
+    assert json.loads(out)["pipeline_starved"] == {
+        "micro_batches_per_step": 1, "pipeline_stages": 4, "sequences_per_dp_rank": 1.0,
+        "bubble_fraction": 0.75, "fixes": ["PP 1", "--mini-batch-size >= 8", "fewer DP ranks"]}
+    fed = [*starved[:7], "--train-batch-size", "8", "--mini-batch-size", "8", *starved[11:]]
+    _, out, _ = run(capsys, *fed)
+    assert "warning: the pipeline" not in out
+    _, out, _ = run(capsys, *fed, "--format", "json")
+    assert json.loads(out)["pipeline_starved"] is None
