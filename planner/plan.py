@@ -96,9 +96,10 @@ class Plan(OfRequest):
     merged: int = 0  # valid actor layouts merged into an equivalent scored one (SearchSpace)
     # layouts that fit when ``candidates`` keeps only the first few (make_plan's ``keep``)
     fit_total: int | None = None
-    # of those, with the peak at most the band's top, and the ties, when ``candidates`` keeps
-    # only the rows the text table reads (make_plan's ``table``)
+    # of those, with the peak at most the band's top, when ``candidates`` keeps only the rows
+    # the text table reads (make_plan's ``table``)
     below_top_total: int | None = None
+    # the ties, whenever ``candidates`` keeps only the first few (make_plan's ``keep``)
     tie_total: int | None = None
     # step-time ratio within which layouts are ties, and where the figure comes from
     tie_tolerance: float = 0.0
@@ -657,6 +658,10 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
         # of the layouts that do not fit, only as many as the frame keeps are sorted
         order, tied = tie_order(scored, tolerance, request.policy,
                                 misses=KEEP_NOT_FITTING if keep is None else keep)
+        if keep is not None:
+            # the frame keeps the first ``keep`` rows; the tie count stays every layout's
+            # (``--mode best`` keeps RANKS_KEPT rows of a plan with more ties than that)
+            totals = {"tie_total": int(np.count_nonzero(tied))}
     # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
     order = order[:fitting + KEEP_NOT_FITTING if keep is None else keep]
