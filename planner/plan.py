@@ -715,6 +715,23 @@ class Estimate(OfRequest):
         """The layout's prediction, typed: on every GPU of the request's cluster."""
         return ColocatedCandidate.from_row(self.row, Placement.shared(self.cluster))
 
+    @property
+    def rollout_without_room(self) -> bool:
+        """``gpu_memory_utilization`` was picked and none leaves vLLM room for its weights and
+        workspace beside the trainer's state: the pool sits at the picker's floor with no KV
+        cache, a number scored but not a setting to use."""
+        return (self.workload.has_rollout and self.request.options.gpu_memory_utilization is None
+                and self.candidate.rollout.kv_cache_tokens_per_gpu == 0)
+
+    def rollout_text(self) -> str:
+        """The rollout layout as printed; a picked utilization without room is named so."""
+        if not self.rollout_without_room:
+            return self.layout.rollout_text()
+        lay = self.layout
+        return (f"rollout TP{lay.rollout_tp} DP{lay.rollout_dp} EP{lay.rollout_ep} with no "
+                f"gpu_memory_utilization that leaves room (scored at the floor, "
+                f"{lay.gpu_memory_utilization:.2f})")
+
     @cached_property
     def pipeline_starvation(self) -> PipelineStarvation | None:
         """Fewer micro-batches per optimizer step than pipeline stages (the

@@ -304,9 +304,15 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
 
 def unfit_reasons(estimate) -> list[str]:
     """Why a layout whose peak is within the GPU does not fit: a rollout pool without room for
-    one sequence, or offloaded state beyond the host's memory (the peak says the rest)."""
+    one sequence, or offloaded state beyond the host's memory (the peak says the rest); and,
+    whatever the peak, a picked ``gpu_memory_utilization`` that leaves no room at all."""
     c, cluster = estimate.candidate, estimate.cluster
-    if c.fits or c.memory.peak_bytes > cluster.gpu.memory_bytes:
+    if c.fits:
+        return []
+    if estimate.rollout_without_room:
+        return ["no gpu_memory_utilization leaves the rollout room for its weights and "
+                "workspace beside the trainer's state (see rollout:)"]
+    if c.memory.peak_bytes > cluster.gpu.memory_bytes:
         return []
     reasons = []
     if "generate" in estimate.workload.phases and not c.rollout.fits:
@@ -360,7 +366,7 @@ def estimate_text(estimate) -> str:
     lines = [
         f"{estimate.model.name} on {estimate.cluster.num_gpus} x {estimate.cluster.gpu.name}: "
         f"{estimate.layout.actor_text()}"
-        + (f"; {estimate.layout.rollout_text()}" if estimate.workload.has_rollout else ""),
+        + (f"; {estimate.rollout_text()}" if estimate.workload.has_rollout else ""),
         f"fits: {'yes' if c.fits else 'NO'} - {PEAK_NAME} {gib(memory.peak_bytes):.2f} "
         f"GiB ({100 * share:.0f}% of "
         f"{estimate.cluster.gpu.memory_gib:.1f} GiB, {policy.position(memory.utilization)} the "

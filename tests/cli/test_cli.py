@@ -285,3 +285,24 @@ def test_estimate_warns_of_a_pipeline_starved_of_micro_batches(capsys):
     assert "warning: the pipeline" not in out
     _, out, _ = run(capsys, *fed, "--format", "json")
     assert json.loads(out)["pipeline_starved"] is None
+
+
+def test_estimate_names_a_picked_utilization_without_room_as_such(capsys):
+    """Qwen3-30B at TP1 on 8 GPUs: no gpu_memory_utilization leaves vLLM room beside 275 GiB of
+    trainer state, and estimate showed 'at gpu_memory_utilization 0.05' as if it were a setting,
+    with a fits line that said only the peak.  Header and note now say none leaves room (the
+    0.05 floor is what is scored), and the fits line says why."""
+    code, out, err = run(capsys, "estimate", "--model", "qwen3-30b", "--gpus", "8",
+                         "--gpu-type", "h100", "--tp", "1")
+    assert code == 1
+    header, fits = out.splitlines()[:2]
+    shown = "with no gpu_memory_utilization that leaves room (scored at the floor, 0.05)"
+    assert shown in header and "at gpu_memory_utilization" not in header
+    assert shown in err
+    assert fits.startswith("fits: NO") and fits.endswith(
+        "; no gpu_memory_utilization leaves the rollout room for its weights and workspace "
+        "beside the trainer's state (see rollout:)")
+    # a utilization the user pinned is theirs: shown as given
+    _, out, _ = run(capsys, "estimate", "--model", "qwen3-30b", "--gpus", "8", "--gpu-type",
+                    "h100", "--tp", "1", "--gpu-memory-utilization", "0.3")
+    assert "at gpu_memory_utilization 0.30" in out.splitlines()[0]
