@@ -324,7 +324,10 @@ def estimate_json(estimate: "Estimate") -> dict:
             "cluster": estimate.cluster.to_dict(),
             "workload": estimate.workload.to_dict(), "memory_band": band_json(estimate.policy),
             **answer_json(estimate.workload, estimate.request.cost), **colocated_json(c),
-            "band_position": estimate.policy.position(c.memory.utilization)}
+            "band_position": estimate.policy.position(c.memory.utilization),
+            # null where the pipeline has a micro-batch per stage (rules.PipelineStarvation)
+            "pipeline_starved": None if estimate.pipeline_starvation is None
+            else estimate.pipeline_starvation.to_dict(estimate.workload.has_rollout)}
 
 
 def memory_report_json(c: ColocatedCandidate, policy: MemoryPolicy) -> dict:

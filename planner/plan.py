@@ -55,7 +55,13 @@ from planner.ranking import (
 )
 from planner.results import COLOCATED_MODE, ColocatedCandidate, Placement, Staleness
 from planner.search.layout import RECOMPUTE, Columns, Layout, RowsAt, distinct
-from planner.search.rules import UNWISE_FLAGS, explain, unwise_flags
+from planner.search.rules import (
+    UNWISE_FLAGS,
+    PipelineStarvation,
+    explain,
+    pipeline_starvation,
+    unwise_flags,
+)
 from planner.search.space import (
     SearchOptions,
     SearchSpace,
@@ -90,9 +96,10 @@ class Plan(OfRequest):
     merged: int = 0  # valid actor layouts merged into an equivalent scored one (SearchSpace)
     # layouts that fit when ``candidates`` keeps only the first few (make_plan's ``keep``)
     fit_total: int | None = None
-    # of those, with the peak at most the band's top, and the ties, when ``candidates`` keeps
-    # only the rows the text table reads (make_plan's ``table``)
+    # of those, with the peak at most the band's top, when ``candidates`` keeps only the rows
+    # the text table reads (make_plan's ``table``)
     below_top_total: int | None = None
+    # the ties, whenever ``candidates`` keeps only the first few (make_plan's ``keep``)
     tie_total: int | None = None
     # step-time ratio within which layouts are ties, and where the figure comes from
     tie_tolerance: float = 0.0
@@ -653,6 +660,10 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
         # of the layouts that do not fit, only as many as the frame keeps are sorted
         order, tied = tie_order(scored, tolerance, request.policy,
                                 misses=KEEP_NOT_FITTING if keep is None else keep)
+        if keep is not None:
+            # the frame keeps the first ``keep`` rows; the tie count stays every layout's
+            # (``--mode best`` keeps RANKS_KEPT rows of a plan with more ties than that)
+            totals = {"tie_total": int(np.count_nonzero(tied))}
     # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
     order = order[:fitting + KEEP_NOT_FITTING if keep is None else keep]
@@ -705,6 +716,29 @@ class Estimate(OfRequest):
     def candidate(self) -> ColocatedCandidate:
         """The layout's prediction, typed: on every GPU of the request's cluster."""
         return ColocatedCandidate.from_row(self.row, Placement.shared(self.cluster))
+
+    @property
+    def rollout_without_room(self) -> bool:
+        """``gpu_memory_utilization`` was picked and none leaves vLLM room for its weights and
+        workspace beside the trainer's state: the pool sits at the picker's floor with no KV
+        cache, a number scored but not a setting to use."""
+        return (self.workload.has_rollout and self.request.options.gpu_memory_utilization is None
+                and self.candidate.rollout.kv_cache_tokens_per_gpu == 0)
+
+    def rollout_text(self) -> str:
+        """The rollout layout as printed; a picked utilization without room is named so."""
+        if not self.rollout_without_room:
+            return self.layout.rollout_text()
+        lay = self.layout
+        return (f"rollout TP{lay.rollout_tp} DP{lay.rollout_dp} EP{lay.rollout_ep} with no "
+                f"gpu_memory_utilization that leaves room (scored at the floor, "
+                f"{lay.gpu_memory_utilization:.2f})")
+
+    @cached_property
+    def pipeline_starvation(self) -> PipelineStarvation | None:
+        """Fewer micro-batches per optimizer step than pipeline stages (the
+        ``pipeline_starved`` flag), with the numbers; None where the pipeline is fed."""
+        return pipeline_starvation(self.workload, self.layout.to_dict())
 
 
 def with_chosen_rollout(request: PlanRequest, cols: Columns,

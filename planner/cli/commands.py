@@ -198,7 +198,7 @@ def cmd_estimate(args) -> int:
         return _print_split_estimate(args, estimate)
     # No rollout flag: the rollout layout and budget the plan would give this actor layout.
     if workload.has_rollout and not pin:
-        print(f"note: {estimate.layout.rollout_text()} chosen as the plan would for "
+        print(f"note: {estimate.rollout_text()} chosen as the plan would for "
               f"this actor layout (pin it with --rollout-tp/--rollout-dp/--rollout-ep"
               f"{'' if args.gpu_memory_utilization is not None else ', --gpu-memory-utilization'}"
               f")", file=sys.stderr)

@@ -304,9 +304,15 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
 
 def unfit_reasons(estimate) -> list[str]:
     """Why a layout whose peak is within the GPU does not fit: a rollout pool without room for
-    one sequence, or offloaded state beyond the host's memory (the peak says the rest)."""
+    one sequence, or offloaded state beyond the host's memory (the peak says the rest); and,
+    whatever the peak, a picked ``gpu_memory_utilization`` that leaves no room at all."""
     c, cluster = estimate.candidate, estimate.cluster
-    if c.fits or c.memory.peak_bytes > cluster.gpu.memory_bytes:
+    if c.fits:
+        return []
+    if estimate.rollout_without_room:
+        return ["no gpu_memory_utilization leaves the rollout room for its weights and "
+                "workspace beside the trainer's state (see rollout:)"]
+    if c.memory.peak_bytes > cluster.gpu.memory_bytes:
         return []
     reasons = []
     if "generate" in estimate.workload.phases and not c.rollout.fits:
@@ -340,6 +346,18 @@ def empty_pool_text(estimate) -> str:
     return text + ")"
 
 
+def pipeline_starvation_lines(estimate) -> list[str]:
+    """The ``pipeline_starved`` warning with its numbers and what would feed the pipeline."""
+    starved = estimate.pipeline_starvation
+    if starved is None:
+        return []
+    return [f"warning: the pipeline is starved: {starved.micro_batches} micro-batch(es) per "
+            f"optimizer step on each DP rank ({starved.sequences_per_rank:g} sequences) for "
+            f"{starved.stages} pipeline stages, so about "
+            f"{100 * starved.bubble_fraction:.0f}% of the update is pipeline bubble; feed it "
+            f"with " + ", or ".join(starved.fixes(estimate.workload.has_rollout))]
+
+
 def estimate_text(estimate) -> str:
     c = estimate.candidate
     policy = estimate.policy
@@ -348,7 +366,7 @@ def estimate_text(estimate) -> str:
     lines = [
         f"{estimate.model.name} on {estimate.cluster.num_gpus} x {estimate.cluster.gpu.name}: "
         f"{estimate.layout.actor_text()}"
-        + (f"; {estimate.layout.rollout_text()}" if estimate.workload.has_rollout else ""),
+        + (f"; {estimate.rollout_text()}" if estimate.workload.has_rollout else ""),
         f"fits: {'yes' if c.fits else 'NO'} - {PEAK_NAME} {gib(memory.peak_bytes):.2f} "
         f"GiB ({100 * share:.0f}% of "
         f"{estimate.cluster.gpu.memory_gib:.1f} GiB, {policy.position(memory.utilization)} the "
@@ -406,5 +424,6 @@ def estimate_text(estimate) -> str:
                 lines.append(f"  {phase + ':':18}" + "  ".join(shown))
     if c.flags:
         lines.append("unwise:             " + ", ".join(c.flags))
+    lines += pipeline_starvation_lines(estimate)
     lines += answer_lines(estimate.workload, estimate.request.cost)
     return "\n".join(lines)

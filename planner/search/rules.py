@@ -397,3 +397,52 @@ def unwise_flags(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
         "memory_tight": np.zeros(len(cols["tp"]), dtype=bool) if "peak_fraction" not in cols
         else cols["peak_fraction"] > policy.high + 1e-9,
     }
+
+
+@dataclass(frozen=True)
+class PipelineStarvation:
+    """A pipeline with fewer micro-batches per optimizer step than stages (the
+    ``pipeline_starved`` flag): 1F1B idles ``(pp - 1) / vpp`` slots per step (Narayanan et al.
+    2021, section 2.2), so the bubble outweighs the work.  ``mini_batch_needed``: the smallest
+    mini-batch (prompts; sequences for pretraining) that gives every stage a micro-batch at this
+    DP and micro-batch size (with dynamic batching, at one sequence per micro-batch at most)."""
+
+    micro_batches: int  # per optimizer step on one DP rank
+    stages: int  # pipeline stages (PP)
+    sequences_per_rank: float  # sequences of one optimizer step on one DP rank
+    bubble_fraction: float  # idle share of the pipeline: (pp-1)/vpp / (m + (pp-1)/vpp)
+    mini_batch_needed: int
+
+    def fixes(self, grpo: bool) -> list[str]:
+        option = "--mini-batch-size" if grpo else "--global-batch"
+        return ["PP 1" if self.micro_batches == 1 else f"PP <= {self.micro_batches}",
+                f"{option} >= {self.mini_batch_needed}",
+                "a smaller micro-batch" if self.sequences_per_rank > self.micro_batches
+                else "fewer DP ranks"]
+
+    def to_dict(self, grpo: bool) -> dict:
+        return {"micro_batches_per_step": self.micro_batches, "pipeline_stages": self.stages,
+                "sequences_per_dp_rank": self.sequences_per_rank,
+                "bubble_fraction": round(self.bubble_fraction, 3), "fixes": self.fixes(grpo)}
+
+
+def pipeline_starvation(workload, values: dict) -> PipelineStarvation | None:
+    """Why one layout (a dict of field values) is ``pipeline_starved``; None where it is not."""
+    cols = {key: np.array([value]) for key, value in values.items()}
+    pp, vpp, dp = int(values["pp"]), int(values["vpp"]), max(int(values["dp"]), 1)
+    m = int(update_batches(workload, cols).count[0])
+    if pp <= 1 or m >= pp:
+        return None
+    idle = (pp - 1) / vpp
+    per_prompt = workload.sequences_per_mini_batch // workload_batch(workload)
+    needed = -(-pp * int(values["micro_batch"]) * dp // per_prompt)
+    return PipelineStarvation(
+        micro_batches=m, stages=pp,
+        sequences_per_rank=float(workload.sequences_per_mini_batch) / dp,
+        bubble_fraction=idle / (m + idle), mini_batch_needed=int(needed))
+
+
+def workload_batch(workload) -> int:
+    """The user's optimizer-step batch: prompts (GRPO's mini-batch) or sequences (pretraining's
+    global batch)."""
+    return getattr(workload, "mini_batch_size", None) or workload.global_batch

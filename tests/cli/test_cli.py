@@ -262,3 +262,47 @@ def test_validate_takes_overrides_after_its_options(capsys):
     assert json.loads(late[1]) == json.loads(early[1])
     code, _, err = run(capsys, "validate", script, "--gpu-type", "h100", "--no-such-flag")
     assert code == 2 and "unrecognized arguments: --no-such-flag" in err
+
+
+def test_estimate_warns_of_a_pipeline_starved_of_micro_batches(capsys):
+    """One sequence per DP rank through four pipeline stages: the bubble is 75% of the update,
+    and estimate said only 'unwise: pipeline_starved'.  It now names the numbers and the fixes,
+    in text and in JSON; a fed pipeline gets neither."""
+    starved = ["estimate", "--model", "qwen3-8b", "--gpus", "16", "--gpu-type", "h100",
+               "--train-batch-size", "2", "--mini-batch-size", "2", "--rollout-n", "1",
+               "--tp", "2", "--pp", "4", "--micro-batch", "1"]
+    _, out, _ = run(capsys, *starved)
+    warning = next(line for line in out.splitlines() if line.startswith("warning: the pipeline"))
+    assert "1 micro-batch(es) per optimizer step on each DP rank (1 sequences)" in warning
+    assert "4 pipeline stages" in warning and "75% of the update is pipeline bubble" in warning
+    assert "PP 1" in warning and "--mini-batch-size >= 8" in warning  # 4 stages x DP2 / n 1
+    _, out, _ = run(capsys, *starved, "--format", "json")
+    assert json.loads(out)["pipeline_starved"] == {
+        "micro_batches_per_step": 1, "pipeline_stages": 4, "sequences_per_dp_rank": 1.0,
+        "bubble_fraction": 0.75, "fixes": ["PP 1", "--mini-batch-size >= 8", "fewer DP ranks"]}
+    fed = [*starved[:7], "--train-batch-size", "8", "--mini-batch-size", "8", *starved[11:]]
+    _, out, _ = run(capsys, *fed)
+    assert "warning: the pipeline" not in out
+    _, out, _ = run(capsys, *fed, "--format", "json")
+    assert json.loads(out)["pipeline_starved"] is None
+
+
+def test_estimate_names_a_picked_utilization_without_room_as_such(capsys):
+    """Qwen3-30B at TP1 on 8 GPUs: no gpu_memory_utilization leaves vLLM room beside 275 GiB of
+    trainer state, and estimate showed 'at gpu_memory_utilization 0.05' as if it were a setting,
+    with a fits line that said only the peak.  Header and note now say none leaves room (the
+    0.05 floor is what is scored), and the fits line says why."""
+    code, out, err = run(capsys, "estimate", "--model", "qwen3-30b", "--gpus", "8",
+                         "--gpu-type", "h100", "--tp", "1")
+    assert code == 1
+    header, fits = out.splitlines()[:2]
+    shown = "with no gpu_memory_utilization that leaves room (scored at the floor, 0.05)"
+    assert shown in header and "at gpu_memory_utilization" not in header
+    assert shown in err
+    assert fits.startswith("fits: NO") and fits.endswith(
+        "; no gpu_memory_utilization leaves the rollout room for its weights and workspace "
+        "beside the trainer's state (see rollout:)")
+    # a utilization the user pinned is theirs: shown as given
+    _, out, _ = run(capsys, "estimate", "--model", "qwen3-30b", "--gpus", "8", "--gpu-type",
+                    "h100", "--tp", "1", "--gpu-memory-utilization", "0.3")
+    assert "at gpu_memory_utilization 0.30" in out.splitlines()[0]

@@ -88,3 +88,9 @@ def test_output_that_breaks_the_contract_is_refused(capsys):
         "memory_gib"].pop("generate")
     for broken in (added, missing, wrong, renamed):
         assert errors(broken, "plan"), broken["candidates"][0].keys()
+
+
+def test_a_starved_pipeline_estimate_follows_the_schema(capsys):
+    data = output(capsys, "estimate", *QWEN, "--gpus", "16", "--train-batch-size", "2",
+                  "--mini-batch-size", "2", "--rollout-n", "1", "--tp", "2", "--pp", "4")
+    assert data["pipeline_starved"]["pipeline_stages"] == 4 and errors(data, "estimate") == []

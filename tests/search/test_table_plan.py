@@ -119,3 +119,13 @@ def test_rows_before_counts_the_rank_order():
     position = np.empty(n, dtype=int)
     position[order] = np.arange(n)
     assert [rows_before(cols, row) for row in range(n)] == position.tolist()
+
+
+def test_a_plan_that_keeps_a_few_rows_counts_every_tie():
+    """``--mode best``'s colocated plan keeps its first 1,000 rows (``keep`` without the text
+    table): :attr:`Plan.ties` counted only the ties inside them (here 3 of 4,498)."""
+    req = request("qwen3-8b", 16, MOVING, MemoryPolicy())
+    full = make_plan(req, tie_tolerance=0.3)
+    kept = make_plan(req, tie_tolerance=0.3, actors=full.actors, keep=3)
+    assert full.ties > 3 and len(kept.candidates) == 3
+    assert kept.ties == full.ties and kept.fitting_count == full.fitting_count
