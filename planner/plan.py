@@ -30,7 +30,6 @@ from planner.cost.memory import (
     actor_reduction,
     estimate_memory,
     max_rows,
-    reduce_actor,
     rollout_memory,
 )
 from planner.cost.request import OfRequest, PlanRequest
@@ -608,8 +607,7 @@ def evaluate_actors(request: PlanRequest) -> ActorEvaluation:
     """The request's search space and the memory of its actor layouts."""
     space = build_space(request.model, request.cluster, request.workload,
                         search_options_for(request))
-    return ActorEvaluation(request, space, reduce_actor(request.workload,
-                                                       actor_memory(request, space.columns)))
+    return ActorEvaluation(request, space, actor_memory(request, space.columns, reduced=True))
 
 
 def make_plan(request: PlanRequest, tie_tolerance: float | None = None,

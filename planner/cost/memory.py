@@ -924,7 +924,7 @@ def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
     return out
 
 
-def actor_memory(request: PlanRequest, cols: Columns) -> dict:
+def actor_memory(request: PlanRequest, cols: Columns, reduced: bool = False) -> dict:
     """Per-phase bytes of everything but the rollout engine's own budget, per pipeline stage.
 
     Returns ``{"phases": {phase: [one array per STAGES entry]}, "allocated": {phase: array},
@@ -939,6 +939,17 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
     of DeepSeek-V3 on 1,024 GPUs with 12 combinations.  Per combination the knobs are plain
     values, so a term a knob zeroes is left out of its sum (:func:`_sum`: the same bits as
     adding the zero), and the terms no knob touches are computed once per core row.
+
+    ``reduced``: a plan's actor evaluation, kept for its plans under other policies.  Each
+    phase the rollout engine does not join (:func:`engine_phases`) is kept as what
+    :func:`estimate_memory` reads of it, its largest stage per row (``reduced``, under
+    ``largest_<phase>``: the index as int8, at most four stages, and the bytes; read-only,
+    :func:`actor_reduction`), and has no per-stage arrays (12 arrays of 1.6 million rows for
+    DeepSeek-V3 on 1,024 GPUs).  The largest stage is found on the (combination, core row)
+    tables, a stage at a time as they are computed, and only the result is spread over the
+    rows: a row's value is its cell's (:meth:`ActorParts.rows`, a gather), so its largest
+    stage is its cell's, to the bit.  A workload without a rollout keeps every phase's stages
+    (a plan's rollout choice reads its training phases).
     """
     workload = request.workload
     fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
@@ -954,7 +965,11 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
         return np.empty((len(knobs), n_core))
 
     parts = ActorParts(core, knob, n_core, knobs, needs_ref)
-    phase_rows = {phase: [] for phase in PHASES}
+    joined = engine_phases(workload) if reduced and workload.has_rollout else PHASES
+    phase_rows = {phase: [] for phase in PHASES if phase in joined}
+    # per phase not joined: its largest stage so far per cell, and that stage's index (the
+    # first on ties, a NaN never larger: argmax_rows, a stage at a time)
+    largest = {phase: None for phase in PHASES if phase not in joined}
     allocated = {phase: table() for phase in PHASES}  # on the largest stage
     for stage, c in enumerate(_actor_core(request, core_rows)):
         weights, grads = c["weights"], c["grads"]
@@ -1004,16 +1019,31 @@ def actor_memory(request: PlanRequest, cols: Columns) -> dict:
                     np.maximum(allocated[phase][j], tensors, out=allocated[phase][j])
                 else:
                     allocated[phase][j] = tensors
-        for phase in PHASES:
+        for phase in phase_rows:
             phase_rows[phase].append(parts.rows(phases[phase]))
+        for phase, kept in largest.items():
+            if kept is None:
+                largest[phase] = (np.zeros(phases[phase].shape, dtype=np.int8), phases[phase])
+            else:
+                larger = phases[phase] > kept[1]
+                np.copyto(kept[0], stage, where=larger)
+                np.copyto(kept[1], phases[phase], where=larger)
         parts.tables.append({"weights": weights, "grads": grads,
                              "optimizer_state": c["optimizer_state"],
                              "train_activations": c["train_activations"],
                              "train_logits": c["train_logits"], "host": host})
-    return {"phases": phase_rows,
-            "allocated": {phase: parts.rows(t) for phase, t in allocated.items()},
-            "stages": [_StageView(parts, index) for index in range(len(parts.tables))],
-            "parts": parts}
+    out = {"phases": phase_rows,
+           "allocated": {phase: parts.rows(t) for phase, t in allocated.items()},
+           "stages": [_StageView(parts, index) for index in range(len(parts.tables))],
+           "parts": parts}
+    if reduced:
+        out["reduced"] = {}
+        for phase, (index, values) in largest.items():
+            kept = (parts.rows(index), parts.rows(values))
+            for array in kept:
+                array.flags.writeable = False
+            out["reduced"][f"largest_{phase}"] = kept
+    return out
 
 
 def engine_phases(workload) -> tuple[str, ...]:
@@ -1032,35 +1062,13 @@ def _largest_stage(actor: dict, phase: str) -> tuple[np.ndarray, np.ndarray]:
                            lambda: argmax_rows(actor["phases"][phase]))
 
 
-def reduce_actor(workload, actor: dict) -> dict:
-    """``actor`` (:func:`actor_memory`) with each phase the rollout engine does not join
-    (:func:`engine_phases`) reduced to what :func:`estimate_memory` reads of it, its largest
-    stage per row (the index as int8, at most four stages), and its per-stage arrays dropped:
-    a plan's actor evaluation, kept for its plans under other policies, holds 12 fewer arrays
-    of every row (DeepSeek-V3 on 1,024 GPUs: 1.6 million rows).  A workload without a
-    rollout keeps them (a plan's rollout choice reads its training phases)."""
-    actor["reduced"] = {}
-    if not workload.has_rollout:
-        return actor
-    joined = engine_phases(workload)
-    for phase in PHASES:
-        if phase not in joined:
-            index, largest = _largest_stage(actor, phase)
-            small = index.astype(np.int8)
-            small.flags.writeable = False
-            actor["reduced"][f"largest_{phase}"] = (small, largest)
-    actor["phases"] = {phase: stages for phase, stages in actor["phases"].items()
-                       if phase in joined}
-    return actor
-
-
 def actor_reduction(actor: dict, name: str, compute) -> tuple | np.ndarray:
     """``compute()``, a reduction of ``actor``'s own per-stage bytes (no rollout column read),
     kept in ``actor["reduced"]`` under ``name`` and computed once: the plans that share an
-    actor evaluation (:func:`reduce_actor`: the text table's filled-GPU plan, a sizing sweep's
-    GPU types) reduce the same arrays.  The kept arrays are read-only, so no caller can change
-    them for another.  An actor memory without ``reduced`` (:func:`actor_memory`'s own) keeps
-    nothing."""
+    actor evaluation (``actor_memory(reduced=True)``: the text table's filled-GPU plan, a
+    sizing sweep's GPU types) reduce the same arrays.  The kept arrays are read-only, so no
+    caller can change them for another.  An actor memory without ``reduced``
+    (:func:`actor_memory`'s own) keeps nothing."""
     reduced = actor.get("reduced")
     if reduced is None:
         return compute()

@@ -52,3 +52,29 @@ def test_the_kept_reductions_are_read_only():
     out = estimate_memory(request, cols, pick_utilization=True, actor=memory)
     with pytest.raises(ValueError):
         out["mem_update_actor_bytes"][0] = 0.0
+
+
+@pytest.mark.parametrize("sleeps", [True, False])
+def test_reduced_on_the_tables_equals_the_rows_argmax(sleeps):
+    """``actor_memory(reduced=True)`` finds each phase's largest stage on the (combination,
+    core row) tables: the same index and bytes as the per-row argmax over the stages of a
+    full evaluation, and no per-stage arrays for the phases it reduced."""
+    from planner.cost.memory import argmax_rows
+
+    workload = replace(SMALL, free_cache_engine=sleeps)
+    request = PlanRequest(resolve_model("qwen3-30b"), cluster(16), workload)
+    cols = evaluate_actors(request).space.columns
+    full = actor_memory(request, cols)
+    reduced = actor_memory(request, cols, reduced=True)
+    joined = set(engine_phases(workload))
+    assert set(reduced["phases"]) == joined
+    assert {name.removeprefix("largest_") for name in reduced["reduced"]} == set(PHASES) - joined
+    for phase in set(PHASES) - joined:
+        index, largest = reduced["reduced"][f"largest_{phase}"]
+        expected_index, expected = argmax_rows(full["phases"][phase])
+        assert index.dtype == np.int8 and not index.flags.writeable
+        np.testing.assert_array_equal(index, expected_index)
+        np.testing.assert_array_equal(largest, expected)
+    for phase in joined:
+        for got, expected in zip(reduced["phases"][phase], full["phases"][phase]):
+            np.testing.assert_array_equal(got, expected)
