@@ -727,10 +727,9 @@ class Estimate(OfRequest):
         """The rollout layout as printed; a picked utilization without room is named so."""
         if not self.rollout_without_room:
             return self.layout.rollout_text()
-        lay = self.layout
-        return (f"rollout TP{lay.rollout_tp} DP{lay.rollout_dp} EP{lay.rollout_ep} with no "
-                f"gpu_memory_utilization that leaves room (scored at the floor, "
-                f"{lay.gpu_memory_utilization:.2f})")
+        return self.layout.rollout_text(
+            f"with no gpu_memory_utilization that leaves room (scored at the floor, "
+            f"{self.layout.gpu_memory_utilization:.2f})")
 
     @cached_property
     def pipeline_starvation(self) -> PipelineStarvation | None:

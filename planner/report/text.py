@@ -340,7 +340,7 @@ def empty_pool_text(estimate) -> str:
     text = (f" (the pool, gpu_memory_utilization {util:.2f} = {util * capacity:.1f} GiB, is "
             f"below the rollout's weights and workspace: vLLM stops with 'No available memory "
             f"for the cache blocks'")
-    if estimate.request.options.gpu_memory_utilization is None:
+    if estimate.rollout_without_room:
         text += ("; no gpu_memory_utilization leaves room for them beside the trainer's "
                  "state: fewer bytes per GPU (TP, PP, EP, offload) or more GPUs")
     return text + ")"

@@ -202,9 +202,12 @@ class Layout:
             text += f", CPU optimizer {self.optimizer_cpu_fraction:.0%}"
         return text
 
-    def rollout_text(self) -> str:
-        return (f"rollout TP{self.rollout_tp} DP{self.rollout_dp} EP{self.rollout_ep} at "
-                f"gpu_memory_utilization {self.gpu_memory_utilization:.2f}")
+    def rollout_text(self, utilization: str | None = None) -> str:
+        """The rollout layout as printed; ``utilization``: what follows its parallel sizes in
+        place of the ``gpu_memory_utilization`` setting."""
+        return (f"rollout TP{self.rollout_tp} DP{self.rollout_dp} EP{self.rollout_ep} "
+                + (utilization or f"at gpu_memory_utilization "
+                   f"{self.gpu_memory_utilization:.2f}"))
 
     def to_dict(self) -> dict:
         return asdict(self)
