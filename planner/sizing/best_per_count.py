@@ -154,10 +154,6 @@ def _first(plan: Plan) -> dict | None:
     return plan.records(np.arange(1))[0] if plan.rows else None
 
 
-def _fits(plan: Plan) -> bool:
-    return bool(np.any(plan.columns["fits"]))
-
-
 def best_layout(request: PlanRequest, refine: int = REFINE,
                 shared: dict | None = None) -> CountResult:
     """The best layout that fits the request's cluster, or the closest miss (see the module
@@ -189,10 +185,10 @@ def best_layout(request: PlanRequest, refine: int = REFINE,
     # VPP, which the refinement tries for the probe's first layouts.
     probe = plan(knobs=probe_knobs(options), vpp=(1,), probe="probe")
     scored = probe.scored
-    if not _fits(probe):
+    if not probe.fitting_count:
         frugal = plan(knobs=frugal_knobs(options), probe="frugal")
         scored += frugal.scored
-        if not _fits(frugal):
+        if not frugal.fitting_count:
             closest = min((p for p in (probe, frugal) if p.rows),
                           key=lambda p: float(p.columns["peak_bytes"][0]), default=None)
             return CountResult(cluster=cluster, valid=max(probe.valid, frugal.valid), best=None,
