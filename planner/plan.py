@@ -14,6 +14,8 @@ first (:func:`planner.ranking.tie_order`).
 
 from __future__ import annotations
 
+from collections import ChainMap
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -28,6 +30,8 @@ from planner.cost.columns import (
 from planner.cost.memory import (
     actor_memory,
     actor_reduction,
+    actor_resident_bytes,
+    actor_rows,
     estimate_memory,
     max_rows,
     rollout_memory,
@@ -77,6 +81,8 @@ ROLLOUT_FIELDS = ("rollout_tp", "rollout_dp", "rollout_ep")
 KEEP_NOT_FITTING = 2000  # layouts that do not fit a plan keeps (smallest peak first)
 FILL_ROWS = 50  # best fitting layouts a plan prices the memory band's headroom for
 CHOICE_CELLS = 1 << 19  # (rollout option, resident size) pairs choose_rollout scores at once
+# rows whose memory columns a plan read at its head computes at once (score_rows)
+SCORE_CHUNK_ROWS = 1 << 18
 
 
 @dataclass
@@ -220,8 +226,7 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
         phase for phase in TRAINING_PHASES if phase in workload.phases)
 
     def pairs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        resident_all = actor_reduction(memory, "resident",
-                                       lambda: max_rows(memory["phases"]["generate"]))
+        resident_all = actor_resident_bytes(memory)
         beside_all = max_rows([max_rows(memory["phases"][phase]) for phase in joined])
         first, inverse = distinct(resident_all + 1j * beside_all)
         return resident_all[first], beside_all[first], inverse
@@ -283,12 +288,15 @@ class ScoredRows:
     """The cost model's columns of every row, the time columns held for the timed rows only
     (a plan times the layouts that fit, and its frame keeps those and a few more: spreading
     every time column over millions of rows to take most of them back would cost more than the
-    timing)."""
+    timing), and of a plan read at its head the memory and flag columns the ranking reads
+    alone (the others computed for the rows asked, ``rest``)."""
 
     untimed: Columns  # layout, memory and flag columns of every row
     times: Columns  # time columns of the rows ``timed`` marks, in row order
     timed: np.ndarray  # which rows were timed
     names: tuple[str, ...]  # every column, in the order the frame shows them
+    # the columns ``untimed`` lacks at some rows (an index), computed for them (None: none lacks)
+    rest: Callable[[np.ndarray], Mapping] | None = None
 
     @cached_property
     def _position(self) -> np.ndarray | None:
@@ -302,12 +310,20 @@ class ScoredRows:
     def column(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
         """Column ``name`` at ``rows`` (None: every row); an untimed row's time is NaN (-1 for
         a whole-number column)."""
-        return self._column(name, rows, self._timed_index(rows))
+        return self._column(name, rows, self._timed_index(rows), self._rest(name, rows))
 
     def take(self, rows: np.ndarray | None = None) -> Columns:
         """Every column at ``rows`` (None: every row)."""
         at = self._timed_index(rows)  # once for every column
-        return {name: self._column(name, rows, at) for name in self.names}
+        rest = self._rest(None, rows)
+        return {name: self._column(name, rows, at, rest) for name in self.names}
+
+    def _rest(self, name: str | None, rows: np.ndarray | None) -> Mapping:
+        """The columns ``untimed`` lacks at ``rows`` (``name``: when that one is read)."""
+        if self.rest is None or (name is not None and (name in self.untimed
+                                                       or name in self.times)):
+            return {}
+        return self.rest(np.arange(len(self.timed)) if rows is None else np.asarray(rows))
 
     def _timed_index(self, rows: np.ndarray | None) -> np.ndarray | None:
         """Per row of ``rows``, its position among the timed rows, -1 where it was not timed
@@ -317,8 +333,11 @@ class ScoredRows:
             return None
         return position if rows is None else position[rows]
 
-    def _column(self, name: str, rows: np.ndarray | None, at: np.ndarray | None) -> np.ndarray:
+    def _column(self, name: str, rows: np.ndarray | None, at: np.ndarray | None,
+                rest: Mapping) -> np.ndarray:
         if name not in self.times:
+            if name not in self.untimed:
+                return np.asarray(rest[name])
             values = np.asarray(self.untimed[name])
             return values if rows is None else values[rows]
         values = self.times[name]
@@ -345,6 +364,39 @@ class Head:
     band_fastest: bool = False
 
 
+# the memory and flag columns a ranking reads of every row (planner.ranking, make_plan)
+RANKING_COLUMNS = ("fits", "peak_bytes", "memory_utilization", flag_column("memory_tight"),
+                   "unwise_count")
+
+
+def _columns_at(request: PlanRequest, cols: Columns, actor: dict, rows: slice | np.ndarray,
+                pick_utilization: bool) -> Mapping:
+    """Every column of ``rows`` of ``cols`` (a slice, or an index whose layout columns are
+    gathered when read): the layout columns, and the memory and flag columns computed for
+    those rows alone (:func:`planner.cost.memory.estimate_memory`,
+    :func:`planner.search.rules.unwise_flags`; row by row, so the same values as computed for
+    every row)."""
+    whole = isinstance(rows, slice) and rows == slice(0, len(cols["tp"]))
+    if whole:
+        layout, rows_actor = cols, actor
+    elif isinstance(rows, slice):
+        layout = {name: values[rows] if np.ndim(values) else values
+                  for name, values in cols.items()}
+        rows_actor = actor_rows(actor, rows)
+    else:
+        layout, rows_actor = RowsAt(cols, rows), actor_rows(actor, rows)
+    memory = estimate_memory(request, layout, pick_utilization=pick_utilization,
+                             actor=rows_actor)
+    flags = unwise_flags(request.model, request.cluster, request.workload,
+                         ChainMap({"peak_fraction": memory["memory_utilization"]}, layout),
+                         request.policy)
+    scored = dict(memory)
+    for name in UNWISE_FLAGS:
+        scored[flag_column(name)] = flags[name]
+    scored["unwise_count"] = np.sum([flags[name] for name in UNWISE_FLAGS], axis=0)
+    return RowsAt(cols, rows, scored) if isinstance(layout, RowsAt) else {**layout, **scored}
+
+
 def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *,
                pick_utilization: bool, time_rows: "str | Head" = "all") -> ScoredRows:
     """Cost-model columns (memory, time, flags) for layouts that obey every rule.
@@ -356,37 +408,69 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     plan ranks the others by memory alone); a :class:`Head`, of those only the ones that can be
     in it, for a caller that reads no further: a layout whose expected step time provably ranks
     it after them is left untimed too (:func:`_rows_that_can_lead`).
+
+    With a :class:`Head`, the rows are scored :data:`SCORE_CHUNK_ROWS` at a time (memory,
+    flags, and the middle of the run's step time of those that fit), and of each chunk only
+    what the ranking and the pruning read is kept (:data:`RANKING_COLUMNS`, the step time
+    and the weight sync's time at the middle of the run): the memory columns of millions of
+    rows are never held at once.  The other columns are computed again for the rows timed
+    at every point and for those a caller takes (:attr:`ScoredRows.rest`).  Each row's
+    columns are its own alone, so the values are those of one pass over every row.
     """
     if isinstance(time_rows, str) and time_rows not in ("all", "fitting"):
         raise ValueError(f"time_rows {time_rows!r}: valid are 'all', 'fitting' or a Head")
-    time_all = time_rows == "all"
     head = time_rows if isinstance(time_rows, Head) else None
-    memory = estimate_memory(request, cols, pick_utilization=pick_utilization, actor=actor)
-    flags = unwise_flags(request.model, request.cluster, request.workload,
-                         {**cols, "peak_fraction": memory["memory_utilization"]},
-                         request.policy)
-    out = {**cols, **memory}
-    timed = np.ones(len(cols["tp"]), dtype=bool) if time_all else memory["fits"].astype(bool)
+    actor = actor_memory(request, cols) if actor is None else actor
+    n = len(cols["tp"])
+    size = n if head is None else max(SCORE_CHUNK_ROWS, 1)
+    whole = size >= n
+    moving = head is not None and _moving(request)
+    middle_at = _middle_request(request) if moving else None
+    kept, timed_parts, middles, memory_names = [], [], [], None
+    flags = {flag_column(name) for name in UNWISE_FLAGS} | {"unwise_count"}
+    for start in range(0, max(n, 1), size):
+        out = _columns_at(request, cols, actor, slice(start, start + size), pick_utilization)
+        if memory_names is None:
+            memory_names = [name for name in out if name not in cols and name not in flags]
+        timed = (np.ones(len(out["fits"]), dtype=bool) if time_rows == "all"
+                 else np.asarray(out["fits"]).astype(bool))
+        timed_parts.append(timed)
+        kept.append(out if whole else {name: out[name] for name in RANKING_COLUMNS})
+        if moving:
+            # every layout that fits timed at the middle of the run (the pruning's bound)
+            subset = out if timed.all() else RowsAt(out, np.flatnonzero(timed))
+            groups = StepGroups.of(subset, subset)
+            middle = step_columns(middle_at, subset, subset, groups)
+            middles.append(middle if whole else {
+                name: middle[name] for name in ("step_time_s", time_column("weight_sync"))})
+    timed = timed_parts[0] if whole else np.concatenate(timed_parts)
+    untimed = kept[0] if whole else {**cols, **{name: np.concatenate([part[name] for part in kept])
+                                               for name in RANKING_COLUMNS}}
+
+    def rows_at(index: np.ndarray) -> Mapping:
+        """Every column of the rows ``index`` (the memory computed again unless kept)."""
+        if whole:
+            return untimed if len(index) == n else RowsAt(untimed, index)
+        return _columns_at(request, cols, actor, index, pick_utilization)
+
     index = np.flatnonzero(timed)  # once for every column (a mask would be scanned per column)
+    known = None  # (point of the run, the timed rows' step columns there) when already computed
+    if moving:
+        middle = middles[0] if whole else {
+            name: np.concatenate([part[name] for part in middles]) for name in middles[0]}
+        leads = _rows_that_can_lead(
+            request, lambda rows: _exact_step_s(request, rows_at(index[rows])), middle, head,
+            {"memory_tight": untimed[flag_column("memory_tight")][timed],
+             "fraction": untimed["memory_utilization"][timed]})
+        timed[timed] = leads
+        index = np.flatnonzero(timed)
+        if whole:
+            known = (middle_at, {name: values[leads] if np.ndim(values) else values
+                                 for name, values in middle.items()})
     # each column gathered when the step reads it (a few dozen of about a hundred)
-    subset = out if timed.all() else RowsAt(out, index)
+    subset = rows_at(index)
     # each phase timed once per distinct row of what it reads, at every point of the run
     groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
-    known = None  # (point of the run, the rows' step columns there) when already computed
-    if head is not None and _moving(request):
-        at = _middle_request(request)
-        middle = step_columns(at, subset, subset, groups)
-        leads = _rows_that_can_lead(request, subset, middle, head,
-                                    {"memory_tight": flags["memory_tight"][timed],
-                                     "fraction": memory["memory_utilization"][timed]})
-        if not leads.all():
-            timed[timed] = leads
-            index = np.flatnonzero(leads)
-            subset = RowsAt(out, np.flatnonzero(timed))
-            groups = StepGroups.of(subset, subset)
-            middle = {name: values[index] if np.ndim(values) else values
-                      for name, values in middle.items()}
-        known = (at, middle)
 
     def evaluate(at: PlanRequest) -> Columns:
         if known is not None and at == known[0]:
@@ -395,13 +479,11 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
 
     # the run's expected step time, and the step time at its first and last step
     times = step_columns_over_run(request, evaluate)
-    names = [*out, *times]
-    for name in UNWISE_FLAGS:
-        out[flag_column(name)] = flags[name]
-    out["unwise_count"] = np.sum([flags[name] for name in UNWISE_FLAGS], axis=0)
+    names = [*cols, *memory_names, *times]
     names += [flag_column(name) for name in UNWISE_FLAGS] + ["unwise_count"]
-    untimed = {name: values for name, values in out.items() if name not in times}
-    return ScoredRows(untimed, dict(times), timed, tuple(dict.fromkeys(names)))
+    untimed = {name: values for name, values in untimed.items() if name not in times}
+    return ScoredRows(untimed, dict(times), timed, tuple(dict.fromkeys(names)),
+                      None if whole else rows_at)
 
 
 def _moving(request: PlanRequest) -> bool:
@@ -415,10 +497,11 @@ def _middle_request(request: PlanRequest) -> PlanRequest:
     return request_at(request, node_lengths(request.workload.lengths)[1])
 
 
-def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns, head: Head,
-                        memory: Columns) -> np.ndarray:
-    """Which of the fitting rows ``subset`` can be in the ``head`` of the ranking, from their
-    step columns at the middle of the run (``middle``), their memory-tight flag
+def _rows_that_can_lead(request: PlanRequest, exact: Callable[[np.ndarray], np.ndarray],
+                        middle: Columns, head: Head, memory: Columns) -> np.ndarray:
+    """Which of the fitting rows can be in the ``head`` of the ranking, from their step
+    columns at the middle of the run (``middle``), ``exact(rows)``: the expected step time
+    over the run of those of them (:func:`_exact_step_s`), their memory-tight flag
     (``memory["memory_tight"]``) and, for ``head.band_fastest``, their peak's share of the GPU
     (``memory["fraction"]``, :func:`_rows_up_to_band_fastest`).
 
@@ -451,30 +534,29 @@ def _rows_that_can_lead(request: PlanRequest, subset: Columns, middle: Columns, 
         if size > left:
             rows = np.flatnonzero(members)
             probe = rows[np.argpartition(t_mid[rows], left - 1)[:left]]
-            exact = _exact_step_s(request, subset, probe)
-            bound = max(float(np.max(exact)), (1 + ties) * float(np.min(exact)))
+            times = exact(probe)
+            bound = max(float(np.max(times)), (1 + ties) * float(np.min(times)))
             members &= ~(lower > bound * (1 + 1e-9))  # NaN bound: nothing is dropped
         leads |= members
         if size:
             ties = 0.0  # the ties are the first tier with rows
         left -= size
     if head.band_fastest:
-        leads |= _rows_up_to_band_fastest(request, subset, (t_mid, lower), tight,
+        leads |= _rows_up_to_band_fastest(request, exact, (t_mid, lower), tight,
                                           np.asarray(memory["fraction"]))
     return leads
 
 
-def _exact_step_s(request: PlanRequest, subset: Columns, rows: np.ndarray) -> np.ndarray:
-    """The expected step time over the run of ``subset``'s ``rows``, timed at every point."""
-    few = subset.at(rows) if isinstance(subset, RowsAt) else RowsAt(subset, rows)
+def _exact_step_s(request: PlanRequest, few: Columns) -> np.ndarray:
+    """The expected step time over the run of the rows ``few``, timed at every point."""
     return step_columns_over_run(
         request, lambda at, few=few: step_columns(at, few, few))["step_time_s"]
 
 
-def _rows_up_to_band_fastest(request: PlanRequest, subset: Columns,
+def _rows_up_to_band_fastest(request: PlanRequest, exact: Callable[[np.ndarray], np.ndarray],
                              times: tuple[np.ndarray, np.ndarray], tight: np.ndarray,
                              fraction: np.ndarray) -> np.ndarray:
-    """Which of the fitting rows ``subset`` can be the fastest inside the memory band
+    """Which of the fitting rows can be the fastest inside the memory band
     (:func:`planner.ranking.fastest_in_band`) or rank before it, from ``times``: their step
     times at the middle of the run and the lower bounds of their expected step time
     (:func:`_rows_that_can_lead`).
@@ -498,7 +580,7 @@ def _rows_up_to_band_fastest(request: PlanRequest, subset: Columns,
     rows = np.flatnonzero(pool & np.isfinite(t_mid))
     if not len(rows):
         return everything
-    bound = float(_exact_step_s(request, subset, rows[[np.argmin(t_mid[rows])]])[0])
+    bound = float(exact(rows[[np.argmin(t_mid[rows])]])[0])
     if not np.isfinite(bound):
         return everything
     within = ~(lower > bound * (1 + 1e-9))  # a NaN bound keeps the row

@@ -35,6 +35,7 @@ Sources and scope
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -811,9 +812,18 @@ class ActorParts:
         self.on_gpu = np.array([1 - k.on_host for k in knobs], dtype=np.float64)
         self.no_ref = np.array([k.ref_param_offload or not needs_reference for k in knobs],
                                dtype=bool)
+        self._cores = cores
         self._in_order = bool(np.array_equal(core * len(knobs) + knob,
                                              np.arange(len(core))))
         self._cells = None if self._in_order else knob * cores + core
+
+    def at(self, rows: np.ndarray | slice) -> "ActorParts":
+        """These parts on ``rows`` of these rows (an index or a slice), the tables shared."""
+        parts = copy.copy(self)
+        parts.core, parts.knob = self.core[rows], self.knob[rows]
+        parts._in_order = False
+        parts._cells = parts.knob * self._cores + parts.core
+        return parts
 
     def rows(self, table: np.ndarray) -> np.ndarray:
         """A table's value on every row."""
@@ -1055,6 +1065,40 @@ def engine_phases(workload) -> tuple[str, ...]:
     return ("generate", *TRAINING_PHASES)
 
 
+def actor_resident_bytes(actor: dict) -> np.ndarray:
+    """Per row, the actor's bytes resident beside the rollout engine: its generate phase's
+    largest stage (kept: :func:`actor_reduction`)."""
+    return actor_reduction(actor, "resident", lambda: max_rows(actor["phases"]["generate"]))
+
+
+def actor_host_bytes(actor: dict) -> np.ndarray:
+    """Per row, the host memory of the busiest stage's worker (kept: :func:`actor_reduction`)."""
+    return actor_reduction(actor, "host", lambda: actor["parts"].largest("host"))
+
+
+def actor_rows(actor: dict, rows: np.ndarray | slice) -> dict:
+    """:func:`actor_memory`'s result on ``rows`` of its rows (an index or a slice): what
+    :func:`estimate_memory` reads, the same values as the whole one's at those rows (each of
+    its per-row arrays taken at ``rows``; the per-stage tables shared).  The per-row
+    reductions are found on the whole evaluation first, so the plans that share it find them
+    once."""
+    parts = actor["parts"].at(rows)
+    out = {"phases": {phase: [stage[rows] for stage in stages]
+                      for phase, stages in actor["phases"].items()},
+           "allocated": {phase: values[rows] for phase, values in actor["allocated"].items()},
+           "stages": [_StageView(parts, index) for index in range(len(parts.tables))],
+           "parts": parts}
+    if "reduced" in actor:
+        if "generate" in actor["phases"]:
+            actor_resident_bytes(actor)
+        actor_host_bytes(actor)
+        out["reduced"] = {name: tuple(part[rows] for part in value)
+                          if isinstance(value, tuple) else value[rows]
+                          for name, value in actor["reduced"].items()
+                          if name in ("resident", "host") or name.startswith("largest_")}
+    return out
+
+
 def _largest_stage(actor: dict, phase: str) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the index of ``phase``'s largest stage (the first on ties) and its bytes, of
     the actor alone (:func:`argmax_rows`, kept: :func:`actor_reduction`)."""
@@ -1240,7 +1284,7 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     # search space computed it while choosing the rollout.
     actor = actor or actor_memory(request, cols)
     phase_stages = {phase: list(values) for phase, values in actor["phases"].items()}
-    resident = actor_reduction(actor, "resident", lambda: max_rows(phase_stages["generate"]))
+    resident = actor_resident_bytes(actor)
     out = _rollout_memory_once(request, cols, resident,
                                None if pick_utilization else cols["gpu_memory_utilization"])
     allocated = dict(actor["allocated"])  # per phase, on its largest stage
@@ -1278,7 +1322,7 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
                  "ref_weights"):
         out[part_column(part)] = parts.pick(part, out["peak_stage"])
     # Host memory: every GPU of a node runs one worker; the busiest stage sets the node.
-    host_per_gpu = actor_reduction(actor, "host", lambda: parts.largest("host"))
+    host_per_gpu = actor_host_bytes(actor)
     gpus_per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     out["host_bytes_per_gpu"] = host_per_gpu
     out["host_bytes_per_node"] = host_per_gpu * gpus_per_node + HOST_NODE_BYTES

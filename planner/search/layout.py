@@ -220,10 +220,14 @@ class RowsAt(Mapping):
     """The columns ``columns`` at rows ``index``, each gathered when first read (and kept):
     a plan times its fitting rows on the few dozen columns the step reads, not on the hundred
     its memory and layout columns make (the same values as ``values[index]`` per column; a 0-d
-    value is read as it is)."""
+    value is read as it is).  ``taken``: columns already at those rows (computed for them
+    alone), read before ``columns``' of the same name."""
 
-    def __init__(self, columns: Mapping, index: np.ndarray) -> None:
-        self._columns, self._index, self._taken = columns, index, {}
+    def __init__(self, columns: Mapping, index: np.ndarray, taken: Mapping | None = None) -> None:
+        self._columns, self._index = columns, index
+        self._taken = dict(taken) if taken else {}
+        self._given = tuple(self._taken)
+        self._own = tuple(name for name in self._given if name not in columns)
 
     def __getitem__(self, name: str) -> np.ndarray:
         taken = self._taken.get(name)
@@ -234,17 +238,19 @@ class RowsAt(Mapping):
         return taken
 
     def __contains__(self, name: object) -> bool:
-        return name in self._columns
+        return name in self._columns or name in self._own
 
     def __iter__(self):
-        return iter(self._columns)
+        yield from self._columns
+        yield from self._own
 
     def __len__(self) -> int:
-        return len(self._columns)
+        return len(self._columns) + len(self._own)
 
     def at(self, index: np.ndarray) -> "RowsAt":
         """These rows at ``index`` (of them), gathered from the columns at once."""
-        return RowsAt(self._columns, self._index[index])
+        return RowsAt(self._columns, self._index[index],
+                      {name: self._taken[name][index] for name in self._given})
 
 
 def scalar_columns(cols: Mapping) -> dict:
