@@ -813,6 +813,7 @@ class ActorParts:
         self.no_ref = np.array([k.ref_param_offload or not needs_reference for k in knobs],
                                dtype=bool)
         self._cores = cores
+        self._stacked: dict[str, np.ndarray] = {}  # part -> its tables stacked over the stages
         self._in_order = bool(np.array_equal(core * len(knobs) + knob,
                                              np.arange(len(core))))
         self._cells = None if self._in_order else knob * cores + core
@@ -852,7 +853,9 @@ class ActorParts:
         """Per row, ``part`` on the row's stage ``stage`` (an index into :data:`STAGES`)."""
 
         def values(name: str) -> np.ndarray:
-            tables = np.stack([tables[name] for tables in self.tables])
+            tables = self._stacked.get(name)
+            if tables is None:  # stacked once (a plan's chunks and its subsets share it)
+                tables = self._stacked[name] = np.stack([part[name] for part in self.tables])
             if tables.ndim == 2:
                 return tables[stage, self.core]
             return tables[stage, self.knob, self.core]
