@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import io
 import json
+from collections import Counter
 
 import numpy as np
 
+from planner.catalog.layers import MixerKind
 from planner.cost.columns import memory_column, working_set_column
 from planner.cost.flops import verl_reports_mfu
 from planner.output import fraction, gib, rate, seconds, setting
@@ -204,10 +206,16 @@ def verl_mfu_note(model) -> str:
 
 def layer_kinds_text(model) -> str:
     """`` (30 linear_attention + 10 full_attention)`` for a model whose layers are not all
-    full attention / MLA; empty for a transformer (its model line as before)."""
+    full attention / MLA; empty for a transformer (its model line as before).  Layers without
+    a mixer (Nemotron-H's MLP / MoE blocks) are named by their feed-forward kind, so the
+    counts add up to the model's layers: ``(23 mamba2 + 6 full_attention + 23 moe-only)``."""
     if all(layer.mixer.kv_grows for layer in model.layers):
         return ""
-    return f" ({model.layer_summary.split(';')[0].strip()})"
+    mixers = model.layer_summary.split(";")[0].strip()
+    without_mixer = Counter(layer.mlp.value for layer in model.layers
+                            if layer.mixer is MixerKind.NONE)
+    return " (" + " + ".join([mixers, *(f"{n} {kind}-only"
+                                        for kind, n in without_mixer.items())]) + ")"
 
 
 def merged_text(merged: int, before: str = "", after: str = "") -> str:
