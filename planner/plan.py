@@ -173,7 +173,8 @@ class Plan(OfRequest):
         typed candidates on every GPU of ``mode``; ``staleness``: what a timed one reports."""
         rows = self.fitting_rows() if fitting else np.arange(self.rows)
         placement = Placement.shared(self.cluster)
-        return [ColocatedCandidate.from_row(row, placement, mode, staleness)
+        return [ColocatedCandidate.from_row(row, placement, mode, staleness,
+                                            self.workload.phases)
                 for row in self.records(rows if count is None else rows[:count])]
 
     @cached_property
@@ -190,7 +191,8 @@ class Plan(OfRequest):
         """The ``index``-th ranked layout (0: the best; ``fitting``: of those that fit)."""
         rows = self.fitting_rows() if fitting else np.arange(self.rows)
         return ColocatedCandidate.from_row(self.records(rows[[index]])[0],
-                                           Placement.shared(self.cluster))
+                                           Placement.shared(self.cluster),
+                                           phases=self.workload.phases)
 
 
 def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
@@ -713,7 +715,8 @@ class Estimate(OfRequest):
     @cached_property
     def candidate(self) -> ColocatedCandidate:
         """The layout's prediction, typed: on every GPU of the request's cluster."""
-        return ColocatedCandidate.from_row(self.row, Placement.shared(self.cluster))
+        return ColocatedCandidate.from_row(self.row, Placement.shared(self.cluster),
+                                           phases=self.workload.phases)
 
     @property
     def rollout_without_room(self) -> bool:

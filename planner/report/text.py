@@ -16,7 +16,6 @@ from planner.catalog.layers import MixerKind
 from planner.cost.columns import memory_column, working_set_column
 from planner.cost.flops import verl_reports_mfu
 from planner.output import fraction, gib, rate, seconds, setting
-from planner.phases import PHASES
 from planner.policy import (
     FILL_POLICY,
     PEAK_MEANING,
@@ -24,7 +23,7 @@ from planner.policy import (
     WORKING_SET_MEANING,
     WORKING_SET_NAME,
 )
-from planner.results import ColocatedCandidate
+from planner.results import ROLLOUT_PARTS, ColocatedCandidate
 from planner.search.layout import LAYOUT_FIELDS, Layout
 from planner.units import GIB
 
@@ -88,12 +87,13 @@ def to_json(data: dict) -> str:
 
 def plan_csv(plan, top: int | None) -> str:
     shown = (plan.candidates if top is None else plan.candidates.head(top)).copy()
-    for phase in PHASES:  # the CSV shows GiB: people read it in a spreadsheet
+    phases = plan.workload.phases  # the phases the step runs (pretraining: the update)
+    for phase in phases:  # the CSV shows GiB: people read it in a spreadsheet
         shown[f"mem_{phase}_gib"] = shown[memory_column(phase)] / GIB
         shown[f"working_set_{phase}_gib"] = shown[working_set_column(phase)] / GIB
     columns = ["rank", *LAYOUT_FIELDS, "fits", "within_error_of_best", "peak_memory_gib",
-               "peak_phase", "memory_utilization", *[f"mem_{phase}_gib" for phase in PHASES],
-               *[f"working_set_{phase}_gib" for phase in PHASES], "unwise_count"]
+               "peak_phase", "memory_utilization", *[f"mem_{phase}_gib" for phase in phases],
+               *[f"working_set_{phase}_gib" for phase in phases], "unwise_count"]
     if "step_time_s" in shown:
         columns += ["step_time_s", "tokens_per_s_per_gpu", "mfu"]
     buffer = io.StringIO()
@@ -383,7 +383,6 @@ def estimate_text(estimate) -> str:
         "",
     ]
     phases = estimate.workload.phases
-    rollout_parts = ("ref_weights", "rollout_weights", "kv_cache")
     lines += [
         f"{PEAK_NAME} per phase (GiB):       " + "  ".join(
             f"{phase} {gib(value):.2f}" for phase, value in memory.phase_bytes.items()
@@ -393,7 +392,7 @@ def estimate_text(estimate) -> str:
             if phase in phases),
         "breakdown (GiB):    " + "  ".join(f"{part} {gib(value):.2f}"
                                            for part, value in memory.breakdown.items()
-                                           if "generate" in phases or part not in rollout_parts),
+                                           if "generate" in phases or part not in ROLLOUT_PARTS),
     ]
     if "generate" in phases:
         lines.append(f"rollout:            {rollout.kv_cache_tokens_per_gpu:,} KV "
