@@ -258,19 +258,21 @@ def lengths_json(workload) -> dict | None:
     return None if lengths is None else lengths.to_dict()
 
 
-def calibration_json(cost) -> dict:
+def calibration_json(cost, workload) -> dict:
     """Which calibration the answer used (:mod:`planner.cost.provenance`): its source, the
     one-line summary every text answer prints, and a note for each installed verl or vLLM
-    release the RL constants were not measured with."""
+    release the RL constants were not measured with (none for a step without rollout: a
+    pretraining step's time uses the training constants alone)."""
     from planner.cost.provenance import cost_model_summary, version_notes
 
     return {"source": cost.source, "summary": cost_model_summary(cost),
-            "version_notes": version_notes(dict(cost.calibration))}
+            "version_notes": version_notes(dict(cost.calibration))
+            if workload.has_rollout else []}
 
 
 def answer_json(workload, cost) -> dict:
     """What every plan, estimate and sizing JSON states its answer rests on."""
-    return {"lengths": lengths_json(workload), "calibration": calibration_json(cost)}
+    return {"lengths": lengths_json(workload), "calibration": calibration_json(cost, workload)}
 
 
 def _model_json(model) -> dict:
