@@ -243,7 +243,10 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
         cells = {name: np.repeat(values, m) for name, values in rollouts.items()}
         fixed_util = None if utilization is None else np.full(options * m, utilization)
         result = rollout_memory(request, cells, np.tile(part, options), fixed_util)
-        fits = np.where(result["rollout_fits"], 0, 1e12)
+        # where nothing fits, a miss whose rollout weights alone fit under the band's top
+        # first (a larger TP / EP), not the first option, which may not hold them at all
+        holds = result["rollout_weights_bytes"] <= request.policy.high * capacity
+        fits = np.where(result["rollout_fits"], 0, np.where(holds, 1e12, 2e12))
         if timed:
             # fits first, then inside the memory band (an option whose pool cannot shrink
             # below the band's top for one sequence takes more: planner.ranking's rule ranks
