@@ -20,6 +20,7 @@ from planner.cost.memory import engine_cache
 from planner.phases import PHASES
 from planner.policy import PEAK_NAME, MemoryPolicy
 from planner.results import (
+    ROLLOUT_PARTS,
     Candidate,
     ColocatedCandidate,
     Placement,
@@ -100,6 +101,8 @@ def colocated_json(c: ColocatedCandidate) -> dict:
     """One layout on every GPU: ``candidates[i]`` of ``plan --format json`` (without its mode
     and placement), ``estimate`` and ``plan.json``."""
     memory, rollout = c.memory, c.rollout
+    # the phases the step runs, and the parts a step without rollout does not hold
+    runs, generates = memory.phases, "generate" in memory.phases
     out: dict[str, Any] = {
         "layout": c.layout.to_dict(),
         "fits": c.fits,
@@ -107,15 +110,19 @@ def colocated_json(c: ColocatedCandidate) -> dict:
         "peak_phase": memory.peak_phase,
         "peak_stage": memory.peak_stage,
         "memory_utilization": fraction(memory.utilization),
-        "memory_gib": {phase: gib(value) for phase, value in memory.phase_bytes.items()},
+        "memory_gib": {phase: gib(value) for phase, value in memory.phase_bytes.items()
+                       if phase in runs},
         "working_set_gib": {phase: gib(value)
-                            for phase, value in memory.working_set_bytes.items()},
-        "breakdown_gib": {part: gib(value) for part, value in memory.breakdown.items()},
-        "rollout": {"kv_cache_tokens_per_gpu": rollout.kv_cache_tokens_per_gpu,
-                    "concurrent_seqs": rollout.concurrent_seqs,
-                    "seqs_per_rank": rollout.seqs_per_rank, "fits": rollout.fits},
-        "flags": list(c.flags),
+                            for phase, value in memory.working_set_bytes.items()
+                            if phase in runs},
+        "breakdown_gib": {part: gib(value) for part, value in memory.breakdown.items()
+                          if generates or part not in ROLLOUT_PARTS},
     }
+    if generates:
+        out["rollout"] = {"kv_cache_tokens_per_gpu": rollout.kv_cache_tokens_per_gpu,
+                          "concurrent_seqs": rollout.concurrent_seqs,
+                          "seqs_per_rank": rollout.seqs_per_rank, "fits": rollout.fits}
+    out["flags"] = list(c.flags)
     if c.within_error_of_best is not None:
         out["within_error_of_best"] = c.within_error_of_best
     if c.rank is not None:
@@ -251,19 +258,21 @@ def lengths_json(workload) -> dict | None:
     return None if lengths is None else lengths.to_dict()
 
 
-def calibration_json(cost) -> dict:
+def calibration_json(cost, workload) -> dict:
     """Which calibration the answer used (:mod:`planner.cost.provenance`): its source, the
     one-line summary every text answer prints, and a note for each installed verl or vLLM
-    release the RL constants were not measured with."""
+    release the RL constants were not measured with (none for a step without rollout: a
+    pretraining step's time uses the training constants alone)."""
     from planner.cost.provenance import cost_model_summary, version_notes
 
     return {"source": cost.source, "summary": cost_model_summary(cost),
-            "version_notes": version_notes(dict(cost.calibration))}
+            "version_notes": version_notes(dict(cost.calibration))
+            if workload.has_rollout else []}
 
 
 def answer_json(workload, cost) -> dict:
     """What every plan, estimate and sizing JSON states its answer rests on."""
-    return {"lengths": lengths_json(workload), "calibration": calibration_json(cost)}
+    return {"lengths": lengths_json(workload), "calibration": calibration_json(cost, workload)}
 
 
 def _model_json(model) -> dict:

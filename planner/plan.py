@@ -179,7 +179,8 @@ class Plan(OfRequest):
         typed candidates on every GPU of ``mode``; ``staleness``: what a timed one reports."""
         rows = self.fitting_rows() if fitting else np.arange(self.rows)
         placement = Placement.shared(self.cluster)
-        return [ColocatedCandidate.from_row(row, placement, mode, staleness)
+        return [ColocatedCandidate.from_row(row, placement, mode, staleness,
+                                            self.workload.phases)
                 for row in self.records(rows if count is None else rows[:count])]
 
     @cached_property
@@ -196,7 +197,8 @@ class Plan(OfRequest):
         """The ``index``-th ranked layout (0: the best; ``fitting``: of those that fit)."""
         rows = self.fitting_rows() if fitting else np.arange(self.rows)
         return ColocatedCandidate.from_row(self.records(rows[[index]])[0],
-                                           Placement.shared(self.cluster))
+                                           Placement.shared(self.cluster),
+                                           phases=self.workload.phases)
 
 
 def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
@@ -246,7 +248,10 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
         cells = {name: np.repeat(values, m) for name, values in rollouts.items()}
         fixed_util = None if utilization is None else np.full(options * m, utilization)
         result = rollout_memory(request, cells, np.tile(part, options), fixed_util)
-        fits = np.where(result["rollout_fits"], 0, 1e12)
+        # where nothing fits, a miss whose rollout weights alone fit under the band's top
+        # first (a larger TP / EP), not the first option, which may not hold them at all
+        holds = result["rollout_weights_bytes"] <= request.policy.high * capacity
+        fits = np.where(result["rollout_fits"], 0, np.where(holds, 1e12, 2e12))
         if timed:
             # fits first, then inside the memory band (an option whose pool cannot shrink
             # below the band's top for one sequence takes more: planner.ranking's rule ranks
@@ -795,7 +800,8 @@ class Estimate(OfRequest):
     @cached_property
     def candidate(self) -> ColocatedCandidate:
         """The layout's prediction, typed: on every GPU of the request's cluster."""
-        return ColocatedCandidate.from_row(self.row, Placement.shared(self.cluster))
+        return ColocatedCandidate.from_row(self.row, Placement.shared(self.cluster),
+                                           phases=self.workload.phases)
 
     @property
     def rollout_without_room(self) -> bool:

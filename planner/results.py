@@ -106,6 +106,10 @@ class MemoryBreakdown(_Named):
     kv_cache: float
 
 
+# the breakdown's parts only a step with rollout (and its reference) holds: a pretraining
+# step's outputs leave them out
+ROLLOUT_PARTS = ("ref_weights", "rollout_weights", "kv_cache")
+
 assert tuple(f.name for f in fields(PerPhase)) == PHASES
 assert tuple(f.name for f in fields(TimeParts)) == TIME_PARTS
 assert tuple(f.name for f in fields(MemoryBreakdown)) == BREAKDOWN_PARTS
@@ -171,6 +175,9 @@ class MemoryUsage:
     breakdown: MemoryBreakdown
     host_bytes_per_node: float
     host_fits: bool
+    # the phases the step runs (a pretraining step: the update alone; no reference without a
+    # KL loss): the outputs list these, the cost model's columns hold every phase
+    phases: tuple[str, ...] = PHASES
 
     @property
     def working_set_at_peak_bytes(self) -> float:
@@ -241,10 +248,12 @@ class ColocatedCandidate(Candidate):
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], placement: Placement, mode: str = COLOCATED_MODE,
-                 staleness: Staleness | None = None) -> "ColocatedCandidate":
+                 staleness: Staleness | None = None,
+                 phases: tuple[str, ...] = PHASES) -> "ColocatedCandidate":
         """The candidate of one row of cost-model columns (a plan's frame record or an
-        estimate's row); ``staleness`` is set only when the row is timed."""
-        return _colocated(row, placement, mode, staleness)
+        estimate's row); ``staleness`` is set only when the row is timed; ``phases``: those
+        the workload runs (``workload.phases``)."""
+        return _colocated(row, placement, mode, staleness, phases)
 
 
 def _phase_name(value: Any) -> str:
@@ -264,7 +273,7 @@ def _filled_step_s(row: Mapping[str, Any]) -> float:
 
 
 def _colocated(row: Mapping[str, Any], placement: Placement, mode: str,
-               staleness: Staleness | None) -> ColocatedCandidate:
+               staleness: Staleness | None, phases: tuple[str, ...]) -> ColocatedCandidate:
     memory = MemoryUsage(
         peak_bytes=float(row["peak_bytes"]), utilization=float(row["memory_utilization"]),
         peak_phase=_phase_name(row["peak_phase"]), peak_stage=STAGES[int(row["peak_stage"])],
@@ -273,7 +282,7 @@ def _colocated(row: Mapping[str, Any], placement: Placement, mode: str,
         breakdown=MemoryBreakdown(**{part: float(row[part_column(part)])
                                      for part in BREAKDOWN_PARTS}),
         host_bytes_per_node=float(row["host_bytes_per_node"]),
-        host_fits=bool(row["host_fits"]))
+        host_fits=bool(row["host_fits"]), phases=tuple(phases))
     rollout = RolloutUsage(kv_cache_tokens_per_gpu=int(row["kv_cache_tokens_per_gpu"]),
                            concurrent_seqs=int(row["rollout_concurrent_seqs"]),
                            seqs_per_rank=int(row["rollout_seqs_per_rank"]),

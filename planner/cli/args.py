@@ -196,7 +196,8 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
         # mini-batch's does not suit the --train-batch-size given)
         group.add_argument(f"--{name.replace('_', '-')}", type=integer(1, high),
                            default=DefaultInt(default), help=f"default {default}")
-    group.add_argument("--mean-response-length", type=integer(0, MAX_TOKENS), default=0,
+    # 0 is the library's "not given"; a user who types it gets the range, not the default
+    group.add_argument("--mean-response-length", type=integer(1, MAX_TOKENS), default=0,
                        help="tokens generated per response on average, fixed over the run "
                             "(time follows it; default: the published runs' lengths for the "
                             "kind of job, see --response-lengths)")
@@ -212,7 +213,7 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
                        help="take the lengths from a previous verl run: its file-logger "
                             "JSONL, console log, a wandb/MLflow CSV export or a folder "
                             "holding one")
-    group.add_argument("--mean-prompt-length", type=integer(0, MAX_TOKENS), default=0,
+    group.add_argument("--mean-prompt-length", type=integer(1, MAX_TOKENS), default=0,
                        help="prompt tokens on average (time follows it, memory the maximum; "
                             "default: --prompt-length)")
     group.add_argument("--overlap-grad-reduce", action="store_true",

@@ -48,7 +48,7 @@ def cmd_plan(args) -> int:
     table = args.format not in ("json", "csv") and not args.write
     plan = make_plan(request, tie_tolerance=args.tie_tolerance,
                      keep=args.top if table else None, table=table)
-    inputs.note_versions(args, request.cost)
+    inputs.note_versions(args, request.cost, request.workload)
     fitting = plan.fitting_count
     if args.write:
         if not fitting:
@@ -193,7 +193,7 @@ def cmd_estimate(args) -> int:
         shown = pool_layout(layout, trainer_gpus[0]) \
             if not mode.colocated and len(trainer_gpus) == 1 else layout
         return print_invalid(args, shown, error)
-    inputs.note_versions(args, request.cost)
+    inputs.note_versions(args, request.cost, request.workload)
     if isinstance(estimate, SplitEstimate):
         return _print_split_estimate(args, estimate)
     # No rollout flag: the rollout layout and budget the plan would give this actor layout.

@@ -225,13 +225,14 @@ def note_filled(path: str, filled: tuple[str, ...]) -> None:
                    f"value{'s' if len(filled) > 1 else ''} used (RL phases)")
 
 
-def note_versions(args, cost: CostModel) -> None:
+def note_versions(args, cost: CostModel, workload) -> None:
     """Hold a note (once) for each installed verl or vLLM release the calibration's RL
     constants were not measured with, under a text answer; a JSON answer carries them in its
-    ``calibration.version_notes`` instead (:func:`planner.output.calibration_json`)."""
+    ``calibration.version_notes`` instead (:func:`planner.output.calibration_json`).  A step
+    without rollout (pretraining) uses no RL constant: no note."""
     from planner.cost.provenance import version_notes
 
-    if getattr(args, "format", "table") == "json":
+    if getattr(args, "format", "table") == "json" or not workload.has_rollout:
         return
     for text in version_notes(dict(cost.calibration)):
         notes.note(text.removeprefix("note: "))

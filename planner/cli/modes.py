@@ -42,7 +42,7 @@ def cmd_plan_mode(args) -> int:
     else:
         plans = [get_mode(args.mode, settings).plan(request)]
         chosen = plans[0] if plans[0].best else None
-    inputs.note_versions(args, request.cost)
+    inputs.note_versions(args, request.cost, request.workload)
     if args.write:
         if chosen is None:
             raise UsageError("no plan fits in GPU memory; nothing to write")

@@ -73,7 +73,7 @@ def cmd_size(args) -> int:
         raise UsageError("--write exports one layout; give one --gpus count and one "
                          "--gpu-type (sizing compares several)")
     sizing = sizing_from_args(args)
-    inputs.note_versions(args, sizing.cost)
+    inputs.note_versions(args, sizing.cost, sizing.workload)
     if args.format == "json":
         print(to_json(sizing_json(sizing)))
     elif args.format == "csv":

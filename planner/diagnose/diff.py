@@ -103,9 +103,12 @@ def compare(a: str, b: str, job_input: JobInput) -> dict:
 
     def prediction(report):
         memory = report.get("memory") or {}
-        return {key: memory.get(key) for key in ("fits", "peak_memory_gib", "peak_phase",
-                                                 "memory_utilization", "step_time_s",
-                                                 "tokens_per_s_per_gpu")}
+        out = {key: memory.get(key) for key in ("fits", "peak_memory_gib", "peak_phase",
+                                                "memory_utilization", "step_time_s",
+                                                "tokens_per_s_per_gpu")}
+        # the rules a job breaks, which is why it has no estimate
+        out["errors"] = [f["message"] for f in report["findings"] if f.get("level") == "error"]
+        return out
 
     gpu = run_b.job.cluster.gpu.name
     return {"a": a, "b": b, "gpu_type": gpu, "changes": changes,
@@ -113,9 +116,14 @@ def compare(a: str, b: str, job_input: JobInput) -> dict:
             "would_launch": {"a": report_a["would_launch"], "b": report_b["would_launch"]}}
 
 
-def _fmt_prediction(p: dict) -> str:
+def _fmt_prediction(p: dict, path: str) -> str:
     if p.get("peak_memory_gib") is None:
-        return "not estimated (the layout breaks a rule)"
+        errors = p.get("errors") or []
+        if not errors:
+            return "not estimated (the layout breaks a rule)"
+        more = f" (and {len(errors) - 1} more: `plan-parallel validate {path}`)" \
+            if len(errors) > 1 else ""
+        return f"not estimated: {errors[0]}{more}"
     text = (f"peak {p['peak_memory_gib']:.1f} GiB ({100 * p['memory_utilization']:.0f}%) in "
             f"{p['peak_phase']}, {'fits' if p['fits'] else 'does NOT fit'}")
     if p.get("tokens_per_s_per_gpu"):
@@ -135,6 +143,6 @@ def diff_text(result: dict) -> str:
     lines.append("")
     if result.get("gpu_type"):
         lines.append(f"predicted on {result['gpu_type']} (pass --gpu-type to choose):")
-    lines.append(f"before: {_fmt_prediction(result['before'])}")
-    lines.append(f"after:  {_fmt_prediction(result['after'])}")
+    lines.append(f"before: {_fmt_prediction(result['before'], result['a'])}")
+    lines.append(f"after:  {_fmt_prediction(result['after'], result['b'])}")
     return "\n".join(lines)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import io
 import json
+from collections import Counter
 
 import numpy as np
 
+from planner.catalog.layers import MixerKind
 from planner.cost.columns import memory_column, working_set_column
 from planner.cost.flops import verl_reports_mfu
 from planner.output import fraction, gib, rate, seconds, setting
-from planner.phases import PHASES
 from planner.policy import (
     FILL_POLICY,
     PEAK_MEANING,
@@ -22,7 +23,7 @@ from planner.policy import (
     WORKING_SET_MEANING,
     WORKING_SET_NAME,
 )
-from planner.results import ColocatedCandidate
+from planner.results import ROLLOUT_PARTS, ColocatedCandidate
 from planner.search.layout import LAYOUT_FIELDS, Layout
 from planner.units import GIB
 
@@ -86,12 +87,13 @@ def to_json(data: dict) -> str:
 
 def plan_csv(plan, top: int | None) -> str:
     shown = (plan.candidates if top is None else plan.candidates.head(top)).copy()
-    for phase in PHASES:  # the CSV shows GiB: people read it in a spreadsheet
+    phases = plan.workload.phases  # the phases the step runs (pretraining: the update)
+    for phase in phases:  # the CSV shows GiB: people read it in a spreadsheet
         shown[f"mem_{phase}_gib"] = shown[memory_column(phase)] / GIB
         shown[f"working_set_{phase}_gib"] = shown[working_set_column(phase)] / GIB
     columns = ["rank", *LAYOUT_FIELDS, "fits", "within_error_of_best", "peak_memory_gib",
-               "peak_phase", "memory_utilization", *[f"mem_{phase}_gib" for phase in PHASES],
-               *[f"working_set_{phase}_gib" for phase in PHASES], "unwise_count"]
+               "peak_phase", "memory_utilization", *[f"mem_{phase}_gib" for phase in phases],
+               *[f"working_set_{phase}_gib" for phase in phases], "unwise_count"]
     if "step_time_s" in shown:
         columns += ["step_time_s", "tokens_per_s_per_gpu", "mfu"]
     buffer = io.StringIO()
@@ -204,10 +206,16 @@ def verl_mfu_note(model) -> str:
 
 def layer_kinds_text(model) -> str:
     """`` (30 linear_attention + 10 full_attention)`` for a model whose layers are not all
-    full attention / MLA; empty for a transformer (its model line as before)."""
+    full attention / MLA; empty for a transformer (its model line as before).  Layers without
+    a mixer (Nemotron-H's MLP / MoE blocks) are named by their feed-forward kind, so the
+    counts add up to the model's layers: ``(23 mamba2 + 6 full_attention + 23 moe-only)``."""
     if all(layer.mixer.kv_grows for layer in model.layers):
         return ""
-    return f" ({model.layer_summary.split(';')[0].strip()})"
+    mixers = model.layer_summary.split(";")[0].strip()
+    without_mixer = Counter(layer.mlp.value for layer in model.layers
+                            if layer.mixer is MixerKind.NONE)
+    return " (" + " + ".join([mixers, *(f"{n} {kind}-only"
+                                        for kind, n in without_mixer.items())]) + ")"
 
 
 def merged_text(merged: int, before: str = "", after: str = "") -> str:
@@ -375,7 +383,6 @@ def estimate_text(estimate) -> str:
         "",
     ]
     phases = estimate.workload.phases
-    rollout_parts = ("ref_weights", "rollout_weights", "kv_cache")
     lines += [
         f"{PEAK_NAME} per phase (GiB):       " + "  ".join(
             f"{phase} {gib(value):.2f}" for phase, value in memory.phase_bytes.items()
@@ -385,7 +392,7 @@ def estimate_text(estimate) -> str:
             if phase in phases),
         "breakdown (GiB):    " + "  ".join(f"{part} {gib(value):.2f}"
                                            for part, value in memory.breakdown.items()
-                                           if "generate" in phases or part not in rollout_parts),
+                                           if "generate" in phases or part not in ROLLOUT_PARTS),
     ]
     if "generate" in phases:
         lines.append(f"rollout:            {rollout.kv_cache_tokens_per_gpu:,} KV "

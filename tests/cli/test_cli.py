@@ -99,6 +99,11 @@ def test_estimate_invalid_layout_exits_1_with_the_rule(capsys):
       "--rollout-tp", "2"], "drop --rollout-tp"),
     (["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--mean-response-length",
       "5000"], "--mean-response-length 5000"),
+    # 0 was read as "not given": the default lengths, silently
+    (["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--mean-response-length",
+      "0"], "--mean-response-length: '0' is outside 1.."),
+    (["estimate", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100",
+      "--mean-prompt-length", "0"], "--mean-prompt-length: '0' is outside 1.."),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
     code, out, err = run(capsys, *argv)

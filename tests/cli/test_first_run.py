@@ -53,6 +53,19 @@ def test_estimate_cli_chooses_the_rollout_and_exits_1_when_it_does_not_fit(capsy
     assert "rollout TP1 DP1 EP1 at gpu_memory_utilization 0.50" in capsys.readouterr().out
 
 
+def test_where_no_rollout_fits_the_chosen_one_holds_its_weights(capsys):
+    """Qwen3-Next-80B on TP1 DP16: no rollout fits beside the actor.  The chooser took the
+    first option, TP1 DP1 EP1, whose 148 GiB of weights no GPU holds; it now takes a miss whose
+    weights fit under the band's top (TP1 DP4 EP4: 40 GiB)."""
+    argv = ["estimate", "--model", "Qwen3-Next-80B-A3B", "--gpus", "16", "--gpu-type", "h100",
+            "--format", "json"]
+    assert main(argv) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert not data["fits"] and data["breakdown_gib"]["weights"] > 100
+    assert data["breakdown_gib"]["rollout_weights"] <= 0.85 * data["cluster"]["gpu_memory_gib"]
+    assert data["layout"]["rollout_tp"] * data["layout"]["rollout_ep"] > 1
+
+
 def test_json_into_a_closed_pipe_ends_quietly():
     process = subprocess.Popen(
         [sys.executable, "-m", "planner", "--model", "qwen3-30b", "--gpus", "16", "--gpu-type",

@@ -44,6 +44,24 @@ def test_pretraining_plan_json_follows_the_schema(capsys):
     data = output(capsys, "--workload", "pretrain", "--model", "qwen3-8b", "--gpu-type", "h100",
                   "--gpus", "8", "--seq-len", "4096", "--global-batch", "64", "--top", "3")
     assert "tflops_per_gpu" in data["candidates"][0] and errors(data, "plan") == []
+    # the update is the one phase it runs: no generate / weight_sync memory (they were listed,
+    # generate above the peak), no rollout engine, no KV cache
+    best = data["candidates"][0]
+    assert best["memory_gib"] == {"update_actor": best["peak_memory_gib"]}
+    assert set(best["working_set_gib"]) == {"update_actor"} and "rollout" not in best
+    assert not {"ref_weights", "rollout_weights", "kv_cache"} & set(best["breakdown_gib"])
+
+
+def test_json_and_csv_list_the_memory_of_the_phases_the_step_runs(capsys):
+    """No KL loss and the rollout's log-probs: verl runs neither ref nor old_log_prob."""
+    skipped = ["--no-kl-loss", "--bypass-old-log-prob"]
+    data = output(capsys, "estimate", *QWEN, "--gpus", "8", "--tp", "2", *skipped)
+    runs = {"generate", "update_actor", "weight_sync"}
+    assert set(data["memory_gib"]) == set(data["working_set_gib"]) == runs
+    assert errors(data, "estimate") == []
+    assert main([*QWEN, "--gpus", "8", "--top", "2", "--format", "csv", *skipped]) == 0
+    header = capsys.readouterr().out.splitlines()[0].split(",")
+    assert {name[4:-4] for name in header if name.startswith("mem_")} == runs
 
 
 def test_estimate_json_follows_the_schema(capsys):

@@ -231,6 +231,10 @@ def test_text_names_layer_kinds_and_verl_mfu_zero(capsys):
     assert layer_kinds_text(resolve_model("Qwen3.5-35B-A3B")) == \
         " (30 linear_attention + 10 full_attention)"
     assert layer_kinds_text(resolve_model("Qwen3-30B-A3B")) == ""
+    # Nemotron-H's MoE blocks are layers without a mixer: the counts add up to its 52 layers
+    nano = resolve_model("NVIDIA-Nemotron-3-Nano-30B-A3B")
+    assert nano.num_layers == 52 and layer_kinds_text(nano) == \
+        " (23 mamba2 + 6 full_attention + 23 moe-only)"
 
 
 # --- export: the bridge verl builds the model through ------------------------------------------

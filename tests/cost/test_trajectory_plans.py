@@ -217,6 +217,21 @@ def test_a_release_the_calibration_was_not_measured_with_is_one_note(capsys, mon
     assert "installed verl" not in capsys.readouterr().err
 
 
+def test_a_pretraining_step_has_no_note_on_the_rl_constants(capsys, monkeypatch):
+    """The note says 'generation and weight-sync times carry that gap': a pretraining step has
+    neither, and no RL constant enters its time."""
+    import planner.cost.provenance as provenance
+
+    monkeypatch.setattr(provenance, "installed_version",
+                        lambda name: {"verl": "0.9.1"}.get(name))
+    pretrain = ["plan", "--model", MODEL, "--gpus", "8", "--gpu-type", "h100", "--top", "3",
+                "--workload", "pretrain", "--seq-len", "4096", "--global-batch", "64"]
+    assert main(pretrain) == 0
+    assert "installed verl" not in capsys.readouterr().err
+    assert main(pretrain + ["--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["calibration"]["version_notes"] == []
+
+
 def test_a_given_calibration_is_named_in_the_line(tmp_path, capsys):
     from planner.cost.efficiency import shipped_calibration
 

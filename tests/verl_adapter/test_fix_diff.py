@@ -87,6 +87,19 @@ def test_diff_rates_risk_and_predicts_both_sides(tmp_path, capsys):
     assert result["before"]["tokens_per_s_per_gpu"] > 0
 
 
+def test_diff_names_the_rule_a_changed_job_breaks(tmp_path, capsys):
+    """It said 'not estimated (the layout breaks a rule)', never which rule."""
+    a = script(tmp_path, "a.sh", micro=4, tp=2)
+    b = script(tmp_path, "b.sh", micro=4, tp=3)
+    assert main(["diff", a, b, "--gpu-type", "h100", "--format", "json"]) == 0
+    errors = json.loads(capsys.readouterr().out)["after"]["errors"]
+    assert errors and "model_parallel_size (3)" in errors[0]
+    assert main(["diff", a, b, "--gpu-type", "h100"]) == 0
+    after = next(line for line in capsys.readouterr().out.splitlines()
+                 if line.startswith("after:"))
+    assert after.startswith(f"after:  not estimated: {errors[0]}")
+
+
 def test_diff_of_identical_jobs(tmp_path, capsys):
     a = script(tmp_path, "a.sh", micro=4, tp=2)
     assert main(["diff", a, a, "--gpu-type", "h100"]) == 0
