@@ -42,6 +42,14 @@ that the linearised step error meets the same measured ranking uncertainty as th
 model (:func:`solve_phase_scale`).  A trial without phase timers counts in no phase; a study
 with none left uses the scalar model, and so does an asynchronous study
 (:func:`phase_model_applies`).
+
+**Other acquisitions** (``TuneSettings.acquisition``, no ``tune`` flag; the sixth round of
+docs/tuning/regret.md measured none better than the bound): ``design``, the tie of the largest
+posterior sd (a greedy D-optimal design of the first trials); ``info``, of the highest bounds
+the layout whose measurement tells most about which contender beats the posterior best
+(:func:`information`); ``additive``, the bound with the sum of the terms' sds
+(:meth:`ErrorModel.term_sd`); ``knobs``, of the near-highest bounds the one whose knob terms
+differ most from the incumbent's.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from planner.results import COLOCATED_MODE
 from trials import study_state as attrs
 from trials.candidates import CandidateSet
 from trials.defaults import ACQUISITIONS, TUNE_DEFAULTS
+from trials.proposals import tied
 from trials.sampler import LayoutSampler
 
 # The fields whose values share an error term.
@@ -252,20 +261,20 @@ class ErrorModel:
         return mean, np.sqrt(var)
 
     def term_sd(self, observed: np.ndarray, noise_var: np.ndarray,
-                anchor: int | None = None) -> np.ndarray:
+                anchor: int | None = None, skip: Sequence[str] = ()) -> np.ndarray:
         """Every candidate's sum over the families of the posterior sd of the difference
         between its value's term and the ``anchor`` candidate's (the incumbent; without one,
         of its value's term): the additive bound's width, sum_f sd(z_f[x_f] - z_f[a_f]) (after
         Kandasamy et al. 2015's Add-GP-UCB, which sums the components' sds; the step's bound
         adds their variances).  Relative to the anchor because one trial measures a sum of
         terms, not each term: the job-wide term and the anchor's own leave out (the same for
-        every untried candidate)."""
+        every untried candidate).  ``skip``: families left out."""
         total = np.zeros(len(self.log_predicted))
         factor = (np.linalg.cholesky(self.covariance(observed, observed) + np.diag(noise_var))
                   if len(observed) else None)
         for name, codes in self.codes.items():
             prior = self.sigma ** 2 * self.shares.get(name, 0.0)
-            if prior <= 0:
+            if prior <= 0 or name in skip:
                 continue
             values = np.arange(codes.max() + 1)
             solved = (np.linalg.solve(factor, prior * (codes[observed][:, None] == values))
@@ -415,8 +424,10 @@ _COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.
 
 # --- what a trial tells about the best layout (TuneSettings.acquisition "info") ---------------
 INFO_TARGETS = 200  # the candidates of the highest bound whose difference to the best it weighs
-INFO_CHOICES = 30  # the allowed candidates of the highest bound it chooses among ...
-INFO_TOLERANCE = math.inf  # ... within this much of the highest (log throughput)
+INFO_CHOICES = 30  # the allowed candidates of the highest bound it chooses among
+# "knobs": of the allowed candidates whose bound is within this much (log throughput) of the
+# highest, the one whose knob terms (all but TP/EP/PP) differ most from the incumbent's
+KNOB_TOLERANCE = 0.015
 
 # (each candidate's weight in the linearised log step, the group's model, its observations)
 Part = tuple[np.ndarray, ErrorModel, tuple[np.ndarray, np.ndarray, np.ndarray]]
@@ -476,8 +487,6 @@ class GuidedSampler(LayoutSampler):
             raise ValueError(f"acquisition {self.acquisition!r} is not one of "
                              f"{', '.join(ACQUISITIONS)}")
         self.acquisition_trials = acquisition_trials
-        from trials.proposals import tied
-
         self.ties = np.zeros(len(candidates.candidates), dtype=bool)
         self.ties[tied(candidates.candidates, model_error)] = True
 
@@ -508,6 +517,9 @@ class GuidedSampler(LayoutSampler):
         acquisition = self.acquisition
         if self.acquisition_trials and self.counted(study, trial) >= self.acquisition_trials:
             acquisition = "ucb"
+        if acquisition == "ucb":
+            mean, sd = self.posterior(study)
+            return int(np.argmax(np.where(mask, mean + self.kappa * sd, -np.inf)))
         mean, sd, parts = self.posterior_parts(study)
         bound = np.where(mask, mean + self.kappa * sd, -np.inf)
         if acquisition == "design" and (mask & self.ties).any():
@@ -515,12 +527,23 @@ class GuidedSampler(LayoutSampler):
         if acquisition == "info" and mask.sum() > 1:
             return self.most_informative(mean, sd, parts, mask, bound)
         if acquisition == "additive":
-            measured = np.unique(np.concatenate([index for _, _, (index, _, _) in parts]))
-            anchor = int(measured[np.argmax(mean[measured])]) if len(measured) else None
-            width = sum(weight * model.term_sd(index, noise, anchor)
-                        for weight, model, (index, _, noise) in parts)
+            width = self.additive_width(mean, parts)
             return int(np.argmax(np.where(mask, mean + self.kappa * width, -np.inf)))
+        if acquisition == "knobs":
+            near = bound >= bound.max() - KNOB_TOLERANCE
+            width = self.additive_width(mean, parts, skip=PARALLEL_FAMILIES)
+            return int(np.argmax(np.where(near, width, -np.inf)))
         return int(np.argmax(bound))
+
+    @staticmethod
+    def additive_width(mean: np.ndarray, parts: Sequence[Part],
+                       skip: Sequence[str] = ()) -> np.ndarray:
+        """Every candidate's additive width (:meth:`ErrorModel.term_sd`) against the measured
+        candidate of the highest posterior mean, summed over the parts by their weights."""
+        measured = np.unique(np.concatenate([index for _, _, (index, _, _) in parts]))
+        anchor = int(measured[np.argmax(mean[measured])]) if len(measured) else None
+        return sum(weight * model.term_sd(index, noise, anchor, skip)
+                   for weight, model, (index, _, noise) in parts)
 
     def most_informative(self, mean: np.ndarray, sd: np.ndarray, parts: Sequence[Part],
                          mask: np.ndarray, bound: np.ndarray) -> int:
@@ -536,7 +559,7 @@ class GuidedSampler(LayoutSampler):
         best = int(targets[np.argmax(mean[targets])])
         targets = targets[targets != best]
         choices = np.argsort(-bound, kind="stable")[:INFO_CHOICES]
-        choices = choices[bound[choices] >= bound[choices[0]] - INFO_TOLERANCE]
+        choices = choices[np.isfinite(bound[choices])]
         if not len(targets):
             return int(choices[0])
         return int(choices[np.argmax(information(parts, mean, targets, best, choices))])

@@ -117,9 +117,10 @@ class TuneSettings:
     # fifth round of docs/tuning/regret.md: no measured gain, so no tune flag, 0)
     exploit_last: int = TUNE_DEFAULTS["exploit_last"]
     # how the guided sampler picks a layout (trials.guided, ACQUISITIONS): its bound ("ucb"),
-    # the tie of the largest posterior sd ("design") or the most informative contender
-    # ("info"), for the study's first acquisition_trials trials (0: all), the bound after; the
-    # sixth round of docs/tuning/regret.md (no tune flag: what it measured)
+    # the tie of the largest posterior sd ("design"), the most informative contender ("info"),
+    # the additive bound ("additive") or the near-best bound varying most knobs ("knobs"), for
+    # the study's first acquisition_trials trials (0: all), the bound after; the sixth round of
+    # docs/tuning/regret.md measured none better, so no tune flag
     acquisition: str = TUNE_DEFAULTS["acquisition"]
     acquisition_trials: int = 0
 

@@ -120,6 +120,7 @@ def test_the_sampler_takes_the_acquisition_for_its_first_trials_then_the_bound(m
         monkeypatch.setattr(sampler, "posterior_parts",
                             lambda study: (mean, sd, [(np.ones(4), sampler.model, (
                                 np.array([], dtype=np.int64), np.array([]), np.array([])))]))
+        monkeypatch.setattr(sampler, "posterior", lambda study: (mean, sd))
         study, trial = study_of(done)
         return sampler.choose(study, trial, {}, mask)
 
@@ -129,7 +130,7 @@ def test_the_sampler_takes_the_acquisition_for_its_first_trials_then_the_bound(m
     assert choice("design", 5, count=0) == 1  # 0: every trial
     assert choice("info", 1) in (0, 1, 2, 3)
     assert choice("additive", 1) == 0  # nothing measured: the same width, the best mean
-    with pytest.raises(ValueError, match="acquisition 'x' is not one of ucb, design, info, additive"):
+    with pytest.raises(ValueError, match="acquisition 'x' is not one of ucb, design, info, additive, knobs"):
         GuidedSampler(frame, lambda study: mask, 0.16, acquisition="x")
 
 
@@ -150,3 +151,38 @@ def test_the_acquisition_reaches_the_study_sampler(tmp_path):
     assert keys["info"] != keys["ucb"] and keys["design"] != keys["ucb"]
     for run in keys.values():
         assert len(run) == 8 and len(set(run)) == 8
+
+
+def test_the_knobs_acquisition_varies_the_knob_terms_among_the_near_best_bounds(monkeypatch):
+    """``acquisition="knobs"``: of the allowed layouts whose bound is within
+    ``KNOB_TOLERANCE`` of the highest, the one whose terms other than TP/EP/PP differ most from
+    the incumbent's -- with (TP1, mb1) and (TP2, mb2) measured alike, a new TP with the
+    micro-batch not yet measured alone, (TP3, mb2); a layout outside the tolerance is never
+    taken."""
+    from trials.guided import KNOB_TOLERANCE, STEP_SD, GuidedSampler
+
+    model, layouts = _model()
+
+    class Frame(SimpleNamespace):
+        def __getitem__(self, i):
+            return self.candidates[i]
+
+    frame = Frame(candidates=[SimpleNamespace(params={"tp": tp, "micro_batch": mb},
+                                              predicted={"tokens_per_s_per_gpu": 1000.0})
+                              for tp, mb in layouts],
+                  index={f"c{i}": i for i in range(len(layouts))}, distributions=dict)
+    observed = (np.array([0, 6]), np.ones(2), np.full(2, STEP_SD ** 2))
+    mean, sd = model.posterior(*observed)
+    mask = np.ones(len(layouts), dtype=bool)
+    mask[[0, 6]] = False
+    sampler = GuidedSampler(frame, lambda study: mask, 0.16, kappa=2.0, acquisition="knobs")
+    monkeypatch.setattr(sampler, "posterior_parts", lambda study: (
+        mean, sd, [(np.ones(len(layouts)), model, observed)]))
+    monkeypatch.setattr(sampler, "counted", lambda study, trial: 2)
+    bound = np.where(mask, mean + 2.0 * sd, -np.inf)
+    chosen = sampler.choose(None, None, {}, mask)
+    assert bound[chosen] >= bound.max() - KNOB_TOLERANCE
+    assert layouts[chosen] == (3, 2)
+    ucb = GuidedSampler(frame, lambda study: mask, 0.16, kappa=2.0)
+    monkeypatch.setattr(ucb, "posterior", lambda study: (mean, sd))
+    assert layouts[ucb.choose(None, None, {}, mask)][1] == 1  # the bound: mb1 (first of ties)
