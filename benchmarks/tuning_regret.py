@@ -497,6 +497,8 @@ class Strategy:
     ucb_width: float = 1.0
     phase_model: str = "off"
     exploit_last: int = 0
+    acquisition: str = "ucb"
+    acquisition_trials: int = 0
     note: str = ""
 
 
@@ -528,10 +530,31 @@ STRATEGIES = (
              ucb_width=2.0, pruner="probe", phase_model="on"),
     Strategy("guided-w3+probe+ucb1+phases", first_trials="ucb", sampler="guided", top_k=1,
              ucb_width=3.0, pruner="probe", phase_model="on"),
+    *(Strategy(f"guided-w{width:g}+probe+ucb1+phases", first_trials="ucb", sampler="guided",
+               top_k=1, ucb_width=width, pruner="probe", phase_model="on") for width in (1.0, 1.5)),
     Strategy("guided-w2+probe+ucb1+phases+exploit1", first_trials="ucb", sampler="guided",
              top_k=1, ucb_width=2.0, pruner="probe", phase_model="on", exploit_last=1),
     Strategy("guided-w2+probe+ucb1+phases+exploit2", first_trials="ucb", sampler="guided",
              top_k=1, ucb_width=2.0, pruner="probe", phase_model="on", exploit_last=2),
+    Strategy("guided-w2+probe+ucb1+phases+design4", first_trials="ucb", sampler="guided",
+             top_k=1, ucb_width=2.0, pruner="probe", phase_model="on", acquisition="design",
+             acquisition_trials=4),
+    Strategy("guided-w2+probe+ucb1+phases+info", first_trials="ucb", sampler="guided",
+             top_k=1, ucb_width=2.0, pruner="probe", phase_model="on", acquisition="info"),
+    Strategy("guided-w2+probe+ucb1+phases+info6", first_trials="ucb", sampler="guided",
+             top_k=1, ucb_width=2.0, pruner="probe", phase_model="on", acquisition="info",
+             acquisition_trials=6),
+    Strategy("guided-w2+probe+ucb1+phases+design3", first_trials="ucb", sampler="guided",
+             top_k=1, ucb_width=2.0, pruner="probe", phase_model="on", acquisition="design",
+             acquisition_trials=3),
+    Strategy("guided-w2+probe+ucb1+phases+design6", first_trials="ucb", sampler="guided",
+             top_k=1, ucb_width=2.0, pruner="probe", phase_model="on", acquisition="design",
+             acquisition_trials=6),
+    Strategy("guided-w2+probe+ucb1+phases+knobs", first_trials="ucb", sampler="guided",
+             top_k=1, ucb_width=2.0, pruner="probe", phase_model="on", acquisition="knobs"),
+    *(Strategy(f"guided-w{width:g}+probe+ucb1+phases+additive", first_trials="ucb",
+               sampler="guided", top_k=1, ucb_width=width, pruner="probe", phase_model="on",
+               acquisition="additive") for width in (0.25, 0.5, 1.0, 2.0)),
 )
 
 
@@ -540,7 +563,7 @@ def default_strategy() -> Strategy:
     from trials.defaults import TUNE_DEFAULTS
 
     fields = ("sampler", "pruner", "first_trials", "top_k", "stop_when_confident", "ucb_width",
-              "phase_model", "exploit_last")
+              "phase_model", "exploit_last", "acquisition")
     return next(s for s in STRATEGIES
                 if all(getattr(s, name) == TUNE_DEFAULTS[name] for name in fields))
 
@@ -607,6 +630,8 @@ def run_study(prepared: PreparedJob, truth: Truth, strategy: Strategy, trials: i
                             sampler=strategy.sampler, ucb_width=strategy.ucb_width,
                             phase_model=strategy.phase_model,
                             exploit_last=strategy.exploit_last,
+                            acquisition=strategy.acquisition,
+                            acquisition_trials=strategy.acquisition_trials,
                             heartbeat_interval=3600, grace_period=7200)
     storage = resolve_storage(f"journal:{sweep / 'study.journal'}", sweep)
     tuner = Tuner(plan=prepared.plan, candidates=prepared.candidates,

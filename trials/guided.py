@@ -42,6 +42,14 @@ that the linearised step error meets the same measured ranking uncertainty as th
 model (:func:`solve_phase_scale`).  A trial without phase timers counts in no phase; a study
 with none left uses the scalar model, and so does an asynchronous study
 (:func:`phase_model_applies`).
+
+**Other acquisitions** (``TuneSettings.acquisition``, no ``tune`` flag; the sixth round of
+docs/tuning/regret.md measured none better than the bound): ``design``, the tie of the largest
+posterior sd (a greedy D-optimal design of the first trials); ``info``, of the highest bounds
+the layout whose measurement tells most about which contender beats the posterior best
+(:func:`information`); ``additive``, the bound with the sum of the terms' sds
+(:meth:`ErrorModel.term_sd`); ``knobs``, of the near-highest bounds the one whose knob terms
+differ most from the incumbent's.
 """
 
 from __future__ import annotations
@@ -57,7 +65,8 @@ from optuna.trial import FrozenTrial, TrialState
 from planner.results import COLOCATED_MODE
 from trials import study_state as attrs
 from trials.candidates import CandidateSet
-from trials.defaults import TUNE_DEFAULTS
+from trials.defaults import ACQUISITIONS, TUNE_DEFAULTS
+from trials.proposals import tied
 from trials.sampler import LayoutSampler
 
 # The fields whose values share an error term.
@@ -251,6 +260,47 @@ class ErrorModel:
         var = np.maximum(prior_var - (half ** 2).sum(axis=0), 1e-12)
         return mean, np.sqrt(var)
 
+    def term_sd(self, observed: np.ndarray, noise_var: np.ndarray,
+                anchor: int | None = None, skip: Sequence[str] = ()) -> np.ndarray:
+        """Every candidate's sum over the families of the posterior sd of the difference
+        between its value's term and the ``anchor`` candidate's (the incumbent; without one,
+        of its value's term): the additive bound's width, sum_f sd(z_f[x_f] - z_f[a_f]) (after
+        Kandasamy et al. 2015's Add-GP-UCB, which sums the components' sds; the step's bound
+        adds their variances).  Relative to the anchor because one trial measures a sum of
+        terms, not each term: the job-wide term and the anchor's own leave out (the same for
+        every untried candidate).  ``skip``: families left out."""
+        total = np.zeros(len(self.log_predicted))
+        factor = (np.linalg.cholesky(self.covariance(observed, observed) + np.diag(noise_var))
+                  if len(observed) else None)
+        for name, codes in self.codes.items():
+            prior = self.sigma ** 2 * self.shares.get(name, 0.0)
+            if prior <= 0 or name in skip:
+                continue
+            values = np.arange(codes.max() + 1)
+            solved = (np.linalg.solve(factor, prior * (codes[observed][:, None] == values))
+                      if factor is not None else np.zeros((1, len(values))))
+            if anchor is None:
+                var = prior - (solved ** 2).sum(axis=0)
+            else:
+                base = codes[anchor]
+                var = (2 * prior * (values != base)
+                       - ((solved - solved[:, [base]]) ** 2).sum(axis=0))
+            total += np.sqrt(np.maximum(var, 0.0))[codes]
+        return total
+
+    def posterior_covariance(self, observed: np.ndarray, noise_var: np.ndarray,
+                             rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """Posterior cov(y_rows, y_cols) given measurements of the ``observed`` candidates
+        with ``noise_var`` (a Gaussian process's posterior covariance does not depend on the
+        measured values)."""
+        prior = self.covariance(rows, cols)
+        if not len(observed):
+            return prior
+        factor = np.linalg.cholesky(self.covariance(observed, observed) + np.diag(noise_var))
+        left = np.linalg.solve(factor, self.covariance(observed, rows))
+        right = np.linalg.solve(factor, self.covariance(observed, cols))
+        return prior - left.T @ right
+
 
 def observations(study: Study, candidates: CandidateSet
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -305,6 +355,13 @@ class PhaseErrorModel:
                   ) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and sd of every candidate's log throughput given, per phase group,
         (candidate indices, measured group time in seconds, noise variance)."""
+        mean, sd, _ = self.step_posterior(observed)
+        return mean, sd
+
+    def step_posterior(self, observed: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+                       ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """:meth:`posterior` and each group's share of every candidate's posterior step time,
+        T_g / T: the weights of the linearised log step time, sum_g (T_g / T) e_g."""
         total = self.rest_s.copy()
         parts = {}
         for group, model in self.models.items():
@@ -316,7 +373,8 @@ class PhaseErrorModel:
             total += time_s
         total = np.maximum(total, 1e-9)
         variance = sum((time_s / total) ** 2 * sd ** 2 for time_s, sd in parts.values())
-        return self.log_tokens - np.log(total), np.sqrt(variance)
+        return (self.log_tokens - np.log(total), np.sqrt(variance),
+                {group: time_s / total for group, (time_s, _) in parts.items()})
 
 
 def phase_observations(study: Study, candidates: CandidateSet
@@ -364,6 +422,48 @@ def phase_model_applies(candidates: CandidateSet, phase_model: bool | None) -> b
 
 _COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
 
+# --- what a trial tells about the best layout (TuneSettings.acquisition "info") ---------------
+INFO_TARGETS = 200  # the candidates of the highest bound whose difference to the best it weighs
+INFO_CHOICES = 30  # the allowed candidates of the highest bound it chooses among
+# "knobs": of the allowed candidates whose bound is within this much (log throughput) of the
+# highest, the one whose knob terms (all but TP/EP/PP) differ most from the incumbent's
+KNOB_TOLERANCE = 0.015
+
+# (each candidate's weight in the linearised log step, the group's model, its observations)
+Part = tuple[np.ndarray, ErrorModel, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def information(parts: Sequence[Part], mean: np.ndarray, targets: np.ndarray, best: int,
+                choices: np.ndarray, noise_var: float = STEP_SD ** 2) -> np.ndarray:
+    """For each of ``choices``: how much measuring it (a probe: one step, ``noise_var``) is
+    expected to tell about which of ``targets`` beats ``best`` -- the reduction of the posterior
+    variance of each difference D_c = y_c - y_best, weighted by the posterior probability
+    P(D_c > 0) that c is faster.
+
+    A trial measures every part (phase group) g of its layout x, each an independent Gaussian
+    process, and D_c = sum_g (f_gc e_g(c) - f_gb e_g(best)) (``f``: the part's weight, the
+    sign of the phase times' error dropped: it is squared), so the reduction is
+    sum_g (f_gc C_g(c, x) - f_gb C_g(best, x))^2 / (C_g(x, x) + noise_var), C_g the posterior
+    covariance.  Unlike the bound's sd, which adds a layout's unmeasured terms in quadrature,
+    this counts a term once per tied candidate that shares it: a micro-batch or rollout value
+    shared by many contenders weighs as much as a TP degree shared by few."""
+    from scipy.special import ndtr  # the tune extra's
+
+    rows = np.concatenate([[best], targets, choices]).astype(np.int64)
+    t = slice(1, 1 + len(targets))
+    x = slice(1 + len(targets), len(rows))
+    reduction = np.zeros((len(targets), len(choices)))
+    var_d = np.zeros(len(targets))
+    for weight, model, (index, _, noise) in parts:
+        cov = model.posterior_covariance(index, noise, rows, rows)
+        w = weight[rows]
+        diff = w[t, None] * cov[t, x] - w[0] * cov[0, x][None, :]
+        reduction += diff ** 2 / (np.diag(cov)[x] + noise_var)[None, :]
+        var_d += (w[t] ** 2 * np.diag(cov)[t] + w[0] ** 2 * cov[0, 0]
+                  - 2 * w[t] * w[0] * cov[t, 0])
+    beats = ndtr((mean[targets] - mean[best]) / np.sqrt(np.maximum(var_d, 1e-12)))
+    return beats @ reduction
+
 
 class GuidedSampler(LayoutSampler):
     """A :class:`~trials.sampler.LayoutSampler` whose proposal is the allowed candidate with
@@ -373,7 +473,8 @@ class GuidedSampler(LayoutSampler):
     def __init__(self, candidates: CandidateSet, allowed: Callable[[Study], np.ndarray],
                  model_error: float, seed: int | None = None, kappa: float | None = None,
                  inner: BaseSampler | None = None, phase_model: bool | None = None,
-                 exploit_last: int = 0, budget: int | None = None):
+                 exploit_last: int = 0, budget: int | None = None,
+                 acquisition: str | None = None, acquisition_trials: int = 0):
         super().__init__(candidates, allowed, inner=inner, seed=seed)
         self.exploit_last = exploit_last if budget is not None else 0
         self.budget = budget
@@ -381,21 +482,93 @@ class GuidedSampler(LayoutSampler):
         self.kappa = KAPPA if kappa is None else kappa
         self.phase_model = (PhaseErrorModel(candidates, model_error)
                             if phase_model_applies(candidates, phase_model) else None)
+        self.acquisition = acquisition or TUNE_DEFAULTS["acquisition"]
+        if self.acquisition not in ACQUISITIONS:
+            raise ValueError(f"acquisition {self.acquisition!r} is not one of "
+                             f"{', '.join(ACQUISITIONS)}")
+        self.acquisition_trials = acquisition_trials
+        self.ties = np.zeros(len(candidates.candidates), dtype=bool)
+        self.ties[tied(candidates.candidates, model_error)] = True
 
     def posterior(self, study: Study) -> tuple[np.ndarray, np.ndarray]:
         """Every candidate's posterior mean and sd of its log throughput: per phase when the
         sampler models phases and a trial measured them, else the step's."""
+        mean, sd, _ = self.posterior_parts(study)
+        return mean, sd
+
+    def posterior_parts(self, study: Study) -> tuple[np.ndarray, np.ndarray, list[Part]]:
+        """:meth:`posterior` and the parts of the linearised log throughput it sums
+        (:func:`information`): each phase group's, or the step's alone."""
         if self.phase_model is not None:
             observed = phase_observations(study, self.candidates)
             if any(len(index) for index, _, _ in observed.values()):
-                return self.phase_model.posterior(observed)
-        return self.model.posterior(*observations(study, self.candidates))
+                mean, sd, weights = self.phase_model.step_posterior(observed)
+                return mean, sd, [(weights[g], model, observed[g])
+                                  for g, model in self.phase_model.models.items()]
+        observed = observations(study, self.candidates)
+        mean, sd = self.model.posterior(*observed)
+        return mean, sd, [(np.ones(len(mean)), self.model, observed)]
 
     def choose(self, study: Study, trial: FrozenTrial, search_space: dict,
                mask: np.ndarray) -> int:
-        mean, sd = self.posterior(study)
-        kappa = 0.0 if self.exploiting(study, trial) else self.kappa
-        return int(np.argmax(np.where(mask, mean + kappa * sd, -np.inf)))
+        if self.exploiting(study, trial):
+            mean, _ = self.posterior(study)
+            return int(np.argmax(np.where(mask, mean, -np.inf)))
+        acquisition = self.acquisition
+        if self.acquisition_trials and self.counted(study, trial) >= self.acquisition_trials:
+            acquisition = "ucb"
+        if acquisition == "ucb":
+            mean, sd = self.posterior(study)
+            return int(np.argmax(np.where(mask, mean + self.kappa * sd, -np.inf)))
+        mean, sd, parts = self.posterior_parts(study)
+        bound = np.where(mask, mean + self.kappa * sd, -np.inf)
+        if acquisition == "design" and (mask & self.ties).any():
+            return int(np.argmax(np.where(mask & self.ties, sd, -np.inf)))
+        if acquisition == "info" and mask.sum() > 1:
+            return self.most_informative(mean, sd, parts, mask, bound)
+        if acquisition == "additive":
+            width = self.additive_width(mean, parts)
+            return int(np.argmax(np.where(mask, mean + self.kappa * width, -np.inf)))
+        if acquisition == "knobs":
+            near = bound >= bound.max() - KNOB_TOLERANCE
+            width = self.additive_width(mean, parts, skip=PARALLEL_FAMILIES)
+            return int(np.argmax(np.where(near, width, -np.inf)))
+        return int(np.argmax(bound))
+
+    @staticmethod
+    def additive_width(mean: np.ndarray, parts: Sequence[Part],
+                       skip: Sequence[str] = ()) -> np.ndarray:
+        """Every candidate's additive width (:meth:`ErrorModel.term_sd`) against the measured
+        candidate of the highest posterior mean, summed over the parts by their weights."""
+        measured = np.unique(np.concatenate([index for _, _, (index, _, _) in parts]))
+        anchor = int(measured[np.argmax(mean[measured])]) if len(measured) else None
+        return sum(weight * model.term_sd(index, noise, anchor, skip)
+                   for weight, model, (index, _, noise) in parts)
+
+    def most_informative(self, mean: np.ndarray, sd: np.ndarray, parts: Sequence[Part],
+                         mask: np.ndarray, bound: np.ndarray) -> int:
+        """Of the ``INFO_CHOICES`` allowed candidates of the highest bound, the one whose
+        measurement tells most about which of the ``INFO_TARGETS`` candidates of the highest
+        bound (measured ones included) beats the posterior best of them (:func:`information`)."""
+        measured = np.zeros(len(mask), dtype=bool)
+        for _, _, (index, _, _) in parts:
+            measured[index] = True
+        pool = np.where(mask | measured, mean + self.kappa * sd, -np.inf)
+        targets = np.argsort(-pool, kind="stable")[:INFO_TARGETS]
+        targets = targets[np.isfinite(pool[targets])]
+        best = int(targets[np.argmax(mean[targets])])
+        targets = targets[targets != best]
+        choices = np.argsort(-bound, kind="stable")[:INFO_CHOICES]
+        choices = choices[np.isfinite(bound[choices])]
+        if not len(targets):
+            return int(choices[0])
+        return int(choices[np.argmax(information(parts, mean, targets, best, choices))])
+
+    def counted(self, study: Study, trial: FrozenTrial) -> int:
+        """The study's trials before ``trial`` that count against its budget (finished,
+        pruned, failed, running)."""
+        return sum(t.number != trial.number and t.state in _COUNTED
+                   for t in study.get_trials(deepcopy=False))
 
     def exploiting(self, study: Study, trial: FrozenTrial) -> bool:
         """Whether ``trial`` is one of the study's last ``exploit_last`` of ``budget`` trials,
@@ -405,6 +578,4 @@ class GuidedSampler(LayoutSampler):
         fifth round of docs/tuning/regret.md measured no gain from it, so ``tune`` has no flag."""
         if not self.exploit_last:
             return False
-        others = sum(t.number != trial.number and t.state in _COUNTED
-                     for t in study.get_trials(deepcopy=False))
-        return self.budget - others <= self.exploit_last
+        return self.budget - self.counted(study, trial) <= self.exploit_last

@@ -116,6 +116,13 @@ class TuneSettings:
     # the last this-many trials run the posterior-best layout, no bound (trials.guided; the
     # fifth round of docs/tuning/regret.md: no measured gain, so no tune flag, 0)
     exploit_last: int = TUNE_DEFAULTS["exploit_last"]
+    # how the guided sampler picks a layout (trials.guided, ACQUISITIONS): its bound ("ucb"),
+    # the tie of the largest posterior sd ("design"), the most informative contender ("info"),
+    # the additive bound ("additive") or the near-best bound varying most knobs ("knobs"), for
+    # the study's first acquisition_trials trials (0: all), the bound after; the sixth round of
+    # docs/tuning/regret.md measured none better, so no tune flag
+    acquisition: str = TUNE_DEFAULTS["acquisition"]
+    acquisition_trials: int = 0
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,8 @@ class Tuner:
                                     phase_model=self.settings.phase_model == "on",
                                     exploit_last=self.settings.exploit_last,
                                     budget=self.settings.trials,
+                                    acquisition=self.settings.acquisition,
+                                    acquisition_trials=self.settings.acquisition_trials,
                                     inner=optuna.samplers.RandomSampler(seed=self.settings.seed))
         else:
             inner = (optuna.samplers.RandomSampler(seed=self.settings.seed)
