@@ -78,11 +78,13 @@ def off_policy_note() -> str:
             f"{' and '.join(on)} do{'es' if len(on) == 1 else ''} not")
 
 
-def plan_all(request: PlanRequest, settings: AsyncOptions = AsyncOptions()
-             ) -> list[ModePlan]:
+def plan_all(request: PlanRequest, settings: AsyncOptions = AsyncOptions(),
+             cache: dict | None = None) -> list[ModePlan]:
     """``--mode best``: every mode's plan (the baseline first; each mode's best is what the
-    report compares, so long lists stop at one), sharing the pool searches."""
-    cache: dict = {}
+    report compares, so long lists stop at one: a split mode's plan lists its best split
+    alone), sharing the pool searches (``cache``: with a later plan of the same request, e.g.
+    one mode's plan of every split)."""
+    cache = {} if cache is None else cache
     return [mode.plan(request, top=1, cache=cache) for mode in all_modes(settings)]
 
 
