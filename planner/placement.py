@@ -45,9 +45,6 @@ from planner.cost.memory import (
 from planner.cost.pool_time import StreamingLimits, pool_sync_s, streaming_generate_s
 from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import (
-    LOG_PROB_FIELDS,
-    UPDATE_FIELDS,
-    DistinctRows,
     StepGroups,
     generate_s,
     grpo_step,
@@ -170,14 +167,22 @@ def async_workload(workload: GrpoWorkload) -> GrpoWorkload:
 # --- the trainer pool -------------------------------------------------------------------------
 
 
+def trainer_rows(cols: Columns) -> Columns:
+    """Actor layouts ``cols`` as the cost model's rows on a trainer pool: the rollout fields
+    (which the rollout pool chooses) at 1 and ``gpu_memory_utilization`` at 0.5, read by
+    nothing the trainer pool runs."""
+    n = len(cols["tp"])
+    return {**cols, **{name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS},
+            "gpu_memory_utilization": np.full(n, 0.5)}
+
+
 def trainer_memory(request: PlanRequest, cols: Columns) -> Columns:
     """Per-GPU memory of the trainer pool: the training phases the step runs and the weight
     gather of the sync -- the actor's state and transients alone (:func:`actor_memory`): no
     rollout engine, KV pool or rollout weights live on these GPUs.  ``phase_bytes`` holds each
     phase's nvidia-smi peak; ``memory`` the full memory columns the time model reads."""
     cluster, workload = request.cluster, request.workload
-    rows = {**cols, **{name: np.ones(len(cols["tp"]), dtype=np.int64) for name in ROLLOUT_FIELDS},
-            "gpu_memory_utilization": np.full(len(cols["tp"]), 0.5)}
+    rows = trainer_rows(cols)
     actor = actor_memory(request, rows)
     ran = [phase for phase in TRAINING_PHASES_ASYNC if phase in workload.phases]
     # the gather for the sync holds the actor state and a transfer bucket
@@ -209,10 +214,8 @@ def trainer_times(request: PlanRequest, cols: Columns, memory: Columns) -> Colum
     (``memory``: :func:`trainer_memory` of the same rows).  The one evaluation of an actor
     layout on a trainer pool: :func:`best_trainer` runs it on the layouts that fit, ``estimate
     --mode`` (:func:`estimate_on_splits`) on the one given."""
-    n = len(cols["tp"])
     eff = request.efficiency
-    rows = {**cols, **{name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS},
-            "gpu_memory_utilization": np.full(n, 0.5)}
+    rows = trainer_rows(cols)
     # the training phases' expected seconds over the run and at its nodes
     # (planner.cost.trajectory), each phase timed once per distinct row of what it reads,
     # shared by the run's points
@@ -248,11 +251,12 @@ def trainer_floor_s(request: PlanRequest) -> np.ndarray | None:
     if not len(cols["tp"]):
         return None
     passes = sum(phase in workload.phases for phase in ("old_log_prob", "ref"))
-    log_prob, update = DistinctRows.of(cols, LOG_PROB_FIELDS), DistinctRows.of(cols, UPDATE_FIELDS)
+    # (no memory columns: generation, which reads them, is not timed)
+    groups = StepGroups.of(trainer_rows(cols), {})
 
     def floor_s(at: PlanRequest) -> float:
-        reading = np.min(log_prob_phase_s(at, log_prob.rows)["total_s"]) if passes else 0.0
-        return (passes * reading + np.min(update_phase_s(at, update.rows)["total_s"])
+        reading = np.min(log_prob_phase_s(at, groups.log_prob.rows)["total_s"]) if passes else 0
+        return (passes * reading + np.min(update_phase_s(at, groups.update.rows)["total_s"])
                 + at.efficiency.step_fixed_s)
 
     return seconds_over_run(request, floor_s)[1]
