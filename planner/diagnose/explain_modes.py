@@ -24,9 +24,7 @@ def explain_best(request: PlanRequest, async_options: AsyncOptions | None = None
     if not request.workload.has_rollout:
         raise PlanInputError("explain --mode best compares GRPO plans; drop --workload pretrain")
     settings = async_options or AsyncOptions()
-    default = replace(request, options=SearchOptions())
-    cache: dict = {}  # the winner's plan of every split reuses the pool searches
-    plans = plan_all(default, settings, cache)
+    plans = plan_all(replace(request, options=SearchOptions()), settings, every_split=True)
     rows = mode_bests(plans)
     fitting = [row for row in rows if row[1] is not None]
     if not fitting:
@@ -44,8 +42,7 @@ def explain_best(request: PlanRequest, async_options: AsyncOptions | None = None
               "sync_step_time_s": None if baseline is None else reported_step(baseline),
               "modes": modes, "caveat": off_policy_note()}
     if winner_plan is not plans[0]:
-        mode = get_mode(winner_plan.mode, settings)
-        result["split"] = mode.explain(request, mode.plan(default, cache=cache))
+        result["split"] = get_mode(winner_plan.mode, settings).explain(request, winner_plan)
     return result
 
 
