@@ -515,14 +515,14 @@ FLOOR_ROUNDING = 1e-9
 
 def first_splits(schedule: SplitSchedule, request: PlanRequest, splits: list[int],
                  choose: tuple[Callable[[ClusterSpec], TrainerChoice | None],
-                               Callable[[ClusterSpec], RolloutChoice | None]],
-                 floor_for: Callable[[ClusterSpec], np.ndarray | None], first: int
+                               Callable[[ClusterSpec], RolloutChoice | None],
+                               Callable[[ClusterSpec], np.ndarray | None]], first: int
                  ) -> tuple[list[SplitCandidate], list[str]]:
     """The candidates of the first ``first`` splits of :func:`ranked`'s ranking among
     ``splits`` (every split's when fewer fit), searching a trainer pool only when its split
     can rank among them; a note per split found to have no layout that fits (of the others,
-    none).  ``choose`` as :func:`score_splits`'s; ``floor_for``: the trainer pool's
-    :func:`trainer_floor_s` (None: the pool has no layout).
+    none).  ``choose``: :func:`score_splits`'s two, and the trainer pool's floor
+    (:func:`trainer_floor_s`; None: the pool has no layout).
 
     Every split's rollout pool is chosen first (a few rows each).  A split's step is the mode's
     steady state of the pools' seconds at the run's nodes, non-decreasing in the training and
@@ -535,7 +535,7 @@ def first_splits(schedule: SplitSchedule, request: PlanRequest, splits: list[int
     known -- each then ranks before every split left, whose step is at least its bound.  A
     split whose known step does not fit or is not finite (the ranking's tail: never, as the
     pools' choices fit and run) ends the pruning: the splits left are all scored."""
-    trainer_for, rollout_for = choose
+    trainer_for, rollout_for, floor_for = choose
     workload = request.workload
 
     def floor(rollout: RolloutChoice, train_at_nodes, sync_s: float) -> float:
@@ -563,7 +563,7 @@ def first_splits(schedule: SplitSchedule, request: PlanRequest, splits: list[int
         if known == 2:  # ranks before every split left
             if not payload.fits or not np.isfinite(payload.step_time_s):
                 rest, more = score_splits(schedule, request, [entry[1] for entry in pending],
-                                          choose)
+                                          choose[:2])
                 return found + [payload] + rest, notes + more
             found.append(payload)
             continue
@@ -668,8 +668,8 @@ def plan_splits(schedule: SplitSchedule, request: PlanRequest,
     if first is None:
         candidates, notes = score_splits(schedule, work, splits, (trainer_for, rollout_for))
     else:
-        candidates, notes = first_splits(schedule, work, splits, (trainer_for, rollout_for),
-                                         floor_for, first)
+        candidates, notes = first_splits(schedule, work, splits,
+                                         (trainer_for, rollout_for, floor_for), first)
     return ModePlan(mode=schedule.name, request=work, candidates=ranked(candidates)[:first],
                     async_options=settings, splits_tried=len(splits), notes=notes, first=first)
 

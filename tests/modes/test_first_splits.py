@@ -117,3 +117,39 @@ def test_write_of_a_later_rank_plans_every_split(tmp_path):
             "64", "--rollout-n", "4", "--mini-batch-size", "16", "--mode", "best"]
     assert main([*args, "--write", str(tmp_path / "job"), "--rank", "2"]) == 0
     assert any((tmp_path / "job").iterdir())
+
+
+def test_a_known_split_that_does_not_fit_ends_the_pruning():
+    """A split whose known step does not fit (the choices always fit; here made not to) ranks
+    after every split that fits: the pruning stops and every split left is scored, so the
+    first splits are still the full ranking's."""
+    from planner.placement import (
+        best_rollout,
+        first_splits,
+        ranked,
+        rollout_pool,
+        score_splits,
+    )
+
+    request = split_request(JOBS["qwen3-30b x 64 h20, moving lengths"])
+    schedule = get_mode("one-step-off")
+    full_best = schedule.plan(request).best.placement.trainer_gpus
+
+    def trainer_for(pool):
+        chosen = best_trainer(request.on(pool))
+        if pool.num_gpus != full_best:
+            return chosen
+        return replace(chosen, usage=replace(chosen.usage, fits=False))
+
+    def rollout_for(pool):
+        return best_rollout(rollout_pool(request.on(pool), None))
+
+    def floor_for(pool):
+        return trainer_floor_s(request.on(pool))
+
+    splits = pool_splits(request.cluster)
+    every, _ = score_splits(schedule, request, splits, (trainer_for, rollout_for))
+    found, _ = first_splits(schedule, request, splits, (trainer_for, rollout_for, floor_for), 2)
+    assert ranked(found)[:2] == ranked(every)[:2]
+    assert len(found) > 2  # the pruning ended at the split that does not fit
+    assert ranked(every)[-1].placement.trainer_gpus == full_best
