@@ -23,6 +23,7 @@ trainer skips the old-log-prob pass.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Protocol
 
@@ -43,7 +44,14 @@ from planner.cost.memory import (
 )
 from planner.cost.pool_time import StreamingLimits, pool_sync_s, streaming_generate_s
 from planner.cost.request import OfRequest, PlanRequest
-from planner.cost.timing import StepGroups, generate_s, grpo_step, weight_sync_s
+from planner.cost.timing import (
+    StepGroups,
+    generate_s,
+    grpo_step,
+    log_prob_phase_s,
+    update_phase_s,
+    weight_sync_s,
+)
 from planner.cost.trajectory import (
     END_COLUMN,
     START_COLUMN,
@@ -111,7 +119,8 @@ class SplitSchedule(Protocol):
     def steady_state(self, generate: float, train: float, sync: float,
                      workload: GrpoWorkload) -> Columns:
         """Seconds per step from the pools' times of one step (:mod:`planner.cost.pool_time`'s
-        steady-state columns)."""
+        steady-state columns); ``step_time_s`` must not decrease as ``train`` or ``sync``
+        grows (:func:`first_splits` bounds a split's step from below by it)."""
 
     def staleness(self) -> Staleness:
         """What the mode does to the algorithm."""
@@ -158,14 +167,22 @@ def async_workload(workload: GrpoWorkload) -> GrpoWorkload:
 # --- the trainer pool -------------------------------------------------------------------------
 
 
+def trainer_rows(cols: Columns) -> Columns:
+    """Actor layouts ``cols`` as the cost model's rows on a trainer pool: the rollout fields
+    (which the rollout pool chooses) at 1 and ``gpu_memory_utilization`` at 0.5, read by
+    nothing the trainer pool runs."""
+    n = len(cols["tp"])
+    return {**cols, **{name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS},
+            "gpu_memory_utilization": np.full(n, 0.5)}
+
+
 def trainer_memory(request: PlanRequest, cols: Columns) -> Columns:
     """Per-GPU memory of the trainer pool: the training phases the step runs and the weight
     gather of the sync -- the actor's state and transients alone (:func:`actor_memory`): no
     rollout engine, KV pool or rollout weights live on these GPUs.  ``phase_bytes`` holds each
     phase's nvidia-smi peak; ``memory`` the full memory columns the time model reads."""
     cluster, workload = request.cluster, request.workload
-    rows = {**cols, **{name: np.ones(len(cols["tp"]), dtype=np.int64) for name in ROLLOUT_FIELDS},
-            "gpu_memory_utilization": np.full(len(cols["tp"]), 0.5)}
+    rows = trainer_rows(cols)
     actor = actor_memory(request, rows)
     ran = [phase for phase in TRAINING_PHASES_ASYNC if phase in workload.phases]
     # the gather for the sync holds the actor state and a transfer bucket
@@ -197,10 +214,8 @@ def trainer_times(request: PlanRequest, cols: Columns, memory: Columns) -> Colum
     (``memory``: :func:`trainer_memory` of the same rows).  The one evaluation of an actor
     layout on a trainer pool: :func:`best_trainer` runs it on the layouts that fit, ``estimate
     --mode`` (:func:`estimate_on_splits`) on the one given."""
-    n = len(cols["tp"])
     eff = request.efficiency
-    rows = {**cols, **{name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS},
-            "gpu_memory_utilization": np.full(n, 0.5)}
+    rows = trainer_rows(cols)
     # the training phases' expected seconds over the run and at its nodes
     # (planner.cost.trajectory), each phase timed once per distinct row of what it reads,
     # shared by the run's points
@@ -219,6 +234,43 @@ def trainer_times(request: PlanRequest, cols: Columns, memory: Columns) -> Colum
             "fixed_s": float(eff.step_fixed_s), "peak_bytes": memory["trainer_peak_bytes"],
             "peak_phase": memory["trainer_peak_phase"], "fits": memory["trainer_fits"]}
 
+
+def trainer_floor_s(request: PlanRequest) -> np.ndarray | None:
+    """A lower bound on the training seconds of every actor layout of the trainer pool's search
+    (``request``: on the trainer pool) at each of the run's nodes
+    (:data:`planner.cost.trajectory.NODES`): what :func:`trainer_times` gives any of them at
+    least, whether it fits or not; None when the search has no layout.
+
+    :func:`trainer_times` sums per layout the log-prob passes the step runs (old log-prob,
+    reference: each :func:`log_prob_phase_s` plus an offload trip), the update
+    (:func:`update_phase_s` plus offload trips) and the step's fixed costs; a trip is at least
+    0, so the sum is at least each pass's smallest time over the layouts plus the fixed costs.
+    Each pass is timed once per distinct row of what it reads, as the step times it."""
+    model, cluster, workload = request.model, request.cluster, request.workload
+    cols = build_space(model, cluster, workload, trainer_search_options(request.options)).columns
+    if not len(cols["tp"]):
+        return None
+    passes = sum(phase in workload.phases for phase in ("old_log_prob", "ref"))
+    # (no memory columns: generation, which reads them, is not timed)
+    groups = StepGroups.of(trainer_rows(cols), {})
+
+    def floor_s(at: PlanRequest) -> float:
+        reading = np.min(log_prob_phase_s(at, groups.log_prob.rows)["total_s"]) if passes else 0
+        return (passes * reading + np.min(update_phase_s(at, groups.update.rows)["total_s"])
+                + at.efficiency.step_fixed_s)
+
+    return seconds_over_run(request, floor_s)[1]
+
+
+def sync_floor_s(request: PlanRequest, trainer: ClusterSpec, rollout: RolloutChoice) -> float:
+    """A lower bound on one parameter sync (:func:`pool_sync_s`) from any actor layout on the
+    ``trainer`` pool to the rollout pool's ``rollout`` choice: the sync of an actor without
+    model parallelism, whose gather is 0.  The gather is the only part that reads the actor's
+    layout, and the total does not decrease as it grows (a sum, or a pipeline's slowest stage
+    plus the rest)."""
+    cols = {**{name: np.ones(1, dtype=np.int64) for name in ("tp", "pp", "cp", "ep")},
+            **{name: np.array([rollout.layout[name]]) for name in ROLLOUT_FIELDS}}
+    return float(pool_sync_s(request, trainer, cols)["total_s"][0])
 
 
 def _take(cols: Columns, keep: np.ndarray) -> Columns:
@@ -439,14 +491,99 @@ def score_splits(schedule: SplitSchedule, request: PlanRequest, splits: list[int
         t_cluster, r_cluster = split_clusters(request.cluster, trainer_gpus)
         trainer, rollout = trainer_for(t_cluster), rollout_for(r_cluster)
         if trainer is None or rollout is None:
-            notes.append(f"{trainer_gpus} trainer + {r_cluster.num_gpus} rollout GPUs: "
-                         f"{'the actor fits no layout' if trainer is None else ''}"
-                         f"{' and ' if trainer is None and rollout is None else ''}"
-                         f"{'no rollout layout fits' if rollout is None else ''}")
+            notes.append(no_fit_note(trainer_gpus, r_cluster.num_gpus, trainer is None,
+                                     rollout is None))
             continue
         candidates.append(split_candidate(schedule, request, (t_cluster, r_cluster), trainer,
                                           rollout))
     return candidates, notes
+
+
+def no_fit_note(trainer_gpus: int, rollout_gpus: int, no_trainer: bool, no_rollout: bool) -> str:
+    """The note of a split whose trainer pool (``no_trainer``) or rollout pool has no layout
+    that fits."""
+    return (f"{trainer_gpus} trainer + {rollout_gpus} rollout GPUs: "
+            f"{'the actor fits no layout' if no_trainer else ''}"
+            f"{' and ' if no_trainer and no_rollout else ''}"
+            f"{'no rollout layout fits' if no_rollout else ''}")
+
+
+# a floor's relative allowance for rounding: the floor and a split's step sum the same terms in
+# another order
+FLOOR_ROUNDING = 1e-9
+
+
+def first_splits(schedule: SplitSchedule, request: PlanRequest, splits: list[int],
+                 choose: tuple[Callable[[ClusterSpec], TrainerChoice | None],
+                               Callable[[ClusterSpec], RolloutChoice | None],
+                               Callable[[ClusterSpec], np.ndarray | None]], first: int
+                 ) -> tuple[list[SplitCandidate], list[str]]:
+    """The candidates of the first ``first`` splits of :func:`ranked`'s ranking among
+    ``splits`` (every split's when fewer fit), searching a trainer pool only when its split
+    can rank among them; a note per split found to have no layout that fits (of the others,
+    none).  ``choose``: :func:`score_splits`'s two, and the trainer pool's floor
+    (:func:`trainer_floor_s`; None: the pool has no layout).
+
+    Every split's rollout pool is chosen first (a few rows each).  A split's step is the mode's
+    steady state of the pools' seconds at the run's nodes, non-decreasing in the training and
+    the sync seconds (:class:`SplitSchedule`), so the steady state of the rollout pool's
+    seconds with no training and the sync's floor (:func:`sync_floor_s`) bounds it from
+    below, and with the trainer pool's floor (:func:`trainer_floor_s`) more tightly.  The
+    splits are taken smallest bound first (the smaller trainer pool on equal bounds, as the
+    ranking breaks ties): a split is refined (its floor, then its trainer pool searched and
+    its step known) and put back under the tighter bound, until ``first`` splits come out
+    known -- each then ranks before every split left, whose step is at least its bound.  A
+    split whose known step does not fit or is not finite (the ranking's tail: never, as the
+    pools' choices fit and run) ends the pruning: the splits left are all scored."""
+    trainer_for, rollout_for, floor_for = choose
+    workload = request.workload
+
+    def floor(rollout: RolloutChoice, train_at_nodes, sync_s: float) -> float:
+        state = steady_state_over_run(lambda g, t, s: schedule.steady_state(g, t, s, workload),
+                                      rollout.generate_at_nodes_s, train_at_nodes, sync_s)
+        value = float(state["step_time_s"])
+        return value / (1 + FLOOR_ROUNDING) if not np.isnan(value) else -np.inf
+
+    pending, found, notes = [], [], []
+    for trainer_gpus in splits:
+        pools = split_clusters(request.cluster, trainer_gpus)
+        rollout = rollout_for(pools[1])
+        if rollout is None:
+            notes.append(no_fit_note(trainer_gpus, pools[1].num_gpus, False, True))
+            continue
+        sync_s = sync_floor_s(request, pools[0], rollout)
+        # (bound, trainer GPUs, what is known: 0 the rollout pool, 1 the trainer's floor too,
+        # 2 the step; the pools; the rollout choice and the sync's floor or, known, the
+        # candidate)
+        pending.append((floor(rollout, np.zeros(len(rollout.generate_at_nodes_s)), sync_s),
+                        trainer_gpus, 0, pools, (rollout, sync_s)))
+    heapq.heapify(pending)
+    while pending and len(found) < first:
+        _, trainer_gpus, known, pools, payload = heapq.heappop(pending)
+        if known == 2:  # ranks before every split left
+            if not payload.fits or not np.isfinite(payload.step_time_s):
+                rest, more = score_splits(schedule, request, [entry[1] for entry in pending],
+                                          choose[:2])
+                return found + [payload] + rest, notes + more
+            found.append(payload)
+            continue
+        rollout, sync_s = payload
+        if known == 0:
+            train_at_nodes = floor_for(pools[0])
+            if train_at_nodes is not None:
+                heapq.heappush(pending, (floor(rollout, train_at_nodes, sync_s), trainer_gpus,
+                                         1, pools, payload))
+                continue
+        else:
+            trainer = trainer_for(pools[0])
+            if trainer is not None:
+                candidate = split_candidate(schedule, request, pools, trainer, rollout)
+                step = candidate.step_time_s
+                heapq.heappush(pending, (np.inf if np.isnan(step) else step, trainer_gpus, 2,
+                                         pools, candidate))
+                continue
+        notes.append(no_fit_note(trainer_gpus, pools[1].num_gpus, True, False))
+    return found, notes
 
 
 def ranked(candidates: list[Candidate]) -> list[Candidate]:
@@ -480,6 +617,8 @@ class ModePlan(OfRequest):
     sync_plan: Plan | None = None  # a colocated mode: its plan of layouts
     splits_tried: int = 0
     notes: list[str] = field(default_factory=list)
+    # a split mode's plan of its first splits alone (plan_splits' ``first``); None: every split
+    first: int | None = None
 
     @property
     def best(self) -> Candidate | None:
@@ -491,10 +630,13 @@ class ModePlan(OfRequest):
 
 
 def plan_splits(schedule: SplitSchedule, request: PlanRequest,
-                cache: dict | None = None) -> ModePlan:
+                cache: dict | None = None, first: int | None = None) -> ModePlan:
     """The best layouts of every legal split (``settings.trainer_gpus``, or every one), the
     fastest split first.  ``cache``: pool searches shared with other modes' plans of the same
-    request (keyed by pool and streaming bounds)."""
+    request (keyed by pool and streaming bounds).  ``first``: list the first ``first`` splits
+    alone, the trainer pools of the others searched only as far as it takes to show that they
+    rank after them (:func:`first_splits`; with the search option ``exhaustive``, every split
+    is listed)."""
     work = split_request(request)
     settings = schedule.settings
     splits = list(settings.trainer_gpus) or pool_splits(request.cluster)
@@ -513,9 +655,23 @@ def plan_splits(schedule: SplitSchedule, request: PlanRequest,
             cache[key] = best_rollout(rollout_pool(work.on(pool), streaming))
         return cache[key]
 
-    candidates, notes = score_splits(schedule, work, splits, (trainer_for, rollout_for))
-    return ModePlan(mode=schedule.name, request=work, candidates=ranked(candidates),
-                    async_options=settings, splits_tried=len(splits), notes=notes)
+    def floor_for(pool: ClusterSpec) -> np.ndarray | None:
+        if ("trainer", pool.num_gpus) in cache:  # searched: its choice's seconds are a floor
+            trainer = cache["trainer", pool.num_gpus]
+            return None if trainer is None else np.asarray(trainer.train_at_nodes_s)
+        key = ("trainer floor", pool.num_gpus)
+        if key not in cache:
+            cache[key] = trainer_floor_s(work.on(pool))
+        return cache[key]
+
+    first = None if work.options.exhaustive else first
+    if first is None:
+        candidates, notes = score_splits(schedule, work, splits, (trainer_for, rollout_for))
+    else:
+        candidates, notes = first_splits(schedule, work, splits,
+                                         (trainer_for, rollout_for, floor_for), first)
+    return ModePlan(mode=schedule.name, request=work, candidates=ranked(candidates)[:first],
+                    async_options=settings, splits_tried=len(splits), notes=notes, first=first)
 
 
 # --- one actor layout on the splits (estimate --mode) ---------------------------------------

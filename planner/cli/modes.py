@@ -35,8 +35,9 @@ def cmd_plan_mode(args) -> int:
         raise UsageError(f"--mode {args.mode} prints table or json, not csv")
     request = inputs.request(args, model, cluster, workload)
     settings = async_options(args)
+    cache: dict = {}  # pool searches shared by --mode best's plans
     if args.mode == BEST:
-        plans = plan_all(request, settings)
+        plans = plan_all(request, settings, cache)
         chosen = min((p for p in plans if p.best), default=None,
                      key=lambda p: reported_step(p.best))
     else:
@@ -46,7 +47,10 @@ def cmd_plan_mode(args) -> int:
     if args.write:
         if chosen is None:
             raise UsageError("no plan fits in GPU memory; nothing to write")
-        job = get_mode(chosen.mode, settings).job(chosen, args.rank, Launch(
+        mode = get_mode(chosen.mode, settings)
+        if chosen.first is not None and args.rank > chosen.first:  # beyond the splits listed
+            chosen = mode.plan(request, cache=cache)
+        job = mode.job(chosen, args.rank, Launch(
             model_path=args.model_path, train_files=args.train_files, val_files=args.val_files,
             extra_overrides=args.override))
         for path in write_job(job, Path(args.write), args.force):

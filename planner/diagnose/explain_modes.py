@@ -24,7 +24,7 @@ def explain_best(request: PlanRequest, async_options: AsyncOptions | None = None
     if not request.workload.has_rollout:
         raise PlanInputError("explain --mode best compares GRPO plans; drop --workload pretrain")
     settings = async_options or AsyncOptions()
-    plans = plan_all(replace(request, options=SearchOptions()), settings)
+    plans = plan_all(replace(request, options=SearchOptions()), settings, every_split=True)
     rows = mode_bests(plans)
     fitting = [row for row in rows if row[1] is not None]
     if not fitting:

@@ -78,12 +78,16 @@ def off_policy_note() -> str:
             f"{' and '.join(on)} do{'es' if len(on) == 1 else ''} not")
 
 
-def plan_all(request: PlanRequest, settings: AsyncOptions = AsyncOptions()
-             ) -> list[ModePlan]:
+def plan_all(request: PlanRequest, settings: AsyncOptions = AsyncOptions(),
+             cache: dict | None = None, every_split: bool = False) -> list[ModePlan]:
     """``--mode best``: every mode's plan (the baseline first; each mode's best is what the
-    report compares, so long lists stop at one), sharing the pool searches."""
-    cache: dict = {}
-    return [mode.plan(request, top=1, cache=cache) for mode in all_modes(settings)]
+    report compares, so long lists stop at one: a colocated plan keeps its head, a split
+    mode's plan lists its best split alone), sharing the pool searches (``cache``: with a later
+    plan of the same request).  ``every_split``: the split modes' plans list every split
+    (``explain`` reads the winner's neighbouring splits)."""
+    cache = {} if cache is None else cache
+    return [mode.plan(request, top=None if every_split and not mode.colocated else 1,
+                      cache=cache) for mode in all_modes(settings)]
 
 
 def export_job(plan: Plan | ModePlan, rank: int, launch: Launch) -> ExportedJob:

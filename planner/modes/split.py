@@ -96,8 +96,10 @@ class SplitMode(TrainingMode):
 
     def plan(self, request: PlanRequest, top: int | None = None,
              cache: dict | None = None) -> ModePlan:
-        """Every split's best layouts (one candidate per split: ``top`` does not cut it)."""
-        return plan_splits(self, self._checked(request), cache)
+        """Every split's best layouts, one candidate per split; ``top``: the first ``top``
+        splits alone, the trainer pools of the others searched only as far as it takes to show
+        that they rank after them (:func:`planner.placement.first_splits`)."""
+        return plan_splits(self, self._checked(request), cache, first=top)
 
     def estimate(self, request: PlanRequest, layout: Layout,
                  pin_rollout: bool) -> SplitEstimate:
@@ -183,8 +185,11 @@ class SplitMode(TrainingMode):
     # --- explain ------------------------------------------------------------------------------
 
     def explain(self, request: PlanRequest, plan: ModePlan | None = None) -> dict:
-        """The chosen split of the mode's plan (the default search), in figures and words."""
-        return explain_split(plan or self.plan(replace(request, options=SearchOptions())))
+        """The chosen split of the mode's plan (the default search), in figures and words
+        (``plan``: of every split; one of its first splits alone is planned again)."""
+        if plan is None or plan.first is not None:
+            plan = self.plan(replace(request, options=SearchOptions()))
+        return explain_split(plan)
 
     def explain_text(self, report: dict) -> str:
         return "\n".join(split_lines(report) + [f"note: {report['caveat']}"])
