@@ -64,6 +64,7 @@ are booked with the weight sync.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -88,7 +89,7 @@ from planner.cost.layer_kinds import weight_sync_tensors
 from planner.cost.memory import (
     MAIN_GRAD_BYTES,
     WEIGHT_BYTES,
-    activation_bytes_per_layer,
+    LayerActivations,
     actor_params_per_gpu,
     cpu_fraction,
     decode_cache_bytes,
@@ -219,10 +220,11 @@ def _stage_compute_s(request: PlanRequest, cols: Columns, shape: TrainShape):
     core = (mixing_flops_per_layer(model, sequences, shape.seq_len) / (tp * cp)
             / (cluster.gpu.bf16_flops * eff.attention))
     hbm = cluster.gpu.hbm_bandwidth_bytes_per_s
-    elementwise_dense = (eff.elementwise_passes / hbm
-                         * activation_bytes_per_layer(model, cols, tokens, moe=False))
-    elementwise_moe = (eff.elementwise_passes / hbm
-                       * activation_bytes_per_layer(model, cols, tokens, moe=True)
+    # a layer's activation bytes per token: of the layouts alone (the run's points share them)
+    per_token = of_layouts(cols, "activations_per_token", model,
+                           lambda: LayerActivations.of(model, cols, 1.0))
+    elementwise_dense = eff.elementwise_passes / hbm * (tokens * per_token.dense)
+    elementwise_moe = (eff.elementwise_passes / hbm * (tokens * per_token.moe)
                        if model.is_moe else elementwise_dense)
     per_dense = attention_layer + mlp_layer + core + elementwise_dense + eff.layer_overhead_s
     per_moe = attention_layer + moe_layer + core + elementwise_moe + eff.layer_overhead_s
@@ -412,6 +414,12 @@ EULER_GAMMA = 0.5772156649
 DRAFT_HEAD_KERNELS = 7
 
 
+@lru_cache(maxsize=32)
+def _sub_blocks(model: ModelSpec) -> int:
+    """The mixer and feed-forward blocks of every layer (one norm each), once per model."""
+    return sum(layer.norms for layer in model.layers)
+
+
 def longest_response(mean_tokens, max_tokens, sequences) -> np.ndarray:
     """Expected longest of ``sequences`` responses: lengths roughly exponential with the given
     mean (the order statistic ``mean * H_n ~ mean * (ln n + gamma)``), cut at the maximum.  The
@@ -455,7 +463,7 @@ def decode_step_s(request: PlanRequest, cols: Columns, batch, context
     latency = np.where(inside, ALLREDUCE_LATENCY_NVLINK_S, ALLREDUCE_LATENCY_NETWORK_S)
     # one all-reduce after each row-parallel block: the mixer and the feed-forward block of a
     # layer (Nemotron-H's layers hold one of them each)
-    tp_allreduce = np.where(rtp > 1, sum(layer.norms for layer in model.layers)
+    tp_allreduce = np.where(rtp > 1, _sub_blocks(model)
                             * (latency + 2 * batch * model.hidden_size * WEIGHT_BYTES
                                / link_bandwidth(cluster, eff, rtp)), 0.0)
     # expert parallel: dispatch + combine of the batch's k token copies per MoE layer
@@ -582,6 +590,7 @@ def generate_s(request: PlanRequest, cols: Columns, memory: Columns) -> dict[str
             "latency_s": steps * step["latency_s"]}
 
 
+@lru_cache(maxsize=32)
 def tensor_count(model: ModelSpec) -> int:
     """Tensors a Hugging Face checkpoint of the model holds (what verl exports one by one):
     per layer q, k, v, o, two norms (+ q/k norms), gate, up, down; an MoE layer's router and
