@@ -778,6 +778,17 @@ class StepGroups:
                    DistinctRows.of(rollout, GENERATE_FIELDS))
 
 
+def _booked(phase: dict) -> dict:
+    """A training pass's parts as the step books them: compute with the optimizer's step (on
+    the GPU and on the host), exposed communication with the gradients' data-parallel traffic,
+    the bubble, the host's latency and the total.  Summed on a group's distinct rows before
+    they are spread over every row (the same element-wise sums)."""
+    return {"compute_s": phase["compute_s"] + phase.get("optimizer_s", 0.0)
+            + phase.get("cpu_optimizer_s", 0.0),
+            "comm_s": phase["comm_s"] + phase.get("dp_comm_s", 0.0),
+            "bubble_s": phase["bubble_s"], "host_s": phase["host_s"], "total_s": phase["total_s"]}
+
+
 def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
               groups: StepGroups | None = None) -> Columns:
     """Seconds per GRPO phase and per step, tokens/s/GPU (verl's definition) and actor MFU,
@@ -790,8 +801,8 @@ def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
     n = len(cols["tp"])
     sequences = workload.sequences_per_step
     groups = StepGroups.of(cols, memory) if groups is None else groups
-    log_prob = groups.log_prob.spread(log_prob_phase_s(request, groups.log_prob.rows))
-    update = groups.update.spread(update_phase_s(request, groups.update.rows))
+    log_prob = groups.log_prob.spread(_booked(log_prob_phase_s(request, groups.log_prob.rows)))
+    update = groups.update.spread(_booked(update_phase_s(request, groups.update.rows)))
     few = groups.generate.rows
     gen = groups.generate.spread(generate_s(request, few, few))
     sync = weight_sync_s(request, cols)
@@ -810,9 +821,7 @@ def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
     zero = np.zeros(n)
 
     def training(phase: dict, host) -> dict:
-        return {"compute_s": phase["compute_s"] + phase.get("optimizer_s", 0.0)
-                + phase.get("cpu_optimizer_s", 0.0),
-                "comm_s": phase["comm_s"] + phase.get("dp_comm_s", 0.0),
+        return {"compute_s": phase["compute_s"], "comm_s": phase["comm_s"],
                 "bubble_s": phase["bubble_s"], "host_transfer_s": host,
                 "latency_s": phase["host_s"] + zero}
 
@@ -849,7 +858,7 @@ def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
     out["decode_steps"] = gen["decode_steps"]
     out["kv_holds_sequence"] = gen["kv_holds_sequence"]
     out["update_bubble_s"] = update["bubble_s"]
-    out["update_comm_s"] = update["comm_s"] + update.get("dp_comm_s", 0.0)
+    out["update_comm_s"] = update["comm_s"]
     stack = np.stack([times[p] for p in PHASES])
     out["dominant_phase"] = stack.argmax(axis=0)
     return out
