@@ -192,7 +192,9 @@ class ModelSpec:
 
     @cached_property
     def _field_hash(self) -> int:
-        return hash(tuple(getattr(self, f.name) for f in fields(self)))
+        # the fields the dataclass's own hash reads (those compared, unless hash= says)
+        return hash(tuple(getattr(self, f.name) for f in fields(self)
+                          if (f.compare if f.hash is None else f.hash)))
 
     def __getstate__(self) -> dict:
         # a cached hash of strings is this process's: a copy made elsewhere computes its own
