@@ -167,3 +167,18 @@ def test_fix_and_validate_judge_the_same_quantity(tmp_path):
         assert report["memory"]["memory_band"]["position"] == \
             result.data["current"]["band_position"]
         assert bool(band_warnings) == (not result.data["in_band"]), util
+
+
+def test_fix_of_a_job_with_dp_1_lists_mitigations(capsys):
+    """verl's Qwen3-235B example (TP4 PP8 EP4 on 32 GPUs: DP 1) is above the band: a larger
+    TP, PP or CP would need GPUs from an odd DP, which has none, and is left out -- not a
+    crash on the layout's 'DP 0'."""
+    from pathlib import Path
+
+    example = Path(__file__).parents[1] / "verl_examples" / "run_qwen3-235b_megatron_96gb.sh"
+    assert main(["fix", str(example), "--gpu-type", "h20", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["current"]["peak_memory_gib"] > 0.85 * 95.6
+    assert result["mitigations"]
+    names = " ".join(m["change"] for m in result["mitigations"])
+    assert "TP 4 -> 8" not in names and "PP 8 -> 16" not in names
