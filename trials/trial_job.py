@@ -128,7 +128,18 @@ class TrialJobs:
     max_log_bytes: int | None = None  # --max-log-bytes
 
     def workdir(self, sweep_dir: Path, number: int, candidate: Candidate) -> Path:
-        return Path(sweep_dir).resolve() / "trials" / f"{number:04d}-{candidate.key}"
+        """``trials/NNNN-KEY`` in the sweep folder; where that folder exists already -- another
+        study in the same ``--sweep-dir`` ran its trial NNNN on the same layout -- the first
+        free ``NNNN-KEY.2``, ``.3``, ...: the launcher appends to ``trainer.log``, and a
+        trainer that fails before verl's file logger opens leaves the old ``metrics.jsonl``,
+        so a reused folder would classify and measure the other run's trial."""
+        base = Path(sweep_dir).resolve() / "trials"
+        name = f"{number:04d}-{candidate.key}"
+        workdir, copy = base / name, 1
+        while workdir.exists():
+            copy += 1
+            workdir = base / f"{name}.{copy}"
+        return workdir
 
     def overrides_of(self, candidate: Candidate, extra: Sequence[str]) -> list[str]:
         """The exported job of ``candidate`` (its mode's), then ``extra``."""

@@ -134,6 +134,25 @@ def test_resume_runs_only_what_is_missing(tmp_path, fake, capsys):
     assert len([e for e in events(record) if e["event"] == "start"]) == 5
 
 
+def test_a_second_study_in_the_sweep_folder_does_not_read_the_first_ones_trials(tmp_path, fake,
+                                                                            capsys):
+    """Two studies in one --sweep-dir run trial #0 on the same layout: the second one's
+    trainer fails before verl's file logger opens, so the first one's metrics.jsonl and
+    trainer.log must not be what the second study measures and classifies."""
+    fake()
+    assert main(tune_argv(tmp_path, trials=1, study="first")) == 0
+    fake(rules=[{"match": {}, "behaviour": "config_error"}])
+    main(tune_argv(tmp_path, "--fail-fast", "0", trials=1, study="second"))
+    capsys.readouterr()
+    url = sqlite_url(tmp_path)
+    first, second = measured(load_study(url, "first")), measured(load_study(url, "second"))
+    assert first[0].user_attrs[attrs.CATEGORY] == "ok"
+    assert second[0].user_attrs[attrs.CATEGORY] == "config"
+    assert second[0].state.name == "FAIL"
+    assert first[0].user_attrs[attrs.LOG] != second[0].user_attrs[attrs.LOG]
+    assert "step:" in open(first[0].user_attrs[attrs.LOG]).read()  # the first log is kept
+
+
 def test_resuming_with_other_settings_is_refused(tmp_path, fake, capsys):
     fake()
     assert main(tune_argv(tmp_path, trials=1)) == 0
