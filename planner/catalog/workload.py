@@ -394,9 +394,12 @@ class GrpoWorkload:
         lengths = self.lengths
         mean = (f"{lengths.start_tokens:.0f}->{lengths.end_tokens:.0f} over the run"
                 if self.moving_lengths else f"{self.mean_response_length}")
+        # a mean prompt below the maximum (--mean-prompt-length, or a run's) times the step
+        prompt_mean = (f" (mean {self.mean_prompt_length})"
+                       if 0 < self.mean_prompt_length < self.prompt_length else "")
         return (f"GRPO: {self.train_batch_size} prompts x n={self.rollout_n}, prompt "
-                f"{self.prompt_length} + response {self.response_length} tokens (mean "
-                f"{mean}), mini-batch {self.mini_batch_size}, {self.precision}"
+                f"{self.prompt_length}{prompt_mean} + response {self.response_length} tokens "
+                f"(mean {mean}), mini-batch {self.mini_batch_size}, {self.precision}"
                 + self.describe_mtp())
 
     def describe_mtp(self) -> str:
