@@ -427,7 +427,7 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     head = time_rows if isinstance(time_rows, Head) else None
     actor = actor_memory(request, cols) if actor is None else actor
     n = len(cols["tp"])
-    size = n if head is None else max(SCORE_CHUNK_ROWS, 1)
+    size = max(n, 1) if head is None else max(SCORE_CHUNK_ROWS, 1)  # no rows: one empty pass
     whole = size >= n
     moving = head is not None and _moving(request)
     middle_at = _middle_request(request) if moving else None
