@@ -200,3 +200,17 @@ def test_lengths_from_a_run_log(tmp_path, capsys):
     text = [arg for arg in PLAN if arg not in ("--format", "json")]
     assert main(text + ["--lengths-from", str(run)]) == 0
     assert " (mean 200) + response " in capsys.readouterr().out
+
+
+def test_lengths_from_a_run_with_a_smaller_maximum_says_the_means_may_grow(tmp_path, capsys):
+    from fixtures.verl_runs import run_records, write_jsonl
+
+    # the run (row 62) cut responses at 8192 tokens (clip_ratio > 0, response_length/max 8192)
+    run = write_jsonl(tmp_path / "run.jsonl", run_records(62, steps=10, mean=1500))
+    text = [arg for arg in PLAN if arg not in ("--format", "json", "--response-length", "8192")]
+    assert main(text + ["--response-length", "16384", "--lengths-from", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert "note: --lengths-from: the run's means were measured with responses cut at 8192 " \
+           "tokens" in err and "under --response-length 16384 they may grow" in err
+    assert main(text + ["--response-length", "8192", "--lengths-from", str(run)]) == 0
+    assert "may grow" not in capsys.readouterr().err  # the run's own maximum: nothing to say
