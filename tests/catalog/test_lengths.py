@@ -98,7 +98,14 @@ def test_the_default_is_the_published_runs_band_and_says_so():
     direct = default_lengths(4096, "Llama-3.1-8B")
     # instruct and base models answer in a few hundred to ~1.5k tokens whatever the cap
     assert 300 < direct.start_tokens < direct.end_tokens < 1600
-    assert default_lengths(512, "Llama-3.1-8B").end_tokens == 512  # cut at the maximum
+    # under a maximum near or below them, the published means are cut as exponential lengths
+    # are, E[min(L, M)] = mean (1 - exp(-M / mean)): not every response at the maximum (100%)
+    short = default_lengths(512, "Qwen2.5-7B")
+    assert (short.start_tokens, short.end_tokens) == (round(544 * (1 - np.exp(-512 / 544))),
+                                                      round(1344 * (1 - np.exp(-512 / 1344))))
+    assert (short.start_tokens, short.end_tokens) == (332, 426)  # 65% -> 83% of the maximum
+    assert "their 544->1344 tokens cut at this maximum" in short.sentence()
+    assert "cut at" not in default_lengths(16384, "Qwen2.5-7B").sentence()
     sentence = thinking.sentence()
     assert sentence.startswith("assumed mean response 69%->79% of max")
     assert "published" in sentence and "grpo_runs.csv" in sentence
