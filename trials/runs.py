@@ -128,6 +128,17 @@ class RunRecord:
         return ResponseLengths(round(start, 1), round(end, 1), int(max_tokens), source="run",
                                basis=f"{self.name} ({self.format}), steps {first}-{last}")
 
+    def response_cap(self) -> int | None:
+        """The run's own ``data.max_response_length`` where its metrics show it: the longest
+        response (``response_length/max``) of a run that cut some
+        (``response_length/clip_ratio`` above 0, verl's ``compute_data_metrics``); None: no
+        response was cut, or not logged."""
+        clipped, longest = self.series("response_length/clip_ratio"), \
+            self.series("response_length/max")
+        if not len(clipped) or not len(longest) or float(clipped.max()) <= 0:
+            return None
+        return int(round(float(longest.max())))
+
     def windows(self, count: int = 3, warmup_steps: int = 1) -> list["RunWindow"]:
         """The steps after the first ``warmup_steps`` cut into up to ``count`` consecutive
         windows of (nearly) equal size, each reduced to its medians: measurements at different

@@ -435,7 +435,8 @@ class Tuner:
     def _should_stop(self, study: optuna.Study, snap: attrs.Snapshot, skip_kind) -> bool:
         target = self.settings.trials
         if snap.measured_count >= target:
-            self._stop_reason = f"{snap.measured_count} trials measured"
+            # the final line already counts them: "6 trials measured (the --trials 6 budget)"
+            self._stop_reason = f"the --trials {target} budget"
             return True
         if skip_kind == "limit":
             # Another tuner is running the last trials.  Two tuners may both have backed

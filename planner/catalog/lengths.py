@@ -28,6 +28,7 @@ tail follows the mean (roughly exponential lengths, :func:`planner.cost.timing.l
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass
 from functools import cache
@@ -177,21 +178,35 @@ class ResponseLengths:
 # --- the documented default ------------------------------------------------------------------
 
 
+def truncated_mean_tokens(mean_tokens: float, max_tokens: int) -> float:
+    """Mean response length once responses are cut at ``max_tokens``, for lengths roughly
+    exponential with mean ``mean_tokens`` (the time model's assumption,
+    :func:`planner.cost.timing.longest_response`): E[min(L, M)] = mean * (1 - exp(-M / mean)).
+    A mean in tokens (the ``math`` kind's) under a maximum near or below it is not the maximum:
+    that would be every response cut, which no published run shows (the highest mean is 60% of
+    its maximum, DeepSeek-V3 at 1,336 tokens in grpo_runs.csv)."""
+    return float(mean_tokens) * -math.expm1(-float(max_tokens) / float(mean_tokens))
+
+
 def default_lengths(max_tokens: int, model_name: str = "", kind: str | None = None
                     ) -> ResponseLengths:
     """The published runs' lengths for the kind of job (``kind``, else :func:`job_kind` of the
-    model), as a band from their 10th to their 90th percentile, cut at ``max_tokens``."""
+    model), as a band from their 10th to their 90th percentile; a mean in tokens is cut at
+    ``max_tokens`` as exponential lengths are (:func:`truncated_mean_tokens`)."""
     table = _defaults()["kinds"]
     kind = kind or job_kind(model_name)
     if kind not in table:
         raise PlanInputError(f"kind of job {kind!r} is not one of {', '.join(kinds())}")
     entry = table[kind]
-    scale = max_tokens if entry["scale"] == "fraction_of_max" else 1.0
+    relative = entry["scale"] == "fraction_of_max"
 
     def tokens(value: float) -> float:
-        return float(min(max(round(value * scale), 1), max_tokens))
+        mean = value * max_tokens if relative else truncated_mean_tokens(value, max_tokens)
+        return float(min(max(round(mean), 1), max_tokens))
 
     basis = f"published {entry['describe']}, {entry['runs']} runs in {_defaults()['source_short']}"
+    if not relative and tokens(entry["end"]) < min(entry["end"], max_tokens):
+        basis += f"; their {entry['start']:.0f}->{entry['end']:.0f} tokens cut at this maximum"
     return ResponseLengths(start_tokens=tokens(entry["start"]), end_tokens=tokens(entry["end"]),
                            max_tokens=max_tokens, source="default", basis=basis, kind=kind)
 

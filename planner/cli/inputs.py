@@ -123,6 +123,11 @@ def response_lengths(args, model_name: str = "") -> tuple["ResponseLengths", flo
 
         run = read_run(args.lengths_from)
         prompts = run.series("prompt_length/mean")
+        cap = run.response_cap()
+        if cap is not None and cap < args.response_length:
+            notes.note(f"--lengths-from: the run's means were measured with responses cut at {cap} "
+                 f"tokens (its response_length/clip_ratio); under --response-length "
+                 f"{args.response_length} they may grow (taken unchanged)")
         return run.response_lengths(args.response_length), \
             float(prompts.mean()) if len(prompts) else 0.0
     if getattr(args, "mean_response_length", None):

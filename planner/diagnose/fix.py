@@ -32,6 +32,7 @@ nothing.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -238,7 +239,29 @@ def greedy_chain(request: PlanRequest, layout, current: ColocatedCandidate,
             return None
         names.append(best[0])
         layout, current = best[1], best[2]
-    return (" + ".join(names), layout, current) if current.fits and names else None
+    return (chain_name(names), layout, current) if current.fits and names else None
+
+
+# "micro-batch 16 -> 8", "token budget 8192 -> 4096 per GPU": a setting, its old and new value
+_CHANGE = re.compile(r"(?P<what>.+?) (?P<old>\S+) -> (?P<new>\S+)(?P<rest>.*)")
+
+
+def chain_name(names: list[str]) -> str:
+    """A chain's changes in words, joined by ``+``; a setting the chain changes twice reads as
+    one change from its first value to its last (``micro-batch 16 -> 8`` then ``8 -> 4``:
+    ``micro-batch 16 -> 4``), in the place of its first step."""
+    out: list[str] = []
+    for name in names:
+        step = _CHANGE.fullmatch(name)
+        for i, done in enumerate(out):
+            before = _CHANGE.fullmatch(done)
+            if step and before and before["new"] == step["old"] and \
+                    (before["what"], before["rest"]) == (step["what"], step["rest"]):
+                out[i] = f"{step['what']} {before['old']} -> {step['new']}{step['rest']}"
+                break
+        else:
+            out.append(name)
+    return " + ".join(out)
 
 
 def mitigations(job: JobContext, policy: MemoryPolicy = DEFAULT_POLICY

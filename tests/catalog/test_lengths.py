@@ -98,7 +98,14 @@ def test_the_default_is_the_published_runs_band_and_says_so():
     direct = default_lengths(4096, "Llama-3.1-8B")
     # instruct and base models answer in a few hundred to ~1.5k tokens whatever the cap
     assert 300 < direct.start_tokens < direct.end_tokens < 1600
-    assert default_lengths(512, "Llama-3.1-8B").end_tokens == 512  # cut at the maximum
+    # under a maximum near or below them, the published means are cut as exponential lengths
+    # are, E[min(L, M)] = mean (1 - exp(-M / mean)): not every response at the maximum (100%)
+    short = default_lengths(512, "Qwen2.5-7B")
+    assert (short.start_tokens, short.end_tokens) == (round(544 * (1 - np.exp(-512 / 544))),
+                                                      round(1344 * (1 - np.exp(-512 / 1344))))
+    assert (short.start_tokens, short.end_tokens) == (332, 426)  # 65% -> 83% of the maximum
+    assert "their 544->1344 tokens cut at this maximum" in short.sentence()
+    assert "cut at" not in default_lengths(16384, "Qwen2.5-7B").sentence()
     sentence = thinking.sentence()
     assert sentence.startswith("assumed mean response 69%->79% of max")
     assert "published" in sentence and "grpo_runs.csv" in sentence
@@ -200,3 +207,17 @@ def test_lengths_from_a_run_log(tmp_path, capsys):
     text = [arg for arg in PLAN if arg not in ("--format", "json")]
     assert main(text + ["--lengths-from", str(run)]) == 0
     assert " (mean 200) + response " in capsys.readouterr().out
+
+
+def test_lengths_from_a_run_with_a_smaller_maximum_says_the_means_may_grow(tmp_path, capsys):
+    from fixtures.verl_runs import run_records, write_jsonl
+
+    # the run (row 62) cut responses at 8192 tokens (clip_ratio > 0, response_length/max 8192)
+    run = write_jsonl(tmp_path / "run.jsonl", run_records(62, steps=10, mean=1500))
+    text = [arg for arg in PLAN if arg not in ("--format", "json", "--response-length", "8192")]
+    assert main(text + ["--response-length", "16384", "--lengths-from", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert "note: --lengths-from: the run's means were measured with responses cut at 8192 " \
+           "tokens" in err and "under --response-length 16384 they may grow" in err
+    assert main(text + ["--response-length", "8192", "--lengths-from", str(run)]) == 0
+    assert "may grow" not in capsys.readouterr().err  # the run's own maximum: nothing to say

@@ -111,7 +111,7 @@ def test_the_top_predicted_layouts_oom_and_the_study_finds_and_writes_a_success(
     out, err = capsys.readouterr()
     study = load_study(sqlite_url(tmp_path))
     done = [t for t in study.get_trials() if attrs.CATEGORY in t.user_attrs]
-    assert len(done) == 6 and "6 trials measured (6 trials measured)" in out  # budget spent
+    assert len(done) == 6 and "6 trials measured (the --trials 6 budget)" in out  # budget spent
     by_key = {t.user_attrs[attrs.KEY]: t for t in done}
     first = min(done, key=lambda t: t.number)
     assert first.user_attrs[attrs.KEY] == top[0].key

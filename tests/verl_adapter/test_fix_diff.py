@@ -5,6 +5,7 @@ import json
 import pytest
 
 from planner.cli.main import main
+from planner.diagnose.fix import chain_name
 
 pytestmark = pytest.mark.needs("verl")
 
@@ -54,6 +55,23 @@ def test_fix_lists_fitting_mitigations_and_writes_a_job_that_validates(tmp_path,
     # the chain is cheaper than any single change that is not enough alone
     assert not any(m["fits"] for m in result["mitigations"][1:])
     assert main(["validate", str(out / "run_grpo.sh"), "--gpu-type", "h100"]) == 0
+
+
+def test_a_chain_that_changes_a_setting_twice_names_it_once(tmp_path, capsys):
+    # the greedy chain halves the micro-batch twice (16 -> 8, then 8 -> 4): one change, 16 -> 4
+    assert main(["fix", script(tmp_path, micro=16), "--gpu-type", "h100", "--format",
+                 "json"]) == 0
+    chain = json.loads(capsys.readouterr().out)["mitigations"][0]
+    assert chain["fits"] and chain["change"].startswith("micro-batch 16 -> 4 + "), chain["change"]
+    assert chain["change"].count("micro-batch") == 1
+
+
+def test_chain_name_joins_the_steps_of_one_setting():
+    assert chain_name(["recompute none -> selective", "reference offload",
+                       "recompute selective -> full"]) == "recompute none -> full + reference offload"
+    assert chain_name(["token budget 8192 -> 4096 per GPU", "token budget 4096 -> 2048 per GPU",
+                       "TP 1 -> 2", "PP 1 -> 2"]) == \
+        "token budget 8192 -> 2048 per GPU + TP 1 -> 2 + PP 1 -> 2"
 
 
 def test_fix_orders_single_mitigations_by_step_time(tmp_path, capsys):
