@@ -85,7 +85,7 @@ KEEP_NOT_FITTING = 2000  # layouts that do not fit a plan keeps (smallest peak f
 FILL_ROWS = 50  # best fitting layouts a plan prices the memory band's headroom for
 CHOICE_CELLS = 1 << 19  # (rollout option, resident size) pairs choose_rollout scores at once
 # rows whose memory columns a plan read at its head computes at once (score_rows)
-SCORE_CHUNK_ROWS = 1 << 18
+SCORE_CHUNK_ROWS = 1 << 16
 
 
 @dataclass
@@ -788,9 +788,12 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
         order = first_in_order(scored, keep)
         tied = np.zeros(len(scored["tp"]), dtype=bool)
     else:
-        # of the layouts that do not fit, only as many as the frame keeps are sorted
+        # of the layouts that do not fit, only as many as the frame keeps are sorted (of
+        # those that do, without counting the ties, only the first ``keep`` of the strict
+        # ranking: the ties timed are the first rows, or every tie)
         order, tied = tie_order(scored, tolerance, request.policy,
-                                misses=KEEP_NOT_FITTING if keep is None else keep)
+                                misses=KEEP_NOT_FITTING if keep is None else keep,
+                                first=None if counted else keep)
         if keep is not None and counted:
             # the frame keeps the first ``keep`` rows; the tie count stays every layout's
             # (``--write --rank`` after ``--mode best`` keeps RANKS_KEPT rows of a plan with
