@@ -357,12 +357,17 @@ class ScoredRows:
         values = self.times[name]
         if at is None:  # every row was timed
             return values if rows is None else values[rows]
-        floating = np.issubdtype(np.asarray(values).dtype, np.floating)
-        # one gather from the timed values with the fill appended (position -1 reads it)
-        padded = np.empty(len(values) + 1, dtype=np.float64 if floating else np.int64)
-        padded[:-1] = values
-        padded[-1] = np.nan if floating else -1
-        return padded[at]
+        return _spread(values, at)
+
+
+def _spread(values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Timed ``values`` at positions ``at`` (-1: an untimed row, which reads NaN, or -1 for a
+    whole-number column): one gather from the values with the fill appended."""
+    floating = np.issubdtype(np.asarray(values).dtype, np.floating)
+    padded = np.empty(len(values) + 1, dtype=np.float64 if floating else np.int64)
+    padded[:-1] = values
+    padded[-1] = np.nan if floating else -1
+    return padded[at]
 
 
 @dataclass(frozen=True)
@@ -434,16 +439,18 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     flags, and the middle of the run's step time of those that fit), and of each chunk only
     what the ranking and the pruning read is kept (:data:`RANKING_COLUMNS`, the step time
     and the weight sync's time at the middle of the run): the memory columns of millions of
-    rows are never held at once.  The other columns are computed again for the rows timed
-    at every point and for those a caller takes (:attr:`ScoredRows.rest`).  Each row's
-    columns are its own alone, so the values are those of one pass over every row.
+    rows are never held at once.  The rows that can lead are timed at every point a quarter
+    chunk at a time (:func:`_pieces`), keeping their step time alone (the ranking's).  The
+    other columns, time columns included, are computed again for the rows timed at every
+    point and for those a caller takes (:attr:`ScoredRows.rest`).  Each row's columns are
+    its own alone, so the values are those of one pass over every row.
     """
     if isinstance(time_rows, str) and time_rows not in ("all", "fitting"):
         raise ValueError(f"time_rows {time_rows!r}: valid are 'all', 'fitting' or a Head")
     head = time_rows if isinstance(time_rows, Head) else None
     actor = actor_memory(request, cols) if actor is None else actor
     n = len(cols["tp"])
-    size = n if head is None else max(SCORE_CHUNK_ROWS, 1)
+    size = max(n if head is None else SCORE_CHUNK_ROWS, 1)  # no rows: one empty pass
     whole = size >= n
     moving = head is not None and _moving(request)
     middle_at = _middle_request(request) if moving else None
@@ -459,18 +466,17 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
         kept.append(out if whole else {name: out[name] for name in RANKING_COLUMNS})
         if moving:
             # every layout that fits timed at the middle of the run (the pruning's bound)
-            subset = out if timed.all() else RowsAt(out, np.flatnonzero(timed))
-            groups = StepGroups.of(subset, subset)
+            fitting = np.flatnonzero(timed)
             if not head.count_ties:
                 # or at every point, of which the expected step time alone is kept: the head
                 # is then found from every row's own (the bound is the value)
-                middles.append({EXPECTED: expected_over_run([
-                    step_columns(request_at(request, point), subset, subset, groups)
-                    ["step_time_s"] for point in node_lengths(request.workload.lengths)])})
-                continue
-            middle = step_columns(middle_at, subset, subset, groups)
-            middles.append(middle if whole else {
-                name: middle[name] for name in ("step_time_s", time_column("weight_sync"))})
+                middles.append(_pieces(fitting, lambda rows, out=out: {
+                    EXPECTED: _expected_s(request, RowsAt(out, rows))}, (EXPECTED,))[1])
+            elif whole:
+                middles.append(_step_at(middle_at, out if timed.all() else RowsAt(out, fitting)))
+            else:  # a piece at a time, keeping the two columns the pruning reads
+                middles.append(_pieces(fitting, lambda rows, out=out: _step_at(
+                    middle_at, RowsAt(out, rows)), MIDDLE_COLUMNS)[1])
     timed = timed_parts[0] if whole else np.concatenate(timed_parts)
     untimed = kept[0] if whole else {**cols, **{name: np.concatenate([part[name] for part in kept])
                                                for name in RANKING_COLUMNS}}
@@ -497,9 +503,74 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
         if whole and expected is None:
             known = (middle_at, {name: values[leads] if np.ndim(values) else values
                                  for name, values in middle.items()})
-    # each column gathered when the step reads it (a few dozen of about a hundred)
-    subset = rows_at(index)
-    # each phase timed once per distinct row of what it reads, at every point of the run
+    rest = None
+    if whole:
+        # each column gathered when the step reads it (a few dozen of about a hundred)
+        times = _step_over_run(request, rows_at(index), known)
+        time_names = list(times)
+    else:
+        # timed a piece at a time, keeping the step time the ranking reads; the other time
+        # columns are computed again for the rows taken (``rest``)
+        time_names, times = _pieces(index, lambda rows: _step_over_run(request, rows_at(rows)),
+                                    ("step_time_s",))
+
+        def rest(rows: np.ndarray) -> Mapping:
+            """Every column of the rows ``rows``, the time columns of the timed ones among them
+            timed again (an untimed row's NaN, or -1)."""
+            out = rows_at(rows)
+            mine = timed[rows]
+            at = np.full(len(rows), -1, dtype=np.int64)
+            at[mine] = np.arange(int(np.count_nonzero(mine)))
+            step = _step_over_run(request, out.at(np.flatnonzero(mine)))
+            return ChainMap({name: _spread(step[name], at) for name in time_names}, out)
+    names = [*cols, *memory_names, *time_names]
+    names += [flag_column(name) for name in UNWISE_FLAGS] + ["unwise_count"]
+    untimed = {name: values for name, values in untimed.items() if name not in time_names}
+    return ScoredRows(untimed, dict(times), timed, tuple(dict.fromkeys(names)), rest)
+
+
+# the middle of the run's columns the head's pruning reads (_rows_that_can_lead)
+MIDDLE_COLUMNS = ("step_time_s", time_column("weight_sync"))
+
+
+def _pieces(index: np.ndarray, compute: Callable[[np.ndarray], Mapping],
+            keep: tuple[str, ...]) -> tuple[list[str], Columns]:
+    """``compute(rows)`` on consecutive pieces of ``index`` of a quarter of
+    :data:`SCORE_CHUNK_ROWS` rows each (once on no rows when ``index`` is empty), keeping of
+    each piece the columns ``keep`` alone: the names of every column, and the kept ones of
+    every row of ``index``.  The step's some 45 time columns at three points of the run are
+    never held for every timed row at once.  A row's columns are its own alone, so the
+    values are those of one call on every row."""
+    piece = max(SCORE_CHUNK_ROWS // 4, 1)
+    names, parts = None, []
+    for start in range(0, max(len(index), 1), piece):
+        columns = compute(index[start:start + piece])
+        names = list(columns) if names is None else names
+        parts.append({name: np.asarray(columns[name]) for name in keep})
+    return names, {name: np.concatenate([part[name] for part in parts]) for name in keep}
+
+
+def _step_at(at: PlanRequest, subset: Mapping) -> Columns:
+    """The step's time columns of the rows ``subset`` at one point of the run, each phase
+    timed once per distinct row of what it reads (:class:`planner.cost.timing.StepGroups`)."""
+    return step_columns(at, subset, subset, StepGroups.of(subset, subset))
+
+
+def _expected_s(request: PlanRequest, subset: Mapping) -> np.ndarray:
+    """The run's expected step time of the rows ``subset`` alone (``step_time_s`` of
+    :func:`_step_over_run`, the same sum of the same values), the groups found once for
+    every point."""
+    groups = StepGroups.of(subset, subset)
+    return expected_over_run([step_columns(request_at(request, point), subset, subset, groups)
+                              ["step_time_s"] for point in node_lengths(request.workload.lengths)])
+
+
+def _step_over_run(request: PlanRequest, subset: Mapping,
+                   known: tuple | None = None) -> Columns:
+    """The run's expected step time columns of the rows ``subset`` and the step time at its
+    first and last step (:func:`planner.cost.trajectory.step_columns_over_run`), each phase
+    timed once per distinct row of what it reads, the groups found once for every point;
+    ``known``: (a point of the run, the rows' step columns there) already computed."""
     groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
 
     def evaluate(at: PlanRequest) -> Columns:
@@ -507,13 +578,7 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
             return known[1]
         return step_columns(at, subset, subset, groups)
 
-    # the run's expected step time, and the step time at its first and last step
-    times = step_columns_over_run(request, evaluate)
-    names = [*cols, *memory_names, *times]
-    names += [flag_column(name) for name in UNWISE_FLAGS] + ["unwise_count"]
-    untimed = {name: values for name, values in untimed.items() if name not in times}
-    return ScoredRows(untimed, dict(times), timed, tuple(dict.fromkeys(names)),
-                      None if whole else rows_at)
+    return step_columns_over_run(request, evaluate)
 
 
 def _moving(request: PlanRequest) -> bool:

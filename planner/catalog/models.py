@@ -185,6 +185,21 @@ class ModelSpec:
         the bridge builds them (Megatron-Bridge's GPTOSSProvider: ``add_bias_linear=True``)."""
         return self.expert_bias or self.attention_o_bias
 
+    def __hash__(self) -> int:
+        # the dataclass's hash of every field, computed once: the cost model's caches look a
+        # model up thousands of times (a sizing sweep), and each hash walks its layer list
+        return self._field_hash
+
+    @cached_property
+    def _field_hash(self) -> int:
+        # the fields the dataclass's own hash reads (those compared, unless hash= says)
+        return hash(tuple(getattr(self, f.name) for f in fields(self)
+                          if (f.compare if f.hash is None else f.hash)))
+
+    def __getstate__(self) -> dict:
+        # a cached hash of strings is this process's: a copy made elsewhere computes its own
+        return {name: value for name, value in self.__dict__.items() if name != "_field_hash"}
+
     @cached_property  # a function of the frozen fields: computed once (the cost model asks often)
     def num_moe_layers(self) -> int:
         return sum(layer.mlp is MlpKind.MOE for layer in self.layers)

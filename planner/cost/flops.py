@@ -100,6 +100,13 @@ def _mamba_matmul(model: ModelSpec) -> float:
 
 def linear_params_per_token(model: ModelSpec) -> dict[str, float]:
     """Matmul parameters one token passes through, per layer class (norms excluded)."""
+    return dict(_linear_params_per_token(model))
+
+
+@lru_cache(maxsize=32)
+def _linear_params_per_token(model: ModelSpec) -> dict[str, float]:
+    """:func:`linear_params_per_token`, computed once per model (the time model asks for it
+    at every call; read-only: callers get a copy)."""
     h = model.hidden_size
     mlp_matrices = 3 if model.gated_mlp else 2
     moe = moe_params(model) if model.is_moe else {"active_experts": 0, "shared": 0, "latent": 0}
@@ -181,8 +188,10 @@ def recurrent_flops_per_token(model: ModelSpec, layer: LayerSpec) -> float:
     return 0.0
 
 
+@lru_cache(maxsize=32)
 def _mixer_groups(model: ModelSpec) -> dict[tuple[MixerKind, int], int]:
-    """Layers per (mixer kind, window), in layer order of first appearance."""
+    """Layers per (mixer kind, window), in layer order of first appearance (a loop over the
+    layers, once per model; read-only)."""
     counts: dict[tuple[MixerKind, int], int] = {}
     for layer in model.layers:
         key = (layer.mixer, layer.window)
@@ -235,11 +244,18 @@ def decode_mixing_flops_per_token(model: ModelSpec, context) -> np.ndarray:
 def mixing_flops_per_layer(model: ModelSpec, sequences, seq_len) -> np.ndarray:
     """Forward token-mixing FLOPs of a mean layer for ``sequences`` sequences of ``seq_len``
     tokens (a transformer's: the attention core of one layer)."""
-    if all(layer.mixer.kv_grows for layer in model.layers):
+    if kv_grows_only(model):
         return attention_core_flops_per_layer(model, sequences * np.asarray(seq_len) ** 2)
     return sequences * mixing_flops_per_sequence(model, seq_len) / model.num_layers
 
 
+@lru_cache(maxsize=32)
+def kv_grows_only(model: ModelSpec) -> bool:
+    """Every layer full attention or MLA (a loop over the layers, once per model)."""
+    return all(layer.mixer.kv_grows for layer in model.layers)
+
+
+@lru_cache(maxsize=32)
 def mixer_matmul_per_layer(model: ModelSpec) -> float:
     """Mean token-mixer matmul parameters per layer (attention, Gated DeltaNet or Mamba-2
     projections; none for an MLP-only layer): what a stage's mixers cost per layer when it
@@ -266,7 +282,7 @@ def forward_flops(model: ModelSpec, tokens, seq_len_squared) -> np.ndarray:
     tokens = np.asarray(tokens, dtype=np.float64)
     squares = np.asarray(seq_len_squared, dtype=np.float64)
     per_token = 2.0 * active_linear_params_per_token(model)
-    if not model.is_hybrid and all(layer.mixer.kv_grows for layer in model.layers):
+    if not model.is_hybrid and kv_grows_only(model):
         return tokens * per_token + model.num_layers * attention_core_flops_per_layer(model,
                                                                                      squares)
     s = np.divide(squares, tokens, out=np.zeros_like(squares), where=tokens > 0)
@@ -283,6 +299,7 @@ def training_flops(model: ModelSpec, tokens, seq_len_squared) -> np.ndarray:
 # verl's FlopsCounter convention
 
 
+@lru_cache(maxsize=32)
 def _verl_matmul_per_token(model: ModelSpec) -> float:
     quirks = VERL_QUIRKS.get(model.model_type, ())
     h = model.hidden_size

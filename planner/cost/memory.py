@@ -49,6 +49,7 @@ from planner.catalog.models import ModelSpec
 from planner.catalog.params import layer_params
 from planner.catalog.workload import RolloutEngine
 from planner.cost.columns import memory_column, part_column, working_set_column
+from planner.cost.flops import kv_grows_only
 from planner.cost.layer_kinds import (
     VLLM_BLOCK_SIZE,
     EngineCache,
@@ -386,11 +387,26 @@ def activation_bytes_per_layer(model: ModelSpec, cols: Columns, tokens: np.ndarr
     for field in fields[1:]:
         key = key * 8192 + field
     first, inverse = distinct(key)
-    few = {"tp": fields[0][first], "etp": fields[1][first],
-           "sequence_parallel": fields[2][first].astype(bool),
-           "recompute_modules": fields[4][first]}
-    per_token = activation_bytes_per_token(model, few, moe, fields[3][first], hidden_dropout)
+    # and once per model: a sizing sweep's plans ask for the same few combinations thousands
+    # of times (each value is the same element-wise arithmetic on one row as on many)
+    known = _per_token_memo(model, moe, hidden_dropout)
+    keys = key[first].tolist()
+    new = first[[i for i, value in enumerate(keys) if value not in known]]
+    if len(new):
+        few = {"tp": fields[0][new], "etp": fields[1][new],
+               "sequence_parallel": fields[2][new].astype(bool),
+               "recompute_modules": fields[4][new]}
+        values = activation_bytes_per_token(model, few, moe, fields[3][new], hidden_dropout)
+        known.update(zip(key[new].tolist(), np.asarray(values, dtype=np.float64).tolist()))
+    per_token = np.array([known[value] for value in keys], dtype=np.float64)
     return _f(tokens) * per_token[inverse]
+
+
+@lru_cache(maxsize=64)
+def _per_token_memo(model: ModelSpec, moe: bool, hidden_dropout: bool) -> dict[int, float]:
+    """:func:`activation_bytes_per_token` of one model by :func:`activation_bytes_per_layer`'s
+    key of the fields it reads, filled as they are asked for."""
+    return {}
 
 
 def activation_bytes_per_token(model: ModelSpec, cols: Columns, moe: bool,
@@ -476,28 +492,43 @@ def activation_bytes_per_token(model: ModelSpec, cols: Columns, moe: bool,
     return np.where(full, layer_input, per_token)
 
 
-def _layer_activations(model, cols, tokens, ranks: RankLayers, recompute):
-    """What the layers of a rank keep for backward (``recompute``: the level)."""
-    per_dense = activation_bytes_per_layer(model, cols, tokens, moe=False, recompute=recompute)
-    total = ranks.dense * per_dense
-    if model.is_moe:
-        per_moe = activation_bytes_per_layer(model, cols, tokens, moe=True, recompute=recompute)
-        total = total + ranks.moe * per_moe
-    return total
+@dataclass(frozen=True)
+class LayerActivations:
+    """What one dense and one MoE layer keep for backward on one GPU, per row
+    (:func:`activation_bytes_per_layer`; ``moe`` None for a model without MoE layers): the
+    same on every pipeline stage, so computed once for a batch of layouts and read per
+    stage."""
+
+    dense: np.ndarray
+    moe: np.ndarray | None
+
+    @classmethod
+    def of(cls, model: ModelSpec, cols: Columns, tokens, recompute=0) -> "LayerActivations":
+        return cls(activation_bytes_per_layer(model, cols, tokens, False, recompute),
+                   activation_bytes_per_layer(model, cols, tokens, True, recompute)
+                   if model.is_moe else None)
+
+    def on_rank(self, ranks: RankLayers) -> np.ndarray:
+        """What the layers of a rank keep for backward."""
+        total = ranks.dense * self.dense
+        if self.moe is not None:
+            total = total + ranks.moe * self.moe
+        return total
+
+    def working_set(self, ranks: RankLayers) -> np.ndarray:
+        """One layer's full activations (these being a layer's without recompute): what
+        recompute or a forward-only pass holds at a time."""
+        dense = np.where(ranks.dense > 0, self.dense, 0)
+        if self.moe is None:
+            return dense
+        return np.maximum(dense, np.where(ranks.moe > 0, self.moe, 0))
 
 
-def _working_set(model, cols, tokens, dense_layers, moe_layers):
-    """One layer's full activations: what recompute or a forward-only pass holds at a time."""
-    dense = np.where(dense_layers > 0, activation_bytes_per_layer(model, cols, tokens, False), 0)
-    if not model.is_moe:
-        return dense
-    moe = np.where(moe_layers > 0, activation_bytes_per_layer(model, cols, tokens, True), 0)
-    return np.maximum(dense, moe)
-
-
-def kept_activations(model, cols, tokens, ranks: RankLayers):
+def kept_activations(cols, ranks: RankLayers, none: LayerActivations,
+                     kept_per_layer: LayerActivations):
     """(bytes one micro-batch leaves for backward on a rank, bytes the recompute of one chunk
-    adds while it runs).
+    adds while it runs), from a layer's activations without recompute (``none``) and at the
+    rows' recompute level (``kept_per_layer``).
 
     Full recompute (megatron-core ``recompute_granularity=full``): ``uniform`` keeps the input
     of every chunk of ``recompute_num_layers`` layers and recomputes a whole chunk at a time;
@@ -509,9 +540,9 @@ def kept_activations(model, cols, tokens, ranks: RankLayers):
     chunk = np.maximum(_f(cols.get("recompute_num_layers", np.ones(n))), 1)
     block = np.asarray(cols.get("recompute_block", np.zeros(n))).astype(bool)
     vpp = _f(cols["vpp"])
-    none = _layer_activations(model, cols, tokens, ranks, np.zeros(n))
-    kept = _layer_activations(model, cols, tokens, ranks, recompute)
-    working = _working_set(model, cols, tokens, ranks.dense, ranks.moe)
+    working = none.working_set(ranks)
+    none = none.on_rank(ranks)
+    kept = kept_per_layer.on_rank(ranks)
     full = recompute == 2
     uniform_kept = np.ceil(layers / chunk) * (kept / np.maximum(layers, 1))
     recomputed = np.minimum(chunk * vpp, layers)
@@ -658,7 +689,7 @@ def decode_cache_bytes(model: ModelSpec, cols: Columns, workload, context) -> np
     (:func:`planner.cost.layer_kinds.decode_bytes_per_step`: a window's last ``w`` tokens, a
     Gated DeltaNet / Mamba state read and written)."""
     growing = _f(context) * kv_bytes_per_token(model, cols, workload)
-    if _grows_only(model):
+    if kv_grows_only(model):
         return growing
 
     def fixed(tp: int) -> float:
@@ -670,11 +701,6 @@ def decode_cache_bytes(model: ModelSpec, cols: Columns, workload, context) -> np
     return growing + _per_rollout_tp(cols, fixed)
 
 
-def _grows_only(model: ModelSpec) -> bool:
-    """Every layer full attention or MLA: the cache is the growing K/V alone."""
-    return all(layer.mixer.kv_grows for layer in model.layers)
-
-
 def sequence_state_tokens(model: ModelSpec, cols: Columns, workload, seq_len) -> np.ndarray:
     """What a sequence of ``seq_len`` tokens keeps beside its growing K/V, in tokens of that
     K/V (so that ``kv_cache_tokens_per_gpu`` stays the pool over the growing bytes per token):
@@ -683,7 +709,7 @@ def sequence_state_tokens(model: ModelSpec, cols: Columns, workload, seq_len) ->
     hybrid alignment enlarged the block beyond its 16 tokens (``kv_cache_layout``).  Zero for
     a model of full-attention/MLA layers only (its rounding to 16-token pages, under 0.2% of an
     8K sequence, is left out as before)."""
-    if _grows_only(model):
+    if kv_grows_only(model):
         return np.zeros(len(cols["rollout_tp"]))
 
     def tokens(tp: int) -> float:
@@ -906,6 +932,10 @@ def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
     dense_shards, expert_shards = optimizer_shards(cluster, cols)
     mtp_owned = mtp_dense / dense_shards + mtp_expert / expert_shards
     mtp_kept, mtp_logits = mtp_training_bytes(model, workload, cols, train_tokens)
+    # a layer's activations are the same on every stage: computed once, read per stage
+    train_none = LayerActivations.of(model, cols, train_tokens)
+    train_kept = LayerActivations.of(model, cols, train_tokens, cols["recompute"])
+    forward_none = LayerActivations.of(model, cols, forward_tokens)
     out = []
     for ranks, (non_expert, expert), params in zip(
             all_ranks, actor_params_per_gpu(model, cols, all_ranks), owned):
@@ -913,8 +943,8 @@ def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
         params = params + np.where(ranks.head, mtp_owned, 0)
         # judged at the maximum length (planner.search.batches.MicroBatches.memory_count)
         in_flight = in_flight_stage_equivalents(cols, update.memory_count, ranks.rank)
-        kept, recompute_working = kept_activations(model, cols, train_tokens, ranks)
-        working = _working_set(model, cols, forward_tokens, ranks.dense, ranks.moe)
+        kept, recompute_working = kept_activations(cols, ranks, train_none, train_kept)
+        working = forward_none.working_set(ranks)
         is_first, is_last = ranks.embedding, ranks.head
         embedding_inputs = np.where(is_first, TOKEN_ID_BYTES * train_tokens * in_flight, 0)
         weights = WEIGHT_BYTES * held

@@ -64,6 +64,7 @@ are booked with the weight sync.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -88,7 +89,7 @@ from planner.cost.layer_kinds import weight_sync_tensors
 from planner.cost.memory import (
     MAIN_GRAD_BYTES,
     WEIGHT_BYTES,
-    activation_bytes_per_layer,
+    LayerActivations,
     actor_params_per_gpu,
     cpu_fraction,
     decode_cache_bytes,
@@ -219,10 +220,11 @@ def _stage_compute_s(request: PlanRequest, cols: Columns, shape: TrainShape):
     core = (mixing_flops_per_layer(model, sequences, shape.seq_len) / (tp * cp)
             / (cluster.gpu.bf16_flops * eff.attention))
     hbm = cluster.gpu.hbm_bandwidth_bytes_per_s
-    elementwise_dense = (eff.elementwise_passes / hbm
-                         * activation_bytes_per_layer(model, cols, tokens, moe=False))
-    elementwise_moe = (eff.elementwise_passes / hbm
-                       * activation_bytes_per_layer(model, cols, tokens, moe=True)
+    # a layer's activation bytes per token: of the layouts alone (the run's points share them)
+    per_token = of_layouts(cols, "activations_per_token", model,
+                           lambda: LayerActivations.of(model, cols, 1.0))
+    elementwise_dense = eff.elementwise_passes / hbm * (tokens * per_token.dense)
+    elementwise_moe = (eff.elementwise_passes / hbm * (tokens * per_token.moe)
                        if model.is_moe else elementwise_dense)
     per_dense = attention_layer + mlp_layer + core + elementwise_dense + eff.layer_overhead_s
     per_moe = attention_layer + moe_layer + core + elementwise_moe + eff.layer_overhead_s
@@ -412,6 +414,12 @@ EULER_GAMMA = 0.5772156649
 DRAFT_HEAD_KERNELS = 7
 
 
+@lru_cache(maxsize=32)
+def _sub_blocks(model: ModelSpec) -> int:
+    """The mixer and feed-forward blocks of every layer (one norm each), once per model."""
+    return sum(layer.norms for layer in model.layers)
+
+
 def longest_response(mean_tokens, max_tokens, sequences) -> np.ndarray:
     """Expected longest of ``sequences`` responses: lengths roughly exponential with the given
     mean (the order statistic ``mean * H_n ~ mean * (ln n + gamma)``), cut at the maximum.  The
@@ -455,7 +463,7 @@ def decode_step_s(request: PlanRequest, cols: Columns, batch, context
     latency = np.where(inside, ALLREDUCE_LATENCY_NVLINK_S, ALLREDUCE_LATENCY_NETWORK_S)
     # one all-reduce after each row-parallel block: the mixer and the feed-forward block of a
     # layer (Nemotron-H's layers hold one of them each)
-    tp_allreduce = np.where(rtp > 1, sum(layer.norms for layer in model.layers)
+    tp_allreduce = np.where(rtp > 1, _sub_blocks(model)
                             * (latency + 2 * batch * model.hidden_size * WEIGHT_BYTES
                                / link_bandwidth(cluster, eff, rtp)), 0.0)
     # expert parallel: dispatch + combine of the batch's k token copies per MoE layer
@@ -582,6 +590,7 @@ def generate_s(request: PlanRequest, cols: Columns, memory: Columns) -> dict[str
             "latency_s": steps * step["latency_s"]}
 
 
+@lru_cache(maxsize=32)
 def tensor_count(model: ModelSpec) -> int:
     """Tensors a Hugging Face checkpoint of the model holds (what verl exports one by one):
     per layer q, k, v, o, two norms (+ q/k norms), gate, up, down; an MoE layer's router and
@@ -769,6 +778,17 @@ class StepGroups:
                    DistinctRows.of(rollout, GENERATE_FIELDS))
 
 
+def _booked(phase: dict) -> dict:
+    """A training pass's parts as the step books them: compute with the optimizer's step (on
+    the GPU and on the host), exposed communication with the gradients' data-parallel traffic,
+    the bubble, the host's latency and the total.  Summed on a group's distinct rows before
+    they are spread over every row (the same element-wise sums)."""
+    return {"compute_s": phase["compute_s"] + phase.get("optimizer_s", 0.0)
+            + phase.get("cpu_optimizer_s", 0.0),
+            "comm_s": phase["comm_s"] + phase.get("dp_comm_s", 0.0),
+            "bubble_s": phase["bubble_s"], "host_s": phase["host_s"], "total_s": phase["total_s"]}
+
+
 def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
               groups: StepGroups | None = None) -> Columns:
     """Seconds per GRPO phase and per step, tokens/s/GPU (verl's definition) and actor MFU,
@@ -781,8 +801,8 @@ def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
     n = len(cols["tp"])
     sequences = workload.sequences_per_step
     groups = StepGroups.of(cols, memory) if groups is None else groups
-    log_prob = groups.log_prob.spread(log_prob_phase_s(request, groups.log_prob.rows))
-    update = groups.update.spread(update_phase_s(request, groups.update.rows))
+    log_prob = groups.log_prob.spread(_booked(log_prob_phase_s(request, groups.log_prob.rows)))
+    update = groups.update.spread(_booked(update_phase_s(request, groups.update.rows)))
     few = groups.generate.rows
     gen = groups.generate.spread(generate_s(request, few, few))
     sync = weight_sync_s(request, cols)
@@ -801,9 +821,7 @@ def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
     zero = np.zeros(n)
 
     def training(phase: dict, host) -> dict:
-        return {"compute_s": phase["compute_s"] + phase.get("optimizer_s", 0.0)
-                + phase.get("cpu_optimizer_s", 0.0),
-                "comm_s": phase["comm_s"] + phase.get("dp_comm_s", 0.0),
+        return {"compute_s": phase["compute_s"], "comm_s": phase["comm_s"],
                 "bubble_s": phase["bubble_s"], "host_transfer_s": host,
                 "latency_s": phase["host_s"] + zero}
 
@@ -840,7 +858,7 @@ def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
     out["decode_steps"] = gen["decode_steps"]
     out["kv_holds_sequence"] = gen["kv_holds_sequence"]
     out["update_bubble_s"] = update["bubble_s"]
-    out["update_comm_s"] = update["comm_s"] + update.get("dp_comm_s", 0.0)
+    out["update_comm_s"] = update["comm_s"]
     stack = np.stack([times[p] for p in PHASES])
     out["dominant_phase"] = stack.argmax(axis=0)
     return out

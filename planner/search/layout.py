@@ -12,7 +12,6 @@ so a single layout and a search space of millions go through the same code.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
@@ -303,57 +302,103 @@ def _codes(values: np.ndarray) -> tuple[np.ndarray, int]:
     return inverse, len(first)
 
 
-# From this many values on, :func:`distinct` hashes them with ``pandas.factorize`` (linear):
-# there the hashing saves more than importing pandas costs (DeepSeek-V3 on 1,024 GPUs: 1.6
-# million rows, about 0.8 s of sorting and binary search against 0.45 s of import); below it,
-# numpy alone, and a small plan's default path does not import pandas -- unless pandas is
-# imported already (a frame was built: JSON, ``--mode best``, a sizing sweep), when hashing
-# costs nothing more.
-HASHED_VALUES = 1 << 20
+# From this many values on, :func:`distinct` hashes them (:func:`_first_equal`, linear); below
+# it, a sort costs as little and numpy's sort paths serve.
+HASHED_VALUES = 1 << 12
 
 
 def _hashed(count: int) -> bool:
-    """Whether :func:`distinct` hashes ``count`` values (``pandas.factorize``)."""
-    return count >= HASHED_VALUES or "pandas" in sys.modules
+    """Whether :func:`distinct` hashes ``count`` values (:func:`_first_equal`)."""
+    return count >= HASHED_VALUES
 
 
 def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(first, inverse)``: the index of the first occurrence of each distinct value (in order
     of appearance) and, per element, the position of its value in ``first`` --
-    ``values[first][inverse] == values`` (int64 both).
+    ``values[first][inverse] == values`` (int64 both): ``pandas.factorize``'s coding (0.0 and
+    -0.0 one value), without importing pandas (about 0.3 s of CPU and 40 MB).
 
-    :data:`HASHED_VALUES` values or more, or any number once pandas is imported, are hashed
-    (``pandas.factorize``).  Others go through numpy, to the same result: integers spanning at
-    most a few times as many values as there are elements through a table indexed by value
-    (linear); other integers and floats through a plain ``np.sort`` (vectorised, unlike an
-    argsort) and a binary search of each value among the distinct ones; complex numbers as the
-    pair of their parts' codes.  NaN is never passed (pandas would code it -1; numpy's path
-    takes ``np.unique`` for it, one value).
+    Integers spanning at most a few times as many values as there are elements go through a
+    table indexed by value (linear).  Other numbers, :data:`HASHED_VALUES` of them or more, are
+    hashed (:func:`_first_equal`, linear); fewer go through a plain ``np.sort`` (vectorised,
+    unlike an argsort) and a binary search of each value among the distinct ones, complex
+    numbers as the pair of their parts' codes.  Anything else (strings) goes through
+    ``np.unique``.  NaN is never passed (pandas would code it -1; numpy's path takes
+    ``np.unique`` for it, one value).
     """
     values = np.asarray(values)
     n = len(values)
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     kind = values.dtype.kind
-    if _hashed(n):
-        import pandas as pd
-
-        codes, uniques = pd.factorize(values)
-        return _by_position(codes.astype(np.int64), len(uniques))
-    if kind == "c":
-        real, real_of = distinct(values.real)
-        imag, imag_of = distinct(values.imag)
-        return distinct(real_of * len(imag) + imag_of)
     if kind in "biu":
         low, high = int(values.min()), int(values.max())
         span = high - low + 1
         if span <= 4 * n + (1 << 16):
             return _by_position(values.astype(np.int64) - low, span)
-    elif kind != "f" or np.isnan(values).any():
+    nan = kind in "fc" and bool(np.isnan(values).any())
+    if kind in "biufc" and not nan and _hashed(n):
+        first_equal = _first_equal(_hash_keys(values))
+        own = first_equal == np.arange(n)  # the first occurrences, in order
+        position = np.cumsum(own) - 1
+        return np.flatnonzero(own), position[first_equal]
+    if kind == "c":
+        real, real_of = distinct(values.real)
+        imag, imag_of = distinct(values.imag)
+        return distinct(real_of * len(imag) + imag_of)
+    if nan or kind not in "biuf":
         _, index, inverse = np.unique(values, return_index=True, return_inverse=True)
         return _by_position(inverse.reshape(-1).astype(np.int64), len(index))
     present = sorted_distinct(values)
     return _by_position(np.searchsorted(present, values), len(present))
+
+
+# odd 64-bit multipliers of the hash (:func:`_first_equal`), one per level of collisions
+_HASH_MULTIPLIERS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
+                     0xD6E8FEB86659FD93)
+
+
+def _hash_keys(values: np.ndarray) -> list[np.ndarray]:
+    """Numbers as 64-bit patterns (a complex number as two), equal exactly when the numbers
+    are: a float plus 0.0 turns -0.0 into 0.0 and changes nothing else."""
+    if values.dtype.kind == "c":
+        return [*_hash_keys(values.real), *_hash_keys(values.imag)]
+    if values.dtype.kind == "f":
+        return [(values.astype(np.float64) + 0.0).view(np.uint64)]
+    return [values.astype(np.int64).view(np.uint64)]
+
+
+def _first_equal(keys: list[np.ndarray], level: int = 0) -> np.ndarray:
+    """Per row, the index of the first row whose ``keys`` (64-bit patterns) all equal its own.
+
+    Each row is hashed (multiplied by an odd constant, the top bits kept) into a table of at
+    least as many slots as rows; a slot holds its first row.  A row equal to its slot's first
+    row has found it: rows of one value share a slot, so the first row of the value is the
+    first row of the slot unless another value's row came first there.  The rows that differ
+    from their slot's first row (other values hashed to the slot) are the same question on
+    fewer rows, answered with the next multiplier: exact, linear while collisions are few."""
+    n = len(keys[0])
+    if level >= 4 * len(_HASH_MULTIPLIERS):  # collisions that do not thin out: sort them
+        _, index, inverse = np.unique(np.stack(keys, axis=1), axis=0, return_index=True,
+                                      return_inverse=True)
+        return index[inverse.reshape(-1)].astype(np.int64)
+    bits = max(4, n.bit_length())
+    multiplier = np.uint64(_HASH_MULTIPLIERS[level % len(_HASH_MULTIPLIERS)])
+    mixed = keys[0] * multiplier
+    for key in keys[1:]:
+        mixed ^= key
+        mixed *= multiplier
+    slot = mixed >> np.uint64(64 - bits)
+    owner = np.empty(1 << bits, dtype=np.int64)
+    owner[slot[::-1]] = np.arange(n - 1, -1, -1)  # of repeated slots the last write stays
+    first = owner[slot]
+    found = keys[0][first] == keys[0]
+    for key in keys[1:]:
+        found &= key[first] == key
+    if not found.all():
+        rest = np.flatnonzero(~found)
+        first[rest] = rest[_first_equal([key[rest] for key in keys], level + 1)]
+    return first
 
 
 def sorted_distinct(values: np.ndarray) -> np.ndarray:

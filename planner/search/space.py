@@ -362,23 +362,32 @@ def _with_batching(model: ModelSpec, workload: GrpoWorkload, options: SearchOpti
     and their token budget (``micro_batch`` longest sequences per CP rank, or the pinned one)."""
     n = len(actor["tp"])
     actor["sequence_parallel"] = actor["tp"] > 1
-    actor["distributed_optimizer"] = np.ones(n, dtype=bool)
+    actor["distributed_optimizer"] = constant_column(True, n)
     if "recompute" in actor:
         actor["recompute_modules"] = np.where(
             actor["recompute"] == RECOMPUTE.index("selective"),
             applicable_modules(DEFAULT_SELECTIVE_MODULES, model.is_moe, model.is_mla), 0)
-    actor["recompute_num_layers"] = np.ones(n, dtype=np.int64)
-    actor["recompute_block"] = np.zeros(n, dtype=bool)
-    actor["pipeline_layout"] = np.full(n, "")
+    actor["recompute_num_layers"] = constant_column(np.int64(1), n)
+    actor["recompute_block"] = constant_column(False, n)
+    actor["pipeline_layout"] = constant_column(np.str_(""), n)
     dynamic = bool(options.dynamic_batch) and workload.has_rollout  # verl's use_dynamic_bsz
-    actor["dynamic_batch"] = np.full(n, dynamic)
-    per_cp_rank = -(-workload.sequence_length // actor["cp"])
-    budget = (np.full(n, options.max_token_len) if options.max_token_len
-              else actor["micro_batch"] * per_cp_rank)
-    actor["max_token_len"] = np.where(dynamic, budget, 0)
-    actor["log_prob_max_token_len"] = np.zeros(n, dtype=np.int64)
-    actor["log_prob_micro_batch"] = np.zeros(n, dtype=np.int64)
+    actor["dynamic_batch"] = constant_column(dynamic, n)
+    if dynamic:
+        per_cp_rank = -(-workload.sequence_length // actor["cp"])
+        actor["max_token_len"] = (np.full(n, options.max_token_len) if options.max_token_len
+                                  else actor["micro_batch"] * per_cp_rank)
+    else:
+        actor["max_token_len"] = constant_column(np.int64(0), n)
+    actor["log_prob_max_token_len"] = constant_column(np.int64(0), n)
+    actor["log_prob_micro_batch"] = constant_column(np.int64(0), n)
     return actor
+
+
+def constant_column(value, n: int) -> np.ndarray:
+    """``n`` rows of ``value`` as a read-only view of one element (stride 0): a column the
+    search does not vary costs no memory per row (DeepSeek-V3 on 1,024 GPUs: 1.6 million rows,
+    12.5 MB per int64 column).  It reads, slices and gathers like ``np.full(n, value)``."""
+    return np.broadcast_to(np.asarray(value), (n,))
 
 
 SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "account_embedding", "account_loss")

@@ -1,6 +1,6 @@
-"""planner.search.layout.distinct: pandas.factorize's coding, with numpy alone below
-HASHED_VALUES values (a small plan's path imports no pandas) and hashed from there on or once
-pandas is imported."""
+"""planner.search.layout.distinct: pandas.factorize's coding with numpy alone -- sorted below
+HASHED_VALUES values, hashed from there on (its own hash table, collisions resolved exactly)
+-- so that no plan imports pandas for it."""
 
 import sys
 
@@ -70,8 +70,31 @@ def test_sorted_distinct_is_np_unique(values):
     assert got.dtype == values.dtype
 
 
-def test_distinct_hashes_large_inputs_and_once_pandas_is_imported(monkeypatch):
-    monkeypatch.delitem(sys.modules, "pandas")
+def test_distinct_hashes_large_inputs_without_pandas(monkeypatch):
     assert not layout._hashed(layout.HASHED_VALUES - 1) and layout._hashed(layout.HASHED_VALUES)
+    monkeypatch.delitem(sys.modules, "pandas")
+    values = RNG.integers(0, 3000, 50_000) * 1e6 + 1j * RNG.integers(0, 9, 50_000)
+    first, inverse = distinct(values)
+    assert "pandas" not in sys.modules
     monkeypatch.setitem(sys.modules, "pandas", pd)
-    assert layout._hashed(10)
+    want_first, want_inverse = factorized(values)
+    np.testing.assert_array_equal(first, want_first)
+    np.testing.assert_array_equal(inverse, want_inverse)
+
+
+@pytest.mark.parametrize("distinct_values", [3, 1000, 60_000, 200_000])
+def test_hashed_collisions_resolved_exactly(distinct_values):
+    """About as many distinct values as rows fill the hash table's slots with several values
+    each: the rows that miss their slot's first row are hashed again (and again), to the
+    same coding."""
+    rows = 200_000
+    pool = RNG.random(distinct_values) * 1e15
+    values = pool[RNG.integers(0, distinct_values, rows)]
+    first, inverse = distinct(values)
+    want_first, want_inverse = factorized(values)
+    np.testing.assert_array_equal(first, want_first)
+    np.testing.assert_array_equal(inverse, want_inverse)
+    keys = layout._hash_keys(values)
+    np.testing.assert_array_equal(layout._first_equal(keys), first[inverse])
+    # the fallback past the last level of multipliers: the same answer
+    np.testing.assert_array_equal(layout._first_equal(keys, level=99), first[inverse])

@@ -1,6 +1,7 @@
 """A plan read at its head scores its rows in chunks (``planner.plan.SCORE_CHUNK_ROWS``) and
-keeps of each only the columns its ranking reads; the other columns are computed again for the
-rows it times and keeps.  Forced to small chunks, the same plans as one pass over every row:
+keeps of each only the columns its ranking reads; it times the rows that can lead in pieces
+and keeps their step time alone; the other columns are computed again for the rows it times
+and keeps.  Forced to small chunks, the same plans as one pass over every row:
 every column of every kept row, the timed rows and the counts (issue 24)."""
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ def test_chunked_scored_rows_equal_one_pass(monkeypatch):
     chunked, whole = scored[CHUNK], scored[1 << 40]
     assert chunked.rest is not None and whole.rest is None
     assert 0 < chunked.timed.sum() < len(chunked.timed) // 2
+    # the timed rows were timed in several pieces, and only their step time is kept (the
+    # other time columns computed again for the rows read back)
+    assert chunked.timed.sum() > 2 * (CHUNK // 4)
+    assert list(chunked.times) == ["step_time_s"] and len(whole.times) > 10
     np.testing.assert_array_equal(chunked.timed, whole.timed)
     assert chunked.names == whole.names
     rows = np.random.default_rng(5).permutation(len(cols["tp"]))[:3000]

@@ -285,3 +285,25 @@ def test_interleaving_with_dynamic_batches_has_a_sequence_per_micro_batch():
     one_each = {"tp": 1, "pp": 4, "vpp": 3, "dp": 16}
     rows = np.flatnonzero(np.logical_and.reduce([cols[k] == v for k, v in one_each.items()]))
     assert rows.size == 0
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_constant_columns_hold_one_value(dynamic):
+    """The columns the search does not vary are read-only views of one value (no memory per
+    row), equal to the full columns they stand for."""
+    space = build_space(resolve_model("qwen3-8b"), cluster(16), GrpoWorkload(),
+                        SearchOptions(dynamic_batch=dynamic))
+    cols, n = space.columns, len(space)
+    constant = {"distributed_optimizer": True, "recompute_num_layers": 1,
+                "recompute_block": False, "pipeline_layout": "", "dynamic_batch": dynamic,
+                "log_prob_max_token_len": 0, "log_prob_micro_batch": 0}
+    if not dynamic:
+        constant["max_token_len"] = 0
+    for name, value in constant.items():
+        values = cols[name]
+        assert values.strides == (0,) and not values.flags.writeable, name
+        full = np.full(n, value)
+        assert values.dtype == full.dtype and np.array_equal(values, full), name
+        np.testing.assert_array_equal(values[::7], full[::7])
+    if dynamic:
+        assert cols["max_token_len"].strides != (0,) and (cols["max_token_len"] > 0).all()
