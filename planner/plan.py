@@ -175,7 +175,8 @@ class Plan(OfRequest):
         """The kept layouts at positions ``rows`` as :attr:`candidates`' records
         (``DataFrame.to_dict("records")``): Python scalars, the phase and recompute columns
         by name, ``peak_memory_gib`` added."""
-        cols = {name: np.asarray(values)[rows] for name, values in self.columns.items()}
+        cols = (self.columns.at(rows) if isinstance(self.columns, RankedColumns) else
+                {name: np.asarray(values)[rows] for name, values in self.columns.items()})
         cols.update(_named(cols))
         cols["peak_memory_gib"] = cols["peak_bytes"] / GIB
         lists = {name: values.tolist() for name, values in cols.items()}
@@ -368,6 +369,45 @@ def _spread(values: np.ndarray, at: np.ndarray) -> np.ndarray:
     padded[:-1] = values
     padded[-1] = np.nan if floating else -1
     return padded[at]
+
+
+class RankedColumns(Mapping):
+    """A plan's ranked columns (``rows`` at positions ``order``, then ``extra``, the columns
+    the plan adds to its kept rows), each gathered from ``rows`` when first read and kept:
+    the :attr:`Plan.columns` of ``make_plan(lazy=True)``, for a caller that reads a few
+    columns of every kept row and every column of a few (a sizing sweep: the parallel and
+    rollout columns of its probes' fitting layouts and the best row's record, not the hundred
+    columns of thousands of layouts).  The same values, in the same order, as
+    ``{**rows.take(order), **extra}``."""
+
+    def __init__(self, rows: ScoredRows, order: np.ndarray, extra: Columns) -> None:
+        self._rows, self._order, self._extra = rows, order, extra
+        self._gathered: Columns = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._extra:
+            return self._extra[name]
+        values = self._gathered.get(name)
+        if values is None:
+            if name not in self._rows.names:
+                raise KeyError(name)
+            values = self._gathered[name] = self._rows.column(name, self._order)
+        return values
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._extra or name in self._rows.names
+
+    def __iter__(self):
+        yield from dict.fromkeys((*self._rows.names, *self._extra))
+
+    def __len__(self) -> int:
+        return len(dict.fromkeys((*self._rows.names, *self._extra)))
+
+    def at(self, rows: np.ndarray) -> Columns:
+        """Every column at the kept positions ``rows`` (gathered for them alone)."""
+        at = {**self._rows.take(self._order[rows]), **self._extra}
+        return {name: at[name] if name not in self._extra else np.asarray(at[name])[rows]
+                for name in self}
 
 
 @dataclass(frozen=True)
@@ -804,7 +844,8 @@ def evaluate_actors(request: PlanRequest) -> ActorEvaluation:
 
 def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
               actors: ActorEvaluation | None = None, keep: int | None = None,
-              table: bool = False, fill: bool = True, count_ties: bool = True) -> Plan:
+              table: bool = False, fill: bool = True, lazy: bool = False,
+              count_ties: bool = True) -> Plan:
     """Rank every valid layout.  ``tie_tolerance``: the step-time ratio within which layouts
     are ties (None: the cost model's ranking uncertainty; 0: a strict ranking).  ``actors``:
     the request's :class:`ActorEvaluation` when already computed (by a plan of the same
@@ -817,8 +858,10 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     (:attr:`Plan.ties`) and of layouts below the band's top (:attr:`Plan.fitting_below_top`);
     only the layouts that can be among those rows are timed at every point of the run.
     ``fill``: price the memory band's headroom (:func:`fill_columns`); False leaves those
-    columns NaN (a sizing sweep, which reads none of them).  ``count_ties`` False (with
-    ``keep``): of the ties only those that can be among the first ``keep`` rows are timed
+    columns NaN (a sizing sweep, which reads none of them).  ``lazy``: gather each column of
+    the kept rows when first read (:class:`RankedColumns`), for a caller that reads few of
+    them (a sizing sweep).  ``count_ties`` False (with ``keep``): of the ties only those that
+    can be among the first ``keep`` rows are timed
     (:func:`planner.first_ties.rows_for_first_ties`), and :attr:`Plan.ties` is not known (a
     caller that reads the best alone: ``--mode best``)."""
     options = search_options_for(request)
@@ -867,10 +910,10 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
     order = order[:fitting + KEEP_NOT_FITTING if keep is None else keep]
-    ranked = rows.take(order)
-    ranked["within_error_of_best"] = tied[order]
-    ranked["rank"] = np.arange(1, len(order) + 1)
-    ranked.update(fill_columns(request, ranked, min(fitting, FILL_ROWS) if fill else 0))
+    extra = {"within_error_of_best": tied[order], "rank": np.arange(1, len(order) + 1)}
+    ranked = RankedColumns(rows, order, extra) if lazy else {**rows.take(order), **extra}
+    filled = fill_columns(request, ranked, min(fitting, FILL_ROWS) if fill else 0)
+    (extra if lazy else ranked).update(filled)
     return Plan(request=request, columns=ranked, actors=actors, enumerated=space.enumerated,
                 valid=space.valid, rejected=space.rejected, scored=len(scored["tp"]),
                 merged=space.merged, fit_total=None if keep is None else fitting, **totals,

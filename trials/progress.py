@@ -100,12 +100,21 @@ class PlainProgress(Progress):
 
     def finished(self, status: Status, row: Row) -> None:
         result = (f"{_value(row.measured)} tok/s/GPU (predicted {_value(row.predicted)})"
-                  if row.category == "ok" else f"{row.category}: {row.reason}")
+                  if row.category == "ok" else failure_text(row))
         self._print(f"[{status.line()}] trial #{row.number} {row.key} "
                     f"{format_duration(row.duration_s)} {result}")
 
     def note(self, text: str) -> None:
         self._print(text)
+
+
+def failure_text(row: "Row") -> str:
+    """``category: reason``, once: a reason read from the log already starts with its category
+    (``oom in update_actor: ...``, ``nccl: ...``; :func:`trials.failures.classify`)."""
+    category = str(row.category)
+    if row.reason.startswith((f"{category}:", f"{category} in ")):
+        return row.reason
+    return f"{category}: {row.reason}" if row.reason else category
 
 
 class LiveProgress(Progress):
@@ -132,7 +141,7 @@ class LiveProgress(Progress):
                               ("time", "right")):
             table.add_column(name, justify=justify)
         for row in self.rows[-self.MAX_ROWS:]:
-            result = row.category if row.category == "ok" else f"{row.category}: {row.reason}"
+            result = row.category if row.category == "ok" else failure_text(row)
             table.add_row(str(row.number), row.key, result[:60], _value(row.measured),
                           _value(row.predicted), format_duration(row.duration_s))
         caption = self.status.line() if self.status else ""

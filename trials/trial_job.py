@@ -128,7 +128,45 @@ class TrialJobs:
     max_log_bytes: int | None = None  # --max-log-bytes
 
     def workdir(self, sweep_dir: Path, number: int, candidate: Candidate) -> Path:
-        return Path(sweep_dir).resolve() / "trials" / f"{number:04d}-{candidate.key}"
+        """``trials/NNNN-KEY`` in the sweep folder; where that folder exists already -- another
+        study in the same ``--sweep-dir`` ran its trial NNNN on the same layout -- the first
+        free ``NNNN-KEY.2``, ``.3``, ...: the launcher appends to ``trainer.log``, and a
+        trainer that fails before verl's file logger opens leaves the old ``metrics.jsonl``,
+        so a reused folder would classify and measure the other run's trial."""
+        base = Path(sweep_dir).resolve() / "trials"
+        name = f"{number:04d}-{candidate.key}"
+        workdir, copy = base / name, 1
+        while workdir.exists():
+            copy += 1
+            workdir = base / f"{name}.{copy}"
+        return workdir
+
+    def horizon_notes(self, candidates: Sequence[Candidate]) -> list[str]:
+        """What the study's time limits will do to every trial, from the fastest predicted
+        step among ``candidates``: verl logs a step's metrics when the step ends and nothing
+        while it generates and trains, so a step longer than the hang timeout is stopped as a
+        hang; ``steps`` steps longer than the wall-clock limit stop at it.  One line per limit
+        that even the fastest layout's predicted step breaks (the model's time is a prediction:
+        it errs both ways); [] when none does."""
+        steps = [float(c.predicted["step_time_s"]) for c in candidates
+                 if c.predicted.get("step_time_s")]
+        if not steps:
+            return []
+        fastest = min(steps)
+        notes = []
+        if fastest > self.hang_timeout_s:
+            notes.append(f"the fastest layout's step is predicted to take {fastest:,.0f} s, longer "
+                         f"than --hang-timeout {self.hang_timeout_s:g} s: verl writes a step's "
+                         f"metrics when it ends, so every trial would be stopped as a hang; pass "
+                         f"--hang-timeout above {fastest:,.0f} s (e.g. "
+                         f"{_round_up_minutes(2 * fastest)})")
+        if self.steps * fastest > self.wall_timeout_s:
+            notes.append(f"{self.steps} steps of the fastest layout are predicted to take "
+                         f"{self.steps * fastest:,.0f} s (model loading not counted), longer "
+                         f"than --trial-timeout {self.wall_timeout_s:g} s: every trial would stop "
+                         f"at the limit; pass a longer --trial-timeout (e.g. "
+                         f"{_round_up_minutes(2 * self.steps * fastest)}) or fewer --steps")
+        return notes
 
     def overrides_of(self, candidate: Candidate, extra: Sequence[str]) -> list[str]:
         """The exported job of ``candidate`` (its mode's), then ``extra``."""
@@ -157,6 +195,11 @@ class TrialJobs:
                              hang_timeout_s=self.hang_timeout_s,
                              env=job_environment(env, inherited_env), name=experiment,
                              max_log_bytes=self.max_log_bytes)
+
+
+def _round_up_minutes(seconds: float) -> str:
+    """``seconds`` as whole minutes, rounded up (``45m``), the form --hang-timeout takes."""
+    return f"{-(-int(seconds) // 60)}m"
 
 
 def write_private(path: Path, text: str) -> Path:

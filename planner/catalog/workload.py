@@ -223,18 +223,12 @@ class GrpoWorkload:
             raise PlanInputError(
                 f"--mini-batch-size {self.mini_batch_size} exceeds --train-batch-size "
                 f"{self.train_batch_size}; verl needs train_batch_size >= ppo_mini_batch_size")
-        if self.train_batch_size % self.mini_batch_size:
-            # verl 0.9 (workers/engine_workers.py -> utils/tensordict_utils.make_iterator)
-            # asserts that each DP rank's batch splits into whole mini-batches
-            divisors = [d for d in range(1, self.train_batch_size + 1)
-                        if not self.train_batch_size % d] if self.train_batch_size < 1 << 16 \
-                else []
-            near = min(divisors, key=lambda d: abs(d - self.mini_batch_size)) if divisors else 0
-            raise PlanInputError(
-                f"--mini-batch-size {self.mini_batch_size} does not divide --train-batch-size "
-                f"{self.train_batch_size}; verl splits each step into whole mini-batches "
-                f"(ppo_mini_batch_size must divide data.train_batch_size)"
-                + (f", e.g. {near}" if near else ""))
+        # A mini-batch that does not divide the train batch is legal: verl 0.9.1's trainer
+        # (trainer/ppo/v1/trainer_base.py, _balance_batch -> padding_utils.
+        # upsample_batch_to_divisible_size, on every step) pads the step's sequences with
+        # minimal no-op samples to a multiple of lcm(DP, ppo_mini_batch_size * n), so the update
+        # runs ceil(train / mini) optimizer steps (planner/cost/timing.py); `validate` warns,
+        # and refuses it under the legacy trainer (trainer.use_v1=False), which does not pad.
         if self.precision not in PRECISIONS:
             raise PlanInputError(f"--precision {self.precision!r} is not one of "
                                  f"{', '.join(PRECISIONS)}")
@@ -394,9 +388,12 @@ class GrpoWorkload:
         lengths = self.lengths
         mean = (f"{lengths.start_tokens:.0f}->{lengths.end_tokens:.0f} over the run"
                 if self.moving_lengths else f"{self.mean_response_length}")
+        # a mean prompt below the maximum (--mean-prompt-length, or a run's) times the step
+        prompt_mean = (f" (mean {self.mean_prompt_length})"
+                       if 0 < self.mean_prompt_length < self.prompt_length else "")
         return (f"GRPO: {self.train_batch_size} prompts x n={self.rollout_n}, prompt "
-                f"{self.prompt_length} + response {self.response_length} tokens (mean "
-                f"{mean}), mini-batch {self.mini_batch_size}, {self.precision}"
+                f"{self.prompt_length}{prompt_mean} + response {self.response_length} tokens "
+                f"(mean {mean}), mini-batch {self.mini_batch_size}, {self.precision}"
                 + self.describe_mtp())
 
     def describe_mtp(self) -> str:

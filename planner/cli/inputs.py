@@ -148,8 +148,8 @@ def mini_batch_size(args) -> int:
                if mini > train else
                f"does not divide --train-batch-size {train}; pass a --mini-batch-size that "
                f"does")
-            + f" (verl splits each step into whole mini-batches; e.g. --mini-batch-size "
-              f"{near})")
+            + f" (verl would pad each step with no-op samples to whole mini-batches; e.g. "
+              f"--mini-batch-size {near})")
     return mini
 
 

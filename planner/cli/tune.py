@@ -218,6 +218,8 @@ def cmd_tune(args) -> int:
                      steps=args.steps, wall_timeout_s=trial_timeout,
                      hang_timeout_s=hang_timeout, study_name=study_name, overrides=overrides,
                      env=trial_env, max_log_bytes=args.max_log_bytes)
+    for text in jobs.horizon_notes(candidates.candidates):
+        notes.note(text)
     tuner = Tuner(plan=plan, candidates=candidates, jobs=jobs, launcher=launcher,
                   storage=storage, study_name=study_name, sweep_dir=sweep_dir,
                   write_dir=Path(args.write) if args.write else None, settings=settings,

@@ -156,14 +156,16 @@ def candidate_changes(layout, model, cluster, over: bool,
                                 replace(layout, recompute=level), "recompute"))
         for field in ("tp", "pp", "cp") + (("ep",) if model.is_moe else ()):
             bigger = getattr(layout, field) * 2
-            changed = replace(layout, **{field: bigger})
-            if field in ("tp", "pp", "cp"):
-                changed = replace(changed, dp=layout.dp // 2 if layout.dp % 2 == 0 else 0)
-                if field == "tp":
-                    changed = replace(changed, sequence_parallel=True)
-            if changed.dp >= 1:
-                changes.append((f"{field.upper()} {getattr(layout, field)} -> {bigger}", changed,
-                                "parallel"))
+            if field == "ep":
+                changed = replace(layout, ep=bigger)
+            elif layout.dp % 2:  # the GPUs come from DP: an odd DP (DP 1) has none to give
+                continue
+            else:
+                changed = replace(layout, **{field: bigger}, dp=layout.dp // 2,
+                                  sequence_parallel=(True if field == "tp"
+                                                     else layout.sequence_parallel))
+            changes.append((f"{field.upper()} {getattr(layout, field)} -> {bigger}", changed,
+                            "parallel"))
     else:
         changes += _batch_changes(layout, smaller=False)
         if layout.recompute != "none":

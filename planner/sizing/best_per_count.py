@@ -36,7 +36,10 @@ more CPU time).  The probes of the GPU types at one count share the search space
 actor's memory (:class:`planner.plan.ActorEvaluation`); their refinements differ (each keeps
 its own probe's first layouts) and are evaluated each.  A sweep reads each plan's columns
 (:attr:`planner.plan.Plan.columns`), never its pandas frame, and asks for no fill columns
-(``make_plan(fill=False)``: the memory band's headroom, which no sweep column shows).
+(``make_plan(fill=False)``: the memory band's headroom, which no sweep column shows), and
+gathers the plans' ranked columns when it reads them (``make_plan(lazy=True)``,
+:class:`planner.plan.RankedColumns`): the parallel and rollout columns of a probe's fitting
+layouts and every column of a plan's first row, not the hundred columns of every layout.
 """
 
 from __future__ import annotations
@@ -169,12 +172,13 @@ def best_layout(request: PlanRequest, refine: int = REFINE,
         # Every plan here is timed in full (no ``keep``): a plan of a few thousand layouts costs
         # its calls of the time model, not its rows, and reading the refinement at its head
         # (planner.plan.Head) would time its layouts once more, at the middle of the run, first.
-        # No fill columns (the memory band's headroom): the sweep reads none of them.
+        # No fill columns (the memory band's headroom): the sweep reads none of them; and the
+        # ranked columns gathered when read (lazy): a few of every layout, all of the best.
         key = (cluster.num_gpus, probe)
         made = make_plan(replace(request, options=replace(
             options, knob_rows=knobs, parallel_rows=parallel, rollout_rows=rollouts, vpp=vpp,
             exhaustive=bool(probe) or options.exhaustive)), tie_tolerance=0.0, fill=False,
-            actors=shared.get(key) if probe else None)
+            actors=shared.get(key) if probe else None, lazy=True)
         if probe:
             shared[key] = made.actors
         return made

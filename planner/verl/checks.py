@@ -157,10 +157,21 @@ def _padded_batch(job: JobReading) -> int:
 def batch_findings(config: dict, job: JobReading) -> list[Finding]:
     out = []
     if job.train_batch_size % job.mini_batch_size:
-        out.append(Finding("mini_batch_padding", f"data.train_batch_size={job.train_batch_size} "
-                           f"is not a multiple of {MINI}={job.mini_batch_size}: verl pads the "
-                           f"last mini-batch with no-op samples (wasted compute)",
-                           ("data.train_batch_size", MINI), "warning"))
+        if get(config, "trainer.use_v1", True) is False:
+            # the legacy trainer (main_ppo_v0) balances without padding: the engine's
+            # tensordict_utils.make_iterator asserts whole mini-batches per DP rank
+            out.append(Finding("mini_batch_padding", f"data.train_batch_size="
+                               f"{job.train_batch_size} is not a multiple of {MINI}="
+                               f"{job.mini_batch_size}: verl's legacy trainer "
+                               f"(trainer.use_v1=False) does not pad the step and asserts "
+                               f"whole mini-batches", ("data.train_batch_size", MINI,
+                                                       "trainer.use_v1")))
+        else:
+            out.append(Finding("mini_batch_padding", f"data.train_batch_size="
+                               f"{job.train_batch_size} is not a multiple of {MINI}="
+                               f"{job.mini_batch_size}: verl pads the last mini-batch with "
+                               f"no-op samples (an optimizer step on a partial mini-batch)",
+                               ("data.train_batch_size", MINI), "warning"))
     if job.dynamic_batch:
         budgets = ((f"{ACTOR}.ppo_max_token_len_per_gpu", True),
                    (f"{ROLLOUT}.log_prob_max_token_len_per_gpu", True),

@@ -196,3 +196,7 @@ def test_lengths_from_a_run_log(tmp_path, capsys):
     assert workload["mean_prompt_length"] == 200  # prompt_length/mean of the run
     lengths = json.loads(out)["lengths"]
     assert lengths["source"] == "run" and "run.jsonl (jsonl), steps 1-10" in lengths["basis"]
+    # the run's mean prompt times the step: the header says so, as it says the responses'
+    text = [arg for arg in PLAN if arg not in ("--format", "json")]
+    assert main(text + ["--lengths-from", str(run)]) == 0
+    assert " (mean 200) + response " in capsys.readouterr().out

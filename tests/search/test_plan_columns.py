@@ -60,3 +60,27 @@ def test_what_the_text_table_reads_equals_the_frames():
             fitting.iloc[2].to_dict(), placement)
         assert plan.candidate(-1) == ColocatedCandidate.from_row(frame.iloc[-1].to_dict(),
                                                                  placement)
+
+
+def test_lazy_columns_are_the_eager_ones_and_gather_only_what_is_read():
+    # make_plan(lazy=True) (a sizing sweep's plans, which ask for no fill columns): the same
+    # columns, in the same order, with the same values and types, each gathered from the scored
+    # rows when first read
+    request = PlanRequest(resolve_model("qwen3-8b"), ClusterSpec(get_gpu("h100"), 8, 8),
+                          GrpoWorkload(), policy=MemoryPolicy.parse("0.3-0.5"))
+    eager, lazy = make_plan(request, fill=False), make_plan(request, fill=False, lazy=True)
+    assert not eager.fitting_rows().size == eager.rows  # misses kept: untimed rows too
+    rows = np.array([0, 5, eager.rows - 1, 2])
+    assert list(lazy.columns) == list(eager.columns) and len(lazy.columns) == len(eager.columns)
+    # a record read before any column is gathered: the row's columns alone
+    records = lazy.records(rows)
+    assert lazy.columns._gathered.keys() <= {"tp"}
+    assert all(_same(mine, theirs) and all(type(mine[k]) is type(theirs[k]) for k in mine)
+               for mine, theirs in zip(records, eager.records(rows), strict=True))
+    assert "step_time_s" in lazy.columns and "no_such_column" not in lazy.columns
+    assert set(lazy.columns._gathered) <= {"tp", "step_time_s"}
+    for name, values in eager.columns.items():
+        mine = lazy.columns[name]
+        assert mine.dtype == values.dtype, name
+        np.testing.assert_array_equal(mine, values)
+    assert lazy.fitting_count == eager.fitting_count and lazy.ties == eager.ties

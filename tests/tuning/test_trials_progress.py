@@ -29,11 +29,18 @@ def test_plain_lines_for_logs():
     status.measured, status.best_value, status.best_trial = 1, 900.0, 7
     progress.finished(status, Row(7, "tp2-pp1", "ok", 900.0, 1000.0, 61.0))
     progress.finished(status, Row(8, "tp1-pp2", "oom", None, 800.0, 5.0, "oom in generate: x"))
+    progress.finished(status, Row(9, "tp1-pp4", "nccl", None, 800.0, 5.0, "nccl: Watchdog"))
+    progress.finished(status, Row(10, "tp4-pp1", "hang", None, 800.0, 5.0,
+                                  "no progress for 600 s after 1 of 5 steps"))
     lines = stream.getvalue().splitlines()
     assert lines[0] == "[trial 1 of 2 | elapsed 0:00:00 | best -- | eta --] trial #7 started: " \
                        "tp2-pp1"
     assert lines[1].endswith("trial #7 tp2-pp1 0:01:01 900.0 tok/s/GPU (predicted 1,000.0)")
-    assert lines[2].endswith("trial #8 tp1-pp2 0:00:05 oom: oom in generate: x")
+    # the category once: a reason read from the log starts with it already
+    assert lines[2].endswith("trial #8 tp1-pp2 0:00:05 oom in generate: x")
+    assert lines[3].endswith("trial #9 tp1-pp4 0:00:05 nccl: Watchdog")
+    assert lines[4].endswith("trial #10 tp4-pp1 0:00:05 hang: no progress for 600 s after 1 of "
+                             "5 steps")
 
 
 @pytest.mark.needs("tune")

@@ -134,6 +134,43 @@ def test_resume_runs_only_what_is_missing(tmp_path, fake, capsys):
     assert len([e for e in events(record) if e["event"] == "start"]) == 5
 
 
+def test_a_second_study_in_the_sweep_folder_does_not_read_the_first_ones_trials(tmp_path, fake,
+                                                                            capsys):
+    """Two studies in one --sweep-dir run trial #0 on the same layout: the second one's
+    trainer fails before verl's file logger opens, so the first one's metrics.jsonl and
+    trainer.log must not be what the second study measures and classifies."""
+    fake()
+    assert main(tune_argv(tmp_path, trials=1, study="first")) == 0
+    fake(rules=[{"match": {}, "behaviour": "config_error"}])
+    main(tune_argv(tmp_path, "--fail-fast", "0", trials=1, study="second"))
+    capsys.readouterr()
+    url = sqlite_url(tmp_path)
+    first, second = measured(load_study(url, "first")), measured(load_study(url, "second"))
+    assert first[0].user_attrs[attrs.CATEGORY] == "ok"
+    assert second[0].user_attrs[attrs.CATEGORY] == "config"
+    assert second[0].state.name == "FAIL"
+    assert first[0].user_attrs[attrs.LOG] != second[0].user_attrs[attrs.LOG]
+    assert "step:" in open(first[0].user_attrs[attrs.LOG]).read()  # the first log is kept
+
+
+def test_time_limits_shorter_than_the_predicted_steps_are_named_before_the_trials(
+        tmp_path, fake, capsys):
+    """Every layout's step is predicted at ~4.6 s or more (Qwen2.5-0.5B, the tiny batch): a 1 s
+    hang timeout stops each trial of a real verl job before its first step ends, and 3 steps
+    do not fit in 10 s; tune says so before the first trial."""
+    fake()
+    assert main(tune_argv(tmp_path, "--hang-timeout", "1s", "--trial-timeout", "10s",
+                          trials=1)) == 0
+    err = capsys.readouterr().err
+    assert "longer than --hang-timeout 1 s" in err and "pass --hang-timeout above" in err
+    assert "3 steps of the fastest layout are predicted to take" in err
+    assert "longer than --trial-timeout 10 s" in err
+    assert err.index("--hang-timeout 1 s") < err.index("trial #0 started")
+    fake()
+    assert main(tune_argv(tmp_path, trials=2)) == 0  # 5 s and 60 s: long enough, no note
+    assert "--hang-timeout" not in capsys.readouterr().err
+
+
 def test_resuming_with_other_settings_is_refused(tmp_path, fake, capsys):
     fake()
     assert main(tune_argv(tmp_path, trials=1)) == 0

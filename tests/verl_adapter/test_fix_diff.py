@@ -167,3 +167,41 @@ def test_fix_and_validate_judge_the_same_quantity(tmp_path):
         assert report["memory"]["memory_band"]["position"] == \
             result.data["current"]["band_position"]
         assert bool(band_warnings) == (not result.data["in_band"]), util
+
+
+def test_fix_of_a_job_with_dp_1_lists_mitigations(capsys):
+    """verl's Qwen3-235B example (TP4 PP8 EP4 on 32 GPUs: DP 1) is above the band: a larger
+    TP, PP or CP would need GPUs from an odd DP, which has none, and is left out -- not a
+    crash on the layout's 'DP 0'."""
+    from pathlib import Path
+
+    example = Path(__file__).parents[1] / "verl_examples" / "run_qwen3-235b_megatron_96gb.sh"
+    assert main(["fix", str(example), "--gpu-type", "h20", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["current"]["peak_memory_gib"] > 0.85 * 95.6
+    assert result["mitigations"]
+    names = " ".join(m["change"] for m in result["mitigations"])
+    assert "TP 4 -> 8" not in names and "PP 8 -> 16" not in names
+
+
+def test_a_mini_batch_that_does_not_divide_the_batch_is_padded_not_refused(tmp_path, capsys):
+    """verl 0.9.1's trainer pads a step to whole mini-batches (trainer/ppo/v1/trainer_base.py
+    _balance_batch -> upsample_batch_to_divisible_size): train 1024 with mini-batch 384 runs
+    ceil(1024/384) = 3 optimizer steps.  The plan times it so, validate warns; only the legacy
+    trainer (trainer.use_v1=False), which does not pad, is refused."""
+    plan = ["estimate", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu-type", "h100", "--tp",
+            "2", "--pp", "1", "--micro-batch", "4", "--no-dynamic-batch", "--format", "json"]
+    times = {}
+    for mini in (384, 512):
+        assert main([*plan, "--mini-batch-size", str(mini)]) == 0
+        times[mini] = json.loads(capsys.readouterr().out)["time_s"]["update_actor"]
+    # 3 optimizer steps of 384 prompts against 2 of 512: the update's weight-sized work
+    # (optimizer, gradient reduction) runs once more over the same 1024 prompts
+    assert times[384] > times[512]
+    job = script(tmp_path, micro=4, tp=2, util=0.3)
+    mini = ["--", "actor_rollout_ref.actor.ppo_mini_batch_size=384"]
+    assert main(["validate", job, "--gpu-type", "h100", *mini]) == 0
+    out = capsys.readouterr().out
+    assert "[mini_batch_padding]" in out and "verl pads the last mini-batch" in out
+    assert main(["validate", job, "--gpu-type", "h100", *mini, "trainer.use_v1=False"]) == 1
+    assert "legacy trainer (trainer.use_v1=False) does not pad" in capsys.readouterr().out
