@@ -40,12 +40,14 @@ from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import StepGroups, generate_s, step_columns
 from planner.cost.trajectory import (
     WEIGHTS,
+    expected_over_run,
     node_lengths,
     request_at,
     seconds_over_run,
     step_columns_over_run,
 )
 from planner.errors import InvalidLayoutError
+from planner.first_ties import rows_for_first_ties
 from planner.phases import PHASES, TRAINING_PHASES
 from planner.policy import FILL_POLICY
 from planner.ranking import (
@@ -53,6 +55,7 @@ from planner.ranking import (
     fastest_in_band,
     first_in_order,
     rows_before,
+    simplicity_keys,
     tie_order,
     tied_with_best,
 )
@@ -106,6 +109,9 @@ class Plan(OfRequest):
     below_top_total: int | None = None
     # the ties, whenever ``candidates`` keeps only the first few (make_plan's ``keep``)
     tie_total: int | None = None
+    # False: only the ties that can be among the kept rows were timed (make_plan's
+    # ``count_ties``): :attr:`ties` is not known
+    ties_counted: bool = True
     # step-time ratio within which layouts are ties, and where the figure comes from
     tie_tolerance: float = 0.0
     tie_source: str = ""
@@ -157,6 +163,9 @@ class Plan(OfRequest):
     @property
     def ties(self) -> int:
         """Layouts within the ranking uncertainty of the best (``within_error_of_best``)."""
+        if not self.ties_counted:
+            raise ValueError("this plan timed only the ties among its first rows "
+                             "(make_plan(count_ties=False)): their count is not known")
         if self.tie_total is not None:
             return self.tie_total
         tied = self.columns.get("within_error_of_best")
@@ -412,8 +421,15 @@ class Head:
     # also the fastest layout inside the memory band and every layout ranked before it
     # (:func:`planner.ranking.fastest_in_band`: what the text table reads beyond the head)
     band_fastest: bool = False
+    # False: every fitting row's expected step time is found first (in the chunks, three
+    # points of the run, nothing else kept), and of the ties only those that can be among the
+    # first ``rows`` are timed fully (their count is then not known:
+    # :func:`planner.first_ties.rows_for_first_ties`)
+    count_ties: bool = True
 
 
+# the expected step time of every fitting row, when a Head that counts no ties asks for it
+EXPECTED = "expected_step_s"
 # the memory and flag columns a ranking reads of every row (planner.ranking, make_plan)
 RANKING_COLUMNS = ("fits", "peak_bytes", "memory_utilization", flag_column("memory_tight"),
                    "unwise_count")
@@ -491,7 +507,12 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
         if moving:
             # every layout that fits timed at the middle of the run (the pruning's bound)
             fitting = np.flatnonzero(timed)
-            if whole:
+            if not head.count_ties:
+                # or at every point, of which the expected step time alone is kept: the head
+                # is then found from every row's own (the bound is the value)
+                middles.append(_pieces(fitting, lambda rows, out=out: {
+                    EXPECTED: _expected_s(request, RowsAt(out, rows))}, (EXPECTED,))[1])
+            elif whole:
                 middles.append(_step_at(middle_at, out if timed.all() else RowsAt(out, fitting)))
             else:  # a piece at a time, keeping the two columns the pruning reads
                 middles.append(_pieces(fitting, lambda rows, out=out: _step_at(
@@ -510,14 +531,16 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     known = None  # (point of the run, the timed rows' step columns there) when already computed
     if moving:
         middle = middles[0] if whole else {
-            name: np.concatenate([part[name] for part in middles]) for name in MIDDLE_COLUMNS}
+            name: np.concatenate([part[name] for part in middles]) for name in middles[0]}
+        expected = middle.get(EXPECTED)
         leads = _rows_that_can_lead(
-            request, lambda rows: _exact_step_s(request, rows_at(index[rows])), middle, head,
+            request, (lambda rows: expected[rows]) if expected is not None
+            else lambda rows: _exact_step_s(request, rows_at(index[rows])), middle, head,
             {"memory_tight": untimed[flag_column("memory_tight")][timed],
-             "fraction": untimed["memory_utilization"][timed]})
+             "fraction": untimed["memory_utilization"][timed], "rows": RowsAt(untimed, index)})
         timed[timed] = leads
         index = np.flatnonzero(timed)
-        if whole:
+        if whole and expected is None:
             known = (middle_at, {name: values[leads] if np.ndim(values) else values
                                  for name, values in middle.items()})
     rest = None
@@ -573,6 +596,15 @@ def _step_at(at: PlanRequest, subset: Mapping) -> Columns:
     return step_columns(at, subset, subset, StepGroups.of(subset, subset))
 
 
+def _expected_s(request: PlanRequest, subset: Mapping) -> np.ndarray:
+    """The run's expected step time of the rows ``subset`` alone (``step_time_s`` of
+    :func:`_step_over_run`, the same sum of the same values), the groups found once for
+    every point."""
+    groups = StepGroups.of(subset, subset)
+    return expected_over_run([step_columns(request_at(request, point), subset, subset, groups)
+                              ["step_time_s"] for point in node_lengths(request.workload.lengths)])
+
+
 def _step_over_run(request: PlanRequest, subset: Mapping,
                    known: tuple | None = None) -> Columns:
     """The run's expected step time columns of the rows ``subset`` and the step time at its
@@ -622,10 +654,18 @@ def _rows_that_can_lead(request: PlanRequest, exact: Callable[[np.ndarray], np.n
     tier's rows with the smallest ``E``, moved to the top).  A row with ``L > U`` has
     ``E > U``: it is no tie and ranks after at least ``k`` rows, so it cannot be in the head.
     Tiers after it are not needed at all.  (A relative margin of 1e-9 on ``U`` covers the
-    rounding of the two sums.)"""
-    t_mid = np.asarray(middle["step_time_s"], dtype=float)
-    sync = np.asarray(middle[time_column("weight_sync")], dtype=float)
-    lower = WEIGHTS[1] * t_mid + (WEIGHTS[0] + WEIGHTS[2]) * sync
+    rounding of the two sums.)
+
+    With every row's ``E`` known (``middle[EXPECTED]``, a :class:`Head` that counts no ties)
+    the bound is ``E`` itself, and where the ties fill the head only the rows of the
+    simplicity groups it reaches are kept (:func:`planner.first_ties.rows_for_first_ties`;
+    ``memory["rows"]``: the rows' memory and layout columns)."""
+    if EXPECTED in middle:  # every row's expected step time: its own bound
+        t_mid = lower = np.asarray(middle[EXPECTED], dtype=float)
+    else:
+        t_mid = np.asarray(middle["step_time_s"], dtype=float)
+        sync = np.asarray(middle[time_column("weight_sync")], dtype=float)
+        lower = WEIGHTS[1] * t_mid + (WEIGHTS[0] + WEIGHTS[2]) * sync
     tight = np.asarray(memory["memory_tight"]).astype(bool)
     leads = np.zeros(len(t_mid), dtype=bool)
     left, ties = head.rows, max(head.tie_tolerance, 0.0)
@@ -636,10 +676,17 @@ def _rows_that_can_lead(request: PlanRequest, exact: Callable[[np.ndarray], np.n
         size = int(np.count_nonzero(members))
         if size > left:
             rows = np.flatnonzero(members)
-            probe = rows[np.argpartition(t_mid[rows], left - 1)[:left]]
-            times = exact(probe)
-            bound = max(float(np.max(times)), (1 + ties) * float(np.min(times)))
-            members &= ~(lower > bound * (1 + 1e-9))  # NaN bound: nothing is dropped
+            first = None if ties <= 0 or EXPECTED not in middle else rows_for_first_ties(
+                rows, lower, left, ties, lambda at: simplicity_keys(memory["rows"].at(at),
+                                                                    request.policy))
+            if first is not None:
+                members = np.zeros_like(members)
+                members[first] = True
+            else:
+                probe = rows[np.argpartition(t_mid[rows], left - 1)[:left]]
+                times = exact(probe)
+                bound = max(float(np.max(times)), (1 + ties) * float(np.min(times)))
+                members &= ~(lower > bound * (1 + 1e-9))  # NaN bound: nothing is dropped
         leads |= members
         if size:
             ties = 0.0  # the ties are the first tier with rows
@@ -797,7 +844,8 @@ def evaluate_actors(request: PlanRequest) -> ActorEvaluation:
 
 def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
               actors: ActorEvaluation | None = None, keep: int | None = None,
-              table: bool = False, fill: bool = True, lazy: bool = False) -> Plan:
+              table: bool = False, fill: bool = True, lazy: bool = False,
+              count_ties: bool = True) -> Plan:
     """Rank every valid layout.  ``tie_tolerance``: the step-time ratio within which layouts
     are ties (None: the cost model's ranking uncertainty; 0: a strict ranking).  ``actors``:
     the request's :class:`ActorEvaluation` when already computed (by a plan of the same
@@ -812,7 +860,10 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     ``fill``: price the memory band's headroom (:func:`fill_columns`); False leaves those
     columns NaN (a sizing sweep, which reads none of them).  ``lazy``: gather each column of
     the kept rows when first read (:class:`RankedColumns`), for a caller that reads few of
-    them (a sizing sweep)."""
+    them (a sizing sweep).  ``count_ties`` False (with ``keep``): of the ties only those that
+    can be among the first ``keep`` rows are timed
+    (:func:`planner.first_ties.rows_for_first_ties`), and :attr:`Plan.ties` is not known (a
+    caller that reads the best alone: ``--mode best``)."""
     options = search_options_for(request)
     if actors is None or not actors.serves(request):
         actors = evaluate_actors(request)
@@ -823,9 +874,12 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     # a ranking read only at its head times only the fitting rows that can be in it
     head = keep is not None and not options.exhaustive
     table = table and keep is not None
+    # without counting ties, a moving length's head times only its first ties (Head)
+    counted = count_ties or table or not (head and _moving(request))
     rows = score_rows(request, actor, memory,
                       pick_utilization=options.gpu_memory_utilization is None,
-                      time_rows=Head(keep, tolerance, table) if head else "fitting")
+                      time_rows=Head(keep, tolerance, table, counted)
+                      if head else "fitting")
     # the ranking reads one time column: the step time
     scored = {**rows.untimed, "step_time_s": rows.column("step_time_s")}
     fitting = int(np.count_nonzero(scored["fits"]))
@@ -842,12 +896,16 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
         order = first_in_order(scored, keep)
         tied = np.zeros(len(scored["tp"]), dtype=bool)
     else:
-        # of the layouts that do not fit, only as many as the frame keeps are sorted
+        # of the layouts that do not fit, only as many as the frame keeps are sorted (of
+        # those that do, without counting the ties, only the first ``keep`` of the strict
+        # ranking: the ties timed are the first rows, or every tie)
         order, tied = tie_order(scored, tolerance, request.policy,
-                                misses=KEEP_NOT_FITTING if keep is None else keep)
-        if keep is not None:
+                                misses=KEEP_NOT_FITTING if keep is None else keep,
+                                first=None if counted else keep)
+        if keep is not None and counted:
             # the frame keeps the first ``keep`` rows; the tie count stays every layout's
-            # (``--mode best`` keeps RANKS_KEPT rows of a plan with more ties than that)
+            # (``--write --rank`` after ``--mode best`` keeps RANKS_KEPT rows of a plan with
+            # more ties than that)
             totals = {"tie_total": int(np.count_nonzero(tied))}
     # Every fitting layout, and of the rest only the closest misses (the frame of DeepSeek-V3 on
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
@@ -859,6 +917,7 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     return Plan(request=request, columns=ranked, actors=actors, enumerated=space.enumerated,
                 valid=space.valid, rejected=space.rejected, scored=len(scored["tp"]),
                 merged=space.merged, fit_total=None if keep is None else fitting, **totals,
+                ties_counted=counted,
                 tie_tolerance=tolerance,
                 tie_source=request.cost.uncertainty_source if tie_tolerance is None
                 else "given")

@@ -37,7 +37,7 @@ from planner.units import GIB
 if TYPE_CHECKING:
     from planner.verl.export import ExportedJob
 
-RANKS_KEPT = 1000  # ranked layouts a colocated mode plan for a short list keeps
+RANKS_KEPT = 1000  # ranked layouts a short list's colocated plan keeps for --write --rank
 
 
 @register
@@ -51,9 +51,14 @@ class SyncMode(TrainingMode):
 
     def plan(self, request: PlanRequest, top: int | None = None,
              cache: dict | None = None) -> ModePlan:
-        # a short list (``--mode best``'s one) keeps the first RANKS_KEPT ranked layouts in the
-        # plan's frame (what ``--write --rank`` can export); the counts stay every layout's
-        plan = make_plan(request, keep=None if top is None else max(top, RANKS_KEPT))
+        if top is None:
+            plan = make_plan(request)
+        else:
+            # a short list (``--mode best``'s best): its first ``top`` ranked layouts, the ties
+            # beyond them neither timed nor counted (the counts of layouts stay every
+            # layout's); its search space and actor memory are let go before the split modes
+            # plan (``job`` plans again for a rank beyond them)
+            plan = replace(make_plan(request, keep=top, count_ties=False), actors=None)
         return ModePlan(mode=self.name, request=request,
                         candidates=plan.top(top, staleness=self.staleness(), mode=self.name),
                         async_options=self.settings, sync_plan=plan, splits_tried=1)
@@ -77,7 +82,11 @@ class SyncMode(TrainingMode):
     def job(self, plan: ModePlan, rank: int, launch: Launch) -> ExportedJob:
         from planner.verl.export import job_from_plan
 
-        return job_from_plan(plan.sync_plan, rank, model_path=launch.model_path,
+        layouts = plan.sync_plan
+        if layouts.fit_total is not None and rank > layouts.rows < RANKS_KEPT:
+            # a short list, and a rank beyond it: the first RANKS_KEPT ranked layouts
+            layouts = make_plan(plan.request, keep=RANKS_KEPT)
+        return job_from_plan(layouts, rank, model_path=launch.model_path,
                              train_files=launch.train_files, val_files=launch.val_files,
                              extra_overrides=launch.extra_overrides)
 
