@@ -85,7 +85,7 @@ KEEP_NOT_FITTING = 2000  # layouts that do not fit a plan keeps (smallest peak f
 FILL_ROWS = 50  # best fitting layouts a plan prices the memory band's headroom for
 CHOICE_CELLS = 1 << 19  # (rollout option, resident size) pairs choose_rollout scores at once
 # rows whose memory columns a plan read at its head computes at once (score_rows)
-SCORE_CHUNK_ROWS = 1 << 18
+SCORE_CHUNK_ROWS = 1 << 17
 
 
 @dataclass
