@@ -212,7 +212,8 @@ def uncut_mean_tokens(cut_mean_tokens: float, max_tokens: int) -> float | None:
 def default_lengths(max_tokens: int, model_name: str = "", kind: str | None = None
                     ) -> ResponseLengths:
     """The published runs' lengths for the kind of job (``kind``, else :func:`job_kind` of the
-    model), as a band from their 10th to their 90th percentile; a mean in tokens is cut at
+    model), as a band from their 10th to their 90th percentile; a mean in tokens (fitted uncut,
+    :func:`uncut_mean_tokens` of each run's published mean at its own maximum) is cut at
     ``max_tokens`` as exponential lengths are (:func:`truncated_mean_tokens`)."""
     table = _defaults()["kinds"]
     kind = kind or job_kind(model_name)
