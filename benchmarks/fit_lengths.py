@@ -19,8 +19,15 @@ before answering, ``math-reasoning``, and the rest, ``math``; every published ru
 For each kind two scales are tried, the mean as a fraction of the maximum and the mean in
 tokens, and the one whose log spread over the kind's runs is smaller is kept: a model that
 thinks stops near the cap whatever it is; one that answers directly stops when its answer is
-done, whatever the cap.  The stored default is a band from the kind's 10th to its 90th
-percentile (the start and end of a linear trajectory, :mod:`planner.catalog.lengths`).
+done, whatever the cap.  A published mean is already cut at its run's maximum, and the planner
+cuts a default in tokens at the plan's maximum (:func:`planner.catalog.lengths.default_lengths`,
+exponential lengths), so the tokens scale fits each run's *uncut* mean
+(:func:`planner.catalog.lengths.uncut_mean_tokens`, m = mu (1 - exp(-max / mu)) solved for mu),
+not the cut one: else the cut would be applied twice.  A run whose mean is at its maximum
+(saturated: no finite uncut mean) is left out of the tokens scale and counted
+(``saturated``); the fraction of the maximum is used as published.  The stored default is a
+band from the kind's 10th to its 90th percentile (the start and end of a linear trajectory,
+:mod:`planner.catalog.lengths`).
 Prints each kind's fit and its source rows.
 """
 
@@ -49,7 +56,12 @@ from rl_data import (  # noqa: E402
 )
 
 from planner.catalog.hardware import get_gpu  # noqa: E402
-from planner.catalog.lengths import DIRECT_KIND, REASONING_KIND, job_kind  # noqa: E402
+from planner.catalog.lengths import (  # noqa: E402
+    DIRECT_KIND,
+    REASONING_KIND,
+    job_kind,
+    uncut_mean_tokens,
+)
 from planner.catalog.models import resolve_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,7 +111,9 @@ def published_lengths(path: Path | None = None) -> list[dict]:
 
 def fit_kind(rows: list[dict]) -> dict:
     fractions = np.array([row["mean"] / row["max"] for row in rows])
-    tokens = np.array([row["mean"] for row in rows])
+    uncut = [uncut_mean_tokens(row["mean"], row["max"]) for row in rows]
+    tokens = np.array([value for value in uncut if value is not None])
+    saturated = len(rows) - len(tokens)
     spread = {"fraction_of_max": float(np.std(np.log(fractions))),
               "tokens": float(np.std(np.log(tokens)))}
     scale = min(spread, key=spread.get)
@@ -107,7 +121,8 @@ def fit_kind(rows: list[dict]) -> dict:
     digits = 3 if scale == "fraction_of_max" else 0
     start, end = (round(float(np.percentile(values, q)), digits) for q in BAND)
     return {"scale": scale, "start": start, "end": end,
-            "median": round(float(np.median(values)), digits), "runs": len(rows),
+            "median": round(float(np.median(values)), digits), "runs": len(values),
+            "saturated": saturated,
             "log_spread": {name: round(value, 3) for name, value in spread.items()},
             "rows": sorted(row["row_id"] for row in rows),
             "models": sorted({row["model"] for row in rows})}
@@ -134,13 +149,15 @@ def main() -> None:
     rows = published_lengths()
     fitted = fit(rows)
     for kind, entry in fitted["kinds"].items():
-        unit = "of max" if entry["scale"] == "fraction_of_max" else "tokens"
+        unit = "of max" if entry["scale"] == "fraction_of_max" else "tokens uncut"
         print(f"{kind}: {entry['describe']}: {entry['runs']} runs, mean response "
               f"{entry['start']}->{entry['end']} {unit} (p{BAND[0]}->p{BAND[1]}; median "
-              f"{entry['median']}); log spread {entry['log_spread']} -> scale {entry['scale']}")
+              f"{entry['median']}); log spread {entry['log_spread']} -> scale {entry['scale']}; "
+              f"{entry['saturated']} saturated (mean at the maximum) left out of tokens")
         for row in sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["row_id"]):
             print(f"  row {row['row_id']:>3} {row['framework'][:22]:22} {row['model'][:24]:24} "
                   f"mean {row['mean']:6.0f} / max {row['max']:6d} = {row['mean'] / row['max']:.3f}"
+                  f", uncut {uncut_mean_tokens(row['mean'], row['max']) or float('inf'):6.0f}"
                   f"  ({row['how']})")
     if args.write:
         args.write.write_text(json.dumps(fitted, indent=2) + "\n")

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GRPO with verl 0.9.1 (Megatron backend): DeepSeek-V3 on 128 x H20-96GB (16 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
-# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 461->717 over the run), mini-batch 256, bf16
+# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 483->717 over the run), mini-batch 256, bf16
 # Actor:     TP4 PP4 VPP1 CP1 EP32 ETP1 DP8, dynamic batch 4096 tokens/GPU (log-prob 4096), recompute none, offload -, CPU optimizer 100%, layers per stage 16/15/../15
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP4 DP32 EP128 (1 replica(s) of 128 GPUs), gpu_memory_utilization 0.30
-# Predicted: peak 79.29 GiB of 95.6 GiB (83%) in generate; step 816.2 s, 79 tokens/s/GPU
+# Predicted: peak 79.29 GiB of 95.6 GiB (83%) in generate; step 822.5 s, 79 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GRPO with verl 0.9.1 (Megatron backend): DeepSeek-V3 on 256 x H100-80GB (32 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
-# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 461->717 over the run), mini-batch 256, bf16
+# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 483->717 over the run), mini-batch 256, bf16
 # Actor:     TP1 PP16 VPP1 CP1 EP16 ETP1 DP16, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute full, offload optim, layers per stage 3/4/../2
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP2 DP64 EP128 (2 replica(s) of 128 GPUs), gpu_memory_utilization 0.45
-# Predicted: peak 65.37 GiB of 79.6 GiB (82%) in generate; step 182.1 s, 177 tokens/s/GPU
+# Predicted: peak 65.37 GiB of 79.6 GiB (82%) in generate; step 182.8 s, 178 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

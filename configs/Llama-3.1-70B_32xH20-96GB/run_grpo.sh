@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GRPO with verl 0.9.1 (Megatron backend): Llama-3.1-70B on 32 x H20-96GB (4 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
-# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 461->717 over the run), mini-batch 256, bf16
+# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 483->717 over the run), mini-batch 256, bf16
 # Actor:     TP8 PP4 VPP1 CP1 EP1 ETP1 DP1, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute none, offload -, layers per stage 20/20/../20
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP8 DP1 EP1 (4 replica(s) of 8 GPUs), gpu_memory_utilization 0.35
-# Predicted: peak 77.33 GiB of 95.6 GiB (81%) in generate; step 2380.4 s, 108 tokens/s/GPU
+# Predicted: peak 77.33 GiB of 95.6 GiB (81%) in generate; step 2399.4 s, 108 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GRPO with verl 0.9.1 (Megatron backend): Llama-3.1-8B on 8 x H100-80GB (1 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
-# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 461->717 over the run), mini-batch 256, bf16
+# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 483->717 over the run), mini-batch 256, bf16
 # Actor:     TP2 PP2 VPP1 CP1 EP1 ETP1 DP2, dynamic batch 16384 tokens/GPU (log-prob 16384), recompute none, offload -, layers per stage 16/16
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP1 DP1 EP1 (8 replica(s) of 1 GPUs), gpu_memory_utilization 0.50
-# Predicted: peak 67.59 GiB of 79.6 GiB (85%) in generate; step 259.2 s, 3982 tokens/s/GPU
+# Predicted: peak 67.59 GiB of 79.6 GiB (85%) in generate; step 262.2 s, 3964 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GRPO with verl 0.9.1 (Megatron backend): Qwen2.5-7B on 8 x H100-80GB (1 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
-# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 461->717 over the run), mini-batch 256, bf16
+# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 483->717 over the run), mini-batch 256, bf16
 # Actor:     TP2 PP1 VPP1 CP1 EP1 ETP1 DP4, dynamic batch 8192 tokens/GPU (log-prob 8192), recompute none, offload -
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP2 DP1 EP1 (4 replica(s) of 2 GPUs), gpu_memory_utilization 0.30
-# Predicted: peak 64.49 GiB of 79.6 GiB (81%) in generate; step 223.3 s, 4622 tokens/s/GPU
+# Predicted: peak 64.49 GiB of 79.6 GiB (81%) in generate; step 225.4 s, 4612 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GRPO with verl 0.9.1 (Megatron backend): Qwen2.5-7B on 8 x H20-96GB (1 node(s) x 8 GPUs)
 # Planned by plan-parallel 0.1.0 (layout rank 1); plan.json holds the layout and every prediction.
-# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 461->717 over the run), mini-batch 256, bf16
+# Workload:  GRPO: 1024 prompts x n=5, prompt 1024 + response 1024 tokens (mean 483->717 over the run), mini-batch 256, bf16
 # Actor:     TP1 PP1 VPP1 CP1 EP1 ETP1 DP8, dynamic batch 2048 tokens/GPU (log-prob 2048), recompute none, offload -
 # Reference: the actor's parallel sizes, param offload no
 # Rollout:   vLLM TP4 DP1 EP1 (2 replica(s) of 4 GPUs), gpu_memory_utilization 0.10
-# Predicted: peak 80.20 GiB of 95.6 GiB (84%) in update_actor; step 1024.0 s, 1008 tokens/s/GPU
+# Predicted: peak 80.20 GiB of 95.6 GiB (84%) in update_actor; step 1034.0 s, 1005 tokens/s/GPU
 #
 # Usage: MODEL_PATH=... TRAIN_FILES=... VAL_FILES=... bash run_grpo.sh [key=value ...]
 #   Extra arguments are Hydra overrides appended to the command (the last one wins).

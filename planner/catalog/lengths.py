@@ -188,10 +188,32 @@ def truncated_mean_tokens(mean_tokens: float, max_tokens: int) -> float:
     return float(mean_tokens) * -math.expm1(-float(max_tokens) / float(mean_tokens))
 
 
+def uncut_mean_tokens(cut_mean_tokens: float, max_tokens: int) -> float | None:
+    """The mean of the exponential lengths whose cut at ``max_tokens`` has mean
+    ``cut_mean_tokens``: the inverse of :func:`truncated_mean_tokens`, solving
+    m = mu * (1 - exp(-M / mu)) for mu.  With x = M / mu the cut share m / M = (1 - exp(-x)) / x
+    falls monotonically from 1 (x -> 0) to 0, so a share in (0, 1) has one root, found by
+    bisection on log x.  ``None`` when ``cut_mean_tokens >= max_tokens`` (saturated: every
+    response at the cap, no finite mean explains it)."""
+    share = float(cut_mean_tokens) / float(max_tokens)
+    if not 0 < share < 1:
+        return None
+    low, high = -40.0, 40.0  # log x: share(x) ~ 1 at e^-40, ~ e^-40 at e^40
+    for _ in range(100):  # 80 / 2^100: exact to double precision
+        middle = (low + high) / 2
+        x = math.exp(middle)
+        if -math.expm1(-x) / x > share:
+            low = middle
+        else:
+            high = middle
+    return float(max_tokens) / math.exp((low + high) / 2)
+
+
 def default_lengths(max_tokens: int, model_name: str = "", kind: str | None = None
                     ) -> ResponseLengths:
     """The published runs' lengths for the kind of job (``kind``, else :func:`job_kind` of the
-    model), as a band from their 10th to their 90th percentile; a mean in tokens is cut at
+    model), as a band from their 10th to their 90th percentile; a mean in tokens (fitted uncut,
+    :func:`uncut_mean_tokens` of each run's published mean at its own maximum) is cut at
     ``max_tokens`` as exponential lengths are (:func:`truncated_mean_tokens`)."""
     table = _defaults()["kinds"]
     kind = kind or job_kind(model_name)

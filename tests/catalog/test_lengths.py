@@ -20,6 +20,8 @@ from planner.catalog.lengths import (
     job_kind,
     length_defaults,
     parse_response_lengths,
+    truncated_mean_tokens,
+    uncut_mean_tokens,
 )
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
@@ -101,15 +103,47 @@ def test_the_default_is_the_published_runs_band_and_says_so():
     # under a maximum near or below them, the published means are cut as exponential lengths
     # are, E[min(L, M)] = mean (1 - exp(-M / mean)): not every response at the maximum (100%)
     short = default_lengths(512, "Qwen2.5-7B")
-    assert (short.start_tokens, short.end_tokens) == (round(544 * (1 - np.exp(-512 / 544))),
-                                                      round(1344 * (1 - np.exp(-512 / 1344))))
-    assert (short.start_tokens, short.end_tokens) == (332, 426)  # 65% -> 83% of the maximum
-    assert "their 544->1344 tokens cut at this maximum" in short.sentence()
+    assert (short.start_tokens, short.end_tokens) == (round(585 * (1 - np.exp(-512 / 585))),
+                                                      round(1347 * (1 - np.exp(-512 / 1347))))
+    assert (short.start_tokens, short.end_tokens) == (341, 426)  # 67% -> 83% of the maximum
+    assert "their 585->1347 tokens cut at this maximum" in short.sentence()
     assert "cut at" not in default_lengths(16384, "Qwen2.5-7B").sentence()
     sentence = thinking.sentence()
     assert sentence.startswith("assumed mean response 69%->79% of max")
     assert "published" in sentence and "grpo_runs.csv" in sentence
     assert "--lengths-from RUN" in sentence and "--mean-response-length" in sentence
+
+
+@pytest.mark.parametrize("cut, maximum, uncut", [
+    (544, 1336, 613.52), (774, 1336, 1101.55), (860, 3896, 869.87), (3283, 3896, 11044.84),
+    (1, 8192, 1.0)])
+def test_the_uncut_mean_is_the_one_whose_exponential_cut_is_the_published_mean(cut, maximum,
+                                                                                uncut):
+    assert uncut_mean_tokens(cut, maximum) == pytest.approx(uncut, abs=0.01)
+    assert truncated_mean_tokens(uncut_mean_tokens(cut, maximum), maximum) == pytest.approx(cut)
+
+
+@pytest.mark.parametrize("cut", [1336, 1400, 0])
+def test_a_mean_at_or_above_its_maximum_has_no_uncut_mean(cut):
+    assert uncut_mean_tokens(cut, 1336) is None
+
+
+def test_the_fit_takes_uncut_means_in_tokens_and_counts_saturated_runs():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fit_lengths
+
+    # answers of ~500-900 tokens under maxima of 1336 to 8192, and one run at its maximum
+    rows = [{"mean": mean, "max": maximum, "row_id": i, "model": "m"} for i, (mean, maximum)
+            in enumerate([(544, 1336), (774, 1336), (860, 3896), (600, 8192), (900, 8192),
+                          (1336, 1336)])]
+    entry = fit_lengths.fit_kind(rows)
+    assert entry["scale"] == "tokens" and entry["saturated"] == 1 and entry["runs"] == 5
+    uncut = [uncut_mean_tokens(row["mean"], row["max"]) for row in rows[:-1]]
+    assert entry["start"] == round(float(np.percentile(uncut, 10)))
+    assert entry["end"] == round(float(np.percentile(uncut, 90)))
+    # the stored math band is of uncut means: above the published (cut) means' 544 -> 1344
+    stored = length_defaults()["kinds"][DIRECT_KIND]
+    assert stored["start"] > 544 and stored["end"] > 1344 and stored["saturated"] == 0
 
 
 def test_the_stored_default_is_what_the_fit_script_computes_from_the_shared_data():

@@ -101,12 +101,12 @@ def test_plan_json_states_the_mean_response_length(capsys, tmp_path):
                  str(tmp_path)]) == 0
     capsys.readouterr()
     workload = json.loads((tmp_path / "plan.json").read_text())["workload"]
-    # no lengths given: the published math runs' band (544->1344 tokens, cut at the 1024
+    # no lengths given: the published math runs' band (585->1347 uncut tokens, cut at the 1024
     # maximum as exponential lengths are, mean (1 - exp(-1024 / mean))), timed over the run;
     # its middle node is the mean plan.json records
     assert workload["lengths"]["source"] == "default"
-    assert (workload["lengths"]["start_tokens"], workload["lengths"]["end_tokens"]) == (461, 717)
-    assert workload["mean_response_length"] == 589
+    assert (workload["lengths"]["start_tokens"], workload["lengths"]["end_tokens"]) == (483, 717)
+    assert workload["mean_response_length"] == 600
     assert GrpoWorkload(response_length=4096).mean_response_length == 2048
     assert GrpoWorkload(mean_response_length=300).mean_response_length == 300
     assert GrpoWorkload() == GrpoWorkload(mean_response_length=512)
