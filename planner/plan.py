@@ -102,15 +102,15 @@ class Plan(OfRequest):
     rejected: dict[str, int] = field(default_factory=dict)
     scored: int = 0  # actor layouts the cost model scored (each with its chosen rollout)
     merged: int = 0  # valid actor layouts merged into an equivalent scored one (SearchSpace)
-    # layouts that fit when ``candidates`` keeps only the first few (make_plan's ``keep``)
+    # layouts that fit when ``candidates`` keeps only the first few (``PlanReads.keep``)
     fit_total: int | None = None
     # of those, with the peak at most the band's top, when ``candidates`` keeps only the rows
-    # the text table reads (make_plan's ``table``)
+    # the text table reads (``PlanReads.table``)
     below_top_total: int | None = None
-    # the ties, whenever ``candidates`` keeps only the first few (make_plan's ``keep``)
+    # the ties, whenever ``candidates`` keeps only the first few (``PlanReads.keep``)
     tie_total: int | None = None
-    # False: only the ties that can be among the kept rows were timed (make_plan's
-    # ``count_ties``): :attr:`ties` is not known
+    # False: only the ties that can be among the kept rows were timed
+    # (``PlanReads.count_ties``): :attr:`ties` is not known
     ties_counted: bool = True
     # step-time ratio within which layouts are ties, and where the figure comes from
     tie_tolerance: float = 0.0
@@ -165,7 +165,7 @@ class Plan(OfRequest):
         """Layouts within the ranking uncertainty of the best (``within_error_of_best``)."""
         if not self.ties_counted:
             raise ValueError("this plan timed only the ties among its first rows "
-                             "(make_plan(count_ties=False)): their count is not known")
+                             "(PlanReads(count_ties=False)): their count is not known")
         if self.tie_total is not None:
             return self.tie_total
         tied = self.columns.get("within_error_of_best")
@@ -374,10 +374,10 @@ def _spread(values: np.ndarray, at: np.ndarray) -> np.ndarray:
 class RankedColumns(Mapping):
     """A plan's ranked columns (``rows`` at positions ``order``, then ``extra``, the columns
     the plan adds to its kept rows), each gathered from ``rows`` when first read and kept:
-    the :attr:`Plan.columns` of ``make_plan(lazy=True)``, for a caller that reads a few
-    columns of every kept row and every column of a few (a sizing sweep: the parallel and
-    rollout columns of its probes' fitting layouts and the best row's record, not the hundred
-    columns of thousands of layouts).  The same values, in the same order, as
+    the :attr:`Plan.columns` of a plan that reads ``PlanReads(lazy=True)``, for a caller that
+    reads a few columns of every kept row and every column of a few (a sizing sweep: the
+    parallel and rollout columns of its probes' fitting layouts and the best row's record, not
+    the hundred columns of thousands of layouts).  The same values, in the same order, as
     ``{**rows.take(order), **extra}``."""
 
     def __init__(self, rows: ScoredRows, order: np.ndarray, extra: Columns) -> None:
@@ -842,28 +842,58 @@ def evaluate_actors(request: PlanRequest) -> ActorEvaluation:
     return ActorEvaluation(request, space, actor_memory(request, space.columns, reduced=True))
 
 
+@dataclass(frozen=True)
+class PlanReads:
+    """What the caller of :func:`make_plan` reads of the plan: only that is ranked, timed and
+    priced.  The default reads everything (every layout ranked, the memory band's headroom
+    priced, the ties counted)."""
+
+    # put only the first ``keep`` ranked layouts in the frame (a caller that reads the best
+    # alone), and time only the layouts that can be among them (:class:`Head`); the counts
+    # (:attr:`Plan.fitting_count`) stay those of every layout.  None: every layout
+    keep: int | None = None
+    # (with ``keep``) what the text table reads -- the first ``keep`` rows, and up to the
+    # fastest layout inside the memory band (:attr:`Plan.fastest_in_band`, its rank), with the
+    # exact counts of ties (:attr:`Plan.ties`) and of layouts below the band's top
+    # (:attr:`Plan.fitting_below_top`); only the layouts that can be among those rows are timed
+    # at every point of the run
+    table: bool = False
+    # price the memory band's headroom (:func:`fill_columns`); False leaves those columns NaN
+    # (a sizing sweep, which reads none of them)
+    fill: bool = True
+    # gather each column of the kept rows when first read (:class:`RankedColumns`), for a
+    # caller that reads few of them (a sizing sweep)
+    lazy: bool = False
+    # False (with ``keep``): of the ties only those that can be among the first ``keep`` rows
+    # are timed (:func:`planner.first_ties.rows_for_first_ties`), and :attr:`Plan.ties` is not
+    # known (a caller that reads the best alone: ``--mode best``)
+    count_ties: bool = True
+
+    @classmethod
+    def text_table(cls, top: int) -> PlanReads:
+        """The text table's: its first ``top`` rows, its fastest layout in the band, counts."""
+        return cls(keep=top, table=True)
+
+    @classmethod
+    def best(cls, top: int) -> PlanReads:
+        """``--mode best``'s: the first ``top`` ranked layouts, the ties beyond them neither
+        timed nor counted."""
+        return cls(keep=top, count_ties=False)
+
+    @classmethod
+    def sweep(cls) -> PlanReads:
+        """A sizing sweep's: every layout, no fill columns, the columns gathered when read."""
+        return cls(fill=False, lazy=True)
+
+
 def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
-              actors: ActorEvaluation | None = None, keep: int | None = None,
-              table: bool = False, fill: bool = True, lazy: bool = False,
-              count_ties: bool = True) -> Plan:
+              actors: ActorEvaluation | None = None, reads: PlanReads = PlanReads()) -> Plan:
     """Rank every valid layout.  ``tie_tolerance``: the step-time ratio within which layouts
     are ties (None: the cost model's ranking uncertainty; 0: a strict ranking).  ``actors``:
     the request's :class:`ActorEvaluation` when already computed (by a plan of the same
-    request under another memory policy, :attr:`Plan.actors`).  ``keep``: put only the first
-    ``keep`` ranked layouts in the frame (a caller that reads the best alone), and time only
-    the layouts that can be among them (:class:`Head`); the counts
-    (:attr:`Plan.fitting_count`) stay those of every layout.  ``table`` (with ``keep``): what
-    the text table reads -- the first ``keep`` rows, and up to the fastest layout inside the
-    memory band (:attr:`Plan.fastest_in_band`, its rank), with the exact counts of ties
-    (:attr:`Plan.ties`) and of layouts below the band's top (:attr:`Plan.fitting_below_top`);
-    only the layouts that can be among those rows are timed at every point of the run.
-    ``fill``: price the memory band's headroom (:func:`fill_columns`); False leaves those
-    columns NaN (a sizing sweep, which reads none of them).  ``lazy``: gather each column of
-    the kept rows when first read (:class:`RankedColumns`), for a caller that reads few of
-    them (a sizing sweep).  ``count_ties`` False (with ``keep``): of the ties only those that
-    can be among the first ``keep`` rows are timed
-    (:func:`planner.first_ties.rows_for_first_ties`), and :attr:`Plan.ties` is not known (a
-    caller that reads the best alone: ``--mode best``)."""
+    request under another memory policy, :attr:`Plan.actors`).  ``reads``: what the caller
+    reads of the plan (:class:`PlanReads`; the default: everything)."""
+    keep = reads.keep
     options = search_options_for(request)
     if actors is None or not actors.serves(request):
         actors = evaluate_actors(request)
@@ -873,9 +903,9 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     tolerance = request.cost.uncertainty if tie_tolerance is None else tie_tolerance
     # a ranking read only at its head times only the fitting rows that can be in it
     head = keep is not None and not options.exhaustive
-    table = table and keep is not None
+    table = reads.table and keep is not None
     # without counting ties, a moving length's head times only its first ties (Head)
-    counted = count_ties or table or not (head and _moving(request))
+    counted = reads.count_ties or table or not (head and _moving(request))
     rows = score_rows(request, actor, memory,
                       pick_utilization=options.gpu_memory_utilization is None,
                       time_rows=Head(keep, tolerance, table, counted)
@@ -911,9 +941,9 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     # 1,024 GPUs would otherwise hold millions of rows that no command shows).
     order = order[:fitting + KEEP_NOT_FITTING if keep is None else keep]
     extra = {"within_error_of_best": tied[order], "rank": np.arange(1, len(order) + 1)}
-    ranked = RankedColumns(rows, order, extra) if lazy else {**rows.take(order), **extra}
-    filled = fill_columns(request, ranked, min(fitting, FILL_ROWS) if fill else 0)
-    (extra if lazy else ranked).update(filled)
+    ranked = RankedColumns(rows, order, extra) if reads.lazy else {**rows.take(order), **extra}
+    filled = fill_columns(request, ranked, min(fitting, FILL_ROWS) if reads.fill else 0)
+    (extra if reads.lazy else ranked).update(filled)
     return Plan(request=request, columns=ranked, actors=actors, enumerated=space.enumerated,
                 valid=space.valid, rejected=space.rejected, scored=len(scored["tp"]),
                 merged=space.merged, fit_total=None if keep is None else fitting, **totals,

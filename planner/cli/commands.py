@@ -17,7 +17,7 @@ from planner.errors import InvalidLayoutError, NoFitError
 from planner.modes import BEST, get_mode, mode_names, off_policy_note
 from planner.output import estimate_json, plan_json, split_estimate_json
 from planner.placement import SplitEstimate, pool_layout
-from planner.plan import make_plan
+from planner.plan import PlanReads, make_plan
 from planner.policy import FILL_POLICY
 from planner.report.text import estimate_text, format_table, plan_csv, plan_table, to_json
 from planner.search.layout import Layout, modules_mask
@@ -47,7 +47,7 @@ def cmd_plan(args) -> int:
     # counts: only what it reads is ranked (JSON, CSV and --write read every layout)
     table = args.format not in ("json", "csv") and not args.write
     plan = make_plan(request, tie_tolerance=args.tie_tolerance,
-                     keep=args.top if table else None, table=table)
+                     reads=PlanReads.text_table(args.top) if table else PlanReads())
     inputs.note_versions(args, request.cost, request.workload)
     fitting = plan.fitting_count
     if args.write:
@@ -75,7 +75,7 @@ def cmd_plan(args) -> int:
         fill_plan = (None if request.policy.fills_gpu or not fitting
                      or not workload.has_rollout else
                      make_plan(replace(request, policy=FILL_POLICY), tie_tolerance=0.0,
-                               actors=plan.actors, keep=1))
+                               actors=plan.actors, reads=PlanReads(keep=1)))
         print(plan_table(plan, args.top, fill_plan))
     return ExitCode.OK if fitting else ExitCode.NO
 

@@ -28,7 +28,7 @@ from planner.modes.registry import register
 from planner.output import layout_summary_json
 from planner.phases import PHASES
 from planner.placement import ModePlan
-from planner.plan import Estimate, estimate_layout, make_plan
+from planner.plan import Estimate, PlanReads, estimate_layout, make_plan
 from planner.results import COLOCATED_MODE, ON_POLICY, Staleness
 from planner.search.layout import Layout
 from planner.search.space import SearchOptions
@@ -58,7 +58,7 @@ class SyncMode(TrainingMode):
             # beyond them neither timed nor counted (the counts of layouts stay every
             # layout's); its search space and actor memory are let go before the split modes
             # plan (``job`` plans again for a rank beyond them)
-            plan = replace(make_plan(request, keep=top, count_ties=False), actors=None)
+            plan = replace(make_plan(request, reads=PlanReads.best(top)), actors=None)
         return ModePlan(mode=self.name, request=request,
                         candidates=plan.top(top, staleness=self.staleness(), mode=self.name),
                         async_options=self.settings, sync_plan=plan, splits_tried=1)
@@ -85,7 +85,7 @@ class SyncMode(TrainingMode):
         layouts = plan.sync_plan
         if layouts.fit_total is not None and rank > layouts.rows < RANKS_KEPT:
             # a short list, and a rank beyond it: the first RANKS_KEPT ranked layouts
-            layouts = make_plan(plan.request, keep=RANKS_KEPT)
+            layouts = make_plan(plan.request, reads=PlanReads(keep=RANKS_KEPT))
         return job_from_plan(layouts, rank, model_path=launch.model_path,
                              train_files=launch.train_files, val_files=launch.val_files,
                              extra_overrides=launch.extra_overrides)

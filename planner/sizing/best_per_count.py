@@ -36,8 +36,8 @@ more CPU time).  The probes of the GPU types at one count share the search space
 actor's memory (:class:`planner.plan.ActorEvaluation`); their refinements differ (each keeps
 its own probe's first layouts) and are evaluated each.  A sweep reads each plan's columns
 (:attr:`planner.plan.Plan.columns`), never its pandas frame, and asks for no fill columns
-(``make_plan(fill=False)``: the memory band's headroom, which no sweep column shows), and
-gathers the plans' ranked columns when it reads them (``make_plan(lazy=True)``,
+(``PlanReads.fill`` False: the memory band's headroom, which no sweep column shows), and
+gathers the plans' ranked columns when it reads them (``PlanReads.lazy``,
 :class:`planner.plan.RankedColumns`): the parallel and rollout columns of a probe's fitting
 layouts and every column of a plan's first row, not the hundred columns of every layout.
 """
@@ -50,7 +50,7 @@ import numpy as np
 
 from planner.catalog.hardware import ClusterSpec
 from planner.cost.request import PlanRequest
-from planner.plan import Plan, make_plan
+from planner.plan import Plan, PlanReads, make_plan
 from planner.search.layout import RECOMPUTE, unique_rows
 from planner.search.space import PARALLEL_FIELDS, ROLLOUT_FIELDS, SearchOptions
 
@@ -177,8 +177,8 @@ def best_layout(request: PlanRequest, refine: int = REFINE,
         key = (cluster.num_gpus, probe)
         made = make_plan(replace(request, options=replace(
             options, knob_rows=knobs, parallel_rows=parallel, rollout_rows=rollouts, vpp=vpp,
-            exhaustive=bool(probe) or options.exhaustive)), tie_tolerance=0.0, fill=False,
-            actors=shared.get(key) if probe else None, lazy=True)
+            exhaustive=bool(probe) or options.exhaustive)), tie_tolerance=0.0,
+            actors=shared.get(key) if probe else None, reads=PlanReads.sweep())
         if probe:
             shared[key] = made.actors
         return made

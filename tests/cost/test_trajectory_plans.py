@@ -21,7 +21,7 @@ from planner.cost.trajectory import (
     step_columns_over_run,
     workload_at,
 )
-from planner.plan import make_plan
+from planner.plan import PlanReads, make_plan
 from planner.ranking import fastest_in_band
 from planner.search.layout import Layout
 
@@ -259,7 +259,8 @@ def test_a_plan_without_fill_columns_ranks_and_prices_the_same_layouts():
     request = PlanRequest(resolve_model(MODEL), H100, GrpoWorkload(
         response_length=8192, lengths=default_lengths(8192, "Qwen3-8B")))
     full = make_plan(request, tie_tolerance=0.0)
-    bare = make_plan(request, tie_tolerance=0.0, actors=full.actors, fill=False)
+    bare = make_plan(request, tie_tolerance=0.0, actors=full.actors,
+                     reads=PlanReads(fill=False))
     fill = [name for name in full.columns if name.endswith("_fill")]
     assert len(fill) == 4 and np.isfinite(full.columns["time_generate_s_fill"][0])
     assert all(np.isnan(bare.columns[name]).all() for name in fill)

@@ -20,7 +20,6 @@ WIDE = {
     "planner/search/pipeline.py split_problems": "megatron-core's split knobs, one per flag",
     "planner/search/pipeline.py pipeline_split": "megatron-core's split knobs, vectorised",
     "planner/cost/memory.py activation_bytes_per_layer": "the layer-kind rework's to redo",
-    "planner/plan.py make_plan": "what the caller reads (keep, table, fill), to become one spec",
 }
 
 

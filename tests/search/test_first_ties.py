@@ -1,4 +1,4 @@
-"""A plan that counts no ties (``make_plan(keep=k, count_ties=False)``, ``--mode best``'s
+"""A plan that counts no ties (``PlanReads.best(k)``, ``--mode best``'s
 colocated plan) finds every fitting layout's expected step time in its chunks and times fully
 only the rows its first ``k`` can be: the same first rows as the plan that ranks every layout,
 every column to the bit, in one pass or in chunks (issue 24)."""
@@ -19,7 +19,7 @@ from planner.cost.request import PlanRequest
 from planner.first_ties import rows_for_first_ties
 from planner.modes import Launch, get_mode
 from planner.modes.sync import RANKS_KEPT
-from planner.plan import evaluate_actors, make_plan
+from planner.plan import PlanReads, evaluate_actors, make_plan
 from planner.policy import MemoryPolicy
 
 SMALL = GrpoWorkload(train_batch_size=64, rollout_n=4, mini_batch_size=16)
@@ -53,8 +53,8 @@ def test_first_rows_without_counting_ties(req, tolerance, chunk, monkeypatch):
     monkeypatch.setattr(plan_module, "SCORE_CHUNK_ROWS", chunk)
     ties = full.ties
     for keep in sorted({1, 7, max(ties - 1, 1), ties + 3}):
-        head = make_plan(req, tie_tolerance=tolerance, actors=actors, keep=keep,
-                         count_ties=False)
+        head = make_plan(req, tie_tolerance=tolerance, actors=actors,
+                         reads=PlanReads.best(keep))
         assert head.rows == min(keep, full.rows)
         assert head.fitting_count == full.fitting_count
         for name in SHOWN:

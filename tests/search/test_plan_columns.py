@@ -9,7 +9,7 @@ from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cost.request import PlanRequest
-from planner.plan import make_plan
+from planner.plan import PlanReads, make_plan
 from planner.policy import MemoryPolicy
 from planner.results import ColocatedCandidate, Placement
 
@@ -63,12 +63,13 @@ def test_what_the_text_table_reads_equals_the_frames():
 
 
 def test_lazy_columns_are_the_eager_ones_and_gather_only_what_is_read():
-    # make_plan(lazy=True) (a sizing sweep's plans, which ask for no fill columns): the same
+    # PlanReads(lazy=True) (a sizing sweep's plans, which ask for no fill columns): the same
     # columns, in the same order, with the same values and types, each gathered from the scored
     # rows when first read
     request = PlanRequest(resolve_model("qwen3-8b"), ClusterSpec(get_gpu("h100"), 8, 8),
                           GrpoWorkload(), policy=MemoryPolicy.parse("0.3-0.5"))
-    eager, lazy = make_plan(request, fill=False), make_plan(request, fill=False, lazy=True)
+    eager = make_plan(request, reads=PlanReads(fill=False))
+    lazy = make_plan(request, reads=PlanReads.sweep())
     assert not eager.fitting_rows().size == eager.rows  # misses kept: untimed rows too
     rows = np.array([0, 5, eager.rows - 1, 2])
     assert list(lazy.columns) == list(eager.columns) and len(lazy.columns) == len(eager.columns)

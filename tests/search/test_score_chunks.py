@@ -17,7 +17,14 @@ from planner.catalog.lengths import ResponseLengths
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cost.request import PlanRequest
-from planner.plan import Head, choose_rollout, evaluate_actors, make_plan, score_rows
+from planner.plan import (
+    Head,
+    PlanReads,
+    choose_rollout,
+    evaluate_actors,
+    make_plan,
+    score_rows,
+)
 from planner.policy import FILL_POLICY, MemoryPolicy
 
 SMALL = GrpoWorkload(train_batch_size=64, rollout_n=4, mini_batch_size=16)
@@ -51,11 +58,12 @@ def assert_same_columns(mine: dict, theirs: dict) -> None:
 def plans(req: PlanRequest, tolerance, monkeypatch, chunk: int) -> list:
     monkeypatch.setattr(plan_module, "SCORE_CHUNK_ROWS", chunk)
     actors = evaluate_actors(req)
-    out = [make_plan(req, tie_tolerance=tolerance, actors=actors, keep=10, table=True),
-           make_plan(req, tie_tolerance=tolerance, actors=actors, keep=3)]
+    out = [make_plan(req, tie_tolerance=tolerance, actors=actors,
+                     reads=PlanReads.text_table(10)),
+           make_plan(req, tie_tolerance=tolerance, actors=actors, reads=PlanReads(keep=3))]
     if req.workload.has_rollout:
         out.append(make_plan(replace(req, policy=FILL_POLICY), tie_tolerance=0.0,
-                             actors=actors, keep=1))
+                             actors=actors, reads=PlanReads(keep=1)))
     return out
 
 

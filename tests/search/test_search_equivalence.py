@@ -24,7 +24,7 @@ from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cost.request import PlanRequest
 from planner.modes import get_mode
 from planner.modes.registry import plan_all
-from planner.plan import make_plan
+from planner.plan import PlanReads, make_plan
 from planner.policy import FILL_POLICY
 from planner.search.layout import LAYOUT_FIELDS
 from planner.search.pipeline import pipeline_split
@@ -107,7 +107,7 @@ def test_filled_gpu_plan_shares_the_actor_evaluation(model, gpus):
     req = request(model, gpus, workload=MOVING)
     plan = make_plan(req)
     filled = replace(req, policy=FILL_POLICY)
-    shared = make_plan(filled, tie_tolerance=0.0, actors=plan.actors, keep=1)
+    shared = make_plan(filled, tie_tolerance=0.0, actors=plan.actors, reads=PlanReads(keep=1))
     alone = make_plan(replace(filled, options=replace(req.options, exhaustive=True)),
                       tie_tolerance=0.0)
     assert shared.actors is plan.actors  # not computed again
@@ -142,7 +142,8 @@ def test_a_plan_read_at_its_head_times_only_the_layouts_that_can_lead():
     assert ranked.ties > 5
     for count in (1, 5, 40):
         for full, tie_tolerance in ((plan, 0.0), (ranked, None)):
-            head = make_plan(req, tie_tolerance=tie_tolerance, actors=plan.actors, keep=count)
+            head = make_plan(req, tie_tolerance=tie_tolerance, actors=plan.actors,
+                             reads=PlanReads(keep=count))
             for name in ("tp", "pp", "vpp", "cp", "ep", "micro_batch", "step_time_s",
                          "step_time_start_s", "step_time_end_s", "peak_bytes",
                          "within_error_of_best", "rank"):
@@ -238,7 +239,7 @@ def test_a_plan_that_keeps_few_rows_counts_every_layout():
     from planner.verl.export import job_from_plan
 
     req = request("qwen3-8b", 8)
-    full, short = make_plan(req), make_plan(req, keep=3)
+    full, short = make_plan(req), make_plan(req, reads=PlanReads(keep=3))
     assert len(short.candidates) == 3 and short.fitting_count == full.fitting_count
     assert short.candidate(2).layout == full.candidate(2).layout
     assert job_from_plan(short, rank=3).layout == full.candidate(2).layout

@@ -1,6 +1,6 @@
 """The text table's plan ranks only what the table reads (issue 24), and reads the same.
 
-``make_plan(keep=top, table=True)`` (the default text command) times at every point of the run
+``PlanReads.text_table(top)`` (the default text command) times at every point of the run
 only the layouts that can be in the first ``top`` rows, tied with the best, the fastest inside
 the memory band or ranked before it, and keeps only the rows up to those in its frame.  On dense,
 MoE and MLA models, pretraining, a moving and a constant response length, strict and tied
@@ -20,7 +20,7 @@ from planner.catalog.lengths import ResponseLengths
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cost.request import PlanRequest
-from planner.plan import make_plan
+from planner.plan import PlanReads, make_plan
 from planner.policy import FILL_POLICY, MemoryPolicy
 from planner.ranking import rows_before
 from planner.report.text import plan_table
@@ -49,7 +49,8 @@ def request(model: str, gpus: int, workload, policy: MemoryPolicy) -> PlanReques
 
 def assert_same_table(req: PlanRequest, tolerance, top: int) -> None:
     full = make_plan(req, tie_tolerance=tolerance)
-    table = make_plan(req, tie_tolerance=tolerance, actors=full.actors, keep=top, table=True)
+    table = make_plan(req, tie_tolerance=tolerance, actors=full.actors,
+                      reads=PlanReads.text_table(top))
     assert len(table.candidates) <= len(full.candidates)
     assert table.fitting_count == full.fitting_count
     assert table.fitting_below_top == full.fitting_below_top
@@ -57,7 +58,7 @@ def assert_same_table(req: PlanRequest, tolerance, top: int) -> None:
     fill = None
     if full.fitting_count and req.workload.has_rollout:
         fill = make_plan(replace(req, policy=FILL_POLICY), tie_tolerance=0.0,
-                         actors=full.actors, keep=1)
+                         actors=full.actors, reads=PlanReads(keep=1))
     assert plan_table(table, top, fill) == plan_table(full, top, fill)
     if not full.fitting_count:
         return
@@ -85,7 +86,8 @@ def test_the_table_plan_prunes():
     frame holds the rows up to the band's fastest, not every fitting layout."""
     req = request("qwen3-8b", 16, MOVING, NARROW)
     full = make_plan(req, tie_tolerance=0.3)
-    table = make_plan(req, tie_tolerance=0.3, actors=full.actors, keep=5, table=True)
+    table = make_plan(req, tie_tolerance=0.3, actors=full.actors,
+                      reads=PlanReads.text_table(5))
     assert 5 < full.fastest_in_band.rank == len(table.candidates) < full.fitting_count
     assert table.candidates["step_time_start_s"].notna().all()
     from planner.plan import Head, choose_rollout, score_rows
@@ -126,6 +128,6 @@ def test_a_plan_that_keeps_a_few_rows_counts_every_tie():
     table): :attr:`Plan.ties` counted only the ties inside them (here 3 of 4,498)."""
     req = request("qwen3-8b", 16, MOVING, MemoryPolicy())
     full = make_plan(req, tie_tolerance=0.3)
-    kept = make_plan(req, tie_tolerance=0.3, actors=full.actors, keep=3)
+    kept = make_plan(req, tie_tolerance=0.3, actors=full.actors, reads=PlanReads(keep=3))
     assert full.ties > 3 and len(kept.candidates) == 3
     assert kept.ties == full.ties and kept.fitting_count == full.fitting_count
