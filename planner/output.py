@@ -5,11 +5,12 @@ sizing sweep) stay in bytes and seconds, unrounded, until here.  This module con
 (bytes to GiB) and rounds -- each quantity to one precision, the helpers below -- and shapes the
 JSON of ``--format json`` and ``plan.json``: the contract ``docs/plan.schema.json`` states and
 the tests check real output against.  Text renderers (:mod:`planner.report`,
-:mod:`planner.diagnose`) read the typed results and use the same helpers where they print a
-figure the JSON reports, so a table and its JSON never disagree.  Where a text renders a JSON
-section itself (``explain``, ``fix``), the section is a :class:`Summary`: the JSON's rounded
-figures, and the exact ones the text rounds once at its own precision (never the JSON's figure
-rounded again: 73.551 -> 73.55 -> "73.5" where ``plan`` prints 73.6).
+:mod:`planner.diagnose`) read the typed results and round each figure once, at their own
+precision (at the JSON's precision they use the same helpers, so a table and its JSON agree; at
+fewer decimals they format the exact value, never the JSON's rounded one).  Where a text
+renders a JSON section itself (``explain``, ``fix``), the section is a :class:`Summary`: the
+JSON's rounded figures, and the exact ones the text rounds once at its own precision (never the
+JSON's figure rounded again: 73.551 -> 73.55 -> "73.5" where ``plan`` prints 73.6).
 """
 
 from __future__ import annotations

@@ -49,3 +49,12 @@ def test_fix_text_prints_exact_time_and_memory_once_rounded(candidate):
                     DEFAULT_POLICY)
     assert "generate 73.6 s, 83.6 s per step" in text
     assert f"{candidate.memory.peak_bytes / GIB:.1f} GiB" in text
+
+
+def test_plan_text_rounds_the_step_time_once(candidate):
+    from planner.output import seconds
+    from planner.report.text import band_text
+
+    step = replace(candidate, step_time_s=73.5504, step_time_start_s=None)
+    assert f"{seconds(step.step_time_s):.1f}" == "73.5"  # three decimals, then one: 73.55 -> 73.5
+    assert band_text(step) == "73.6 s"
