@@ -58,3 +58,18 @@ def test_plan_text_rounds_the_step_time_once(candidate):
     step = replace(candidate, step_time_s=73.5504, step_time_start_s=None)
     assert f"{seconds(step.step_time_s):.1f}" == "73.5"  # three decimals, then one: 73.55 -> 73.5
     assert band_text(step) == "73.6 s"
+
+
+def test_explain_best_text_rounds_the_step_time_once():
+    from planner.diagnose.explain_modes import explain_best_text
+    from planner.output import Summary
+
+    entry = {"mode": "sync", "fits": True, "step_time_s": 73.55, "speedup_vs_sync": 1.0,
+             "placement": {"colocated": True}}
+    shown = {"mode": "best", "model": "m", "gpus": 8, "gpu_type": "H100", "winner": "sync",
+             "step_time_s": 73.55, "speedup_vs_sync": 1.0, "sync_step_time_s": 73.55,
+             "modes": [Summary(entry, {**entry, "step_time_s": 73.5504})], "caveat": "c"}
+    text = explain_best_text(Summary(shown, {**shown, "step_time_s": 73.5504,
+                                             "sync_step_time_s": 73.5504}))
+    assert "sync wins, 73.6 s per step" in text and "(73.6 s)" in text
+    assert "- sync: 73.6 s per step" in text
