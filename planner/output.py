@@ -5,8 +5,12 @@ sizing sweep) stay in bytes and seconds, unrounded, until here.  This module con
 (bytes to GiB) and rounds -- each quantity to one precision, the helpers below -- and shapes the
 JSON of ``--format json`` and ``plan.json``: the contract ``docs/plan.schema.json`` states and
 the tests check real output against.  Text renderers (:mod:`planner.report`,
-:mod:`planner.diagnose`) read the typed results and use the same helpers where they print a
-figure the JSON reports, so a table and its JSON never disagree.
+:mod:`planner.diagnose`) read the typed results and round each figure once, at their own
+precision (at the JSON's precision they use the same helpers, so a table and its JSON agree; at
+fewer decimals they format the exact value, never the JSON's rounded one).  Where a text
+renders a JSON section itself (``explain``, ``fix``), the section is a :class:`Summary`: the
+JSON's rounded figures, and the exact ones the text rounds once at its own precision (never the
+JSON's figure rounded again: 73.551 -> 73.55 -> "73.5" where ``plan`` prints 73.6).
 """
 
 from __future__ import annotations
@@ -353,19 +357,60 @@ def memory_report_json(c: ColocatedCandidate, policy: MemoryPolicy) -> dict:
     return out
 
 
-def layout_summary_json(c: ColocatedCandidate) -> dict:
+class Summary(dict):
+    """A JSON section whose figures are rounded for the contract, with the same keys unrounded
+    in ``exact`` for the text renderers.
+
+    A text that prints a figure at one decimal must round the exact value once: printing the
+    JSON's two-decimal figure at one decimal rounds twice (73.551 -> 73.55 -> "73.5" where
+    ``plan`` shows 73.6).  The dict itself is the JSON (``json.dumps`` writes its keys, not
+    ``exact``), so ``--format json`` is unchanged; renderers read ``exact_of(section)``.
+    """
+
+    def __init__(self, rounded: dict, exact: dict):
+        super().__init__(rounded)
+        self.exact = exact
+
+    def framed(self, before: dict, after: dict | None = None) -> "Summary":
+        """The section between other keys (``before`` first, ``after`` last), in both forms."""
+        after = after or {}
+        return Summary({**before, **self, **after}, {**before, **self.exact, **after})
+
+
+def exact_of(section: dict) -> dict:
+    """A section's unrounded figures (a :class:`Summary`), else the section itself."""
+    return getattr(section, "exact", section)
+
+
+def _summary(exact: dict, digits: dict[str, int]) -> Summary:
+    """``exact`` as a :class:`Summary`, each key in ``digits`` rounded to its decimals (a dict
+    value: each of its values)."""
+    def rounded(key, value):
+        if key not in digits:
+            return value
+        if isinstance(value, dict):
+            return {k: round(v, digits[key]) for k, v in value.items()}
+        return round(value, digits[key])
+    return Summary({key: rounded(key, value) for key, value in exact.items()}, exact)
+
+
+def layout_summary_json(c: ColocatedCandidate) -> Summary:
     """A layout as ``explain`` compares it: two decimals of seconds, one of GiB; the actor
-    update's compute, pipeline bubble and exposed communication beside its phase times."""
-    return {"layout": c.layout.to_dict(),
-            "step_time_s": round(float(c.step_time_s), 2),
-            "tokens_per_s_per_gpu": round(float(c.tokens_per_s_per_gpu), 1),
-            "peak_memory_gib": round(c.memory.peak_bytes / GIB, 1),
-            "time_s": {phase: round(value, 2) for phase, value in c.times.seconds.items()},
-            "update_compute_s": round(c.times.parts["update_actor"].compute_s, 2)
-            if "update_actor" in c.times.parts else 0.0,
-            "update_bubble_s": round(c.update_bubble_s or 0.0, 2),
-            "update_comm_s": round(c.update_comm_s or 0.0, 2),
-            "within_error_of_best": bool(c.within_error_of_best)}
+    update's compute, pipeline bubble and exposed communication beside its phase times.  The
+    text prints the unrounded figures (``exact``) at its own precision."""
+    exact = {"layout": c.layout.to_dict(),
+             "step_time_s": float(c.step_time_s),
+             "tokens_per_s_per_gpu": float(c.tokens_per_s_per_gpu),
+             "peak_memory_gib": c.memory.peak_bytes / GIB,
+             "time_s": {phase: value for phase, value in c.times.seconds.items()},
+             "update_compute_s": c.times.parts["update_actor"].compute_s
+             if "update_actor" in c.times.parts else 0.0,
+             "update_bubble_s": c.update_bubble_s or 0.0,
+             "update_comm_s": c.update_comm_s or 0.0,
+             "within_error_of_best": bool(c.within_error_of_best)}
+    return _summary(exact, {"step_time_s": 2, "tokens_per_s_per_gpu": 1, "peak_memory_gib": 1,
+                            "time_s": 2, "update_compute_s": 2, "update_bubble_s": 2,
+                            "update_comm_s": 2})
 
 
 def run_advice_json(c: ColocatedCandidate, policy: MemoryPolicy) -> dict:
@@ -454,19 +499,23 @@ def split_estimate_json(estimate: "SplitEstimate", note: str) -> dict:
             "notes": list(estimate.notes), "note": note}
 
 
-def fix_summary_json(c: ColocatedCandidate, policy: MemoryPolicy) -> dict:
-    """A job's prediction, or a mitigation's, as ``fix --format json`` reports it."""
+def fix_summary_json(c: ColocatedCandidate, policy: MemoryPolicy) -> Summary:
+    """A job's prediction, or a mitigation's, as ``fix --format json`` reports it (memory
+    in GiB to two decimals, times to two); the text prints ``exact`` at its own precision."""
     phase = c.memory.peak_phase
-    return {"fits": c.fits, "peak_memory_gib": gib(c.memory.peak_bytes),
-            "memory_utilization": fraction(c.memory.utilization),
-            "band_position": policy.position(c.memory.utilization),
-            "peak_phase": phase,
-            "working_set_gib": gib(c.memory.working_set_bytes.of_phase(phase)),
-            "gpu_memory_utilization": setting(c.layout.gpu_memory_utilization),
-            "kv_cache_tokens_per_gpu": c.rollout.kv_cache_tokens_per_gpu,
-            "generate_s": round(c.times.seconds.generate, 2),
-            "step_time_s": round(float(c.step_time_s), 2),
-            "tokens_per_s_per_gpu": round(float(c.tokens_per_s_per_gpu), 1)}
+    exact = {"fits": c.fits, "peak_memory_gib": float(c.memory.peak_bytes) / GIB,
+             "memory_utilization": float(c.memory.utilization),
+             "band_position": policy.position(c.memory.utilization),
+             "peak_phase": phase,
+             "working_set_gib": float(c.memory.working_set_bytes.of_phase(phase)) / GIB,
+             "gpu_memory_utilization": setting(c.layout.gpu_memory_utilization),
+             "kv_cache_tokens_per_gpu": c.rollout.kv_cache_tokens_per_gpu,
+             "generate_s": c.times.seconds.generate,
+             "step_time_s": float(c.step_time_s),
+             "tokens_per_s_per_gpu": float(c.tokens_per_s_per_gpu)}
+    return _summary(exact, {"peak_memory_gib": 2, "memory_utilization": 4,
+                            "working_set_gib": 2, "generate_s": 2, "step_time_s": 2,
+                            "tokens_per_s_per_gpu": 1})
 
 
 # --- sizing ---------------------------------------------------------------------------------

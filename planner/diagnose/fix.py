@@ -39,7 +39,7 @@ from pathlib import Path
 from planner.cost.request import PlanRequest
 from planner.diagnose.validate import JobContext, JobInput, dry_run
 from planner.errors import InvalidLayoutError, PlanInputError
-from planner.output import colocated_json, fix_summary_json
+from planner.output import colocated_json, exact_of, fix_summary_json
 from planner.plan import estimate_layout
 from planner.policy import DEFAULT_POLICY, PEAK_NAME, WORKING_SET_NAME, MemoryPolicy
 from planner.results import ColocatedCandidate
@@ -349,9 +349,9 @@ def fix_job(job_input: JobInput, top: int = 8) -> FixResult:
     current, found = mitigations(run.job, policy)
     data = {"judges": PEAK_NAME, "band": [policy.low, policy.high],
             "current": fix_summary_json(current, policy), "in_band": in_band(current, policy),
-            "mitigations": [{"change": m.name, "kind": m.kind,
-                             **fix_summary_json(m.candidate, policy),
-                             "overrides": list(m.overrides)} for m in found[:top]]}
+            "mitigations": [fix_summary_json(m.candidate, policy).framed(
+                {"change": m.name, "kind": m.kind}, {"overrides": list(m.overrides)})
+                for m in found[:top]]}
     return FixResult(data=data, mitigations=tuple(found), job=run.job, report=report)
 
 
@@ -371,8 +371,10 @@ def write_fix(result: FixResult, directory: Path, force: bool = False) -> list[P
 
 
 def fix_text(result: FixResult, policy: MemoryPolicy = DEFAULT_POLICY) -> str:
+    """``fix`` as text: the figures unrounded (``exact``), rounded once at the text's precision
+    (the JSON's are two decimals)."""
     data = result.data
-    now = data["current"]
+    now = exact_of(data["current"])
     lines = [f"now: {PEAK_NAME} {now['peak_memory_gib']:.1f} GiB "
              f"({100 * now['memory_utilization']:.0f}%, {now['band_position']} the "
              f"{policy.band_text} band) in {now['peak_phase']}, {WORKING_SET_NAME} "
@@ -389,7 +391,7 @@ def fix_text(result: FixResult, policy: MemoryPolicy = DEFAULT_POLICY) -> str:
             return "\n".join(lines)
     direction = "lower" if now["band_position"] != "below" or not now["fits"] else "raise"
     lines.append(f"mitigations that {direction} the {PEAK_NAME}, best first (predicted):")
-    for i, m in enumerate(data["mitigations"], 1):
+    for i, m in enumerate(map(exact_of, data["mitigations"]), 1):
         alone = "" if m["fits"] else " [not enough alone]"
         generate = f"generate {now['generate_s']:.1f} -> {m['generate_s']:.1f} s"
         lines.append(f"{i:>2}. {m['change']}{alone}: {PEAK_NAME} {now['peak_memory_gib']:.1f} -> "

@@ -25,7 +25,7 @@ from planner.cost.request import PlanRequest
 from planner.errors import NoFitError, PlanInputError
 from planner.modes.base import Launch, TrainingMode
 from planner.modes.registry import register
-from planner.output import layout_summary_json
+from planner.output import exact_of, layout_summary_json
 from planner.phases import PHASES
 from planner.placement import ModePlan
 from planner.plan import Estimate, PlanReads, estimate_layout, make_plan
@@ -207,7 +207,8 @@ def explain_layout(request: PlanRequest) -> dict:
                                 f"in {closest.memory.peak_phase}")
         else:
             rule_best = pinned.candidate(0, fitting=True)
-            entry.update(layout_summary_json(rule_best))
+            entry = layout_summary_json(rule_best).framed(entry)
+            # the verdict is JSON too: it reads the rounded figures
             entry["verdict"] = "plan " + reason(chosen, entry, (rule_best.layout.recompute,
                                                                 best.layout.recompute))
         comparisons.append(entry)
@@ -235,7 +236,7 @@ def explain_layout(request: PlanRequest) -> dict:
 
 def explain_text(result: dict) -> str:
     """The rules-of-thumb report (:meth:`SyncMode.explain`) as text."""
-    chosen = result["chosen"]
+    chosen = exact_of(result["chosen"])  # one rounding, here: the JSON's are two decimals
     layout = chosen["layout"]
     lines = [f"{result['model']} on {result['gpus']} x {result['gpu_type']}: the plan chooses "
              f"{Layout(**layout).actor_text()}; {Layout(**layout).rollout_text()}"]
@@ -248,6 +249,7 @@ def explain_text(result: dict) -> str:
     for entry in result["rules_of_thumb"]:
         line = f"- {entry['rule']}: "
         if "step_time_s" in entry:
+            verdict, entry = entry["verdict"], exact_of(entry)
             lay = entry["layout"]
             batch = (f" micro-batch {lay['micro_batch']}" if not lay.get("dynamic_batch", True)
                      else "")
@@ -255,5 +257,7 @@ def explain_text(result: dict) -> str:
                      f"{batch} -> {entry['step_time_s']:.1f} s, "
                      f"{entry['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, "
                      f"{entry['peak_memory_gib']:.1f} GiB peak, fits; ")
-        lines.append(line + entry["verdict"])
+        else:
+            verdict = entry["verdict"]
+        lines.append(line + verdict)
     return "\n".join(lines)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from planner.modes import get_mode, off_policy_note
 from planner.output import finite as reported
-from planner.output import fraction, gib, mode_bests, rate, reported_step, seconds, setting
+from planner.output import fraction, gib, mode_bests, rate, reported_step, setting
 from planner.placement import ModePlan, SplitEstimate
 from planner.policy import DEFAULT_POLICY, PEAK_NAME, MemoryPolicy
 from planner.report.text import answer_lines, format_table
 from planner.results import Candidate, ColocatedCandidate, SplitCandidate
+from planner.units import GIB
 
 TRAINING_PHASES = ("old_log_prob", "ref", "update_actor")
 
@@ -53,20 +54,20 @@ def _split_cells(c: SplitCandidate) -> dict:
             "param_sync": f"{reported(c.times.param_sync):.1f}",
             "bottleneck": c.bottleneck, "idle": f"{_percent(idle_t)}/{_percent(idle_r)}",
             "tps": _rate(reported(c.tokens_per_s_per_gpu, 1) if feasible else None),
-            "tmem": f"{gib(c.trainer_pool.peak_bytes):.1f}",
-            "rmem": f"{gib(c.rollout_pool.peak_bytes):.1f}"}
+            "tmem": f"{c.trainer_pool.peak_bytes / GIB:.1f}",
+            "rmem": f"{c.rollout_pool.peak_bytes / GIB:.1f}"}
 
 
 def _colocated_cells(c: ColocatedCandidate) -> dict:
     times = c.times if c.timed else None
-    return {"gen": _seconds(None if times is None else seconds(times.seconds.generate)),
+    return {"gen": _seconds(None if times is None else float(times.seconds.generate)),
             "train": "-" if times is None else
-            f"{sum(seconds(times.seconds.of_phase(p)) for p in TRAINING_PHASES):.1f}",
+            f"{sum(times.seconds.of_phase(p) for p in TRAINING_PHASES):.1f}",
             "param_sync": "-" if times is None else
-            f"{seconds(times.seconds.weight_sync):.1f}",
+            f"{times.seconds.weight_sync:.1f}",
             "bottleneck": "shared", "idle": "-",
             "tps": _rate(rate(c.tokens_per_s_per_gpu) if c.timed else None),
-            "tmem": f"{gib(c.memory.peak_bytes):.1f}", "rmem": "(shared)"}
+            "tmem": f"{c.memory.peak_bytes / GIB:.1f}", "rmem": "(shared)"}
 
 
 def _row(candidate: Candidate) -> dict:

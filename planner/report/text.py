@@ -53,9 +53,9 @@ def band_text(c) -> str:
     """A timed candidate's step time over the run: ``232.3 s (191.9 -> 275.2 s, start -> end
     of the run)``, or its one step time when the lengths do not move."""
     if c.step_time_start_s is None or c.step_time_start_s == c.step_time_end_s:
-        return f"{seconds(c.step_time_s):.1f} s"
-    return (f"{seconds(c.step_time_s):.1f} s expected over the run "
-            f"({seconds(c.step_time_start_s):.1f} -> {seconds(c.step_time_end_s):.1f} s, "
+        return f"{float(c.step_time_s):.1f} s"
+    return (f"{float(c.step_time_s):.1f} s expected over the run "
+            f"({float(c.step_time_start_s):.1f} -> {float(c.step_time_end_s):.1f} s, "
             f"first -> last step)")
 
 
@@ -75,7 +75,7 @@ def fastest_line(plan) -> str | None:
     if first.rank == fastest.rank:
         return text + "; it is #1"
     if first.within_error_of_best:
-        return (text + f"; #1 ({seconds(first.step_time_s):.1f} s) is the simplest of the "
+        return (text + f"; #1 ({float(first.step_time_s):.1f} s) is the simplest of the "
                 f"{plan.ties:,} within the model's error ({100 * plan.tie_tolerance:.0f}%) "
                 f"of the best")
     return text
@@ -157,7 +157,7 @@ def headroom_lines(plan, fill_plan=None) -> list[str]:
     capacity = plan.cluster.gpu.memory_bytes
     share = fraction(best.memory.utilization)
     head = (f"memory band {policy.band_text} of {plan.cluster.gpu.memory_gib:.1f} GiB, judged "
-            f"on the {PEAK_NAME}: #1 peaks at {gib(best.memory.peak_bytes):.1f} GiB "
+            f"on the {PEAK_NAME}: #1 peaks at {best.memory.peak_bytes / GIB:.1f} GiB "
             f"({100 * share:.0f}%, {policy.position(share)} the band) in "
             f"{best.memory.peak_phase}")
     lines = [head]
@@ -171,10 +171,10 @@ def headroom_lines(plan, fill_plan=None) -> list[str]:
                 f"holds {kv:,} KV tokens/GPU; filling the GPU, "
                 f"{setting(filled.gpu_memory_utilization):.2f} would hold "
                 f"{filled.kv_cache_tokens_per_gpu:,} ({PEAK_NAME} "
-                f"{gib(filled.peak_bytes):.1f} GiB): generate "
-                f"{seconds(best.times.seconds.generate):.1f} s -> "
-                f"{seconds(filled.generate_s):.1f} s, step "
-                f"{_seconds_change(seconds(filled.step_time_s), seconds(best.step_time_s))}")
+                f"{filled.peak_bytes / GIB:.1f} GiB): generate "
+                f"{float(best.times.seconds.generate):.1f} s -> "
+                f"{float(filled.generate_s):.1f} s, step "
+                f"{_seconds_change(float(filled.step_time_s), float(best.step_time_s))}")
         else:
             lines.append(
                 f"cost of the headroom, same layout: none in generation -- rollout "
@@ -186,11 +186,11 @@ def headroom_lines(plan, fill_plan=None) -> list[str]:
         other = fill_plan.candidate(0, fitting=True)
         layout = other.layout
         text = layout.actor_text(moe=plan.model.is_moe)
-        other_step, other_peak = seconds(other.step_time_s), gib(other.memory.peak_bytes)
+        other_step, other_peak = float(other.step_time_s), other.memory.peak_bytes / GIB
         lines.append(
             f"filling the GPU (--memory-band {FILL_POLICY.option_text}), the best layout would "
             f"be {text}; {layout.rollout_text()}: {other_step:.1f} s per step "
-            f"({_seconds_change(other_step, seconds(best.step_time_s))} vs #1) at "
+            f"({_seconds_change(other_step, float(best.step_time_s))} vs #1) at "
             f"{other_peak:.1f} GiB "
             f"({100 * other_peak * GIB / capacity:.0f}%) in {other.memory.peak_phase}")
     return lines
