@@ -535,7 +535,7 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
         expected = middle.get(EXPECTED)
         leads = _rows_that_can_lead(
             request, (lambda rows: expected[rows]) if expected is not None
-            else lambda rows: _exact_step_s(request, rows_at(index[rows])), middle, head,
+            else lambda rows: _expected_s(request, rows_at(index[rows])), middle, head,
             {"memory_tight": untimed[flag_column("memory_tight")][timed],
              "fraction": untimed["memory_utilization"][timed], "rows": RowsAt(untimed, index)})
         timed[timed] = leads
@@ -636,7 +636,7 @@ def _rows_that_can_lead(request: PlanRequest, exact: Callable[[np.ndarray], np.n
                         middle: Columns, head: Head, memory: Columns) -> np.ndarray:
     """Which of the fitting rows can be in the ``head`` of the ranking, from their step
     columns at the middle of the run (``middle``), ``exact(rows)``: the expected step time
-    over the run of those of them (:func:`_exact_step_s`), their memory-tight flag
+    over the run of those of them (:func:`_expected_s`), their memory-tight flag
     (``memory["memory_tight"]``) and, for ``head.band_fastest``, their peak's share of the GPU
     (``memory["fraction"]``, :func:`_rows_up_to_band_fastest`).
 
@@ -695,12 +695,6 @@ def _rows_that_can_lead(request: PlanRequest, exact: Callable[[np.ndarray], np.n
         leads |= _rows_up_to_band_fastest(request, exact, (t_mid, lower), tight,
                                           np.asarray(memory["fraction"]))
     return leads
-
-
-def _exact_step_s(request: PlanRequest, few: Columns) -> np.ndarray:
-    """The expected step time over the run of the rows ``few``, timed at every point."""
-    return step_columns_over_run(
-        request, lambda at, few=few: step_columns(at, few, few))["step_time_s"]
 
 
 def _rows_up_to_band_fastest(request: PlanRequest, exact: Callable[[np.ndarray], np.ndarray],
