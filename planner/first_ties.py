@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from planner.ranking import tie_limit_s
+
 
 def rows_for_first_ties(rows: np.ndarray, expected: np.ndarray, count: int, tolerance: float,
                         simplicity: Callable[[np.ndarray], list[np.ndarray]],
@@ -31,8 +33,7 @@ def rows_for_first_ties(rows: np.ndarray, expected: np.ndarray, count: int, tole
     if not np.isfinite(values).any():
         return None
     best = np.nanmin(values)
-    limit = best * (1 + tolerance)  # planner.ranking.tied_with_best's bound
-    ties = rows[values <= limit]
+    ties = rows[values <= tie_limit_s(best, tolerance)]
     if len(ties) < count:
         return None
     keys = simplicity(ties)

@@ -151,6 +151,12 @@ def simplicity_keys(cols: Columns, policy: MemoryPolicy = DEFAULT_POLICY) -> lis
             parallel_dimensions(cols), np.asarray(cols["tp"] * cols["pp"] * cols["cp"])]
 
 
+def tie_limit_s(best_step_s, tolerance: float):
+    """The slowest step time the model cannot tell from ``best_step_s``: ``tolerance`` (its
+    ranking uncertainty, a ratio) above it.  Elementwise on arrays."""
+    return best_step_s * (1 + tolerance)
+
+
 def tied_with_best(cols: Columns, order: np.ndarray, tolerance: float) -> np.ndarray:
     """Mask of the layouts the model cannot tell from the best-ranked one: in its tier (fits,
     and not memory-tight unless it is), predicted step time within ``tolerance`` of it."""
@@ -163,7 +169,7 @@ def tied_with_best(cols: Columns, order: np.ndarray, tolerance: float) -> np.nda
     tight = cols[flag_column("memory_tight")].astype(bool)
     step = np.asarray(cols["step_time_s"], dtype=float)
     tied = (cols["fits"].astype(bool) & (tight == tight[best])
-            & (step <= step[best] * (1 + tolerance)))
+            & (step <= tie_limit_s(step[best], tolerance)))
     return tied
 
 
