@@ -4,7 +4,8 @@ cost in GPU-hours, measured against a hidden truth.
     python benchmarks/tuning_regret.py [--draws 3] [--budgets 4,8,12,20] [--json]
                                        [--jobs NAME,...] [--strategies NAME,...]
                                        [--study-trials N] [--diagnose] [--bound]
-                                       [--truth phases|scalar]
+                                       [--truth phases|scalar] [--first-draw N]
+                                       [--ranking-uncertainty U]
 
 No process is started: every job is planned through the planner's public functions
 (:func:`planner.plan.make_plan`, :meth:`trials.candidates.CandidateSet.from_plan`), each
@@ -57,6 +58,14 @@ cheap trials run long enough to spend it).  ``--diagnose``: why each study misse
 layout (:func:`diagnose`) and how each hidden table's error splits between TP/EP/PP families
 and their members (:func:`noise_parts`); ``--bound``: ``tune``'s default strategy on the true
 best family's layouts alone (:func:`best_family_job`), what knowing the family would reach.
+``--ranking-uncertainty U`` (a fraction; default the shipped calibration's 0.1621): the
+simulator and ``tune`` as if the cost model's measured ranking uncertainty were ``U`` -- the
+hidden tables' sigma is solved to ln(1 + U), the plan ties layouts within ``U`` (its candidate
+set's order; :meth:`planner.cost.efficiency.CostModel` with that ``uncertainty``, as ``tune
+--calibration`` with a file stating it would plan), and the study's ``TuneSettings.model_error``
+is ``U`` (the guided sampler's prior, the first trials' ties, the confidence rule), as ``tune``
+takes it from that cost model.  ``--first-draw N``: the hidden tables N .. N + draws - 1 (fresh
+tables no earlier run saw).
 """
 
 from __future__ import annotations
@@ -82,7 +91,7 @@ sys.path.insert(0, str(ROOT))
 from planner.catalog.hardware import ClusterSpec, get_gpu  # noqa: E402
 from planner.catalog.models import resolve_model  # noqa: E402
 from planner.catalog.workload import GrpoWorkload  # noqa: E402
-from planner.cost.efficiency import ranking_uncertainty  # noqa: E402
+from planner.cost.efficiency import shipped_cost_model  # noqa: E402
 from planner.cost.request import PlanRequest  # noqa: E402
 from planner.plan import make_plan  # noqa: E402
 from planner.units import GIB  # noqa: E402
@@ -168,17 +177,34 @@ class PreparedJob:
     candidates: object  # trials.candidates.CandidateSet
     plan_s: float
     sigmas: dict = field(default_factory=dict)  # target -> solved sigma (hidden_truth)
+    # the cost model's ranking uncertainty (fraction) the job was planned with, the hidden
+    # tables match and the study's sampler assumes (TuneSettings.model_error)
+    uncertainty: float = field(default_factory=lambda: float(shipped_cost_model().uncertainty))
 
 
-def prepare(job: Job, max_candidates: int = 5000) -> PreparedJob:
-    """Plan ``job`` as ``tune`` does (the study's candidate set)."""
+def cost_model(uncertainty: float | None = None):
+    """The shipped cost model, or the same stating ranking uncertainty ``uncertainty`` (what
+    ``tune --calibration`` reads from a calibration file with that ``ranking_uncertainty``)."""
+    shipped = shipped_cost_model()
+    if uncertainty is None:
+        return shipped
+    return dataclasses.replace(shipped, uncertainty=float(uncertainty),
+                               uncertainty_source="--ranking-uncertainty")
+
+
+def prepare(job: Job, max_candidates: int = 5000,
+            uncertainty: float | None = None) -> PreparedJob:
+    """Plan ``job`` as ``tune`` does (the study's candidate set), with the cost model's
+    ranking uncertainty ``uncertainty`` (None: the shipped calibration's)."""
     from trials.candidates import CandidateSet
 
     start = time.perf_counter()
     model, cluster, workload = job.setting()
-    plan = make_plan(PlanRequest(model, cluster, workload))
+    cost = cost_model(uncertainty)
+    plan = make_plan(PlanRequest(model, cluster, workload, cost=cost))
     candidates = CandidateSet.from_plan(plan, 0.0, max_candidates)
-    return PreparedJob(job, plan, candidates, time.perf_counter() - start)
+    return PreparedJob(job, plan, candidates, time.perf_counter() - start,
+                       uncertainty=float(cost.uncertainty))
 
 
 # --- the hidden truth --------------------------------------------------------------------------
@@ -306,7 +332,7 @@ def hidden_truth(prepared: PreparedJob, seed: int, memory_sd: float,
 
     candidates = prepared.candidates.candidates
     codes = family_codes([c.params for c in candidates], FAMILIES)
-    target = target if target is not None else math.log1p(ranking_uncertainty()["relative"])
+    target = target if target is not None else math.log1p(prepared.uncertainty)
     if target not in prepared.sigmas:
         prepared.sigmas[target] = solve_sigma(
             pair_weights(codes, FAMILY_SHARES, np.random.default_rng(0)), target)
@@ -632,7 +658,8 @@ def run_study(prepared: PreparedJob, truth: Truth, strategy: Strategy, trials: i
                             exploit_last=strategy.exploit_last,
                             acquisition=strategy.acquisition,
                             acquisition_trials=strategy.acquisition_trials,
-                            heartbeat_interval=3600, grace_period=7200)
+                            model_error=prepared.uncertainty, heartbeat_interval=3600,
+                            grace_period=7200)
     storage = resolve_storage(f"journal:{sweep / 'study.journal'}", sweep)
     tuner = Tuner(plan=prepared.plan, candidates=prepared.candidates,
                   jobs=simulated_jobs(prepared, name, steps), launcher=launcher,
@@ -712,8 +739,7 @@ def noise_parts(prepared: PreparedJob, truth: Truth, model_error: float | None =
     families)."""
     from trials.proposals import tied
 
-    model_error = (model_error if model_error is not None
-                   else float(ranking_uncertainty()["relative"]))
+    model_error = model_error if model_error is not None else prepared.uncertainty
     candidates = prepared.candidates.candidates
     predicted = np.array([c.predicted["tokens_per_s_per_gpu"] for c in candidates])
     error = np.log(truth.tokens_per_s_per_gpu / predicted)
@@ -776,7 +802,8 @@ def best_family_job(prepared: PreparedJob, truth: Truth) -> tuple[PreparedJob, T
                               oom_need=truth.oom_need[keep],
                               phase_time_s=(None if truth.phase_time_s is None
                                             else truth.phase_time_s[keep]))
-    return PreparedJob(prepared.job, prepared.plan, subset, prepared.plan_s), cut
+    return PreparedJob(prepared.job, prepared.plan, subset, prepared.plan_s,
+                       uncertainty=prepared.uncertainty), cut
 
 
 def at_budget(run: StudyRun, budget: int) -> dict:
@@ -925,20 +952,26 @@ def same_regret(rows: Sequence[dict], reference: str = STRATEGIES[0].name) -> li
 def run_all(jobs: Sequence[Job], strategies: Sequence[Strategy], draws: int,
             budgets: Sequence[int], *, launch_s: float = LAUNCH_S,
             step_noise: float = STEP_NOISE, progress: Callable[[str], None] | None = None,
-            study_trials: int | None = None, bound: bool = False, truth: str = "phases"
+            study_trials: int | None = None, bound: bool = False, truth: str = "phases",
+            first_draw: int = 0, uncertainty: float | None = None
             ) -> tuple[list[StudyRun], dict]:
     """Every strategy's study of every job and draw, each ``study_trials`` trials long
     (default the largest budget), with :func:`diagnose`'s case at each budget; ``bound``:
     also ``tune``'s default strategy's study of the best family's layouts alone (:data:`BOUND`,
     :func:`best_family_job`).  ``info["noise"]``: :func:`noise_parts` of every hidden table;
-    ``truth``: the hidden tables' noise model (:func:`hidden_truth`)."""
+    ``truth``: the hidden tables' noise model (:func:`hidden_truth`); ``first_draw``: the first
+    hidden table's number (draws ``first_draw`` .. ``first_draw + draws - 1``);
+    ``uncertainty``: the cost model's ranking uncertainty (None: the shipped one; see
+    :func:`prepare`)."""
     memory_sd = memory_error_sd()
     runs: list[StudyRun] = []
-    info = {"memory_error_sd": memory_sd, "truth": truth, "jobs": {}, "noise": []}
+    info = {"memory_error_sd": memory_sd, "truth": truth, "jobs": {}, "noise": [],
+            "first_draw": first_draw,
+            "ranking_uncertainty": float(cost_model(uncertainty).uncertainty)}
     with scratch_dir() as tmp:
         for job in jobs:
-            prepared = prepare(job)
-            for draw in range(draws):
+            prepared = prepare(job, uncertainty=uncertainty)
+            for draw in range(first_draw, first_draw + draws):
                 seed = int.from_bytes(hashlib.sha256(f"{job.name}:{draw}".encode())
                                       .digest()[:4], "little")
                 hidden = hidden_truth(prepared, seed, memory_sd, truth=truth)
@@ -990,9 +1023,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the hidden tables' noise model: phases (one error per GRPO phase "
                              "group, the step their sum; the default) or scalar (one per "
                              "layout: the first three rounds' tables)")
+    parser.add_argument("--first-draw", type=int, default=0,
+                        help="the first hidden table's number: draws N .. N + --draws - 1 "
+                             "(default 0; fresh tables: a number no earlier run reached)")
+    parser.add_argument("--ranking-uncertainty", type=float, default=None, metavar="U",
+                        help="the cost model's ranking uncertainty as a fraction (default: the "
+                             "shipped calibration's): the hidden tables match it, the plan ties "
+                             "layouts within it and the studies' sampler assumes it, as tune "
+                             "with a calibration stating it would")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    if args.ranking_uncertainty is not None and not 0.0 < args.ranking_uncertainty < 1.0:
+        parser.exit(2, f"tuning_regret.py: --ranking-uncertainty {args.ranking_uncertainty:g} "
+                       "is not a fraction in (0, 1)\n")
+    if args.first_draw < 0:
+        parser.exit(2, f"tuning_regret.py: --first-draw {args.first_draw} is negative\n")
     budgets = tuple(int(b) for b in args.budgets.split(","))
     jobs = [j for j in JOBS if not args.jobs or j.name in args.jobs.split(",")]
     strategies = [s for s in STRATEGIES
@@ -1001,7 +1047,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     runs, info = run_all(jobs, strategies, args.draws, budgets, launch_s=args.launch_s,
                          step_noise=args.step_noise, progress=say,
-                         study_trials=args.study_trials, bound=args.bound, truth=args.truth)
+                         study_trials=args.study_trials, bound=args.bound, truth=args.truth,
+                         first_draw=args.first_draw, uncertainty=args.ranking_uncertainty)
     rows = summarise(runs, budgets)
     case_rows = summarise_cases(runs, budgets)
     hour_rows = summarise_hours(runs, budgets)
@@ -1013,8 +1060,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "same_regret": same_regret(rows), "cases": case_rows,
                           "studies": studies}, indent=2))
         return 0
-    print(f"{len(jobs)} jobs x {args.draws} hidden tables ({args.truth} truth), "
-          f"{len(strategies)} strategies; "
+    print(f"{len(jobs)} jobs x {args.draws} hidden tables (draws {args.first_draw}-"
+          f"{args.first_draw + args.draws - 1}, {args.truth} truth, ranking uncertainty "
+          f"{info['ranking_uncertainty']:.1%}), {len(strategies)} strategies; "
           f"memory error sd {info['memory_error_sd']:.3f}; launch {args.launch_s:g} s, step "
           f"noise {args.step_noise:.0%}; {time.perf_counter() - started:.0f} s\n")
     print(format_table(rows))

@@ -320,3 +320,74 @@ def test_run_all_diagnoses_every_study_and_adds_the_bound(prepared, monkeypatch)
     rows = sim.summarise_cases(runs, (3, 5))
     assert all(sum(row[case] for case in sim.CASES) == 1 for row in rows)
     assert "family never tried" in sim.format_cases(rows)
+
+
+def test_a_stated_ranking_uncertainty_reaches_the_plan_the_truth_and_the_sampler(
+        prepared, monkeypatch, tmp_path):
+    """``--ranking-uncertainty``: the job is planned with ties within it, the hidden tables
+    match it (the median pair error of layouts differing in TP/EP/PP is ln(1 + u)) and the
+    study's sampler assumes it (``TuneSettings.model_error``), as ``tune`` with a calibration
+    stating it would; the shipped figure changes nothing."""
+    from trials import study
+
+    name = "qwen3-30b-8"
+    shipped = prepared[name]
+    assert shipped.uncertainty == ranking_uncertainty()["relative"]
+    accurate = sim.prepare(JOBS[name], uncertainty=0.08)
+    assert accurate.uncertainty == 0.08 and accurate.plan.tie_tolerance == 0.08
+    assert shipped.plan.tie_tolerance == shipped.uncertainty
+    seen = []
+    tuner = study.Tuner
+
+    def recording(**kwargs):
+        seen.append(kwargs["settings"].model_error)
+        return tuner(**kwargs)
+
+    monkeypatch.setattr(study, "Tuner", recording)
+    runs = {}
+    for label, job in (("shipped", shipped), ("accurate", accurate)):
+        truth = sim.hidden_truth(job, 4, MEMORY_SD, truth="phases")
+        runs[label] = sim.run_study(job, truth, sim.default_strategy(), 6, 0,
+                                    tmp_path / label)
+    assert seen == [shipped.uncertainty, 0.08]
+    assert [t["key"] for t in runs["shipped"].trials] != \
+        [t["key"] for t in runs["accurate"].trials]
+    # the per-phase tables' pair error follows u (scalar: sigma solved to it, ratio ~ u)
+    candidates = accurate.candidates.candidates
+    codes = family_codes([c.params for c in candidates], sim.FAMILIES)
+    a, b = np.random.default_rng(5).integers(0, len(candidates), (2, 20_000))
+    differ = np.zeros(len(a), dtype=bool)
+    for field in ("tp", "ep", "pp"):
+        differ |= codes[field][a] != codes[field][b]
+    predicted = np.array([c.predicted["tokens_per_s_per_gpu"] for c in candidates])
+    medians = {}
+    for label, job in (("shipped", shipped), ("accurate", accurate)):
+        errors = [np.log(sim.hidden_truth(job, seed, MEMORY_SD, truth="phases")
+                         .tokens_per_s_per_gpu / predicted) for seed in range(12)]
+        medians[label] = np.mean([np.median(np.abs(e[a[differ]] - e[b[differ]]))
+                                  for e in errors])
+    assert medians["accurate"] == pytest.approx(math.log1p(0.08), rel=0.15)
+    assert medians["shipped"] == pytest.approx(math.log1p(shipped.uncertainty), rel=0.15)
+
+
+def test_first_draw_runs_the_later_hidden_tables(monkeypatch):
+    """``--first-draw N``: the studies of draws N .. N + draws - 1, each the very study a run
+    from draw 0 makes of that table."""
+    monkeypatch.setattr(sim, "memory_error_sd", lambda: MEMORY_SD)
+    job, strategy_ = [JOBS["moonlight-8"]], [sim.default_strategy()]
+    every, _ = sim.run_all(job, strategy_, 3, (4,))
+    later, info = sim.run_all(job, strategy_, 1, (4,), first_draw=2)
+    assert [r.draw for r in later] == [every[2].draw]  # the table's seed
+    assert len({r.draw for r in every}) == 3
+    assert info["first_draw"] == 2 and [n["draw"] for n in info["noise"]] == [2]
+    assert later[0].trials == every[2].trials and later[0].best_true == every[2].best_true
+
+
+@pytest.mark.parametrize("option", [["--ranking-uncertainty", "1.5"],
+                                    ["--ranking-uncertainty", "0"], ["--first-draw", "-1"]])
+def test_bad_options_exit_2_with_one_line(option, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        sim.main(option)
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and option[0] in error
