@@ -34,6 +34,7 @@ from planner.cost.memory import (
     actor_rows,
     estimate_memory,
     max_rows,
+    over_rows,
     rollout_memory,
 )
 from planner.cost.request import OfRequest, PlanRequest
@@ -238,8 +239,9 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
         phase for phase in TRAINING_PHASES if phase in workload.phases)
 
     def pairs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        resident_all = actor_resident_bytes(memory)
-        beside_all = max_rows([max_rows(memory["phases"][phase]) for phase in joined])
+        resident_all, beside_all = over_rows(memory, lambda rows: (
+            actor_resident_bytes(rows),
+            max_rows([max_rows(rows["phases"][phase]) for phase in joined])), SCORE_CHUNK_ROWS)
         first, inverse = distinct(resident_all + 1j * beside_all)
         return resident_all[first], beside_all[first], inverse
 
