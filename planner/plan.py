@@ -241,7 +241,8 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
     def pairs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         resident_all, beside_all = over_rows(memory, lambda rows: (
             actor_resident_bytes(rows),
-            max_rows([max_rows(rows["phases"][phase]) for phase in joined])), SCORE_CHUNK_ROWS)
+            max_rows([max_rows(rows["phases"][phase]) for phase in joined])), SCORE_CHUNK_ROWS,
+            only=("generate", *joined))
         first, inverse = distinct(resident_all + 1j * beside_all)
         return resident_all[first], beside_all[first], inverse
 

@@ -811,17 +811,6 @@ def _core_rows(cols: Columns, knob: np.ndarray, combinations: int
     return unique_rows(cols, core_fields(cols))
 
 
-def _sum(*terms):
-    """``terms`` added left to right, ``None`` standing for an exact zero: a term a knob zeroes
-    (``np.where(offloaded, 0, weights)``) is left out, which changes no bit of the sum
-    (``x + 0.0 == x``)."""
-    total = None
-    for term in terms:
-        if term is not None:
-            total = term if total is None else total + term
-    return 0.0 if total is None else total
-
-
 class ActorParts:
     """The actor's parts per pipeline stage, held per core row (the parts no knob changes:
     weights, grads, the optimizer state, activations, logits) or per (core row, knob
@@ -981,10 +970,9 @@ def actor_memory(request: PlanRequest, cols: Columns, reduced: bool = False) -> 
 
     Evaluated once per core row (the layout without the offload and CPU-optimizer knobs,
     :func:`core_fields`) and knob combination present: a search crosses some 137,000 core rows
-    of DeepSeek-V3 on 1,024 GPUs with 12 combinations.  Per combination the knobs are plain
-    values, so a term a knob zeroes is left out of its sum (:func:`_sum`: the same bits as
-    adding the zero), and the terms no knob touches are computed once per core row
-    (:class:`ActorCells`).
+    of DeepSeek-V3 on 1,024 GPUs with 12 combinations, as (core row, combination) tables: a
+    term a knob zeroes is an exact 0 in its combinations' cells (adding it changes no bit), and
+    the terms no knob touches are computed once per core row (:class:`ActorCells`).
 
     ``reduced``: a plan's actor evaluation, kept for its plans under other policies, returned
     as ``{"cells": ActorCells, "reduced": {...}}``: the per-core-row parts alone are held, and
@@ -1032,8 +1020,10 @@ class ActorCells:
     def __len__(self) -> int:
         return self.n
 
-    def rows(self, rows: np.ndarray | slice) -> dict:
-        """:func:`actor_memory`'s arrays on ``rows`` (a slice or an index of these rows)."""
+    def rows(self, rows: np.ndarray | slice, only: tuple[str, ...] | None = None) -> dict:
+        """:func:`actor_memory`'s arrays on ``rows`` (a slice or an index of these rows);
+        ``only``: the per-stage arrays of these phases alone (no working sets, largest
+        stages nor parts: a caller that reads no more, the rollout choice)."""
         k = max(len(self.knobs), 1)  # no rows: no combination
         offset = None
         if self._index is None and isinstance(rows, slice) and rows.indices(self.n)[2] == 1:
@@ -1049,26 +1039,39 @@ class ActorCells:
                 self._index[0][at], self._index[1][at])
             first, local = distinct(core)
             cores, core, width = core[first], local, len(first)
-        return self._spread(cores, width, core, knob, offset)
+        return self._spread(cores, width, core, knob, offset, only)
 
     def _spread(self, cores: slice | np.ndarray, width: int, core: np.ndarray,
-                knob: np.ndarray, offset: int | None) -> dict:
+                knob: np.ndarray, offset: int | None, only: tuple[str, ...] | None) -> dict:
         """The arrays of the rows whose core row is ``core`` (an index into ``cores``, the
         ``width`` core rows read) and knob combination ``knob`` (``offset``: the rows are the
-        cells from this one on, in order)."""
+        cells from this one on, in order); ``only``: :meth:`rows`'."""
         knobs, needs_ref = self.knobs, self.needs_ref
         fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
         frag = 1 + FRAGMENTATION_FRACTION
 
-        def table() -> np.ndarray:  # one value per core row and knob combination
-            return np.empty((width, len(knobs)))
+        # the knobs of each combination (a column of the (core row, combination) tables)
+        param_off = np.array([k.param_offload for k in knobs], dtype=bool)
+        optimizer_off = np.array([k.optimizer_offload for k in knobs], dtype=bool)
+        ref_off = np.array([k.ref_param_offload for k in knobs], dtype=bool)
+        on_host = np.array([k.on_host for k in knobs], dtype=np.float64)
+        on_gpu = 1 - on_host  # the optimizer's share on the GPU
+        no_ref = ref_off | (not needs_ref)  # verl builds no reference, or offloads it
+
+        def cells(values, where: np.ndarray) -> np.ndarray:
+            """A per-core-row term on the combinations ``where`` is set, else an exact 0:
+            adding it changes no bit where it is 0 (``x + 0.0 == x``, the bytes are never
+            -0.0), so each sum is the one of the terms a combination keeps, in order."""
+            return np.where(where, np.asarray(values)[:, None], 0.0)
 
         parts = ActorParts(core, knob, width, knobs, needs_ref, offset)
-        phase_rows = {phase: [] for phase in PHASES if phase in self.joined}
+        wanted = PHASES if only is None else [phase for phase in PHASES if phase in only]
+        phase_rows = {phase: [] for phase in PHASES
+                      if phase in (self.joined if only is None else only)}
         # per phase not joined: its largest stage so far per cell, and that stage's index (the
         # first on ties, a NaN never larger: argmax_rows, a stage at a time)
-        largest = {phase: None for phase in PHASES if phase not in self.joined}
-        allocated = {phase: table() for phase in PHASES}  # on the largest stage
+        largest = {phase: None for phase in PHASES if phase not in self.joined and only is None}
+        allocated = {}  # per phase, on the largest stage
         for stage, whole in enumerate(self.core_parts):
             c = {name: values[cores] if np.ndim(values) else values
                  for name, values in whole.items()}
@@ -1079,50 +1082,41 @@ class ActorCells:
             # what nvidia-smi shows adds the allocator's fragmentation on the transients
             spread = {"update_actor": frag * update_transient,
                       "old_log_prob": frag * log_prob_transient, "ref": frag * ref_transient}
-            host = table()
-            phases = {phase: table() for phase in PHASES}
-            for j, k in enumerate(knobs):
-                on_gpu = 1 - k.on_host  # the optimizer's share on the GPU
-                optimizer = (c["optimizer_state"] * on_gpu if on_gpu != 1
-                             else c["optimizer_state"])
-                ref_weights = None if k.ref_param_offload or not needs_ref else weights
-                kept_grads = None if k.param_offload else grads
-                kept_optimizer = None if k.optimizer_offload else optimizer
-                resident = _sum(None if k.param_offload else weights, kept_grads,
-                                kept_optimizer, ref_weights, fixed)
-                # Host memory of this GPU's worker: verl's offloaded copies (parameters into a
-                # pinned buffer, grads freed not copied -- utils/megatron_utils.py
-                # offload_megatron_model_to_cpu; the optimizer's GPU state; the reference), and
-                # Megatron's CPU optimizer's share of the optimizer.
-                host[:, j] = _sum(weights if k.param_offload else None,
-                               optimizer if k.optimizer_offload else None,
-                               weights if k.ref_param_offload and needs_ref else None,
-                               k.on_host * c["optimizer_params"] * self.host_state if k.on_host
-                               else None, HOST_WORKER_BYTES)
-                resident_state = resident - fixed
-                # what the log-prob pass and the weight sync hold: offloaded state stays on the
-                # host
-                loaded = _sum(weights, kept_grads, kept_optimizer, ref_weights)
-                # Per phase: (state held, transient tensors); the allocated working set is the
-                # tensors alone.  verl loads offloaded params and optimizer state back before
-                # the update; actor weights are on the GPU while they are copied into the
-                # rollout.
-                held = {
-                    "update_actor": (_sum(weights, grads, optimizer, ref_weights),
-                                     update_transient),
-                    "old_log_prob": (loaded, log_prob_transient),
-                    "ref": (_sum(resident_state - (0.0 if ref_weights is None else ref_weights),
-                                 weights), ref_transient),
-                    "weight_sync": (loaded, WEIGHT_SYNC_BUCKET_BYTES),
-                    "generate": (resident_state, None),
-                }
-                for phase, (state, transient) in held.items():
-                    phases[phase][:, j] = _sum(state, spread.get(phase, transient), fixed)
-                    tensors = _sum(state, transient)
-                    if stage:
-                        np.maximum(allocated[phase][:, j], tensors, out=allocated[phase][:, j])
-                    else:
-                        allocated[phase][:, j] = tensors
+            spread = {phase: values[:, None] for phase, values in spread.items()}
+            # per (core row, combination); a term a knob zeroes is an exact 0 (cells)
+            optimizer = np.asarray(c["optimizer_state"])[:, None] * on_gpu  # x * 1.0 == x
+            kept_grads = cells(grads, ~param_off)
+            kept_optimizer = np.where(optimizer_off, 0.0, optimizer)
+            terms = {"weights": np.asarray(weights)[:, None], "grads": np.asarray(grads)[:, None],
+                     "optimizer": optimizer, "ref_weights": cells(weights, ~no_ref),
+                     "update": update_transient[:, None], "log_prob": log_prob_transient[:, None],
+                     "reference": ref_transient[:, None]}
+            resident = (cells(weights, ~param_off) + kept_grads + kept_optimizer
+                        + terms["ref_weights"] + fixed)
+            terms["resident_state"] = resident - fixed
+            # what the log-prob pass and the weight sync hold: offloaded state stays on the host
+            terms["loaded"] = terms["weights"] + kept_grads + kept_optimizer + terms["ref_weights"]
+            # Host memory of this GPU's worker: verl's offloaded copies (parameters into a
+            # pinned buffer, grads freed not copied -- utils/megatron_utils.py
+            # offload_megatron_model_to_cpu; the optimizer's GPU state; the reference), and
+            # Megatron's CPU optimizer's share of the optimizer.
+            host = None if only is not None else (
+                cells(weights, param_off) + np.where(optimizer_off, optimizer, 0.0)
+                + cells(weights, ref_off & needs_ref)
+                + np.where(on_host != 0, on_host * np.asarray(c["optimizer_params"])[:, None]
+                           * self.host_state, 0.0) + HOST_WORKER_BYTES)
+            phases = {}
+            for phase in wanted:
+                state, transient = _held(phase, terms)
+                term = spread.get(phase, transient)
+                phases[phase] = (state if term is None else state + term) + fixed
+                if only is not None:
+                    continue
+                tensors = state if transient is None else state + transient
+                if stage:
+                    np.maximum(allocated[phase], tensors, out=allocated[phase])
+                else:
+                    allocated[phase] = np.array(tensors, dtype=np.float64)
             for phase in phase_rows:
                 phase_rows[phase].append(parts.rows(phases[phase]))
             for phase, kept in largest.items():
@@ -1133,10 +1127,14 @@ class ActorCells:
                     larger = phases[phase] > kept[1]
                     np.copyto(kept[0], stage, where=larger)
                     np.copyto(kept[1], phases[phase], where=larger)
+            if only is not None:
+                continue
             parts.tables.append({"weights": weights, "grads": grads,
                                  "optimizer_state": c["optimizer_state"],
                                  "train_activations": c["train_activations"],
                                  "train_logits": c["train_logits"], "host": host})
+        if only is not None:
+            return {"phases": phase_rows, "reduced": {}}
         out = {"phases": phase_rows,
                "allocated": {phase: parts.rows(t) for phase, t in allocated.items()},
                "stages": [_StageView(parts, index) for index in range(len(parts.tables))],
@@ -1151,14 +1149,34 @@ class ActorCells:
         return out
 
 
-def over_rows(actor: dict, compute, chunk: int) -> tuple[np.ndarray, ...]:
+def _held(phase: str, terms: dict) -> tuple:
+    """(state held, transient tensors) of ``phase`` on a stage, from its per-cell ``terms``
+    (:meth:`ActorCells._spread`); the allocated working set is the tensors alone.  verl loads
+    offloaded params and optimizer state back before the update; actor weights are on the GPU
+    while they are copied into the rollout."""
+    if phase == "update_actor":
+        return (terms["weights"] + terms["grads"] + terms["optimizer"] + terms["ref_weights"],
+                terms["update"])
+    if phase == "old_log_prob":
+        return terms["loaded"], terms["log_prob"]
+    if phase == "ref":
+        return (terms["resident_state"] - terms["ref_weights"] + terms["weights"],
+                terms["reference"])
+    if phase == "weight_sync":
+        return terms["loaded"], WEIGHT_SYNC_BUCKET_BYTES
+    return terms["resident_state"], None  # generate
+
+
+def over_rows(actor: dict, compute, chunk: int,
+              only: tuple[str, ...] | None = None) -> tuple[np.ndarray, ...]:
     """``compute(rows)`` (a tuple of per-row arrays) of every row of ``actor``: at once for
-    an evaluated :func:`actor_memory`, ``chunk`` rows at a time (:func:`actor_rows`, the
-    parts concatenated) for one held per cell (``reduced``)."""
+    an evaluated :func:`actor_memory`, ``chunk`` rows at a time (:meth:`ActorCells.rows`, the
+    parts concatenated) for one held per cell (``reduced``), of the phases ``only`` alone when
+    given (``rows["phases"]``, and ``actor_resident_bytes(rows)`` with ``generate``)."""
     if "cells" not in actor:
         return compute(actor)
-    n = len(actor["cells"])
-    pieces = [compute(actor_rows(actor, slice(start, start + chunk)))
+    n, cells = len(actor["cells"]), actor["cells"]
+    pieces = [compute(cells.rows(slice(start, start + chunk), only))
               for start in range(0, max(n, 1), max(chunk, 1))]
     return tuple(np.concatenate(part) for part in zip(*pieces))
 
