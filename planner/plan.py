@@ -87,6 +87,11 @@ FILL_ROWS = 50  # best fitting layouts a plan prices the memory band's headroom 
 CHOICE_CELLS = 1 << 19  # (rollout option, resident size) pairs choose_rollout scores at once
 # rows whose memory columns a plan read at its head computes at once (score_rows)
 SCORE_CHUNK_ROWS = 1 << 17
+# above this many rows, an actor evaluation is held per cell (some 190 bytes a row less: about
+# 300 MB at DeepSeek-V3 x 1024's 1.6 million) and each plan computes its rows' arrays a chunk
+# at a time; below, once per row (a pass per plan and the rollout choice's cost more CPU than
+# the memory saves)
+HELD_ACTOR_ROWS = 4 * SCORE_CHUNK_ROWS
 
 
 @dataclass
@@ -833,10 +838,15 @@ class ActorEvaluation:
 
 
 def evaluate_actors(request: PlanRequest) -> ActorEvaluation:
-    """The request's search space and the memory of its actor layouts."""
+    """The request's search space and the memory of its actor layouts: per row, or held per
+    core row and knob combination when more than :data:`HELD_ACTOR_ROWS` (computed again a
+    chunk of rows at a time by each plan, :func:`planner.cost.memory.actor_memory`'s
+    ``held``)."""
     space = build_space(request.model, request.cluster, request.workload,
                         search_options_for(request))
-    return ActorEvaluation(request, space, actor_memory(request, space.columns, reduced=True))
+    held = len(space.columns["tp"]) > HELD_ACTOR_ROWS
+    return ActorEvaluation(request, space, actor_memory(request, space.columns, reduced=True,
+                                                        held=held))
 
 
 @dataclass(frozen=True)

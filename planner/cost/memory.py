@@ -958,7 +958,8 @@ def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
     return out
 
 
-def actor_memory(request: PlanRequest, cols: Columns, reduced: bool = False) -> dict:
+def actor_memory(request: PlanRequest, cols: Columns, reduced: bool = False,
+                 held: bool = False) -> dict:
     """Per-phase bytes of everything but the rollout engine's own budget, per pipeline stage.
 
     Returns ``{"phases": {phase: [one array per STAGES entry]}, "allocated": {phase: array},
@@ -974,13 +975,14 @@ def actor_memory(request: PlanRequest, cols: Columns, reduced: bool = False) -> 
     term a knob zeroes is an exact 0 in its combinations' cells (adding it changes no bit), and
     the terms no knob touches are computed once per core row (:class:`ActorCells`).
 
-    ``reduced``: a plan's actor evaluation, kept for its plans under other policies, returned
-    as ``{"cells": ActorCells, "reduced": {...}}``: the per-core-row parts alone are held, and
-    the arrays above are computed for the rows a plan asks (:func:`actor_rows`, a chunk of
-    rows at a time; :func:`over_rows`), with each phase the rollout engine does not join
-    (:func:`engine_phases`) kept as what :func:`estimate_memory` reads of it, its largest stage
-    per row (under ``largest_<phase>`` of ``reduced``: the index as int8, at most four stages,
-    and the bytes; read-only, :func:`actor_reduction`), and no per-stage arrays.  The largest
+    ``reduced``: a plan's actor evaluation, kept for its plans under other policies, with
+    each phase the rollout engine does not join (:func:`engine_phases`) kept as what
+    :func:`estimate_memory` reads of it, its largest stage per row (under ``largest_<phase>``
+    of ``reduced``: the index as int8, at most four stages, and the bytes; read-only,
+    :func:`actor_reduction`), and no per-stage arrays.  ``held`` (with ``reduced``): returned
+    as ``{"cells": ActorCells, "reduced": {}}``, the per-core-row parts alone held and the
+    arrays computed for the rows a plan asks (:func:`actor_rows`, a chunk of rows at a time;
+    :func:`over_rows`): memory for CPU, each plan computing them again.  The largest
     stage is found on the (combination, core row) tables, a stage at a time as they are
     computed, and only the result is spread over the rows: a row's value is its cell's
     (:meth:`ActorParts.rows`, a gather), so its largest stage is its cell's, to the bit.  A
@@ -991,7 +993,7 @@ def actor_memory(request: PlanRequest, cols: Columns, reduced: bool = False) -> 
     knobs, knob = _knob_combinations(cols)
     core_rows, core = _core_rows(cols, knob, len(knobs))
     cells = ActorCells(request, core_rows, core, knob, knobs, reduced)
-    if reduced:
+    if reduced and held:
         return {"cells": cells, "reduced": {}}
     return cells.rows(slice(None))
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import cluster
 
+import planner.plan as plan_module
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cost.memory import actor_memory, actor_rows, engine_phases, estimate_memory
@@ -20,12 +21,15 @@ from planner.policy import FILL_POLICY, MemoryPolicy
 SMALL = GrpoWorkload(train_batch_size=64, rollout_n=4, mini_batch_size=16)
 
 
+@pytest.mark.parametrize("held", [False, True])
 @pytest.mark.parametrize("sleeps", [True, False])
-def test_shared_reduced_actor_gives_the_fresh_columns(sleeps):
+def test_shared_reduced_actor_gives_the_fresh_columns(sleeps, held, monkeypatch):
     workload = replace(SMALL, free_cache_engine=sleeps)
     request = PlanRequest(resolve_model("qwen3-30b"), cluster(16), workload)
+    monkeypatch.setattr(plan_module, "HELD_ACTOR_ROWS", 0 if held else 1 << 40)
     actors = evaluate_actors(request)
-    assert set(actors.memory) == {"cells", "reduced"}  # held per cell, computed when read
+    # held per cell: computed when read
+    assert (set(actors.memory) == {"cells", "reduced"}) == held
     kept = set(actor_rows(actors.memory, slice(None))["phases"])
     assert kept == set(engine_phases(workload))
     assert (kept < set(PHASES)) == sleeps  # an engine kept awake joins every phase
@@ -66,7 +70,7 @@ def test_reduced_on_the_tables_equals_the_rows_argmax(sleeps):
     request = PlanRequest(resolve_model("qwen3-30b"), cluster(16), workload)
     cols = evaluate_actors(request).space.columns
     full = actor_memory(request, cols)
-    reduced = actor_rows(actor_memory(request, cols, reduced=True), slice(None))
+    reduced = actor_memory(request, cols, reduced=True)
     joined = set(engine_phases(workload))
     assert set(reduced["phases"]) == joined
     assert {name.removeprefix("largest_") for name in reduced["reduced"]} == set(PHASES) - joined
@@ -92,7 +96,8 @@ def test_a_reduced_actor_read_in_pieces_equals_every_row_at_once(shuffled):
         order = np.random.default_rng(3).permutation(len(cols["tp"]))
         cols = {name: np.asarray(values)[order] if np.ndim(values) else values
                 for name, values in cols.items()}
-    held = actor_memory(request, cols, reduced=True)
+    held = actor_memory(request, cols, reduced=True, held=True)
+    assert set(held) == {"cells", "reduced"}
     whole = actor_rows(held, slice(None))
     n = len(cols["tp"])
     scattered = np.random.default_rng(5).choice(n, size=n // 7, replace=False)
