@@ -89,9 +89,9 @@ CHOICE_CELLS = 1 << 19  # (rollout option, resident size) pairs choose_rollout s
 SCORE_CHUNK_ROWS = 1 << 17
 # above this many rows, an actor evaluation is held per cell (some 190 bytes a row less: about
 # 300 MB at DeepSeek-V3 x 1024's 1.6 million) and each plan computes its rows' arrays a chunk
-# at a time; below, once per row (a pass per plan and the rollout choice's cost more CPU than
-# the memory saves)
-HELD_ACTOR_ROWS = 4 * SCORE_CHUNK_ROWS
+# at a time; below, once per row (a pass per plan and the rollout choice's cost some CPU, and
+# a plan of fewer rows peaks below 600 MB without it)
+HELD_ACTOR_ROWS = 8 * SCORE_CHUNK_ROWS
 
 
 @dataclass

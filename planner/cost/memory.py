@@ -1036,7 +1036,8 @@ class ActorCells:
             at = np.arange(start, stop)
             core, knob = at // k - first, at % k
         else:
-            at = np.arange(self.n)[rows]
+            at = (rows if isinstance(rows, np.ndarray) and rows.dtype.kind in "iu"
+                  and (len(rows) == 0 or rows.min() >= 0) else np.arange(self.n)[rows])
             core, knob = (at // k, at % k) if self._index is None else (
                 self._index[0][at], self._index[1][at])
             first, local = distinct(core)
