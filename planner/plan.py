@@ -34,6 +34,7 @@ from planner.cost.memory import (
     actor_rows,
     estimate_memory,
     max_rows,
+    over_rows,
     rollout_memory,
 )
 from planner.cost.request import OfRequest, PlanRequest
@@ -86,6 +87,11 @@ FILL_ROWS = 50  # best fitting layouts a plan prices the memory band's headroom 
 CHOICE_CELLS = 1 << 19  # (rollout option, resident size) pairs choose_rollout scores at once
 # rows whose memory columns a plan read at its head computes at once (score_rows)
 SCORE_CHUNK_ROWS = 1 << 17
+# above this many rows, an actor evaluation is held per cell (some 190 bytes a row less: about
+# 300 MB at DeepSeek-V3 x 1024's 1.6 million) and each plan computes its rows' arrays a chunk
+# at a time; below, once per row (a pass per plan and the rollout choice's cost some CPU, and
+# a plan of fewer rows peaks below 600 MB without it)
+HELD_ACTOR_ROWS = 8 * SCORE_CHUNK_ROWS
 
 
 @dataclass
@@ -238,8 +244,10 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
         phase for phase in TRAINING_PHASES if phase in workload.phases)
 
     def pairs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        resident_all = actor_resident_bytes(memory)
-        beside_all = max_rows([max_rows(memory["phases"][phase]) for phase in joined])
+        resident_all, beside_all = over_rows(memory, lambda rows: (
+            actor_resident_bytes(rows),
+            max_rows([max_rows(rows["phases"][phase]) for phase in joined])), SCORE_CHUNK_ROWS,
+            only=("generate", *joined))
         first, inverse = distinct(resident_all + 1j * beside_all)
         return resident_all[first], beside_all[first], inverse
 
@@ -830,10 +838,15 @@ class ActorEvaluation:
 
 
 def evaluate_actors(request: PlanRequest) -> ActorEvaluation:
-    """The request's search space and the memory of its actor layouts."""
+    """The request's search space and the memory of its actor layouts: per row, or held per
+    core row and knob combination when more than :data:`HELD_ACTOR_ROWS` (computed again a
+    chunk of rows at a time by each plan, :func:`planner.cost.memory.actor_memory`'s
+    ``held``)."""
     space = build_space(request.model, request.cluster, request.workload,
                         search_options_for(request))
-    return ActorEvaluation(request, space, actor_memory(request, space.columns, reduced=True))
+    held = len(space.columns["tp"]) > HELD_ACTOR_ROWS
+    return ActorEvaluation(request, space, actor_memory(request, space.columns, reduced=True,
+                                                        held=held))
 
 
 @dataclass(frozen=True)

@@ -811,53 +811,44 @@ def _core_rows(cols: Columns, knob: np.ndarray, combinations: int
     return unique_rows(cols, core_fields(cols))
 
 
-def _sum(*terms):
-    """``terms`` added left to right, ``None`` standing for an exact zero: a term a knob zeroes
-    (``np.where(offloaded, 0, weights)``) is left out, which changes no bit of the sum
-    (``x + 0.0 == x``)."""
-    total = None
-    for term in terms:
-        if term is not None:
-            total = term if total is None else total + term
-    return 0.0 if total is None else total
-
-
 class ActorParts:
     """The actor's parts per pipeline stage, held per core row (the parts no knob changes:
-    weights, grads, the optimizer state, activations, logits) or per (knob combination, core
-    row) cell (the host memory), and read per row.  ``core`` and ``knob`` give each row its
-    core row and knob combination.  Rows that list every knob combination of each core row in
-    order, one core row after the other (a search's cross product), read a cell table
-    transposed; other rows gather their cells."""
+    weights, grads, the optimizer state, activations, logits) or per (core row, knob
+    combination) cell (the host memory), and read per row.  ``core`` and ``knob`` give each
+    row its core row and knob combination.  Rows that list every knob combination of each core
+    row in order, one core row after the other (a search's cross product), from the cell
+    ``offset`` on, read a cell table's flat values in place; other rows gather their cells."""
 
     def __init__(self, core: np.ndarray, knob: np.ndarray, cores: int, knobs: list[_Knobs],
-                 needs_reference: bool) -> None:
-        # per stage (appended by actor_memory): part -> (core rows,) or (combinations, core rows)
+                 needs_reference: bool, offset: int | None = None) -> None:
+        # per stage (appended by actor_memory): part -> (core rows,) or (core rows, combinations)
         self.tables: list[dict] = []
         self.core, self.knob = core, knob
         self.on_gpu = np.array([1 - k.on_host for k in knobs], dtype=np.float64)
         self.no_ref = np.array([k.ref_param_offload or not needs_reference for k in knobs],
                                dtype=bool)
-        self._cores = cores
+        self._knobs = len(knobs)
         self._stacked: dict[str, np.ndarray] = {}  # part -> its tables stacked over the stages
-        self._in_order = bool(np.array_equal(core * len(knobs) + knob,
-                                             np.arange(len(core))))
-        self._cells = None if self._in_order else knob * cores + core
+        cells = core * self._knobs + knob
+        if offset is None and np.array_equal(cells, np.arange(len(core))):
+            offset = 0
+        self._offset = offset
+        self._cells = None if offset is not None else cells
 
     def at(self, rows: np.ndarray | slice) -> "ActorParts":
         """These parts on ``rows`` of these rows (an index or a slice), the tables shared."""
         parts = copy.copy(self)
         parts.core, parts.knob = self.core[rows], self.knob[rows]
-        parts._in_order = False
-        parts._cells = parts.knob * self._cores + parts.core
+        parts._offset = None
+        parts._cells = parts.core * self._knobs + parts.knob
         return parts
 
     def rows(self, table: np.ndarray) -> np.ndarray:
-        """A table's value on every row."""
+        """A table's value on every row (in order: a view of the table's values)."""
         if table.ndim == 1:
             return table[self.core]
-        if self._in_order:
-            return np.ascontiguousarray(table.T).reshape(-1)
+        if self._offset is not None:
+            return table.reshape(-1)[self._offset:self._offset + len(self.core)]
         return table.reshape(-1)[self._cells]
 
     def _derived(self, part: str, values) -> np.ndarray:
@@ -884,7 +875,7 @@ class ActorParts:
                 tables = self._stacked[name] = np.stack([part[name] for part in self.tables])
             if tables.ndim == 2:
                 return tables[stage, self.core]
-            return tables[stage, self.knob, self.core]
+            return tables[stage, self.core, self.knob]
 
         return self._derived(part, values)
 
@@ -967,7 +958,8 @@ def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
     return out
 
 
-def actor_memory(request: PlanRequest, cols: Columns, reduced: bool = False) -> dict:
+def actor_memory(request: PlanRequest, cols: Columns, reduced: bool = False,
+                 held: bool = False) -> dict:
     """Per-phase bytes of everything but the rollout engine's own budget, per pipeline stage.
 
     Returns ``{"phases": {phase: [one array per STAGES entry]}, "allocated": {phase: array},
@@ -979,114 +971,217 @@ def actor_memory(request: PlanRequest, cols: Columns, reduced: bool = False) -> 
 
     Evaluated once per core row (the layout without the offload and CPU-optimizer knobs,
     :func:`core_fields`) and knob combination present: a search crosses some 137,000 core rows
-    of DeepSeek-V3 on 1,024 GPUs with 12 combinations.  Per combination the knobs are plain
-    values, so a term a knob zeroes is left out of its sum (:func:`_sum`: the same bits as
-    adding the zero), and the terms no knob touches are computed once per core row.
+    of DeepSeek-V3 on 1,024 GPUs with 12 combinations, as (core row, combination) tables: a
+    term a knob zeroes is an exact 0 in its combinations' cells (adding it changes no bit), and
+    the terms no knob touches are computed once per core row (:class:`ActorCells`).
 
-    ``reduced``: a plan's actor evaluation, kept for its plans under other policies.  Each
-    phase the rollout engine does not join (:func:`engine_phases`) is kept as what
-    :func:`estimate_memory` reads of it, its largest stage per row (``reduced``, under
-    ``largest_<phase>``: the index as int8, at most four stages, and the bytes; read-only,
-    :func:`actor_reduction`), and has no per-stage arrays (12 arrays of 1.6 million rows for
-    DeepSeek-V3 on 1,024 GPUs).  The largest stage is found on the (combination, core row)
-    tables, a stage at a time as they are computed, and only the result is spread over the
-    rows: a row's value is its cell's (:meth:`ActorParts.rows`, a gather), so its largest
-    stage is its cell's, to the bit.  A workload without a rollout keeps every phase's stages
-    (a plan's rollout choice reads its training phases).
+    ``reduced``: a plan's actor evaluation, kept for its plans under other policies, with
+    each phase the rollout engine does not join (:func:`engine_phases`) kept as what
+    :func:`estimate_memory` reads of it, its largest stage per row (under ``largest_<phase>``
+    of ``reduced``: the index as int8, at most four stages, and the bytes; read-only,
+    :func:`actor_reduction`), and no per-stage arrays.  ``held`` (with ``reduced``): returned
+    as ``{"cells": ActorCells, "reduced": {}}``, the per-core-row parts alone held and the
+    arrays computed for the rows a plan asks (:func:`actor_rows`, a chunk of rows at a time;
+    :func:`over_rows`): memory for CPU, each plan computing them again.  The largest
+    stage is found on the (combination, core row) tables, a stage at a time as they are
+    computed, and only the result is spread over the rows: a row's value is its cell's
+    (:meth:`ActorParts.rows`, a gather), so its largest stage is its cell's, to the bit.  A
+    workload without a rollout keeps every phase's stages (a plan's rollout choice reads its
+    training phases).  Every value is its cell's alone, so those of a chunk are those of every
+    row at once, to the bit.
     """
-    workload = request.workload
-    fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
     knobs, knob = _knob_combinations(cols)
     core_rows, core = _core_rows(cols, knob, len(knobs))
-    n_core = len(core_rows["tp"])
-    needs_ref = workload.needs_reference
-    host_state = (CPU_OPTIMIZER_COPY_BYTES + optimizer_state_bytes(workload)
-                  - MASTER_WEIGHT_BYTES)
-    frag = 1 + FRAGMENTATION_FRACTION
+    cells = ActorCells(request, core_rows, core, knob, knobs, reduced)
+    if reduced and held:
+        return {"cells": cells, "reduced": {}}
+    return cells.rows(slice(None))
 
-    def table() -> np.ndarray:  # one value per knob combination and core row
-        return np.empty((len(knobs), n_core))
 
-    parts = ActorParts(core, knob, n_core, knobs, needs_ref)
-    joined = engine_phases(workload) if reduced and workload.has_rollout else PHASES
-    phase_rows = {phase: [] for phase in PHASES if phase in joined}
-    # per phase not joined: its largest stage so far per cell, and that stage's index (the
-    # first on ties, a NaN never larger: argmax_rows, a stage at a time)
-    largest = {phase: None for phase in PHASES if phase not in joined}
-    allocated = {phase: table() for phase in PHASES}  # on the largest stage
-    for stage, c in enumerate(_actor_core(request, core_rows)):
-        weights, grads = c["weights"], c["grads"]
-        update_transient = c["train_activations"] + c["train_logits"]
-        log_prob_transient = c["forward"] + c["actor_logits"]
-        ref_transient = c["forward"] + c["ref_logits"]
-        # what nvidia-smi shows adds the allocator's fragmentation on the transients
-        spread = {"update_actor": frag * update_transient,
-                  "old_log_prob": frag * log_prob_transient, "ref": frag * ref_transient}
-        host = table()
-        phases = {phase: table() for phase in PHASES}
-        for j, k in enumerate(knobs):
-            on_gpu = 1 - k.on_host  # the optimizer's share on the GPU
-            optimizer = c["optimizer_state"] * on_gpu if on_gpu != 1 else c["optimizer_state"]
-            ref_weights = None if k.ref_param_offload or not needs_ref else weights
-            kept_grads = None if k.param_offload else grads
-            kept_optimizer = None if k.optimizer_offload else optimizer
-            resident = _sum(None if k.param_offload else weights, kept_grads, kept_optimizer,
-                            ref_weights, fixed)
+class ActorCells:
+    """The actor's memory of a set of rows held per core row (:func:`_actor_core`'s parts,
+    which no knob changes) and knob combination, each row's per-phase and per-stage bytes
+    computed for the rows asked (:meth:`rows`): the knob sums of the core rows those rows
+    read, a (combination, core row) table each, spread over the rows.  Rows that list every
+    knob combination of each core row in order (a search's cross product) keep no row
+    indices: a range of them reads a range of core rows."""
+
+    def __init__(self, request: PlanRequest, core_rows: Columns, core: np.ndarray,
+                 knob: np.ndarray, knobs: list[_Knobs], reduced: bool) -> None:
+        workload = request.workload
+        self.knobs, self.reduced = knobs, reduced
+        self.needs_ref = workload.needs_reference
+        self.host_state = (CPU_OPTIMIZER_COPY_BYTES + optimizer_state_bytes(workload)
+                           - MASTER_WEIGHT_BYTES)
+        self.joined = engine_phases(workload) if reduced and workload.has_rollout else PHASES
+        self.core_parts = _actor_core(request, core_rows)
+        self.n = len(core)
+        in_order = np.array_equal(core * len(knobs) + knob, np.arange(self.n))
+        self._index = None if in_order else (core, knob)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def rows(self, rows: np.ndarray | slice, only: tuple[str, ...] | None = None) -> dict:
+        """:func:`actor_memory`'s arrays on ``rows`` (a slice or an index of these rows);
+        ``only``: the per-stage arrays of these phases alone (no working sets, largest
+        stages nor parts: a caller that reads no more, the rollout choice)."""
+        k = max(len(self.knobs), 1)  # no rows: no combination
+        offset = None
+        if self._index is None and isinstance(rows, slice) and rows.indices(self.n)[2] == 1:
+            start, stop, _ = rows.indices(self.n)
+            stop = max(start, stop)
+            first, last = start // k, -(-stop // k)  # the core rows the range covers
+            cores, width, offset = slice(first, last), last - first, start - first * k
+            at = np.arange(start, stop)
+            core, knob = at // k - first, at % k
+        else:
+            at = (rows if isinstance(rows, np.ndarray) and rows.dtype.kind in "iu"
+                  and (len(rows) == 0 or rows.min() >= 0) else np.arange(self.n)[rows])
+            core, knob = (at // k, at % k) if self._index is None else (
+                self._index[0][at], self._index[1][at])
+            first, local = distinct(core)
+            cores, core, width = core[first], local, len(first)
+        return self._spread(cores, width, core, knob, offset, only)
+
+    def _spread(self, cores: slice | np.ndarray, width: int, core: np.ndarray,
+                knob: np.ndarray, offset: int | None, only: tuple[str, ...] | None) -> dict:
+        """The arrays of the rows whose core row is ``core`` (an index into ``cores``, the
+        ``width`` core rows read) and knob combination ``knob`` (``offset``: the rows are the
+        cells from this one on, in order); ``only``: :meth:`rows`'."""
+        knobs, needs_ref = self.knobs, self.needs_ref
+        fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
+        frag = 1 + FRAGMENTATION_FRACTION
+
+        # the knobs of each combination (a column of the (core row, combination) tables)
+        param_off = np.array([k.param_offload for k in knobs], dtype=bool)
+        optimizer_off = np.array([k.optimizer_offload for k in knobs], dtype=bool)
+        ref_off = np.array([k.ref_param_offload for k in knobs], dtype=bool)
+        on_host = np.array([k.on_host for k in knobs], dtype=np.float64)
+        on_gpu = 1 - on_host  # the optimizer's share on the GPU
+        no_ref = ref_off | (not needs_ref)  # verl builds no reference, or offloads it
+
+        def cells(values, where: np.ndarray) -> np.ndarray:
+            """A per-core-row term on the combinations ``where`` is set, else an exact 0:
+            adding it changes no bit where it is 0 (``x + 0.0 == x``, the bytes are never
+            -0.0), so each sum is the one of the terms a combination keeps, in order."""
+            return np.where(where, np.asarray(values)[:, None], 0.0)
+
+        parts = ActorParts(core, knob, width, knobs, needs_ref, offset)
+        wanted = PHASES if only is None else [phase for phase in PHASES if phase in only]
+        phase_rows = {phase: [] for phase in PHASES
+                      if phase in (self.joined if only is None else only)}
+        # per phase not joined: its largest stage so far per cell, and that stage's index (the
+        # first on ties, a NaN never larger: argmax_rows, a stage at a time)
+        largest = {phase: None for phase in PHASES if phase not in self.joined and only is None}
+        allocated = {}  # per phase, on the largest stage
+        for stage, whole in enumerate(self.core_parts):
+            c = {name: values[cores] if np.ndim(values) else values
+                 for name, values in whole.items()}
+            weights, grads = c["weights"], c["grads"]
+            update_transient = c["train_activations"] + c["train_logits"]
+            log_prob_transient = c["forward"] + c["actor_logits"]
+            ref_transient = c["forward"] + c["ref_logits"]
+            # what nvidia-smi shows adds the allocator's fragmentation on the transients
+            spread = {"update_actor": frag * update_transient,
+                      "old_log_prob": frag * log_prob_transient, "ref": frag * ref_transient}
+            spread = {phase: values[:, None] for phase, values in spread.items()}
+            # per (core row, combination); a term a knob zeroes is an exact 0 (cells)
+            optimizer = np.asarray(c["optimizer_state"])[:, None] * on_gpu  # x * 1.0 == x
+            kept_grads = cells(grads, ~param_off)
+            kept_optimizer = np.where(optimizer_off, 0.0, optimizer)
+            terms = {"weights": np.asarray(weights)[:, None], "grads": np.asarray(grads)[:, None],
+                     "optimizer": optimizer, "ref_weights": cells(weights, ~no_ref),
+                     "update": update_transient[:, None], "log_prob": log_prob_transient[:, None],
+                     "reference": ref_transient[:, None]}
+            resident = (cells(weights, ~param_off) + kept_grads + kept_optimizer
+                        + terms["ref_weights"] + fixed)
+            terms["resident_state"] = resident - fixed
+            # what the log-prob pass and the weight sync hold: offloaded state stays on the host
+            terms["loaded"] = terms["weights"] + kept_grads + kept_optimizer + terms["ref_weights"]
             # Host memory of this GPU's worker: verl's offloaded copies (parameters into a
             # pinned buffer, grads freed not copied -- utils/megatron_utils.py
             # offload_megatron_model_to_cpu; the optimizer's GPU state; the reference), and
             # Megatron's CPU optimizer's share of the optimizer.
-            host[j] = _sum(weights if k.param_offload else None,
-                           optimizer if k.optimizer_offload else None,
-                           weights if k.ref_param_offload and needs_ref else None,
-                           k.on_host * c["optimizer_params"] * host_state if k.on_host
-                           else None, HOST_WORKER_BYTES)
-            resident_state = resident - fixed
-            # what the log-prob pass and the weight sync hold: offloaded state stays on the host
-            loaded = _sum(weights, kept_grads, kept_optimizer, ref_weights)
-            # Per phase: (state held, transient tensors); the allocated working set is the
-            # tensors alone.  verl loads offloaded params and optimizer state back before the
-            # update; actor weights are on the GPU while they are copied into the rollout.
-            held = {
-                "update_actor": (_sum(weights, grads, optimizer, ref_weights), update_transient),
-                "old_log_prob": (loaded, log_prob_transient),
-                "ref": (_sum(resident_state - (0.0 if ref_weights is None else ref_weights),
-                             weights), ref_transient),
-                "weight_sync": (loaded, WEIGHT_SYNC_BUCKET_BYTES),
-                "generate": (resident_state, None),
-            }
-            for phase, (state, transient) in held.items():
-                phases[phase][j] = _sum(state, spread.get(phase, transient), fixed)
-                tensors = _sum(state, transient)
+            host = None if only is not None else (
+                cells(weights, param_off) + np.where(optimizer_off, optimizer, 0.0)
+                + cells(weights, ref_off & needs_ref)
+                + np.where(on_host != 0, on_host * np.asarray(c["optimizer_params"])[:, None]
+                           * self.host_state, 0.0) + HOST_WORKER_BYTES)
+            phases = {}
+            for phase in wanted:
+                state, transient = _held(phase, terms)
+                term = spread.get(phase, transient)
+                phases[phase] = (state if term is None else state + term) + fixed
+                if only is not None:
+                    continue
+                tensors = state if transient is None else state + transient
                 if stage:
-                    np.maximum(allocated[phase][j], tensors, out=allocated[phase][j])
+                    np.maximum(allocated[phase], tensors, out=allocated[phase])
                 else:
-                    allocated[phase][j] = tensors
-        for phase in phase_rows:
-            phase_rows[phase].append(parts.rows(phases[phase]))
-        for phase, kept in largest.items():
-            if kept is None:
-                largest[phase] = (np.zeros(phases[phase].shape, dtype=np.int8), phases[phase])
-            else:
-                larger = phases[phase] > kept[1]
-                np.copyto(kept[0], stage, where=larger)
-                np.copyto(kept[1], phases[phase], where=larger)
-        parts.tables.append({"weights": weights, "grads": grads,
-                             "optimizer_state": c["optimizer_state"],
-                             "train_activations": c["train_activations"],
-                             "train_logits": c["train_logits"], "host": host})
-    out = {"phases": phase_rows,
-           "allocated": {phase: parts.rows(t) for phase, t in allocated.items()},
-           "stages": [_StageView(parts, index) for index in range(len(parts.tables))],
-           "parts": parts}
-    if reduced:
-        out["reduced"] = {}
-        for phase, (index, values) in largest.items():
-            kept = (parts.rows(index), parts.rows(values))
-            for array in kept:
-                array.flags.writeable = False
-            out["reduced"][f"largest_{phase}"] = kept
-    return out
+                    allocated[phase] = np.array(tensors, dtype=np.float64)
+            for phase in phase_rows:
+                phase_rows[phase].append(parts.rows(phases[phase]))
+            for phase, kept in largest.items():
+                if kept is None:
+                    largest[phase] = (np.zeros(phases[phase].shape, dtype=np.int8),
+                                      phases[phase])
+                else:
+                    larger = phases[phase] > kept[1]
+                    np.copyto(kept[0], stage, where=larger)
+                    np.copyto(kept[1], phases[phase], where=larger)
+            if only is not None:
+                continue
+            parts.tables.append({"weights": weights, "grads": grads,
+                                 "optimizer_state": c["optimizer_state"],
+                                 "train_activations": c["train_activations"],
+                                 "train_logits": c["train_logits"], "host": host})
+        if only is not None:
+            return {"phases": phase_rows, "reduced": {}}
+        out = {"phases": phase_rows,
+               "allocated": {phase: parts.rows(t) for phase, t in allocated.items()},
+               "stages": [_StageView(parts, index) for index in range(len(parts.tables))],
+               "parts": parts}
+        if self.reduced:
+            out["reduced"] = {}
+            for phase, (index, values) in largest.items():
+                kept = (parts.rows(index), parts.rows(values))
+                for array in kept:
+                    array.flags.writeable = False
+                out["reduced"][f"largest_{phase}"] = kept
+        return out
+
+
+def _held(phase: str, terms: dict) -> tuple:
+    """(state held, transient tensors) of ``phase`` on a stage, from its per-cell ``terms``
+    (:meth:`ActorCells._spread`); the allocated working set is the tensors alone.  verl loads
+    offloaded params and optimizer state back before the update; actor weights are on the GPU
+    while they are copied into the rollout."""
+    if phase == "update_actor":
+        return (terms["weights"] + terms["grads"] + terms["optimizer"] + terms["ref_weights"],
+                terms["update"])
+    if phase == "old_log_prob":
+        return terms["loaded"], terms["log_prob"]
+    if phase == "ref":
+        return (terms["resident_state"] - terms["ref_weights"] + terms["weights"],
+                terms["reference"])
+    if phase == "weight_sync":
+        return terms["loaded"], WEIGHT_SYNC_BUCKET_BYTES
+    return terms["resident_state"], None  # generate
+
+
+def over_rows(actor: dict, compute, chunk: int,
+              only: tuple[str, ...] | None = None) -> tuple[np.ndarray, ...]:
+    """``compute(rows)`` (a tuple of per-row arrays) of every row of ``actor``: at once for
+    an evaluated :func:`actor_memory`, ``chunk`` rows at a time (:meth:`ActorCells.rows`, the
+    parts concatenated) for one held per cell (``reduced``), of the phases ``only`` alone when
+    given (``rows["phases"]``, and ``actor_resident_bytes(rows)`` with ``generate``)."""
+    if "cells" not in actor:
+        return compute(actor)
+    n, cells = len(actor["cells"]), actor["cells"]
+    pieces = [compute(cells.rows(slice(start, start + chunk), only))
+              for start in range(0, max(n, 1), max(chunk, 1))]
+    return tuple(np.concatenate(part) for part in zip(*pieces))
 
 
 def engine_phases(workload) -> tuple[str, ...]:
@@ -1115,6 +1210,8 @@ def actor_rows(actor: dict, rows: np.ndarray | slice) -> dict:
     its per-row arrays taken at ``rows``; the per-stage tables shared).  The per-row
     reductions are found on the whole evaluation first, so the plans that share it find them
     once."""
+    if "cells" in actor:  # held per cell: computed for these rows
+        return actor["cells"].rows(rows)
     parts = actor["parts"].at(rows)
     out = {"phases": {phase: [stage[rows] for stage in stages]
                       for phase, stages in actor["phases"].items()},
@@ -1316,6 +1413,8 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     # ``actor``: a result of actor_memory for these rows (it ignores the rollout columns), as the
     # search space computed it while choosing the rollout.
     actor = actor or actor_memory(request, cols)
+    if "cells" in actor:  # held per cell (a plan's shared evaluation): its arrays for cols
+        actor = actor_rows(actor, slice(None))
     phase_stages = {phase: list(values) for phase, values in actor["phases"].items()}
     resident = actor_resident_bytes(actor)
     out = _rollout_memory_once(request, cols, resident,

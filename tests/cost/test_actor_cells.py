@@ -9,7 +9,7 @@ from conftest import cluster
 
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
-from planner.cost.memory import STAGE_PARTS, _sum, actor_memory, estimate_memory
+from planner.cost.memory import STAGE_PARTS, actor_memory, estimate_memory
 from planner.cost.request import PlanRequest
 from planner.phases import PHASES
 from planner.search.space import SearchOptions, build_space
@@ -48,10 +48,10 @@ def test_a_cross_product_in_any_order_gives_every_row_the_same_bits(name, world,
     request = _request(name, world, workload)
     cols = _space(request)
     memory = actor_memory(request, cols)
-    assert memory["parts"]._in_order  # a search's cross product is read off
+    assert memory["parts"]._offset == 0  # a search's cross product is read off
     order = np.random.default_rng(3).permutation(len(cols["tp"]))
     shuffled = actor_memory(request, {name: values[order] for name, values in cols.items()})
-    assert not shuffled["parts"]._in_order
+    assert shuffled["parts"]._offset is None
     _assert_same_bits(_memory_per_row(shuffled), _memory_per_row(memory), order)
 
 
@@ -90,10 +90,13 @@ def test_an_empty_set_of_rows_has_empty_phases():
     assert all(len(stage) == 0 for phase in PHASES for stage in memory["phases"][phase])
 
 
-def test_a_left_out_zero_term_changes_no_bit():
+def test_a_zero_term_changes_no_bit():
+    """The actor's knob sums add a term a knob zeroes as an exact 0 in that combination's
+    cells (planner.cost.memory.ActorCells): the same bits as the sum without it."""
     rng = np.random.default_rng(11)
     a, b, c = (rng.random(1000) * 1e12 for _ in range(3))
     zero = np.zeros(1000)
-    np.testing.assert_array_equal(_sum(a, None, b, None, 7.0), a + zero + b + zero + 7.0)
-    np.testing.assert_array_equal(_sum(None, a, c), zero + a + c)
-    assert _sum(None, None) == 0.0
+    np.testing.assert_array_equal(a + zero + b + zero + 7.0, a + b + 7.0)
+    np.testing.assert_array_equal(zero + a + c, a + c)
+    np.testing.assert_array_equal(a * 1.0, a)  # the optimizer's GPU share of 1
+    np.testing.assert_array_equal(a - zero, a)

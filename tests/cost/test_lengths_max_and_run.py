@@ -16,7 +16,7 @@ from planner.catalog.lengths import ResponseLengths
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
 from planner.cost.columns import memory_column
-from planner.cost.memory import rollout_memory
+from planner.cost.memory import actor_rows, rollout_memory
 from planner.cost.request import PlanRequest
 from planner.cost.timing import generate_s
 from planner.cost.trajectory import NODES, WEIGHTS, workload_at
@@ -64,8 +64,9 @@ def test_choose_rollout_picks_the_fastest_generation_over_the_run_not_at_the_mea
     actors = evaluate_actors(request)
     chosen, memory = choose_rollout(request, actors.space.columns, actors.space.rollouts, None,
                                     actors.memory)
-    resident = np.max(memory["phases"]["generate"], axis=0)
-    at_sync = np.max(memory["phases"]["weight_sync"], axis=0)
+    phases = actor_rows(memory, slice(None))["phases"]  # the evaluation is held per cell
+    resident = np.max(phases["generate"], axis=0)
+    at_sync = np.max(phases["weight_sync"], axis=0)
     nodes = tuple(LENGTHS.at(fraction) for fraction in NODES)
     disagree = 0
     for size in np.unique(resident)[::7][:12]:  # a spread of the actor layouts' resident sizes

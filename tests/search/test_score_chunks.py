@@ -55,8 +55,10 @@ def assert_same_columns(mine: dict, theirs: dict) -> None:
                                       err_msg=name)
 
 
-def plans(req: PlanRequest, tolerance, monkeypatch, chunk: int) -> list:
+def plans(req: PlanRequest, tolerance, monkeypatch, chunk: int, held: bool = False) -> list:
+    """``held``: the actor evaluation held per cell, each chunk's arrays computed again."""
     monkeypatch.setattr(plan_module, "SCORE_CHUNK_ROWS", chunk)
+    monkeypatch.setattr(plan_module, "HELD_ACTOR_ROWS", 0 if held else 1 << 40)
     actors = evaluate_actors(req)
     out = [make_plan(req, tie_tolerance=tolerance, actors=actors,
                      reads=PlanReads.text_table(10)),
@@ -67,12 +69,13 @@ def plans(req: PlanRequest, tolerance, monkeypatch, chunk: int) -> list:
     return out
 
 
+@pytest.mark.parametrize("held", [False, True])
 @pytest.mark.parametrize("req, tolerance", JOBS)
-def test_chunked_plans_equal_one_pass(req, tolerance, monkeypatch):
+def test_chunked_plans_equal_one_pass(req, tolerance, held, monkeypatch):
     rows = len(evaluate_actors(req).space.columns["tp"])
     chunk = rows // 4 + 1  # four chunks, the last one shorter
     assert rows > 3 * chunk
-    for chunked, whole in zip(plans(req, tolerance, monkeypatch, chunk),
+    for chunked, whole in zip(plans(req, tolerance, monkeypatch, chunk, held),
                               plans(req, tolerance, monkeypatch, 1 << 40)):
         assert_same_columns(chunked.columns, whole.columns)
         assert (chunked.fitting_count, chunked.ties, chunked.fitting_below_top) == \
