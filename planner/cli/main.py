@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 from planner.cli import notes
 from planner.cli.args import SUBCOMMANDS, build_parser, trailing_inputs
@@ -35,6 +36,31 @@ HANDLERS = {
     "advise": ("advise", "cmd_advise"),
 }
 assert set(HANDLERS) == set(SUBCOMMANDS)
+
+
+# Commands whose modules load numpy's BLAS with one thread (:func:`_blas_threads`): every one
+# but ``tune``, whose guided sampler (trials.guided) factorises with numpy.linalg.
+ONE_BLAS_THREAD = frozenset(SUBCOMMANDS) - {"tune"}
+
+
+@contextmanager
+def _blas_threads(one: bool) -> Iterator[None]:
+    """While a command's modules import: numpy's OpenBLAS loads with one thread when ``one``.
+
+    OpenBLAS starts a thread per core when numpy loads (about 45 ms of CPU on the 2-core
+    development machine, a third of numpy's import, and more of wall under load), and the
+    planner calls no BLAS routine (no matmul, no ``numpy.linalg``): a plan's answer is the same
+    with one thread.  OpenBLAS reads ``OPENBLAS_NUM_THREADS`` once, as it loads, so the
+    variable is set for the import alone and removed after: the processes a command starts
+    (verl, the trials) inherit the user's environment.  A user's own setting is left alone."""
+    if not one or "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("OPENBLAS_NUM_THREADS", None)
 
 
 def _error(message: str) -> None:
@@ -85,12 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             build_parser().print_help()
             return ExitCode.USAGE
         module, name = HANDLERS[args.command]
-        if hasattr(args, "mode") and args.mode is None:  # no --mode: the baseline (sync)
-            from planner.modes import mode_names
-
-            args.mode = mode_names()[0]
         try:
-            handler = getattr(importlib.import_module(f"planner.cli.{module}"), name)
+            with _blas_threads(args.command in ONE_BLAS_THREAD):
+                if hasattr(args, "mode") and args.mode is None:  # no --mode: the baseline
+                    from planner.modes import mode_names
+
+                    args.mode = mode_names()[0]
+                handler = getattr(importlib.import_module(f"planner.cli.{module}"), name)
             code = int(handler(args))
         except ModuleNotFoundError as error:
             missing = missing_extra(error, f"`plan-parallel {args.command}`")

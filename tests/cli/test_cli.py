@@ -1,6 +1,7 @@
 """The command line: contract of the JSON output, exit codes, one-line errors, fast start."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -140,6 +141,36 @@ def test_a_plain_plan_imports_neither_pandas_nor_importlib_metadata():
                                  "planner.cli.sizing", "numpy.ma"))
     assert heavy == [], output
     assert "fit in memory" in output and "\n2  " in output and "\n3  " not in output
+
+
+_BLAS_THREADS = """
+import os, sys
+from planner.cli.main import main
+code = main({argv!r})
+print("THREADS", len(os.listdir("/proc/self/task")), os.environ.get("OPENBLAS_NUM_THREADS"))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc/self/task")
+@pytest.mark.parametrize("user", [None, "2"])
+def test_a_plan_loads_numpys_blas_with_one_thread_and_leaves_the_environment(user):
+    # the planner calls no BLAS routine: OpenBLAS's per-core threads (started as numpy loads)
+    # are left out while the command's modules import, and the variable is gone after; a
+    # user's own setting stays, and with it OpenBLAS's threads (on a machine of 2+ cores)
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if user:
+        env["OPENBLAS_NUM_THREADS"] = user
+    argv = ["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--top", "1"]
+    result = subprocess.run([sys.executable, "-c", _BLAS_THREADS.format(argv=argv)],
+                            capture_output=True, text=True, env=env)
+    line = [x for x in result.stdout.splitlines() if x.startswith("THREADS ")]
+    assert line, result.stdout + result.stderr
+    _, threads, setting = line[-1].split()
+    assert setting == str(user)
+    if user is None:
+        assert threads == "1"
+    elif (os.cpu_count() or 1) > 1:
+        assert int(threads) > 1
 
 
 def test_models_and_gpus_listings(capsys):
