@@ -104,7 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = ["--help"]
     notes.drop()
     try:
-        args, extra = build_parser().parse_known_args(argv)
+        # a command's own parser alone (argv starts with a command, or with --help: all)
+        args, extra = build_parser(argv[0] if argv[0] in SUBCOMMANDS else None
+                                   ).parse_known_args(argv)
         if extra:
             trailing_inputs(args, extra)
         if args.command is None:

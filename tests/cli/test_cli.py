@@ -11,6 +11,7 @@ from fixtures.imports import imported_by
 
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
+from planner.cli.args import SUBCOMMANDS
 from planner.cli.main import main
 from planner.cost.request import PlanRequest
 from planner.plan import make_plan
@@ -342,3 +343,24 @@ def test_estimate_names_a_picked_utilization_without_room_as_such(capsys):
     _, out, _ = run(capsys, "estimate", "--model", "qwen3-30b", "--gpus", "8", "--gpu-type",
                     "h100", "--tp", "1", "--gpu-memory-utilization", "0.3")
     assert "at gpu_memory_utilization 0.30" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_a_commands_own_parser_is_the_full_parsers(command):
+    # main() builds the parser of the command it runs alone: the same help, defaults and
+    # parsed values as under the full parser
+    from planner.cli.args import build_parser
+
+    def sub(parser):
+        action = next(a for a in parser._actions if a.dest == "command")
+        return action.choices[command]
+
+    alone, full = build_parser(command), build_parser()
+    assert set(next(a for a in alone._actions if a.dest == "command").choices) <= \
+        {command, "models", "gpus"}
+    assert sub(alone).format_help() == sub(full).format_help()
+    assert [(a.dest, a.option_strings, a.default, a.required) for a in sub(alone)._actions] == \
+        [(a.dest, a.option_strings, a.default, a.required) for a in sub(full)._actions]
+    if command == "plan":
+        argv = ["plan", "--model", "qwen3-8b", "--gpus", "8", "--top", "3"]
+        assert vars(alone.parse_known_args(argv)[0]) == vars(full.parse_known_args(argv)[0])
