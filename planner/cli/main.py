@@ -39,8 +39,10 @@ assert set(HANDLERS) == set(SUBCOMMANDS)
 
 
 # Commands whose modules load numpy's BLAS with one thread (:func:`_blas_threads`): every one
-# but ``tune``, whose guided sampler (trials.guided) factorises with numpy.linalg.
-ONE_BLAS_THREAD = frozenset(SUBCOMMANDS) - {"tune"}
+# but those that solve or fit -- ``tune`` (its guided sampler, trials.guided, factorises with
+# numpy.linalg), ``calibrate`` and ``advise`` (scipy's least_squares) -- which keep OpenBLAS's
+# own threading.
+ONE_BLAS_THREAD = frozenset(SUBCOMMANDS) - {"tune", "calibrate", "advise"}
 
 
 @contextmanager
@@ -49,8 +51,8 @@ def _blas_threads(one: bool) -> Iterator[None]:
 
     OpenBLAS starts a thread per core when numpy loads (about 45 ms of CPU on the 2-core
     development machine, a third of numpy's import, and more of wall under load), and the
-    planner calls no BLAS routine (no matmul, no ``numpy.linalg``): a plan's answer is the same
-    with one thread.  OpenBLAS reads ``OPENBLAS_NUM_THREADS`` once, as it loads, so the
+    planner's plans call no BLAS routine (no matmul, no ``numpy.linalg``): their answers are
+    the same with one thread.  OpenBLAS reads ``OPENBLAS_NUM_THREADS`` once, as it loads, so the
     variable is set for the import alone and removed after: the processes a command starts
     (verl, the trials) inherit the user's environment.  A user's own setting is left alone."""
     if not one or "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
