@@ -118,9 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             with _blas_threads(args.command in ONE_BLAS_THREAD):
                 if hasattr(args, "mode") and args.mode is None:  # no --mode: the baseline
-                    from planner.modes import mode_names
+                    from planner.modes import baseline_name
 
-                    args.mode = mode_names()[0]
+                    args.mode = baseline_name()
                 handler = getattr(importlib.import_module(f"planner.cli.{module}"), name)
             code = int(handler(args))
         except ModuleNotFoundError as error:
