@@ -13,7 +13,6 @@ Sizes are checked before parsing (``stat`` before ``read``, a JSON nesting scan 
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import math
@@ -139,6 +138,8 @@ def read_bytes(path: Path, field: str, limit_bytes: int) -> bytes:
     try:
         raw = Path(path).read_bytes()
         if raw[:2] == b"\x1f\x8b":
+            import gzip  # here: every plan imports this module, few read a gzipped file
+
             with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
                 raw = stream.read(limit_bytes + 1)
             if len(raw) > limit_bytes:

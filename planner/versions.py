@@ -49,23 +49,43 @@ def _headers(path: str) -> list[tuple[str, str]]:
     return headers
 
 
+# directory -> (its mtime, its metadata directories by normalised name, in sorted order)
+_LISTINGS: dict[str, tuple[int, dict[str, list[str]]]] = {}
+
+
+def _distributions(directory: str) -> dict[str, list[str]]:
+    """The ``*.dist-info`` and ``*.egg-info`` children of ``directory`` by normalised project
+    name, each name's in sorted order; empty when it is not a directory (a zip) or gone.  Kept
+    while the directory's mtime stays (an entry added or removed changes it), as importlib's
+    path finder keeps a directory's listing: a plan reads four versions, and each listing of
+    site-packages and the standard library costs milliseconds."""
+    try:
+        stamp = os.stat(directory).st_mtime_ns
+        kept = _LISTINGS.get(directory)
+        if kept is not None and kept[0] == stamp:
+            return kept[1]
+        children = sorted(os.listdir(directory))
+    except OSError:
+        return {}
+    found: dict[str, list[str]] = {}
+    for child in children:
+        stem, _, suffix = child.rpartition(".")
+        if suffix in ("dist-info", "egg-info"):
+            found.setdefault(_normalized(stem.split("-", 1)[0]), []).append(child)
+    _LISTINGS[directory] = (stamp, found)
+    return found
+
+
 def _metadata_headers(package: str) -> list[tuple[str, str]] | None:
     """The metadata headers of the installed distribution ``package`` (None: not installed)."""
     wanted = _normalized(package)
     for entry in sys.path:
         directory = entry or "."
-        try:
-            children = sorted(os.listdir(directory))
-        except OSError:  # not a directory (a zip), or gone
-            continue
-        for child in children:
-            stem, _, suffix = child.rpartition(".")
-            if suffix not in ("dist-info", "egg-info") or \
-                    _normalized(stem.split("-", 1)[0]) != wanted:
-                continue
+        for child in _distributions(directory).get(wanted, ()):
             path = os.path.join(directory, child)
             if os.path.isdir(path):
-                path = os.path.join(path, "METADATA" if suffix == "dist-info" else "PKG-INFO")
+                path = os.path.join(path, "METADATA" if child.endswith(".dist-info")
+                                    else "PKG-INFO")
             headers = _headers(path)
             if any(key == "version" for key, _ in headers):
                 return headers

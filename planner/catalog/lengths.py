@@ -32,7 +32,7 @@ import math
 import re
 from dataclasses import asdict, dataclass
 from functools import cache
-from importlib import resources
+from pathlib import Path
 
 from planner.bounds import MAX_TOKENS, check_number, check_text, shown
 from planner.errors import PlanInputError
@@ -62,7 +62,7 @@ def job_kind(model_name: str) -> str:
 
 @cache
 def _defaults() -> dict:
-    path = resources.files("planner.catalog") / DEFAULTS_FILE
+    path = Path(__file__).parent / DEFAULTS_FILE  # as planner.catalog.models._catalog_dir
     return json.loads(path.read_text())
 
 

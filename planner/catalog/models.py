@@ -19,7 +19,6 @@ import json
 import re
 from dataclasses import asdict, dataclass, fields
 from functools import cache, cached_property
-from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -479,8 +478,10 @@ def _key(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.strip().lower().split("/")[-1])
 
 
-def _catalog_dir():
-    return resources.files("planner.catalog") / "models_data"
+def _catalog_dir() -> Path:
+    # the package's own directory, not importlib.resources: its readers import zipfile and
+    # tempfile (about 12 ms of a plan's start), and the planner is installed as files
+    return Path(__file__).parent / "models_data"
 
 
 @cache

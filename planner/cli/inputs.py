@@ -27,7 +27,7 @@ from planner.cli.args import UsageError
 from planner.cost.efficiency import CostModel, read_calibration
 from planner.cost.request import PlanRequest
 from planner.errors import PlanInputError
-from planner.modes import BEST, all_modes, get_mode, mode_names
+from planner.modes import BEST, all_modes, baseline_name, get_mode
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
 from planner.search.layout import RECOMPUTE
 from planner.search.space import SearchOptions
@@ -354,14 +354,14 @@ def sizing_requested(args) -> bool:
 def baseline_mode(args) -> bool:
     """The command runs the baseline mode (``sync``, the default): the plain plan and
     estimate outputs."""
-    return getattr(args, "mode", mode_names()[0]) == mode_names()[0]
+    return getattr(args, "mode", baseline_name()) == baseline_name()
 
 
 def check_mode_flags(args) -> None:
     """Flags of a training mode given with another are usage errors, never silently ignored:
     ``--trainer-gpus`` splits the cluster (only the modes on separate pools), the
     ``async_training`` flags shape the modes that read them (``best`` plans every mode)."""
-    mode = getattr(args, "mode", mode_names()[0])
+    mode = getattr(args, "mode", baseline_name())
     if mode == BEST:
         return
     used = set(get_mode(mode).settings_used)

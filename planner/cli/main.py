@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 from planner.cli import notes
 from planner.cli.args import SUBCOMMANDS, build_parser, trailing_inputs
@@ -35,6 +36,33 @@ HANDLERS = {
     "advise": ("advise", "cmd_advise"),
 }
 assert set(HANDLERS) == set(SUBCOMMANDS)
+
+
+# Commands whose modules load numpy's BLAS with one thread (:func:`_blas_threads`): every one
+# but those that solve or fit -- ``tune`` (its guided sampler, trials.guided, factorises with
+# numpy.linalg), ``calibrate`` and ``advise`` (scipy's least_squares) -- which keep OpenBLAS's
+# own threading.
+ONE_BLAS_THREAD = frozenset(SUBCOMMANDS) - {"tune", "calibrate", "advise"}
+
+
+@contextmanager
+def _blas_threads(one: bool) -> Iterator[None]:
+    """While a command's modules import: numpy's OpenBLAS loads with one thread when ``one``.
+
+    OpenBLAS starts a thread per core when numpy loads (about 45 ms of CPU on the 2-core
+    development machine, a third of numpy's import, and more of wall under load), and the
+    planner's plans call no BLAS routine (no matmul, no ``numpy.linalg``): their answers are
+    the same with one thread.  OpenBLAS reads ``OPENBLAS_NUM_THREADS`` once, as it loads, so the
+    variable is set for the import alone and removed after: the processes a command starts
+    (verl, the trials) inherit the user's environment.  A user's own setting is left alone."""
+    if not one or "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("OPENBLAS_NUM_THREADS", None)
 
 
 def _error(message: str) -> None:
@@ -78,19 +106,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = ["--help"]
     notes.drop()
     try:
-        args, extra = build_parser().parse_known_args(argv)
+        # a command's own parser alone (argv starts with a command, or with --help: all)
+        args, extra = build_parser(argv[0] if argv[0] in SUBCOMMANDS else None
+                                   ).parse_known_args(argv)
         if extra:
             trailing_inputs(args, extra)
         if args.command is None:
             build_parser().print_help()
             return ExitCode.USAGE
         module, name = HANDLERS[args.command]
-        if hasattr(args, "mode") and args.mode is None:  # no --mode: the baseline (sync)
-            from planner.modes import mode_names
-
-            args.mode = mode_names()[0]
         try:
-            handler = getattr(importlib.import_module(f"planner.cli.{module}"), name)
+            with _blas_threads(args.command in ONE_BLAS_THREAD):
+                if hasattr(args, "mode") and args.mode is None:  # no --mode: the baseline
+                    from planner.modes import baseline_name
+
+                    args.mode = baseline_name()
+                handler = getattr(importlib.import_module(f"planner.cli.{module}"), name)
             code = int(handler(args))
         except ModuleNotFoundError as error:
             missing = missing_extra(error, f"`plan-parallel {args.command}`")

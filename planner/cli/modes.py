@@ -15,7 +15,6 @@ from planner.output import best_json, mode_plan_json, reported_step
 from planner.placement import AsyncOptions
 from planner.report.mode_tables import best_table, mode_table
 from planner.report.text import to_json
-from planner.verl.files import write_job
 
 
 def async_options(args) -> AsyncOptions:
@@ -47,6 +46,8 @@ def cmd_plan_mode(args) -> int:
     if args.write:
         if chosen is None:
             raise UsageError("no plan fits in GPU memory; nothing to write")
+        from planner.verl.files import write_job  # with --write alone (verl's export)
+
         mode = get_mode(chosen.mode, settings)
         if chosen.first is not None and args.rank > chosen.first:  # beyond the splits listed
             chosen = mode.plan(request, cache=cache)

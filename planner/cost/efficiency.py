@@ -19,7 +19,6 @@ import copy
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
@@ -73,7 +72,7 @@ CALIBRATION_FILE = "calibration.json"
 
 @cache
 def _shipped() -> dict:
-    path = resources.files("planner.cost") / CALIBRATION_FILE
+    path = Path(__file__).parent / CALIBRATION_FILE  # as planner.catalog.models._catalog_dir
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:

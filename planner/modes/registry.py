@@ -1,14 +1,18 @@
 """The training modes the planner knows, by name: register, look up, loop over.
 
 The CLI's ``--mode`` choices, ``--mode best`` (every mode side by side), the mode reports,
-``explain`` and ``tune`` all go through here.  The built-in modes register themselves when
-:mod:`planner.modes` is imported; a new mode is a :class:`~planner.modes.base.TrainingMode`
-subclass passed to :func:`register` (a class decorator) -- nothing else names it.  The first
-registered mode (``sync``) is the baseline ``--mode best`` compares the others with.
+``explain`` and ``tune`` all go through here.  The built-in modes register themselves; a new
+mode is a :class:`~planner.modes.base.TrainingMode` subclass passed to :func:`register` (a
+class decorator) -- nothing else names it.  The first
+registered mode (``sync``) is the baseline ``--mode best`` compares the others with.  The split
+modes (``one-step-off``, ``fully-async``) are imported the first time the registry is read
+beyond the baseline (a plan of the baseline alone reads :func:`baseline_name` and
+``get_mode("sync")``), in their order whichever is imported first.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from planner.cost.request import PlanRequest
@@ -22,10 +26,38 @@ if TYPE_CHECKING:
 
 BEST = "best"  # every registered mode side by side (not a mode itself)
 _MODES: dict[str, type[TrainingMode]] = {}
+# The built-in modes after the baseline, registered (their modules imported, in this order) the
+# first time the registry is read beyond the baseline: a plan of the baseline alone imports
+# neither the split modes nor the verl tables they read (about 8 ms of every start).
+# planner.modes imports the baseline (planner.modes.sync) itself.
+_LATER = ["planner.modes.one_step_off", "planner.modes.fully_async"]
+
+
+def _register_later(until: str | None = None) -> None:
+    """Import the built-in modes of :data:`_LATER` in order (each registers itself), those
+    before ``until`` (a module of the list, taken off it unimported: it is registering), or
+    all."""
+    while _LATER:
+        module = _LATER.pop(0)
+        if module == until:
+            return
+        importlib.import_module(module)
+
+
+def _registered() -> dict[str, type[TrainingMode]]:
+    """Every mode, the built-in ones registered first (in their order)."""
+    _register_later()
+    return _MODES
 
 
 def register(mode: type[TrainingMode]) -> type[TrainingMode]:
-    """Add ``mode`` under its :attr:`~TrainingMode.name` (usable as a class decorator)."""
+    """Add ``mode`` under its :attr:`~TrainingMode.name` (usable as a class decorator).  The
+    built-in modes keep their order whichever module is imported first; a mode of another
+    module comes after them."""
+    if mode.__module__ in _LATER:
+        _register_later(until=mode.__module__)
+    elif not mode.__module__.startswith("planner.modes."):
+        _register_later()
     if mode.name == BEST or mode.name in _MODES:
         raise ValueError(f"training mode {mode.name!r} is already registered")
     _MODES[mode.name] = mode
@@ -34,30 +66,37 @@ def register(mode: type[TrainingMode]) -> type[TrainingMode]:
 
 def unregister(name: str) -> None:
     """Remove the mode registered as ``name`` (a test's temporary mode)."""
-    _MODES.pop(name, None)
+    _registered().pop(name, None)
+
+
+def baseline_name() -> str:
+    """The first registered mode (``sync``), what no ``--mode`` means: the built-in modes after
+    it are not imported for it."""
+    return next(iter(_MODES))
 
 
 def mode_names() -> tuple[str, ...]:
     """The registered modes, in registration order (the baseline first)."""
-    return tuple(_MODES)
+    return tuple(_registered())
 
 
 def mode_choices() -> tuple[str, ...]:
     """What ``--mode`` takes: every registered mode and ``best``."""
-    return (*_MODES, BEST)
+    return (*_registered(), BEST)
 
 
 def get_mode(name: str, settings: AsyncOptions = AsyncOptions()) -> TrainingMode:
     """The mode registered as ``name``, with ``settings``."""
-    if name not in _MODES:
+    modes = _MODES if name in _MODES else _registered()
+    if name not in modes:
         raise PlanInputError(f"--mode {name!r} is not a training mode; valid: "
                              f"{', '.join(mode_choices())}")
-    return _MODES[name](settings)
+    return modes[name](settings)
 
 
 def all_modes(settings: AsyncOptions = AsyncOptions()) -> list[TrainingMode]:
     """Every registered mode with ``settings``, the baseline first."""
-    return [mode(settings) for mode in _MODES.values()]
+    return [mode(settings) for mode in _registered().values()]
 
 
 def mode_of_config(config: dict) -> TrainingMode:

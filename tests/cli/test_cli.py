@@ -1,6 +1,7 @@
 """The command line: contract of the JSON output, exit codes, one-line errors, fast start."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ from fixtures.imports import imported_by
 
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
+from planner.cli.args import SUBCOMMANDS
 from planner.cli.main import main
 from planner.cost.request import PlanRequest
 from planner.plan import make_plan
@@ -137,9 +139,43 @@ def test_a_plain_plan_imports_neither_pandas_nor_importlib_metadata():
                                  # what the text plan does not use: export, sizing, split tables
                                  "planner.verl.export", "planner.verl.files",
                                  "planner.report.mode_tables", "planner.sizing.sweep",
-                                 "planner.cli.sizing", "numpy.ma"))
+                                 "planner.cli.sizing", "numpy.ma",
+                                 # the split modes and the verl tables they read
+                                 "planner.modes.split", "planner.modes.one_step_off",
+                                 "planner.modes.fully_async", "planner.verl.keymap",
+                                 "zipfile", "gzip"))
     assert heavy == [], output
     assert "fit in memory" in output and "\n2  " in output and "\n3  " not in output
+
+
+_BLAS_THREADS = """
+import os, sys
+from planner.cli.main import main
+code = main({argv!r})
+print("THREADS", len(os.listdir("/proc/self/task")), os.environ.get("OPENBLAS_NUM_THREADS"))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc/self/task")
+@pytest.mark.parametrize("user", [None, "2"])
+def test_a_plan_loads_numpys_blas_with_one_thread_and_leaves_the_environment(user):
+    # the planner calls no BLAS routine: OpenBLAS's per-core threads (started as numpy loads)
+    # are left out while the command's modules import, and the variable is gone after; a
+    # user's own setting stays, and with it OpenBLAS's threads (on a machine of 2+ cores)
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if user:
+        env["OPENBLAS_NUM_THREADS"] = user
+    argv = ["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--top", "1"]
+    result = subprocess.run([sys.executable, "-c", _BLAS_THREADS.format(argv=argv)],
+                            capture_output=True, text=True, env=env)
+    line = [x for x in result.stdout.splitlines() if x.startswith("THREADS ")]
+    assert line, result.stdout + result.stderr
+    _, threads, setting = line[-1].split()
+    assert setting == str(user)
+    if user is None:
+        assert threads == "1"
+    elif (os.cpu_count() or 1) > 1:
+        assert int(threads) > 1
 
 
 def test_models_and_gpus_listings(capsys):
@@ -311,3 +347,24 @@ def test_estimate_names_a_picked_utilization_without_room_as_such(capsys):
     _, out, _ = run(capsys, "estimate", "--model", "qwen3-30b", "--gpus", "8", "--gpu-type",
                     "h100", "--tp", "1", "--gpu-memory-utilization", "0.3")
     assert "at gpu_memory_utilization 0.30" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_a_commands_own_parser_is_the_full_parsers(command):
+    # main() builds the parser of the command it runs alone: the same help, defaults and
+    # parsed values as under the full parser
+    from planner.cli.args import build_parser
+
+    def sub(parser):
+        action = next(a for a in parser._actions if a.dest == "command")
+        return action.choices[command]
+
+    alone, full = build_parser(command), build_parser()
+    assert set(next(a for a in alone._actions if a.dest == "command").choices) <= \
+        {command, "models", "gpus"}
+    assert sub(alone).format_help() == sub(full).format_help()
+    assert [(a.dest, a.option_strings, a.default, a.required) for a in sub(alone)._actions] == \
+        [(a.dest, a.option_strings, a.default, a.required) for a in sub(full)._actions]
+    if command == "plan":
+        argv = ["plan", "--model", "qwen3-8b", "--gpus", "8", "--top", "3"]
+        assert vars(alone.parse_known_args(argv)[0]) == vars(full.parse_known_args(argv)[0])

@@ -119,3 +119,19 @@ def test_the_built_in_modes_are_named_in_their_own_modules_only():
                 "planner/diagnose/explain_modes.py", "planner/cli/modes.py",
                 "planner/cli/commands.py", "planner/cli/inputs.py",
                 "trials/candidates.py"} & set(named), named
+
+
+@pytest.mark.parametrize("first", ["planner.modes.fully_async", "planner.modes.one_step_off",
+                                   "planner.modes.split", "planner.modes"])
+def test_the_built_in_modes_keep_their_order_whichever_is_imported_first(first):
+    # the split modes register when the registry is first read beyond the baseline, or when
+    # their module is imported: in the same order either way
+    import subprocess
+    import sys
+
+    code = (f"import {first}, planner.modes as m; print(m.baseline_name(), 'split' in "
+            f"str(sorted(__import__('sys').modules)), m.mode_names())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split(" ", 2)
+    assert out[0] == "sync"
+    assert out[2].strip() == "('sync', 'one-step-off', 'fully-async')"

@@ -1,6 +1,7 @@
 """planner.versions reads installed versions off the dist-info directories on sys.path, as
 importlib.metadata does, without importing it."""
 
+import os
 import subprocess
 import sys
 from importlib import metadata
@@ -43,3 +44,14 @@ def test_importing_the_planner_does_not_import_importlib_metadata():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)
     assert result.stdout.split() == ["False", metadata.version("plan-parallel")]
+
+
+def test_a_directory_listing_is_kept_until_the_directory_changes(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert versions.installed_version("late-package") is None  # lists tmp_path, keeps it
+    info = tmp_path / "late_package-2.0.dist-info"
+    info.mkdir()  # changes tmp_path's mtime: listed again
+    (info / "METADATA").write_text("Name: late-package\nVersion: 2.0\n")
+    stamp = tmp_path.stat().st_mtime_ns + 10**9  # past a coarse clock's tick, as later is
+    os.utime(tmp_path, ns=(stamp, stamp))
+    assert versions.installed_version("late-package") == "2.0"
