@@ -84,11 +84,13 @@ def gpu_notes(args, gpu) -> None:
 def precision(args) -> str:
     """``--precision``, or when unset the one the named GPU types train in (``resolve_cluster``
     settles it for one GPU; sizing several types reads ``--gpu-type`` here)."""
-    if args.precision is not None:
-        return args.precision
     from planner.sizing.counts import parse_gpu_types
 
     gpus = parse_gpu_types(args.gpu_type) if getattr(args, "gpu_type", None) else ()
+    if args.precision is not None:
+        for gpu in gpus:  # every swept part must run it (refused by name, as for one part)
+            training_precision(gpu, args.precision)
+        return args.precision
     lacking = [gpu.name for gpu in gpus if not gpu.bf16]
     if gpus and len(lacking) == len(gpus):
         args.precision, forced = training_precision(gpus[0], None)
