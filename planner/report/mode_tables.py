@@ -138,17 +138,17 @@ def best_table(plans: list[ModePlan]) -> str:
     lines = _header(plans[0])
     lines.append("best plan of each mode (step = one train batch in the steady state):")
     lines.append("")
+    columns = [c for c in table_columns(plans[0].workload) if c[1] != "rank"]
+    keys = [key for _, key in columns]
+    columns.insert(keys.index("end" if "end" in keys else "step") + 1, ("vs sync", "speedup"))
     rows = []
     for plan, best, speedup in mode_bests(plans):
-        if best is None:
-            rows.append({**{key: "-" for _, key in COLUMNS}, "mode": plan.mode,
+        if best is None:  # every column, the run's start/end among them, says "-"
+            rows.append({**{key: "-" for _, key in columns}, "mode": plan.mode,
                          "speedup": "no fit"})
             continue
         rows.append({**_row(best), "rank": "-",
                      "speedup": "-" if speedup is None else f"{speedup:.2f}x"})
-    columns = [c for c in table_columns(plans[0].workload) if c[1] != "rank"]
-    keys = [key for _, key in columns]
-    columns.insert(keys.index("end" if "end" in keys else "step") + 1, ("vs sync", "speedup"))
     lines.append(format_table(rows, columns))
     lines.append("")
     lines.append("idle T/R: idle fraction of the trainer / rollout pool; stale: parameter "

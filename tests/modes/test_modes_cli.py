@@ -196,3 +196,16 @@ def test_bad_mode_input_is_one_line_and_exit_2(capsys, argv, message):
     code, out, err = run(capsys, *argv, *GRPO, "--gpus", "16")
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_best_on_one_gpu_lists_the_split_modes_as_no_fit(capsys):
+    """--mode best where a split mode has no plan crashed on the table's start/end columns
+    (KeyError: 'start') whenever the lengths move over the run (the default)."""
+    code, out, err = run(capsys, "plan", *GRPO, "--model", "qwen3-0.6b", "--gpus", "1",
+                         "--mode", "best")
+    assert code == 0 and "Traceback" not in err
+    rows = {line.split()[0]: line for line in out.splitlines()
+            if line.split()[:1] in (["sync"], ["one-step-off"], ["fully-async"])}
+    assert set(rows) == {"sync", "one-step-off", "fully-async"}
+    assert "no fit" in rows["one-step-off"] and "no fit" in rows["fully-async"]
+    assert "no fit" not in rows["sync"]
