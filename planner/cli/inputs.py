@@ -367,6 +367,9 @@ def check_mode_flags(args) -> None:
     if mode == BEST:
         return
     used = set(get_mode(mode).settings_used)
+    if "trainer_gpus" in used and getattr(args, "gpus", None) == 1:
+        raise UsageError(f"--mode {mode} splits the GPUs into a trainer and a rollout pool of at "
+                         f"least one GPU each; --gpus 1 has one (--mode sync colocates them)")
     if getattr(args, "trainer_gpus", None) and "trainer_gpus" not in used:
         splitting = [m.name for m in all_modes() if "trainer_gpus" in m.settings_used]
         raise UsageError(f"--trainer-gpus {args.trainer_gpus[0]} sizes the trainer pool of "

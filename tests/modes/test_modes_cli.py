@@ -198,6 +198,19 @@ def test_bad_mode_input_is_one_line_and_exit_2(capsys, argv, message):
     assert len(err.strip().splitlines()) == 1 and message in err
 
 
+@pytest.mark.parametrize("command", ["plan", "estimate", "explain"])
+def test_a_split_mode_on_one_gpu_is_one_line_and_exit_2(capsys, command):
+    """One GPU cannot hold two pools: plan said 'splits 0 tried, 0 fit ... no split fits in GPU
+    memory' (exit 1), estimate exited 1 printing nothing."""
+    layout = ["--tp", "1"] if command == "estimate" else []
+    code, out, err = run(capsys, command, *GRPO, "--model", "qwen3-0.6b", "--gpus", "1",
+                         "--mode", "one-step-off", *layout)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        "plan-parallel: error: --mode one-step-off splits the GPUs into a trainer and a rollout "
+        "pool of at least one GPU each; --gpus 1 has one (--mode sync colocates them)"]
+
+
 def test_best_on_one_gpu_lists_the_split_modes_as_no_fit(capsys):
     """--mode best where a split mode has no plan crashed on the table's start/end columns
     (KeyError: 'start') whenever the lengths move over the run (the default)."""
