@@ -1,0 +1,45 @@
+"""Defects a user hit (bug hunt 5): each test failed before its fix."""
+
+import pytest
+
+from planner.cli.main import main
+
+ESTIMATE = ["estimate", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--tp", "2"]
+
+
+def one_error_line(capsys) -> str:
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("flags,message", [
+    # megatron-core TransformerConfig: "When using recompute_granularity: selective
+    # recompute_num_layers must be None."; with no recompute the flag did nothing
+    (["--recompute", "selective", "--recompute-num-layers", "3"],
+     "--recompute-num-layers 3 needs --recompute full"),
+    (["--recompute-num-layers", "3"], "--recompute-num-layers 3 needs --recompute full"),
+    (["--recompute", "selective", "--recompute-method", "block"],
+     "--recompute-method block needs --recompute full"),
+    # full recompute keeps no module list: the modules were dropped without a word
+    (["--recompute", "full", "--recompute-modules", "core_attn"],
+     "--recompute-modules core_attn picks what --recompute selective recomputes"),
+    # uniform chunks of 5 over 36 layers: megatron-core indexes past the chunk
+    (["--recompute", "full", "--recompute-num-layers", "5"],
+     "--recompute-num-layers 5 with --recompute-method uniform does not divide the [36] "
+     "layers of each model chunk"),
+])
+def test_estimate_refuses_recompute_flags_megatron_refuses_or_ignores(capsys, flags, message):
+    assert main([*ESTIMATE, *flags]) == 2
+    assert message in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("flags", [["--recompute", "full", "--recompute-num-layers", "4"],
+                                   ["--recompute", "full", "--recompute-method", "block",
+                                    "--recompute-num-layers", "5"],
+                                   ["--recompute", "selective", "--recompute-modules",
+                                    "core_attn"]])
+def test_estimate_keeps_the_recompute_flags_megatron_runs(capsys, flags):
+    assert main([*ESTIMATE, *flags, "--format", "json"]) in (0, 1)
+    assert "error" not in capsys.readouterr().err
