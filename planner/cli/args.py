@@ -226,9 +226,9 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
                        help="rollout engine's max concurrent sequences (default 256, verl's)")
     group.add_argument("--workload", choices=("grpo", "pretrain"), default="grpo",
                        help="grpo (verl) or a plain Megatron pretraining step")
-    group.add_argument("--seq-len", type=integer(1, MAX_TOKENS), default=4096,
+    group.add_argument("--seq-len", type=integer(1, MAX_TOKENS), default=DefaultInt(4096),
                        help="pretrain: sequence length")
-    group.add_argument("--global-batch", type=integer(1, MAX_BATCH), default=1024,
+    group.add_argument("--global-batch", type=integer(1, MAX_BATCH), default=DefaultInt(1024),
                        help="pretrain: sequences per optimizer step")
     group.add_argument("--calibration", type=PATH,
                        help="efficiency constants fitted for your cluster "

@@ -174,10 +174,56 @@ def check_context(model, prompt_length: int, response_length: int) -> None:
             f"max_position_embeddings covers {total}")
 
 
+# the workload flags a pretraining step does not read, with their defaults: (attribute,
+# default); an integer's default is a DefaultInt, a boolean's --no- form is named when off
+GRPO_WORKLOAD_FLAGS = (
+    ("train_batch_size", None), ("rollout_n", None), ("prompt_length", None),
+    ("response_length", None), ("mini_batch_size", None), ("ppo_epochs", None),
+    ("mean_response_length", 0), ("response_lengths", None), ("lengths_from", None),
+    ("mean_prompt_length", 0), ("overlap_grad_reduce", False), ("max_num_seqs", 256),
+    ("kl_loss", True), ("kl_in_reward", False), ("bypass_old_log_prob", False),
+    ("fused_kernels", False), ("entropy_chunk_size", 0), ("grad_reduce_in_fp32", True),
+    ("adam_moments", "fp32"), ("rollout_engine", "vllm"), ("rollout_precision", "bf16"),
+    ("enforce_eager", False), ("free_cache_engine", True), ("max_num_batched_tokens", 8192),
+    ("prefix_caching", True), ("speculative", "off"), ("speculative_tokens", 1),
+    ("acceptance_length", 0.0), ("train_mtp", False))
+
+
+def _typed(value, default) -> bool:
+    from planner.cli.args import DefaultInt
+
+    if default is None and isinstance(value, int) and not isinstance(value, bool):
+        return not isinstance(value, DefaultInt)
+    return value is not None and value != default
+
+
+def check_workload_flags(args) -> None:
+    """Flags of the other workload are usage errors, never dropped: a pretraining step reads
+    ``--seq-len``, ``--global-batch`` and ``--precision`` only, a GRPO step neither of the
+    first two."""
+    if args.workload == "pretrain":
+        given = [("--no-" if value is False else "--") + name.replace("_", "-")
+                 for name, default in GRPO_WORKLOAD_FLAGS
+                 if hasattr(args, name) and _typed(value := getattr(args, name), default)]
+        if given:
+            raise UsageError(f"--workload pretrain does not read {', '.join(given)}: it times "
+                             f"a plain Megatron step of --global-batch sequences of --seq-len "
+                             f"tokens (drop {'it' if len(given) == 1 else 'them'}, or use "
+                             f"--workload grpo)")
+        return
+    for name in ("seq_len", "global_batch"):
+        if _typed(getattr(args, name, None), None):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} is --workload pretrain's; a GRPO step's sequences are "
+                             f"--prompt-length + --response-length and its batch "
+                             f"--train-batch-size x --rollout-n")
+
+
 def workload(args, model=None):
     """The workload of the flags; a GRPO step's response lengths as
     :func:`response_lengths` states them (``model``: the resolved model, whose name picks the
     default's kind of job)."""
+    check_workload_flags(args)
     if args.workload == "pretrain":
         return PretrainWorkload(seq_len=args.seq_len, global_batch=args.global_batch,
                                 precision=precision(args))

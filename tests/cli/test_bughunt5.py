@@ -43,3 +43,31 @@ def test_estimate_refuses_recompute_flags_megatron_refuses_or_ignores(capsys, fl
 def test_estimate_keeps_the_recompute_flags_megatron_runs(capsys, flags):
     assert main([*ESTIMATE, *flags, "--format", "json"]) in (0, 1)
     assert "error" not in capsys.readouterr().err
+
+
+PRETRAIN = ["--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--workload", "pretrain",
+            "--seq-len", "4096", "--global-batch", "64"]
+
+
+@pytest.mark.parametrize("command", [["estimate", "--tp", "2"], ["plan"]])
+@pytest.mark.parametrize("flags,named", [
+    (["--rollout-n", "8"], "--rollout-n"),
+    (["--no-kl-loss", "--response-length", "100"], "--response-length, --no-kl-loss"),
+    (["--adam-moments", "bf16"], "--adam-moments"),
+    (["--overlap-grad-reduce"], "--overlap-grad-reduce"),
+])
+def test_pretrain_refuses_the_grpo_flags_it_does_not_read(capsys, command, flags, named):
+    """A pretraining step read --seq-len, --global-batch and --precision only: the GRPO and
+    verl flags beside them were dropped without a word."""
+    assert main([*command, *PRETRAIN, *flags]) == 2
+    line = one_error_line(capsys)
+    assert f"--workload pretrain does not read {named}" in line
+
+
+@pytest.mark.parametrize("flags,named", [(["--seq-len", "4096"], "--seq-len"),
+                                         (["--global-batch", "64"], "--global-batch")])
+def test_grpo_refuses_the_pretrain_flags(capsys, flags, named):
+    """--seq-len/--global-batch shape --workload pretrain only; a GRPO plan dropped them."""
+    assert main([*ESTIMATE, *flags]) == 2
+    line = one_error_line(capsys)
+    assert f"{named} is --workload pretrain's" in line
