@@ -84,6 +84,8 @@ def cmd_plan(args) -> int:
 ROLLOUT_FLAGS = ("rollout_tp", "rollout_dp", "rollout_ep")  # the rollout layout's flags (dests)
 # layout field -> the estimate flag that sets it (for messages)
 FIELD_FLAGS = {"pipeline_layout": "--pipeline-layout",
+               "first_stage_layers": "--first-stage-layers",
+               "last_stage_layers": "--last-stage-layers",
                "account_embedding": "--account-for-embedding-in-pipeline-split",
                "account_loss": "--account-for-loss-in-pipeline-split",
                "max_token_len": "--max-token-len-per-gpu"}

@@ -71,3 +71,14 @@ def test_grpo_refuses_the_pretrain_flags(capsys, flags, named):
     assert main([*ESTIMATE, *flags]) == 2
     line = one_error_line(capsys)
     assert f"{named} is --workload pretrain's" in line
+
+
+@pytest.mark.parametrize("flag", ["--first-stage-layers", "--last-stage-layers"])
+def test_uneven_stages_need_a_pipeline(capsys, flag):
+    """An uneven first/last stage at PP 1 was dropped; megatron-core raises 'Mismatch: 19
+    middle layers remaining but 0 middle PP stages available'."""
+    assert main([*ESTIMATE, flag, "17"]) == 2
+    assert one_error_line(capsys) == (
+        f"plan-parallel: error: {flag}: num_layers_in_first/last_pipeline_stage needs "
+        f"pipeline_model_parallel_size > 1 (got 1; megatron-core finds the other layers no "
+        f"middle stage)")
