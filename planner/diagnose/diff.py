@@ -131,7 +131,9 @@ def _fmt_prediction(p: dict, path: str) -> str:
     return text
 
 
-def diff_text(result: dict) -> str:
+def diff_text(result: dict, gpu_given: bool = False) -> str:
+    """The changes, riskiest first, and both jobs' predictions (``gpu_given``: the GPU type
+    came from --gpu-type, so the line does not ask for it)."""
     lines = []
     if not result["changes"]:
         lines.append("no setting differs once both configs are composed")
@@ -142,7 +144,8 @@ def diff_text(result: dict) -> str:
             lines.append(f"         safe: {change['safe_range']}")
     lines.append("")
     if result.get("gpu_type"):
-        lines.append(f"predicted on {result['gpu_type']} (pass --gpu-type to choose):")
+        hint = "" if gpu_given else " (pass --gpu-type to choose)"
+        lines.append(f"predicted on {result['gpu_type']}{hint}:")
     lines.append(f"before: {_fmt_prediction(result['before'], result['a'])}")
     lines.append(f"after:  {_fmt_prediction(result['after'], result['b'])}")
     return "\n".join(lines)

@@ -82,3 +82,22 @@ def test_uneven_stages_need_a_pipeline(capsys, flag):
         f"plan-parallel: error: {flag}: num_layers_in_first/last_pipeline_stage needs "
         f"pipeline_model_parallel_size > 1 (got 1; megatron-core finds the other layers no "
         f"middle stage)")
+
+
+@pytest.mark.needs("verl")
+@pytest.mark.parametrize("gpu_flags,line", [
+    (["--gpu-type", "h200"], "predicted on H200:"),
+    ([], "predicted on H100-80GB (pass --gpu-type to choose):"),
+])
+def test_diff_asks_for_gpu_type_only_when_it_was_not_given(tmp_path, capsys, monkeypatch,
+                                                          gpu_flags, line):
+    """diff said '(pass --gpu-type to choose)' after --gpu-type h200 was passed."""
+    monkeypatch.setenv("PLAN_PARALLEL_NO_NVML", "1")
+    job = tmp_path / "job"
+    assert main(["plan", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--top",
+                 "1", "--write", str(job)]) == 0
+    capsys.readouterr()
+    script = str(job / "run_grpo.sh")
+    assert main(["diff", script, script, *gpu_flags]) == 0
+    out = capsys.readouterr().out
+    assert line in out.splitlines()
