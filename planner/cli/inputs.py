@@ -43,6 +43,8 @@ def resolve_cluster(args) -> ClusterSpec:
         gpu = get_gpu(args.gpu_type)
     else:
         detected = detect_local_gpus()
+        if detected is None and args.gpus is None:
+            raise UsageError("--gpus is required when no local GPU is detected")
         if detected is None:
             print(f"note: no GPU visible through NVML; planning for {DEFAULT_GPU} "
                   f"(pass --gpu-type to choose)", file=sys.stderr)

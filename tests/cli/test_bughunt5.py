@@ -101,3 +101,13 @@ def test_diff_asks_for_gpu_type_only_when_it_was_not_given(tmp_path, capsys, mon
     assert main(["diff", script, script, *gpu_flags]) == 0
     out = capsys.readouterr().out
     assert line in out.splitlines()
+
+
+@pytest.mark.parametrize("command", [["doctor"], ["plan", "--model", "qwen3-8b"]])
+def test_no_gpu_and_no_gpus_is_one_line(capsys, monkeypatch, command):
+    """Without NVML and --gpus the error came after a note saying it was 'planning for
+    H100-80GB': two lines for one refusal."""
+    monkeypatch.setenv("PLAN_PARALLEL_NO_NVML", "1")
+    assert main(command) == 2
+    assert one_error_line(capsys) == ("plan-parallel: error: --gpus is required when no local "
+                                      "GPU is detected")
