@@ -31,7 +31,13 @@ class UsageError(PlanInputError):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports bad input as one line and exit code 2 (no usage dump)."""
+    """argparse that reports bad input as one line and exit code 2 (no usage dump), and takes
+    every option by its whole name: a prefix is never read as a longer option (``explain --pp
+    2`` is not ``--ppo-epochs 2``, ``report --mode best`` not ``--model best``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse API
         raise UsageError(message)

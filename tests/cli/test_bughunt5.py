@@ -111,3 +111,19 @@ def test_no_gpu_and_no_gpus_is_one_line(capsys, monkeypatch, command):
     assert main(command) == 2
     assert one_error_line(capsys) == ("plan-parallel: error: --gpus is required when no local "
                                       "GPU is detected")
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["explain", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--pp", "2"],
+     "--pp 2"),  # was read as --ppo-epochs 2
+    (["report", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--mode", "best"],
+     "--mode best"),  # was read as --model best: "unknown model 'best'"
+    (["report", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100", "--ep", "8"],
+     "--ep 8"),  # was read as --epochs 8
+])
+def test_an_option_of_another_command_is_never_read_as_a_longer_one(capsys, argv, flag):
+    """argparse's prefix matching read an option this command lacks as the one it starts:
+    explain --pp 2 planned two PPO epochs, report --mode best looked up model 'best'."""
+    assert main(argv) == 2
+    assert one_error_line(capsys).startswith(
+        f"plan-parallel: error: unrecognized arguments: {flag.split()[0]}")
