@@ -144,7 +144,10 @@ def legend_lines(policy) -> list[str]:
 
 
 def _seconds_change(new: float, old: float) -> str:
-    return f"{new - old:+.1f} s, {100 * (new - old) / old:+.1f}%"
+    """The change in seconds and percent, each rounded once; a change that rounds to zero is
+    "+0.0", never "-0.0"."""
+    return (f"{round(new - old, 1) + 0.0:+.1f} s, "
+            f"{round(100 * (new - old) / old, 1) + 0.0:+.1f}%")
 
 
 def headroom_lines(plan, fill_plan=None) -> list[str]:

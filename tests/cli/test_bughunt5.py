@@ -127,3 +127,13 @@ def test_an_option_of_another_command_is_never_read_as_a_longer_one(capsys, argv
     assert main(argv) == 2
     assert one_error_line(capsys).startswith(
         f"plan-parallel: error: unrecognized arguments: {flag.split()[0]}")
+
+
+@pytest.mark.parametrize("value,text", [(-0.0, "+0%"), (0.0, "+0%"), (-0.004, "+0%"),
+                                        (-0.006, "-1%"), (0.1, "+10%")])
+def test_advise_never_prints_minus_zero_percent(value, text):
+    """advise's re-plan line read 'best layout: <the job's own layout>: 355.2 s per step (-0%)'
+    (a gain of zero, negated)."""
+    from planner.diagnose.advice import _signed
+
+    assert _signed(value) == text
