@@ -1,5 +1,7 @@
 """Defects a user hit (bug hunt 5): each test failed before its fix."""
 
+import json
+
 import pytest
 
 from planner.cli.main import main
@@ -137,3 +139,19 @@ def test_advise_never_prints_minus_zero_percent(value, text):
     from planner.diagnose.advice import _signed
 
     assert _signed(value) == text
+
+
+@pytest.mark.needs("verl")
+def test_validate_and_diff_round_each_memory_figure_once(capsys):
+    """validate printed its per-phase GiB at one decimal from the JSON's two (ref 45.15x ->
+    45.15 -> '45.1' where the exact 45.15x reads 45.2); diff did the same with the peak, the
+    step time and the throughput.  The JSON keeps its two decimals."""
+    job = "configs/Qwen2.5-7B_8xH100-80GB/run_grpo.sh"
+    assert main(["validate", job, "--gpu-type", "h100", "--format", "json"]) == 0
+    memory = json.loads(capsys.readouterr().out)["memory"]
+    assert memory["memory_gib"]["ref"] == 45.15 and memory["working_set_gib"]["ref"] == 43.15
+    assert main(["validate", job, "--gpu-type", "h100"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    peak = next(line for line in lines if line.startswith("nvidia-smi peak per phase"))
+    working = next(line for line in lines if line.startswith("allocated working set per"))
+    assert "ref 45.2 " in peak and "ref 43.2 " in working
