@@ -155,3 +155,17 @@ def test_validate_and_diff_round_each_memory_figure_once(capsys):
     peak = next(line for line in lines if line.startswith("nvidia-smi peak per phase"))
     working = next(line for line in lines if line.startswith("allocated working set per"))
     assert "ref 45.2 " in peak and "ref 43.2 " in working
+
+
+def test_a_plan_that_fails_on_host_memory_says_so(capsys):
+    """With --host-memory-gib 64 every layout's GPU peak fits but no node holds its host
+    state: the plan said 'no layout fits in GPU memory' and 'closest: 59.8 GiB ... vs 79.6 GiB
+    per GPU; add GPUs or use a larger GPU'."""
+    assert main(["plan", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100",
+                 "--host-memory-gib", "64", "--top", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "no layout fits in GPU memory" not in out
+    assert "no layout fits in host memory" in out
+    closest = next(line for line in out.splitlines() if line.startswith("closest:"))
+    assert "GiB of host memory per node, over the 64.0 GiB per node (--host-memory-gib)" \
+        in closest and "larger GPU" not in closest
