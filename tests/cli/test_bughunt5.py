@@ -169,3 +169,16 @@ def test_a_plan_that_fails_on_host_memory_says_so(capsys):
     closest = next(line for line in out.splitlines() if line.startswith("closest:"))
     assert "GiB of host memory per node, over the 64.0 GiB per node (--host-memory-gib)" \
         in closest and "larger GPU" not in closest
+
+
+def test_mode_table_cells_round_once():
+    """The split modes' table and estimate printed the JSON's 3-decimal seconds at one decimal
+    (16.0496 s -> 16.05 -> '16.1'; once: '16.0'), and idle shares and rates likewise."""
+    from types import SimpleNamespace
+
+    from planner.report.mode_tables import _exact, _percent, _step_cell
+
+    assert _step_cell(SimpleNamespace(timed=True), 16.0496) == "16.0"
+    assert _step_cell(SimpleNamespace(timed=False), 16.0496) == "-"
+    assert _step_cell(SimpleNamespace(timed=True), float("inf")) == "-"
+    assert _percent(_exact(0.12495, 4)) == "12%"  # 0.1250 -> '13%' when rounded twice
