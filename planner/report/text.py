@@ -15,7 +15,7 @@ import numpy as np
 from planner.catalog.layers import MixerKind
 from planner.cost.columns import memory_column, working_set_column
 from planner.cost.flops import verl_reports_mfu
-from planner.output import fraction, gib, rate, seconds, setting
+from planner.output import fraction, gib, setting
 from planner.policy import (
     FILL_POLICY,
     PEAK_MEANING,
@@ -387,7 +387,7 @@ def estimate_text(estimate) -> str:
     c = estimate.candidate
     policy = estimate.policy
     memory, rollout = c.memory, c.rollout
-    share = fraction(memory.utilization)
+    share = float(memory.utilization)  # every figure below rounded once, from its exact value
     lines = [
         f"{estimate.model.name} on {estimate.cluster.num_gpus} x {estimate.cluster.gpu.name}: "
         f"{estimate.layout.actor_text()}"
@@ -422,28 +422,28 @@ def estimate_text(estimate) -> str:
                          f"{setting(filled.gpu_memory_utilization):.2f}, "
                          f"{filled.kv_cache_tokens_per_gpu:,} KV tokens per GPU, {PEAK_NAME} "
                          f"{gib(filled.peak_bytes):.2f} GiB: generate "
-                         f"{seconds(c.times.seconds.generate):.2f} -> "
-                         f"{seconds(filled.generate_s):.2f} s, step "
-                         f"{seconds(c.step_time_s):.2f} -> {seconds(filled.step_time_s):.2f} s")
+                         f"{c.times.seconds.generate:.2f} -> "
+                         f"{filled.generate_s:.2f} s, step "
+                         f"{c.step_time_s:.2f} -> {filled.step_time_s:.2f} s")
     if c.timed and c.times is not None:
         step = c.step_time_s
         lines.append("time (s):           " + "  ".join(
-            f"{phase} {seconds(value):.2f} ({100 * fraction(value / step):.0f}%)"
+            f"{phase} {value:.2f} ({100 * value / step:.0f}%)"
             for phase, value in c.times.seconds.items())
-            + f"  -> step {seconds(step):.2f} s, "
-              f"{rate(c.tokens_per_s_per_gpu):.0f} tokens/s/GPU, actor MFU "
-              f"{100 * fraction(c.mfu):.1f}%{verl_mfu_note(estimate.model)}")
+            + f"  -> step {step:.2f} s, "
+              f"{c.tokens_per_s_per_gpu:.0f} tokens/s/GPU, actor MFU "
+              f"{100 * c.mfu:.1f}%{verl_mfu_note(estimate.model)}")
     elif c.timed:
-        lines.append(f"time:               step {seconds(c.step_time_s):.3f} s, "
-                     f"{rate(c.tokens_per_s_per_gpu):.0f} tokens/s/GPU, "
-                     f"{rate(c.tflops_per_gpu):.0f} TFLOP/s/GPU, "
-                     f"MFU {100 * fraction(c.mfu):.1f}%")
+        lines.append(f"time:               step {c.step_time_s:.3f} s, "
+                     f"{c.tokens_per_s_per_gpu:.0f} tokens/s/GPU, "
+                     f"{c.tflops_per_gpu:.0f} TFLOP/s/GPU, "
+                     f"MFU {100 * c.mfu:.1f}%")
     if c.timed and c.step_time_start_s is not None and c.step_time_start_s != c.step_time_end_s:
         lines.append(f"over the run:       step {band_text(c)}")
     if c.timed and c.times is not None:
         for phase, parts in c.times.parts.items():
-            shown = [f"{part[:-2]} {seconds(value):.2f}" for part, value in parts.items()
-                     if seconds(value) >= 0.005]
+            shown = [f"{part[:-2]} {value:.2f}" for part, value in parts.items()
+                     if f"{value:.2f}" != "0.00"]
             if shown:
                 lines.append(f"  {phase + ':':18}" + "  ".join(shown))
     if c.flags:

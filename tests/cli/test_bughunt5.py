@@ -182,3 +182,35 @@ def test_mode_table_cells_round_once():
     assert _step_cell(SimpleNamespace(timed=False), 16.0496) == "-"
     assert _step_cell(SimpleNamespace(timed=True), float("inf")) == "-"
     assert _percent(_exact(0.12495, 4)) == "12%"  # 0.1250 -> '13%' when rounded twice
+
+
+def test_estimate_text_rounds_each_time_once(monkeypatch):
+    """estimate printed its times at two decimals from the JSON's three (Qwen3-8B TP2 on 8
+    H100s: weight_sync comm 0.0249x s -> 0.025 -> '0.03', generate compute 87.005x -> '87.00');
+    every figure now reads its exact value rounded once."""
+    from planner.catalog.models import resolve_model
+    from planner.cli import inputs
+    from planner.cli.args import build_parser
+    from planner.cli.commands import estimate_layout_from_args
+    from planner.modes import get_mode
+    from planner.report.text import estimate_text
+    from planner.search.space import SearchOptions
+
+    monkeypatch.setenv("PLAN_PARALLEL_NO_NVML", "1")
+    args = build_parser().parse_args([*ESTIMATE, "--micro-batch", "4", "--rollout-tp", "2"])
+    model = resolve_model(args.model)
+    cluster = inputs.resolve_cluster(args)
+    workload = inputs.workload(args, model)
+    layout = estimate_layout_from_args(args, model, cluster, workload)
+    request = inputs.request(args, model, cluster, workload, SearchOptions())
+    estimate = get_mode("sync").estimate(request, layout, True)
+    text = estimate_text(estimate).splitlines()
+    c = estimate.candidate
+    for phase, parts in c.times.parts.items():
+        line = next(row for row in text if row.startswith(f"  {phase}:"))
+        for part, value in parts.items():
+            if f"{value:.2f}" != "0.00":
+                assert f"{part[:-2]} {value:.2f}" in line, (phase, part, value, line)
+    time_line = next(row for row in text if row.startswith("time (s):"))
+    assert f"-> step {c.step_time_s:.2f} s, {c.tokens_per_s_per_gpu:.0f} tokens/s/GPU" \
+        in time_line
