@@ -214,3 +214,14 @@ def test_estimate_text_rounds_each_time_once(monkeypatch):
     time_line = next(row for row in text if row.startswith("time (s):"))
     assert f"-> step {c.step_time_s:.2f} s, {c.tokens_per_s_per_gpu:.0f} tokens/s/GPU" \
         in time_line
+
+
+def test_explain_best_won_by_sync_claims_no_speed_up(capsys):
+    """explain --mode best said 'sync wins, 671.8 s per step, a 1.00x speed-up over sync
+    (671.8 s)' when sync itself won."""
+    assert main(["explain", "--model", "qwen3-0.6b", "--gpus", "1", "--gpu-type", "h100",
+                 "--mode", "best"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "sync wins" in head and "speed-up over sync" not in head
+    assert head.endswith("no other mode is faster")
+
