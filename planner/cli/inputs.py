@@ -407,11 +407,25 @@ def baseline_mode(args) -> bool:
     return getattr(args, "mode", mode_names()[0]) == mode_names()[0]
 
 
+def check_trainer_gpus(args) -> None:
+    """``--trainer-gpus`` values: each once, and each leaving the rollout at least one GPU of a
+    ``--gpus`` count (a repeated value planned the same split twice)."""
+    given = list(getattr(args, "trainer_gpus", None) or [])
+    for count in given:
+        if given.count(count) > 1:
+            raise UsageError(f"--trainer-gpus {count} is given twice")
+        gpus = getattr(args, "gpus", None)
+        if isinstance(gpus, int) and gpus > 1 and count >= gpus:
+            raise UsageError(f"--trainer-gpus {count} leaves no rollout GPU of --gpus {gpus}; "
+                             f"valid: 1..{gpus - 1}")
+
+
 def check_mode_flags(args) -> None:
     """Flags of a training mode given with another are usage errors, never silently ignored:
     ``--trainer-gpus`` splits the cluster (only the modes on separate pools), the
     ``async_training`` flags shape the modes that read them (``best`` plans every mode)."""
     mode = getattr(args, "mode", mode_names()[0])
+    check_trainer_gpus(args)
     if mode == BEST:
         return
     used = set(get_mode(mode).settings_used)

@@ -225,3 +225,16 @@ def test_explain_best_won_by_sync_claims_no_speed_up(capsys):
     assert "sync wins" in head and "speed-up over sync" not in head
     assert head.endswith("no other mode is faster")
 
+
+@pytest.mark.parametrize("flags,message", [
+    (["--trainer-gpus", "8", "--trainer-gpus", "8"], "--trainer-gpus 8 is given twice"),
+    (["--trainer-gpus", "9999"],
+     "--trainer-gpus 9999 leaves no rollout GPU of --gpus 16; valid: 1..15"),
+])
+def test_trainer_gpus_bad_values_are_named(capsys, flags, message):
+    """A repeated --trainer-gpus planned the same split twice (#1 and #2 identical); one above
+    the cluster said 'pools of 9999 trainer and -9983 rollout GPUs ... rollout pool of -9983
+    GPUs is not whole nodes of 8'."""
+    assert main(["plan", "--model", "qwen3-8b", "--gpus", "16", "--gpu-type", "h100",
+                 "--mode", "one-step-off", *flags]) == 2
+    assert message in one_error_line(capsys)
