@@ -31,7 +31,8 @@ HEADER = """\
 Every subcommand and argument of `plan-parallel`, generated from its argument parser.  The
 [user guide](../guide/index.md) explains what the commands do; [Security](../security.md#exit-codes)
 lists the exit codes.  Without a subcommand, `plan` runs: `plan-parallel --model qwen3-30b --gpus
-16` is `plan-parallel plan --model qwen3-30b --gpus 16`.
+16` is `plan-parallel plan --model qwen3-30b --gpus 16`.  Options are taken by their whole
+name: a prefix (`--pp` for `--ppo-epochs`) is refused, never read as a longer option.
 """
 
 # Markdown that help texts must not trigger outside code spans

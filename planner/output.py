@@ -343,8 +343,9 @@ def estimate_json(estimate: "Estimate") -> dict:
             else estimate.pipeline_starvation.to_dict(estimate.workload.has_rollout)}
 
 
-def memory_report_json(c: ColocatedCandidate, policy: MemoryPolicy) -> dict:
-    """The memory section of ``validate --format json`` for a colocated job."""
+def memory_report_json(c: ColocatedCandidate, policy: MemoryPolicy) -> "Summary":
+    """The memory section of ``validate --format json`` for a colocated job, with the figures
+    its text and ``diff`` print unrounded in ``exact`` (each printed figure rounded once)."""
     full = colocated_json(c)
     out = {key: full[key] for key in ("fits", "peak_memory_gib", "peak_phase", "peak_stage",
                                       "memory_utilization", "memory_gib", "working_set_gib",
@@ -354,7 +355,18 @@ def memory_report_json(c: ColocatedCandidate, policy: MemoryPolicy) -> dict:
     for key in ("step_time_s", "time_s", "tokens_per_s_per_gpu"):
         if key in full:
             out[key] = full[key]
-    return out
+    memory = c.memory
+    exact = {**out, "peak_memory_gib": float(memory.peak_bytes) / GIB,
+             "memory_utilization": float(memory.utilization),
+             "memory_gib": {phase: memory.phase_bytes.of_phase(phase) / GIB
+                            for phase in out["memory_gib"]},
+             "working_set_gib": {phase: memory.working_set_bytes.of_phase(phase) / GIB
+                                 for phase in out["working_set_gib"]}}
+    if "step_time_s" in out:
+        exact["step_time_s"] = float(c.step_time_s)
+    if "tokens_per_s_per_gpu" in out:
+        exact["tokens_per_s_per_gpu"] = float(c.tokens_per_s_per_gpu)
+    return Summary(out, exact)
 
 
 class Summary(dict):

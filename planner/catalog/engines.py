@@ -75,10 +75,14 @@ def engine_problem(gpu: GpuSpec, engine: str) -> str | None:
 def training_precision(gpu: GpuSpec, requested: str | None) -> tuple[str, str | None]:
     """The precision a job on ``gpu`` trains in, and the line saying why when it is not what was
     asked.  ``requested`` None: BF16, or FP16 on a part without BF16.  An explicit ``bf16`` or
-    ``fp8`` on such a part is an input error."""
-    if gpu.bf16:
-        return requested or "bf16", None
+    ``fp8`` on such a part is an input error, and so is ``fp8`` on a part without FP8 tensor
+    cores (A100, A10: Transformer Engine's FP8 needs sm_89+)."""
     capability = sm(gpu.compute_capability) if gpu.compute_capability else "no BF16 units"
+    if gpu.bf16:
+        if requested == "fp8" and not gpu.fp8_flops:
+            raise PlanInputError(f"--precision fp8: {gpu.name} has no FP8 tensor cores "
+                                 f"({capability}; FP8 needs sm_89+); valid: bf16, fp16")
+        return requested or "bf16", None
     if requested in ("bf16", "fp8"):
         raise PlanInputError(f"--precision {requested}: {gpu.name} has no "
                              f"{requested.upper()} tensor cores ({capability}; BF16 needs "

@@ -31,7 +31,13 @@ class UsageError(PlanInputError):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports bad input as one line and exit code 2 (no usage dump)."""
+    """argparse that reports bad input as one line and exit code 2 (no usage dump), and takes
+    every option by its whole name: a prefix is never read as a longer option (``explain --pp
+    2`` is not ``--ppo-epochs 2``, ``report --mode best`` not ``--model best``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse API
         raise UsageError(message)
@@ -226,9 +232,9 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
                        help="rollout engine's max concurrent sequences (default 256, verl's)")
     group.add_argument("--workload", choices=("grpo", "pretrain"), default="grpo",
                        help="grpo (verl) or a plain Megatron pretraining step")
-    group.add_argument("--seq-len", type=integer(1, MAX_TOKENS), default=4096,
+    group.add_argument("--seq-len", type=integer(1, MAX_TOKENS), default=DefaultInt(4096),
                        help="pretrain: sequence length")
-    group.add_argument("--global-batch", type=integer(1, MAX_BATCH), default=1024,
+    group.add_argument("--global-batch", type=integer(1, MAX_BATCH), default=DefaultInt(1024),
                        help="pretrain: sequences per optimizer step")
     group.add_argument("--calibration", type=PATH,
                        help="efficiency constants fitted for your cluster "

@@ -4,6 +4,7 @@ out."""
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -85,6 +86,8 @@ def cmd_plan(args) -> int:
 ROLLOUT_FLAGS = ("rollout_tp", "rollout_dp", "rollout_ep")  # the rollout layout's flags (dests)
 # layout field -> the estimate flag that sets it (for messages)
 FIELD_FLAGS = {"pipeline_layout": "--pipeline-layout",
+               "first_stage_layers": "--first-stage-layers",
+               "last_stage_layers": "--last-stage-layers",
                "account_embedding": "--account-for-embedding-in-pipeline-split",
                "account_loss": "--account-for-loss-in-pipeline-split",
                "max_token_len": "--max-token-len-per-gpu"}
@@ -129,7 +132,8 @@ def estimate_layout_from_args(args, model, cluster, workload) -> Layout:
     if (modules or args.recompute_method) and args.recompute is None:
         raise UsageError("--recompute-modules/--recompute-method need --recompute "
                          "selective/full")
-    return Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=given(args.ep, 1),
+    _check_recompute_flags(args)
+    layout = Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=given(args.ep, 1),
                   etp=given(args.etp, 1), dp=max(cluster.num_gpus // (tp * pp * cp), 1),
                   micro_batch=given(args.micro_batch, 1), recompute=args.recompute or "none",
                   recompute_modules=modules,
@@ -148,6 +152,42 @@ def estimate_layout_from_args(args, model, cluster, workload) -> Layout:
                   rollout_tp=given(args.rollout_tp, tp if args.workload == "grpo" else 1),
                   rollout_dp=given(args.rollout_dp, 1), rollout_ep=given(args.rollout_ep, 1),
                   gpu_memory_utilization=given(args.gpu_memory_utilization, 0.6))
+    _check_uniform_chunk(args, model, layout)
+    return layout
+
+
+def _check_recompute_flags(args) -> None:
+    """The recompute flags megatron-core refuses or ignores at the granularity asked, refused
+    here rather than dropped: ``recompute_num_layers`` with selective recompute
+    (TransformerConfig: "recompute_num_layers must be None"), ``recompute_method`` outside full
+    recompute, and ``recompute_modules`` under full recompute (whole layers are recomputed)."""
+    full = args.recompute == "full"
+    if args.recompute_num_layers is not None and not full:
+        raise UsageError(f"--recompute-num-layers {args.recompute_num_layers} needs --recompute "
+                         f"full (megatron-core refuses recompute_num_layers with selective "
+                         f"recompute; --recompute {args.recompute or 'none'} was given)")
+    if args.recompute_method and not full:
+        raise UsageError(f"--recompute-method {args.recompute_method} needs --recompute full "
+                         f"(selective recompute has no method: megatron-core ignores it)")
+    if args.recompute_modules and full:
+        raise UsageError(f"--recompute-modules {args.recompute_modules} picks what --recompute "
+                         f"selective recomputes; --recompute full recomputes whole layers")
+
+
+def _check_uniform_chunk(args, model, layout: Layout) -> None:
+    """Full uniform recompute in chunks of ``--recompute-num-layers`` that do not divide a
+    model chunk's layers: megatron-core indexes past the chunk (validate's same check)."""
+    from planner.verl.checks import uniform_chunk_misfit
+
+    chunk = args.recompute_num_layers
+    if chunk is None or layout.recompute_block:
+        return
+    sizes = uniform_chunk_misfit(model, layout, chunk)
+    if sizes:
+        raise UsageError(f"--recompute-num-layers {chunk} with --recompute-method uniform does "
+                         f"not divide the {sizes} layers of each model chunk; megatron-core "
+                         f"indexes past the chunk (valid: a divisor of {math.gcd(*sizes)}, or "
+                         f"--recompute-method block)")
 
 
 def print_invalid(args, layout: Layout, error: InvalidLayoutError) -> int:

@@ -60,7 +60,7 @@ def cmd_diff(args) -> int:
     if args.format == "json":
         _json(result)
     else:
-        print(diff_text(result))
+        print(diff_text(result, gpu_given=bool(getattr(args, "gpu_type", None))))
     return ExitCode.OK
 
 

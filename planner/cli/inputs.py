@@ -43,6 +43,8 @@ def resolve_cluster(args) -> ClusterSpec:
         gpu = get_gpu(args.gpu_type)
     else:
         detected = detect_local_gpus()
+        if detected is None and args.gpus is None:
+            raise UsageError("--gpus is required when no local GPU is detected")
         if detected is None:
             print(f"note: no GPU visible through NVML; planning for {DEFAULT_GPU} "
                   f"(pass --gpu-type to choose)", file=sys.stderr)
@@ -84,11 +86,13 @@ def gpu_notes(args, gpu) -> None:
 def precision(args) -> str:
     """``--precision``, or when unset the one the named GPU types train in (``resolve_cluster``
     settles it for one GPU; sizing several types reads ``--gpu-type`` here)."""
-    if args.precision is not None:
-        return args.precision
     from planner.sizing.counts import parse_gpu_types
 
     gpus = parse_gpu_types(args.gpu_type) if getattr(args, "gpu_type", None) else ()
+    if args.precision is not None:
+        for gpu in gpus:  # every swept part must run it (refused by name, as for one part)
+            training_precision(gpu, args.precision)
+        return args.precision
     lacking = [gpu.name for gpu in gpus if not gpu.bf16]
     if gpus and len(lacking) == len(gpus):
         args.precision, forced = training_precision(gpus[0], None)
@@ -172,10 +176,56 @@ def check_context(model, prompt_length: int, response_length: int) -> None:
             f"max_position_embeddings covers {total}")
 
 
+# the workload flags a pretraining step does not read, with their defaults: (attribute,
+# default); an integer's default is a DefaultInt, a boolean's --no- form is named when off
+GRPO_WORKLOAD_FLAGS = (
+    ("train_batch_size", None), ("rollout_n", None), ("prompt_length", None),
+    ("response_length", None), ("mini_batch_size", None), ("ppo_epochs", None),
+    ("mean_response_length", 0), ("response_lengths", None), ("lengths_from", None),
+    ("mean_prompt_length", 0), ("overlap_grad_reduce", False), ("max_num_seqs", 256),
+    ("kl_loss", True), ("kl_in_reward", False), ("bypass_old_log_prob", False),
+    ("fused_kernels", False), ("entropy_chunk_size", 0), ("grad_reduce_in_fp32", True),
+    ("adam_moments", "fp32"), ("rollout_engine", "vllm"), ("rollout_precision", "bf16"),
+    ("enforce_eager", False), ("free_cache_engine", True), ("max_num_batched_tokens", 8192),
+    ("prefix_caching", True), ("speculative", "off"), ("speculative_tokens", 1),
+    ("acceptance_length", 0.0), ("train_mtp", False))
+
+
+def _typed(value, default) -> bool:
+    from planner.cli.args import DefaultInt
+
+    if default is None and isinstance(value, int) and not isinstance(value, bool):
+        return not isinstance(value, DefaultInt)
+    return value is not None and value != default
+
+
+def check_workload_flags(args) -> None:
+    """Flags of the other workload are usage errors, never dropped: a pretraining step reads
+    ``--seq-len``, ``--global-batch`` and ``--precision`` only, a GRPO step neither of the
+    first two."""
+    if args.workload == "pretrain":
+        given = [("--no-" if value is False else "--") + name.replace("_", "-")
+                 for name, default in GRPO_WORKLOAD_FLAGS
+                 if hasattr(args, name) and _typed(value := getattr(args, name), default)]
+        if given:
+            raise UsageError(f"--workload pretrain does not read {', '.join(given)}: it times "
+                             f"a plain Megatron step of --global-batch sequences of --seq-len "
+                             f"tokens (drop {'it' if len(given) == 1 else 'them'}, or use "
+                             f"--workload grpo)")
+        return
+    for name in ("seq_len", "global_batch"):
+        if _typed(getattr(args, name, None), None):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} is --workload pretrain's; a GRPO step's sequences are "
+                             f"--prompt-length + --response-length and its batch "
+                             f"--train-batch-size x --rollout-n")
+
+
 def workload(args, model=None):
     """The workload of the flags; a GRPO step's response lengths as
     :func:`response_lengths` states them (``model``: the resolved model, whose name picks the
     default's kind of job)."""
+    check_workload_flags(args)
     if args.workload == "pretrain":
         return PretrainWorkload(seq_len=args.seq_len, global_batch=args.global_batch,
                                 precision=precision(args))
@@ -357,14 +407,31 @@ def baseline_mode(args) -> bool:
     return getattr(args, "mode", baseline_name()) == baseline_name()
 
 
+def check_trainer_gpus(args) -> None:
+    """``--trainer-gpus`` values: each once, and each leaving the rollout at least one GPU of a
+    ``--gpus`` count (a repeated value planned the same split twice)."""
+    given = list(getattr(args, "trainer_gpus", None) or [])
+    for count in given:
+        if given.count(count) > 1:
+            raise UsageError(f"--trainer-gpus {count} is given twice")
+        gpus = getattr(args, "gpus", None)
+        if isinstance(gpus, int) and gpus > 1 and count >= gpus:
+            raise UsageError(f"--trainer-gpus {count} leaves no rollout GPU of --gpus {gpus}; "
+                             f"valid: 1..{gpus - 1}")
+
+
 def check_mode_flags(args) -> None:
     """Flags of a training mode given with another are usage errors, never silently ignored:
     ``--trainer-gpus`` splits the cluster (only the modes on separate pools), the
     ``async_training`` flags shape the modes that read them (``best`` plans every mode)."""
     mode = getattr(args, "mode", baseline_name())
+    check_trainer_gpus(args)
     if mode == BEST:
         return
     used = set(get_mode(mode).settings_used)
+    if "trainer_gpus" in used and getattr(args, "gpus", None) == 1:
+        raise UsageError(f"--mode {mode} splits the GPUs into a trainer and a rollout pool of at "
+                         f"least one GPU each; --gpus 1 has one (--mode sync colocates them)")
     if getattr(args, "trainer_gpus", None) and "trainer_gpus" not in used:
         splitting = [m.name for m in all_modes() if "trainer_gpus" in m.settings_used]
         raise UsageError(f"--trainer-gpus {args.trainer_gpus[0]} sizes the trainer pool of "

@@ -406,7 +406,8 @@ def _measured(parts: list[RunWindow], run: RunRecord) -> list[RunWindow]:
 
 
 def _signed(value: float) -> str:
-    return f"{value:+.0%}" if math.isfinite(value) else "n/a"
+    """A signed whole percentage; what rounds to zero is "+0%", never "-0%"."""
+    return f"{round(value, 2) + 0.0:+.0%}" if math.isfinite(value) else "n/a"
 
 
 def advise_text(advice: Advice) -> str:

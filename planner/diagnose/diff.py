@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from planner.diagnose.validate import JobContext, JobInput, dry_run
 from planner.errors import PlanInputError
+from planner.output import Summary, exact_of
 
 RISKS = (
     (re.compile(r"(tensor|pipeline|virtual_pipeline|context|expert)_model_parallel_size$|"
@@ -101,14 +102,15 @@ def compare(a: str, b: str, job_input: JobInput) -> dict:
     order = {"high": 0, "medium": 1, "low": 2}
     changes.sort(key=lambda c: (order[c["risk"]], c["key"]))
 
-    def prediction(report):
+    def prediction(report) -> Summary:
+        """The JSON's rounded figures, and the exact ones the text rounds once."""
         memory = report.get("memory") or {}
-        out = {key: memory.get(key) for key in ("fits", "peak_memory_gib", "peak_phase",
-                                                "memory_utilization", "step_time_s",
-                                                "tokens_per_s_per_gpu")}
+        keys = ("fits", "peak_memory_gib", "peak_phase", "memory_utilization", "step_time_s",
+                "tokens_per_s_per_gpu")
         # the rules a job breaks, which is why it has no estimate
-        out["errors"] = [f["message"] for f in report["findings"] if f.get("level") == "error"]
-        return out
+        errors = [f["message"] for f in report["findings"] if f.get("level") == "error"]
+        return Summary({**{key: memory.get(key) for key in keys}, "errors": errors},
+                       {**{key: exact_of(memory).get(key) for key in keys}, "errors": errors})
 
     gpu = run_b.job.cluster.gpu.name
     return {"a": a, "b": b, "gpu_type": gpu, "changes": changes,
@@ -131,7 +133,9 @@ def _fmt_prediction(p: dict, path: str) -> str:
     return text
 
 
-def diff_text(result: dict) -> str:
+def diff_text(result: dict, gpu_given: bool = False) -> str:
+    """The changes, riskiest first, and both jobs' predictions (``gpu_given``: the GPU type
+    came from --gpu-type, so the line does not ask for it)."""
     lines = []
     if not result["changes"]:
         lines.append("no setting differs once both configs are composed")
@@ -142,7 +146,8 @@ def diff_text(result: dict) -> str:
             lines.append(f"         safe: {change['safe_range']}")
     lines.append("")
     if result.get("gpu_type"):
-        lines.append(f"predicted on {result['gpu_type']} (pass --gpu-type to choose):")
-    lines.append(f"before: {_fmt_prediction(result['before'], result['a'])}")
-    lines.append(f"after:  {_fmt_prediction(result['after'], result['b'])}")
+        hint = "" if gpu_given else " (pass --gpu-type to choose)"
+        lines.append(f"predicted on {result['gpu_type']}{hint}:")
+    lines.append(f"before: {_fmt_prediction(exact_of(result['before']), result['a'])}")
+    lines.append(f"after:  {_fmt_prediction(exact_of(result['after']), result['b'])}")
     return "\n".join(lines)

@@ -63,11 +63,15 @@ def explain_best_text(result: dict) -> str:
     result = exact_of(result)
     speedup = result["speedup_vs_sync"]
     baseline = all_modes()[0].name
+    if result["winner"] == baseline:  # no speed-up of the baseline over itself
+        versus = "; no other mode is faster"
+    elif speedup is not None:
+        versus = (f", a {speedup:.2f}x speed-up over {baseline} "
+                  f"({result['sync_step_time_s']:.1f} s)")
+    else:
+        versus = f" ({baseline} fits no layout)"
     lines = [f"{result['model']} on {result['gpus']} x {result['gpu_type']}: {result['winner']} "
-             f"wins, {result['step_time_s']:.1f} s per step"
-             + (f", a {speedup:.2f}x speed-up over {baseline} "
-                f"({result['sync_step_time_s']:.1f} s)"
-                if speedup is not None else f" ({baseline} fits no layout)")]
+             f"wins, {result['step_time_s']:.1f} s per step{versus}"]
     for entry in result["modes"]:
         if not entry["fits"]:
             lines.append(f"- {entry['mode']}: nothing fits")

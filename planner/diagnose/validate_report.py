@@ -6,7 +6,7 @@ output); this module only lays it out for people.
 
 from __future__ import annotations
 
-from planner.output import fraction, gib
+from planner.output import exact_of, fraction, gib
 from planner.policy import PEAK_NAME, WORKING_SET_NAME
 from planner.report.text import format_table
 from planner.units import GIB
@@ -100,7 +100,7 @@ def render_text(report: dict) -> str:
                   f"GiB ({100 * rollout['memory_utilization']:.0f}%), "
                   f"{rollout['kv_cache_tokens_per_gpu']:,} KV tokens per GPU"]
     elif memory:
-        band = memory["memory_band"]
+        band, memory = memory["memory_band"], exact_of(memory)  # each figure rounded once
         lines += ["", f"predicted {PEAK_NAME} {memory['peak_memory_gib']:.2f} GiB "
                       f"({100 * memory['memory_utilization']:.0f}%, {band['position']} the "
                       f"{100 * band['low']:.0f}-{100 * band['high']:.0f}% band) in "

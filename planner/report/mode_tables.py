@@ -1,13 +1,15 @@
 """Text of the training-mode plans (:mod:`planner.modes`): one mode's candidates, ``--mode
 best``'s best plan of each mode side by side, and ``estimate --mode`` of a split mode.  The
-JSON of the same is :mod:`planner.output`'s; figures the JSON reports are printed as it rounds
-them."""
+JSON of the same is :mod:`planner.output`'s; the text prints each figure rounded once from
+its exact value (the JSON's rounded figure printed at fewer decimals would round twice)."""
 
 from __future__ import annotations
 
+import math
+
 from planner.modes import get_mode, off_policy_note
 from planner.output import finite as reported
-from planner.output import fraction, gib, mode_bests, rate, reported_step, setting
+from planner.output import fraction, gib, mode_bests, rate, setting
 from planner.placement import ModePlan, SplitEstimate
 from planner.policy import DEFAULT_POLICY, PEAK_NAME, MemoryPolicy
 from planner.report.text import answer_lines, format_table
@@ -45,15 +47,28 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
+def _exact(value: float | None, _json_digits: int = 3) -> float | None:
+    """A figure the text prints at its own precision, unrounded (rounded once when printed:
+    the JSON's 3-decimal seconds printed at one decimal would round twice); None for a time or
+    rate a pool that cannot run has not got (inf, NaN)."""
+    return None if value is None or not math.isfinite(float(value)) else float(value)
+
+
+def _step_cell(candidate: Candidate, value: float | None) -> str:
+    """A step time cell (the run's expected step, or its first or last step's), unrounded;
+    '-' where the candidate is not timed or cannot run."""
+    return _seconds(_exact(value) if candidate.timed else None)
+
+
 def _split_cells(c: SplitCandidate) -> dict:
     feasible = c.feasible
-    idle_t = reported(c.idle.trainer, 4) if feasible else None
-    idle_r = reported(c.idle.rollout, 4) if feasible else None
-    return {"gen": _seconds(reported(c.times.generate)),
-            "train": f"{reported(c.times.train):.1f}",
-            "param_sync": f"{reported(c.times.param_sync):.1f}",
+    idle_t = _exact(c.idle.trainer, 4) if feasible else None
+    idle_r = _exact(c.idle.rollout, 4) if feasible else None
+    return {"gen": _seconds(_exact(c.times.generate)),
+            "train": f"{_exact(c.times.train):.1f}",
+            "param_sync": f"{_exact(c.times.param_sync):.1f}",
             "bottleneck": c.bottleneck, "idle": f"{_percent(idle_t)}/{_percent(idle_r)}",
-            "tps": _rate(reported(c.tokens_per_s_per_gpu, 1) if feasible else None),
+            "tps": _rate(_exact(c.tokens_per_s_per_gpu, 1) if feasible else None),
             "tmem": f"{c.trainer_pool.peak_bytes / GIB:.1f}",
             "rmem": f"{c.rollout_pool.peak_bytes / GIB:.1f}"}
 
@@ -80,9 +95,9 @@ def _row(candidate: Candidate) -> dict:
         "trainer": placement.trainer_gpus, "rollout": placement.rollout_gpus,
         "actor": actor, "rtp": rollout,
         "util": f"{setting(candidate.layout.gpu_memory_utilization):.2f}",
-        "step": _seconds(reported_step(candidate)),
-        "start": _seconds(reported_over_run(candidate, candidate.step_time_start_s)),
-        "end": _seconds(reported_over_run(candidate, candidate.step_time_end_s)), **cells,
+        "step": _step_cell(candidate, candidate.step_time_s),
+        "start": _step_cell(candidate, candidate.step_time_start_s),
+        "end": _step_cell(candidate, candidate.step_time_end_s), **cells,
         "stale": 0 if candidate.staleness is None else candidate.staleness.max_versions_behind,
     }
 
@@ -94,12 +109,6 @@ COLUMNS = [("#", "rank"), ("mode", "mode"), ("trainer GPUs", "trainer"),
            ("tok/s/GPU", "tps"), ("trainer GiB", "tmem"), ("rollout GiB", "rmem"),
            ("stale", "stale")]
 OVER_RUN_COLUMNS = [("start", "start"), ("end", "end")]
-
-
-def reported_over_run(candidate: Candidate, value: float | None) -> float | None:
-    """The step time at the run's first or last step as the JSON reports it (None: not timed,
-    or cannot run)."""
-    return reported(value) if candidate.timed and value is not None else None
 
 
 def table_columns(workload, columns=COLUMNS) -> list[tuple[str, str]]:
@@ -138,17 +147,17 @@ def best_table(plans: list[ModePlan]) -> str:
     lines = _header(plans[0])
     lines.append("best plan of each mode (step = one train batch in the steady state):")
     lines.append("")
+    columns = [c for c in table_columns(plans[0].workload) if c[1] != "rank"]
+    keys = [key for _, key in columns]
+    columns.insert(keys.index("end" if "end" in keys else "step") + 1, ("vs sync", "speedup"))
     rows = []
     for plan, best, speedup in mode_bests(plans):
-        if best is None:
-            rows.append({**{key: "-" for _, key in COLUMNS}, "mode": plan.mode,
+        if best is None:  # every column, the run's start/end among them, says "-"
+            rows.append({**{key: "-" for _, key in columns}, "mode": plan.mode,
                          "speedup": "no fit"})
             continue
         rows.append({**_row(best), "rank": "-",
                      "speedup": "-" if speedup is None else f"{speedup:.2f}x"})
-    columns = [c for c in table_columns(plans[0].workload) if c[1] != "rank"]
-    keys = [key for _, key in columns]
-    columns.insert(keys.index("end" if "end" in keys else "step") + 1, ("vs sync", "speedup"))
     lines.append(format_table(rows, columns))
     lines.append("")
     lines.append("idle T/R: idle fraction of the trainer / rollout pool; stale: parameter "
@@ -172,14 +181,14 @@ def _pool_lines(c: SplitCandidate, capacity_gib: float, policy: MemoryPolicy) ->
     times = c.times
     trainer_share, rollout_share = fraction(trainer.utilization), fraction(rollout.utilization)
     generated = (None if rollout.generated_tokens_per_s is None
-                 else reported(rollout.generated_tokens_per_s, 1))
+                 else _exact(rollout.generated_tokens_per_s, 1))
     lines = [
         f"trainer pool  {trainer.gpus} GPUs: {PEAK_NAME} {gib(trainer.peak_bytes):.2f} GiB "
         f"({100 * trainer_share:.0f}% of {capacity_gib:.1f} GiB, "
         f"{_band(trainer_share, policy)}) in "
         f"{trainer.peak_phase}{'' if trainer.fits else ' - does NOT fit'}; train "
-        f"{_seconds(reported(times.train))} s = " + " + ".join(
-            f"{phase} {reported(value):.2f}" for phase, value in
+        f"{_seconds(_exact(times.train))} s = " + " + ".join(
+            f"{phase} {_exact(value):.2f}" for phase, value in
             (*trainer.phase_s.items(), ("step_fixed", trainer.step_fixed_s))),
         f"rollout pool  {rollout.gpus} GPUs: {PEAK_NAME} {gib(rollout.peak_bytes):.2f} GiB "
         f"({100 * rollout_share:.0f}%, vLLM's pool) at gpu_memory_utilization "
@@ -187,22 +196,22 @@ def _pool_lines(c: SplitCandidate, capacity_gib: float, policy: MemoryPolicy) ->
         f"{'' if rollout.fits else ' - does NOT fit'}"
         f"; {rollout.kv_cache_tokens_per_gpu:,} KV tokens per GPU, "
         f"{rollout.concurrent_seqs} sequences at once, generate "
-        f"{_seconds(reported(times.generate))} s ({_rate(generated)} generated tokens/s)",
-        "param sync    " + "  ".join(f"{part} {_seconds(reported(value))}"
+        f"{_seconds(_exact(times.generate))} s ({_rate(generated)} generated tokens/s)",
+        "param sync    " + "  ".join(f"{part} {_seconds(_exact(value))}"
                                      for part, value in c.param_sync.items() if part != "total")
-        + f" -> {_seconds(reported(c.param_sync.total))} s per sync, "
-          f"{_seconds(reported(times.param_sync))} s per step",
+        + f" -> {_seconds(_exact(c.param_sync.total))} s per sync, "
+          f"{_seconds(_exact(times.param_sync))} s per step",
     ]
     if c.feasible:
-        wait = reported(times.boundary_wait)
+        wait = _exact(times.boundary_wait) if reported(times.boundary_wait) else None
         lines.append(
-            f"step          {reported(c.step_time_s):.1f} s = max(generate "
-            f"{reported(times.generate):.1f}, train {reported(times.train):.1f}) + "
+            f"step          {_exact(c.step_time_s):.1f} s = max(generate "
+            f"{_exact(times.generate):.1f}, train {_exact(times.train):.1f}) + "
             f"{f'boundary wait {wait:.1f} + ' if wait else ''}"
-            f"param sync {reported(times.param_sync):.1f}; bottleneck {c.bottleneck}, idle "
-            f"trainer {_percent(reported(c.idle.trainer, 4))}, rollout "
-            f"{_percent(reported(c.idle.rollout, 4))}; "
-            f"{reported(c.tokens_per_s_per_gpu, 1):,.0f} tokens/s/GPU")
+            f"param sync {_exact(times.param_sync):.1f}; bottleneck {c.bottleneck}, idle "
+            f"trainer {_percent(_exact(c.idle.trainer, 4))}, rollout "
+            f"{_percent(_exact(c.idle.rollout, 4))}; "
+            f"{_exact(c.tokens_per_s_per_gpu, 1):,.0f} tokens/s/GPU")
     stale = c.staleness
     lines.append(f"staleness     samples lag the policy by up to {stale.max_versions_behind} "
                  f"version(s); {100 * fraction(stale.stale_sample_fraction):.0f}% of them are "
@@ -218,9 +227,9 @@ SPLIT_COLUMNS = [("", "mark"), ("trainer GPUs", "trainer"), ("rollout GPUs", "ro
 def _split_row(split: SplitCandidate, marked: bool) -> dict:
     lay = split.layout
     return {"mark": "*" if marked else "", "trainer": split.placement.trainer_gpus,
-            "rollout": split.placement.rollout_gpus, "step": _seconds(reported_step(split)),
-            "start": _seconds(reported_over_run(split, split.step_time_start_s)),
-            "end": _seconds(reported_over_run(split, split.step_time_end_s)),
+            "rollout": split.placement.rollout_gpus, "step": _step_cell(split, split.step_time_s),
+            "start": _step_cell(split, split.step_time_start_s),
+            "end": _step_cell(split, split.step_time_end_s),
             "fits": "yes" if split.fits else "NO", "bottleneck": split.bottleneck,
             "rtp": f"{lay.rollout_tp}/{lay.rollout_dp}/{lay.rollout_ep}"}
 

@@ -15,7 +15,7 @@ import numpy as np
 from planner.catalog.layers import MixerKind
 from planner.cost.columns import memory_column, working_set_column
 from planner.cost.flops import verl_reports_mfu
-from planner.output import fraction, gib, rate, seconds, setting
+from planner.output import fraction, gib, setting
 from planner.policy import (
     FILL_POLICY,
     PEAK_MEANING,
@@ -144,7 +144,10 @@ def legend_lines(policy) -> list[str]:
 
 
 def _seconds_change(new: float, old: float) -> str:
-    return f"{new - old:+.1f} s, {100 * (new - old) / old:+.1f}%"
+    """The change in seconds and percent, each rounded once; a change that rounds to zero is
+    "+0.0", never "-0.0"."""
+    return (f"{round(new - old, 1) + 0.0:+.1f} s, "
+            f"{round(100 * (new - old) / old, 1) + 0.0:+.1f}%")
 
 
 def headroom_lines(plan, fill_plan=None) -> list[str]:
@@ -286,7 +289,11 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
         columns += [("step s", "step"), ("tok/s/GPU", "tps")]
     columns += [(PEAK_NAME, "peak"), ("in phase", "peak_phase"),
                 (WORKING_SET_NAME, "working"), ("flags", "flags")]
-    body = format_table(rows, columns) if rows else "no layout fits in GPU memory"
+    closest = [] if rows else _closest_miss(plan)
+    body = format_table(rows, columns) if rows else (
+        "no layout fits in host memory" if closest and not closest[0]["host_fits"]
+        and closest[0]["peak_bytes"] <= cluster.gpu.memory_bytes
+        else "no layout fits in GPU memory")
     rejected = ", ".join(f"{name} {count:,}" for name, count in
                          sorted(plan.rejected.items(), key=lambda item: -item[1]))
     tail = phase_lines(shown[:3])
@@ -299,15 +306,25 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
         tail.append("step s: the run's expected step time (ranked by); start, end: at its first "
                     "and last step, as the mean response length moves")
     tail += answer_lines(plan.workload, plan.request.cost)
-    if not rows:
-        peaks = np.asarray(plan.columns["peak_bytes"], dtype=np.float64)
-        known = np.flatnonzero(~np.isnan(peaks))  # the smallest, first of equals
-        best = plan.records(known[[np.argmin(peaks[known])]]) if len(known) else []
-        if best:
-            tail.append(f"closest: {best[0]['peak_bytes'] / GIB:.1f} GiB {PEAK_NAME} in "
-                        f"{best[0]['peak_phase']} vs {cluster.gpu.memory_gib:.1f} GiB per GPU; "
-                        f"add GPUs or use a larger GPU")
+    if closest:
+        best = closest[0]
+        line = (f"closest: {best['peak_bytes'] / GIB:.1f} GiB {PEAK_NAME} in "
+                f"{best['peak_phase']} vs {cluster.gpu.memory_gib:.1f} GiB per GPU")
+        if best["peak_bytes"] <= cluster.gpu.memory_bytes and not best["host_fits"]:
+            line += (f", but {best['host_bytes_per_node'] / GIB:.1f} GiB of host memory per "
+                     f"node, over the {cluster.host_memory_per_node_bytes / GIB:.1f} GiB per "
+                     f"node (--host-memory-gib)")
+        else:
+            line += "; add GPUs or use a larger GPU"
+        tail.append(line)
     return "\n".join(head) + "\n\n" + body + "\n\n" + "\n".join(tail)
+
+
+def _closest_miss(plan) -> list[dict]:
+    """The layout with the smallest peak when none fits (empty: none was estimated)."""
+    peaks = np.asarray(plan.columns["peak_bytes"], dtype=np.float64)
+    known = np.flatnonzero(~np.isnan(peaks))  # the smallest, first of equals
+    return plan.records(known[[np.argmin(peaks[known])]]) if len(known) else []
 
 
 def unfit_reasons(estimate) -> list[str]:
@@ -370,7 +387,7 @@ def estimate_text(estimate) -> str:
     c = estimate.candidate
     policy = estimate.policy
     memory, rollout = c.memory, c.rollout
-    share = fraction(memory.utilization)
+    share = float(memory.utilization)  # every figure below rounded once, from its exact value
     lines = [
         f"{estimate.model.name} on {estimate.cluster.num_gpus} x {estimate.cluster.gpu.name}: "
         f"{estimate.layout.actor_text()}"
@@ -405,28 +422,28 @@ def estimate_text(estimate) -> str:
                          f"{setting(filled.gpu_memory_utilization):.2f}, "
                          f"{filled.kv_cache_tokens_per_gpu:,} KV tokens per GPU, {PEAK_NAME} "
                          f"{gib(filled.peak_bytes):.2f} GiB: generate "
-                         f"{seconds(c.times.seconds.generate):.2f} -> "
-                         f"{seconds(filled.generate_s):.2f} s, step "
-                         f"{seconds(c.step_time_s):.2f} -> {seconds(filled.step_time_s):.2f} s")
+                         f"{c.times.seconds.generate:.2f} -> "
+                         f"{filled.generate_s:.2f} s, step "
+                         f"{c.step_time_s:.2f} -> {filled.step_time_s:.2f} s")
     if c.timed and c.times is not None:
         step = c.step_time_s
         lines.append("time (s):           " + "  ".join(
-            f"{phase} {seconds(value):.2f} ({100 * fraction(value / step):.0f}%)"
+            f"{phase} {value:.2f} ({100 * value / step:.0f}%)"
             for phase, value in c.times.seconds.items())
-            + f"  -> step {seconds(step):.2f} s, "
-              f"{rate(c.tokens_per_s_per_gpu):.0f} tokens/s/GPU, actor MFU "
-              f"{100 * fraction(c.mfu):.1f}%{verl_mfu_note(estimate.model)}")
+            + f"  -> step {step:.2f} s, "
+              f"{c.tokens_per_s_per_gpu:.0f} tokens/s/GPU, actor MFU "
+              f"{100 * c.mfu:.1f}%{verl_mfu_note(estimate.model)}")
     elif c.timed:
-        lines.append(f"time:               step {seconds(c.step_time_s):.3f} s, "
-                     f"{rate(c.tokens_per_s_per_gpu):.0f} tokens/s/GPU, "
-                     f"{rate(c.tflops_per_gpu):.0f} TFLOP/s/GPU, "
-                     f"MFU {100 * fraction(c.mfu):.1f}%")
+        lines.append(f"time:               step {c.step_time_s:.3f} s, "
+                     f"{c.tokens_per_s_per_gpu:.0f} tokens/s/GPU, "
+                     f"{c.tflops_per_gpu:.0f} TFLOP/s/GPU, "
+                     f"MFU {100 * c.mfu:.1f}%")
     if c.timed and c.step_time_start_s is not None and c.step_time_start_s != c.step_time_end_s:
         lines.append(f"over the run:       step {band_text(c)}")
     if c.timed and c.times is not None:
         for phase, parts in c.times.parts.items():
-            shown = [f"{part[:-2]} {seconds(value):.2f}" for part, value in parts.items()
-                     if seconds(value) >= 0.005]
+            shown = [f"{part[:-2]} {value:.2f}" for part, value in parts.items()
+                     if f"{value:.2f}" != "0.00"]
             if shown:
                 lines.append(f"  {phase + ':':18}" + "  ".join(shown))
     if c.flags:

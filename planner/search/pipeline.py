@@ -235,6 +235,10 @@ def split_problems(num_layers: int, pp: int, vpp: int, first: int, last: int,
             out.append(("pipeline_layout", "a pipeline layout string cannot be combined with "
                                            "uneven first/last stages or the embedding/loss "
                                            "counted as layers (megatron-core raises)"))
+    if (first or last) and pp == 1:
+        out.append(("first_stage_layers" if first else "last_stage_layers",
+                    "num_layers_in_first/last_pipeline_stage needs pipeline_model_parallel_size "
+                    "> 1 (got 1; megatron-core finds the other layers no middle stage)"))
     if (embedding or loss) and pp == 1:
         which = "account_embedding" if embedding else "account_loss"
         out.append((which, "counting the embedding or loss as a pipeline layer needs "

@@ -248,6 +248,14 @@ def recompute_findings(job: JobReading, model=None) -> list[Finding]:
     return out
 
 
+def uniform_chunk_misfit(model, layout, chunk: int) -> list[int] | None:
+    """The layers of each model chunk when full uniform recompute in chunks of ``chunk``
+    layers does not divide them all (megatron-core's transformer_block loops ``range(start,
+    start + chunk)`` and indexes past the model chunk); None when it divides."""
+    sizes = _chunk_layers(model, layout)
+    return sizes if any(size % chunk for size in sizes) else None
+
+
 def _chunk_layers(model, layout) -> list[int]:
     first, middle, last, _ = (int(part[0]) for part in pipeline_split(
         model.num_layers, [layout.pp], [layout.first_stage_layers], [layout.last_stage_layers],
@@ -327,8 +335,8 @@ def model_findings(config: dict, job: JobReading, request: PlanRequest,
     if t.get("recompute_granularity") == "full" and t.get("recompute_method") == "uniform" \
             and isinstance(t.get("recompute_num_layers"), int) and t["recompute_num_layers"] > 0:
         chunk = t["recompute_num_layers"]
-        sizes = _chunk_layers(model, layout)
-        if any(size % chunk for size in sizes):
+        sizes = uniform_chunk_misfit(model, layout, chunk)
+        if sizes:
             out.append(Finding("recompute", f"{TRANSFORMER}.recompute_num_layers={chunk} with "
                                f"recompute_method=uniform does not divide the {sizes} layers of "
                                f"each model chunk; megatron-core indexes past the chunk (1 "

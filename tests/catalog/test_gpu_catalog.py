@@ -160,3 +160,31 @@ def test_explain_compares_the_seed_guide_path(capsys):
     text, _ = capsys.readouterr()
     assert "- seed guide: 7B -> 8xV100 -> TP x PP 2x4 -> FP16 -> micro-batch 8: best such " \
            "layout TP2 PP4 EP1 DP1 micro-batch 8" in text
+
+
+@pytest.mark.parametrize("gpu_type,name,capability", [("a100", "A100-80GB", "sm_80"),
+                                                      ("a10g", "A10G", "sm_86")])
+def test_fp8_on_a_part_without_fp8_is_one_line_and_exit_2(gpu_type, name, capability, capsys):
+    """Transformer Engine trains FP8 from sm_89 only; an A100 plan at --precision fp8 was
+    answered at the BF16 rate with FP8-sized weights, a job that cannot run."""
+    with pytest.raises(PlanInputError, match=f"--precision fp8: {name} has no FP8"):
+        training_precision(get_gpu(gpu_type), "fp8")
+    assert training_precision(get_gpu("l4"), "fp8") == ("fp8", None)
+    assert main(["plan", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", gpu_type,
+                 "--precision", "fp8"]) == 2
+    _, err = capsys.readouterr()
+    assert err.strip().splitlines() == [
+        f"plan-parallel: error: --precision fp8: {name} has no FP8 tensor cores ({capability}; "
+        f"FP8 needs sm_89+); valid: bf16, fp16"]
+
+
+@pytest.mark.parametrize("asked,gpu_types,name", [("fp8", "h100,a100", "A100-80GB"),
+                                                  ("bf16", "h100,v100", "V100-32GB")])
+def test_sizing_refuses_a_precision_one_swept_part_lacks(asked, gpu_types, name, capsys):
+    """Sizing several GPU types at an explicit --precision sized the part without it silently
+    (V100 at 'bf16', A100 at 'fp8'), with no line saying so."""
+    assert main(["plan", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", gpu_types,
+                 "--precision", asked]) == 2
+    _, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"--precision {asked}: {name} has no {asked.upper()}" in lines[0]

@@ -179,12 +179,12 @@ def test_explain_best_names_the_winner_and_its_speedup(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["estimate", "--tp", "2", "--mode", "one-step-off", "--trainer-gpus", "16"],
-     "each pool needs at least one GPU"),
+     "--trainer-gpus 16 leaves no rollout GPU of --gpus 16; valid: 1..15"),
     (["estimate", "--tp", "2", "--mode", "one-step-off", "--trainer-gpus", "12"],
      "trainer pool of 12 GPUs is not whole nodes of 8"),
     (["estimate", "--tp", "2", "--mode", "best"], "--mode best compares"),
     (["estimate", "--tp", "2", "--trainer-gpus", "8"], "--trainer-gpus 8 sizes the trainer"),
-    (["explain", "--mode", "fully-async", "--trainer-gpus", "20"], "not whole nodes"),
+    (["explain", "--mode", "fully-async", "--trainer-gpus", "4"], "not whole nodes"),
     (["explain", "--trainer-gpus", "8"], "sync colocates"),
     # fully-async's async_training flags are never silently dropped by another mode
     (["estimate", "--tp", "2", "--mode", "one-step-off", "--staleness-threshold", "0.5"],
@@ -196,3 +196,29 @@ def test_bad_mode_input_is_one_line_and_exit_2(capsys, argv, message):
     code, out, err = run(capsys, *argv, *GRPO, "--gpus", "16")
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and message in err
+
+
+@pytest.mark.parametrize("command", ["plan", "estimate", "explain"])
+def test_a_split_mode_on_one_gpu_is_one_line_and_exit_2(capsys, command):
+    """One GPU cannot hold two pools: plan said 'splits 0 tried, 0 fit ... no split fits in GPU
+    memory' (exit 1), estimate exited 1 printing nothing."""
+    layout = ["--tp", "1"] if command == "estimate" else []
+    code, out, err = run(capsys, command, *GRPO, "--model", "qwen3-0.6b", "--gpus", "1",
+                         "--mode", "one-step-off", *layout)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        "plan-parallel: error: --mode one-step-off splits the GPUs into a trainer and a rollout "
+        "pool of at least one GPU each; --gpus 1 has one (--mode sync colocates them)"]
+
+
+def test_best_on_one_gpu_lists_the_split_modes_as_no_fit(capsys):
+    """--mode best where a split mode has no plan crashed on the table's start/end columns
+    (KeyError: 'start') whenever the lengths move over the run (the default)."""
+    code, out, err = run(capsys, "plan", *GRPO, "--model", "qwen3-0.6b", "--gpus", "1",
+                         "--mode", "best")
+    assert code == 0 and "Traceback" not in err
+    rows = {line.split()[0]: line for line in out.splitlines()
+            if line.split()[:1] in (["sync"], ["one-step-off"], ["fully-async"])}
+    assert set(rows) == {"sync", "one-step-off", "fully-async"}
+    assert "no fit" in rows["one-step-off"] and "no fit" in rows["fully-async"]
+    assert "no fit" not in rows["sync"]
