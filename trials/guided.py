@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from optuna.samplers import BaseSampler
@@ -302,24 +302,34 @@ class ErrorModel:
         return prior - left.T @ right
 
 
-def observations(study: Study, candidates: CandidateSet
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(candidate indices, measured tokens/s/GPU, noise variance) of the study's trials that
-    measured a throughput: successes, and pruned trials with their partial median."""
-    index, values, noise = [], [], []
+def measured_trials(study: Study, candidates: CandidateSet
+                    ) -> Iterator[tuple[int, Mapping[str, Any], float]]:
+    """(candidate index, what it measured, the noise variance of its medians) of each of the
+    study's trials of a candidate of the set that measured: successes, and pruned trials with
+    their partial medians -- the median of ``steady_steps`` steps, one step's ``STEP_SD`` each."""
     for trial in study.get_trials(deepcopy=False):
         user = trial.user_attrs
         if user.get(attrs.CATEGORY) not in ("ok", "pruned"):
             continue
-        measured = user.get(attrs.MEASURED) or {}
-        value = measured.get("tokens_per_s_per_gpu")
         position = candidates.index.get(user.get(attrs.KEY, ""))
-        if value is None or value <= 0 or position is None:
+        if position is None:
             continue
-        steps = max(int(measured.get("steady_steps") or 1), 1)
+        measured = user.get(attrs.MEASURED) or {}
+        yield position, measured, STEP_SD ** 2 / max(int(measured.get("steady_steps") or 1), 1)
+
+
+def observations(study: Study, candidates: CandidateSet
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(candidate indices, measured tokens/s/GPU, noise variance) of the study's trials that
+    measured a throughput (:func:`measured_trials`)."""
+    index, values, noise = [], [], []
+    for position, measured, noise_var in measured_trials(study, candidates):
+        value = measured.get("tokens_per_s_per_gpu")
+        if value is None or value <= 0:
+            continue
         index.append(position)
         values.append(float(value))
-        noise.append(STEP_SD ** 2 / steps)
+        noise.append(noise_var)
     return (np.array(index, dtype=np.int64), np.array(values, dtype=float),
             np.array(noise, dtype=float))
 
@@ -380,20 +390,14 @@ class PhaseErrorModel:
 def phase_observations(study: Study, candidates: CandidateSet
                        ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per phase group: (candidate indices, measured group time, noise variance) of the
-    study's trials whose measurement has every verl timer of the group (successes and pruned
-    trials, as :func:`observations`)."""
+    study's trials whose measurement has every verl timer of the group
+    (:func:`measured_trials`)."""
     out: dict[str, tuple[list, list, list]] = {g: ([], [], []) for g in PHASE_GROUPS}
-    for trial in study.get_trials(deepcopy=False):
-        user = trial.user_attrs
-        if user.get(attrs.CATEGORY) not in ("ok", "pruned"):
-            continue
-        measured = user.get(attrs.MEASURED) or {}
-        position = candidates.index.get(user.get(attrs.KEY, ""))
+    for position, measured, noise_var in measured_trials(study, candidates):
         timers = measured.get("phase_times_s") or {}
-        if position is None or not timers:
+        if not timers:
             continue
         phases = {VERL_TIMERS[k]: float(v) for k, v in timers.items() if k in VERL_TIMERS}
-        steps = max(int(measured.get("steady_steps") or 1), 1)
         predicted = candidates[position].predicted.get("time_s") or {}
         for group, members in PHASE_GROUPS.items():
             if not all(p in phases for p in members if predicted.get(p, 0.0) > 0):
@@ -403,7 +407,7 @@ def phase_observations(study: Study, candidates: CandidateSet
                 continue
             out[group][0].append(position)
             out[group][1].append(value)
-            out[group][2].append(STEP_SD ** 2 / steps)
+            out[group][2].append(noise_var)
     return {g: (np.array(i, dtype=np.int64), np.array(v, dtype=float), np.array(n, dtype=float))
             for g, (i, v, n) in out.items()}
 
