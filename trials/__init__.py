@@ -16,10 +16,11 @@ The home of Optuna and process launching; the planner never imports it.  One dir
 * :mod:`trials.sampler`, :mod:`trials.study_state`, :mod:`trials.storage`, :mod:`trials.study`
   — the Optuna study shared by any number of tuner processes;
 * :mod:`trials.defaults`, :mod:`trials.proposals`, :mod:`trials.guided`,
-  :mod:`trials.pruning`, :mod:`trials.confidence` — its strategy: which layouts run first,
-  which next (the cost model corrected by the measurements), stopping trailing trials early,
-  and whether an untried layout could still beat the best (``benchmarks/tuning_regret.py``
-  measures them against a hidden truth: docs/tuning/regret.md);
+  :mod:`trials.acquisition`, :mod:`trials.pruning`, :mod:`trials.confidence` — its strategy:
+  which layouts run first, which next (the cost model corrected by the measurements), stopping
+  trailing trials early, and whether an untried layout could still beat the best
+  (``benchmarks/tuning_regret.py`` measures them against a hidden truth:
+  docs/tuning/regret.md);
 * :mod:`trials.progress`, :mod:`trials.study_outputs` — what a study shows and leaves behind;
 * :mod:`trials.calibration_fit` — the time model fitted to measured trials;
 * :mod:`planner.cli.tune`, :mod:`planner.cli.calibrate`, :mod:`planner.cli.doctor` — the

@@ -43,19 +43,18 @@ model (:func:`solve_phase_scale`).  A trial without phase timers counts in no ph
 with none left uses the scalar model, and so does an asynchronous study
 (:func:`phase_model_applies`).
 
-**Other acquisitions** (``TuneSettings.acquisition``, no ``tune`` flag; the sixth round of
-docs/tuning/regret.md measured none better than the bound): ``design``, the tie of the largest
-posterior sd (a greedy D-optimal design of the first trials); ``info``, of the highest bounds
-the layout whose measurement tells most about which contender beats the posterior best
-(:func:`information`); ``additive``, the bound with the sum of the terms' sds
-(:meth:`ErrorModel.term_sd`); ``knobs``, of the near-highest bounds the one whose knob terms
-differ most from the incumbent's.
+**Other acquisitions** (``TuneSettings.acquisition``: ``design``, ``info``, ``additive``,
+``knobs``; no ``tune`` flag, the sixth round of docs/tuning/regret.md measured none better than
+the bound) are :mod:`trials.acquisition`'s: functions of the same posterior (a
+:class:`Posterior`) that the sampler is given (``acquire``) and asks instead of its bound for a
+study's first ``acquisition_trials`` trials.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from optuna.samplers import BaseSampler
@@ -65,7 +64,7 @@ from optuna.trial import FrozenTrial, TrialState
 from planner.results import COLOCATED_MODE
 from trials import study_state as attrs
 from trials.candidates import CandidateSet
-from trials.defaults import ACQUISITIONS, TUNE_DEFAULTS
+from trials.defaults import TUNE_DEFAULTS
 from trials.proposals import tied
 from trials.sampler import LayoutSampler
 
@@ -268,7 +267,8 @@ class ErrorModel:
         Kandasamy et al. 2015's Add-GP-UCB, which sums the components' sds; the step's bound
         adds their variances).  Relative to the anchor because one trial measures a sum of
         terms, not each term: the job-wide term and the anchor's own leave out (the same for
-        every untried candidate).  ``skip``: families left out."""
+        every untried candidate).  ``skip``: families left out.  Read by the ``additive`` and
+        ``knobs`` acquisitions (:func:`trials.acquisition.additive_width`)."""
         total = np.zeros(len(self.log_predicted))
         factor = (np.linalg.cholesky(self.covariance(observed, observed) + np.diag(noise_var))
                   if len(observed) else None)
@@ -292,7 +292,7 @@ class ErrorModel:
                              rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
         """Posterior cov(y_rows, y_cols) given measurements of the ``observed`` candidates
         with ``noise_var`` (a Gaussian process's posterior covariance does not depend on the
-        measured values)."""
+        measured values; :func:`trials.acquisition.information` weighs it)."""
         prior = self.covariance(rows, cols)
         if not len(observed):
             return prior
@@ -302,24 +302,34 @@ class ErrorModel:
         return prior - left.T @ right
 
 
-def observations(study: Study, candidates: CandidateSet
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(candidate indices, measured tokens/s/GPU, noise variance) of the study's trials that
-    measured a throughput: successes, and pruned trials with their partial median."""
-    index, values, noise = [], [], []
+def measured_trials(study: Study, candidates: CandidateSet
+                    ) -> Iterator[tuple[int, Mapping[str, Any], float]]:
+    """(candidate index, what it measured, the noise variance of its medians) of each of the
+    study's trials of a candidate of the set that measured: successes, and pruned trials with
+    their partial medians -- the median of ``steady_steps`` steps, one step's ``STEP_SD`` each."""
     for trial in study.get_trials(deepcopy=False):
         user = trial.user_attrs
         if user.get(attrs.CATEGORY) not in ("ok", "pruned"):
             continue
-        measured = user.get(attrs.MEASURED) or {}
-        value = measured.get("tokens_per_s_per_gpu")
         position = candidates.index.get(user.get(attrs.KEY, ""))
-        if value is None or value <= 0 or position is None:
+        if position is None:
             continue
-        steps = max(int(measured.get("steady_steps") or 1), 1)
+        measured = user.get(attrs.MEASURED) or {}
+        yield position, measured, STEP_SD ** 2 / max(int(measured.get("steady_steps") or 1), 1)
+
+
+def observations(study: Study, candidates: CandidateSet
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(candidate indices, measured tokens/s/GPU, noise variance) of the study's trials that
+    measured a throughput (:func:`measured_trials`)."""
+    index, values, noise = [], [], []
+    for position, measured, noise_var in measured_trials(study, candidates):
+        value = measured.get("tokens_per_s_per_gpu")
+        if value is None or value <= 0:
+            continue
         index.append(position)
         values.append(float(value))
-        noise.append(STEP_SD ** 2 / steps)
+        noise.append(noise_var)
     return (np.array(index, dtype=np.int64), np.array(values, dtype=float),
             np.array(noise, dtype=float))
 
@@ -380,20 +390,14 @@ class PhaseErrorModel:
 def phase_observations(study: Study, candidates: CandidateSet
                        ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per phase group: (candidate indices, measured group time, noise variance) of the
-    study's trials whose measurement has every verl timer of the group (successes and pruned
-    trials, as :func:`observations`)."""
+    study's trials whose measurement has every verl timer of the group
+    (:func:`measured_trials`)."""
     out: dict[str, tuple[list, list, list]] = {g: ([], [], []) for g in PHASE_GROUPS}
-    for trial in study.get_trials(deepcopy=False):
-        user = trial.user_attrs
-        if user.get(attrs.CATEGORY) not in ("ok", "pruned"):
-            continue
-        measured = user.get(attrs.MEASURED) or {}
-        position = candidates.index.get(user.get(attrs.KEY, ""))
+    for position, measured, noise_var in measured_trials(study, candidates):
         timers = measured.get("phase_times_s") or {}
-        if position is None or not timers:
+        if not timers:
             continue
         phases = {VERL_TIMERS[k]: float(v) for k, v in timers.items() if k in VERL_TIMERS}
-        steps = max(int(measured.get("steady_steps") or 1), 1)
         predicted = candidates[position].predicted.get("time_s") or {}
         for group, members in PHASE_GROUPS.items():
             if not all(p in phases for p in members if predicted.get(p, 0.0) > 0):
@@ -403,7 +407,7 @@ def phase_observations(study: Study, candidates: CandidateSet
                 continue
             out[group][0].append(position)
             out[group][1].append(value)
-            out[group][2].append(STEP_SD ** 2 / steps)
+            out[group][2].append(noise_var)
     return {g: (np.array(i, dtype=np.int64), np.array(v, dtype=float), np.array(n, dtype=float))
             for g, (i, v, n) in out.items()}
 
@@ -422,59 +426,44 @@ def phase_model_applies(candidates: CandidateSet, phase_model: bool | None) -> b
 
 _COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
 
-# --- what a trial tells about the best layout (TuneSettings.acquisition "info") ---------------
-INFO_TARGETS = 200  # the candidates of the highest bound whose difference to the best it weighs
-INFO_CHOICES = 30  # the allowed candidates of the highest bound it chooses among
-# "knobs": of the allowed candidates whose bound is within this much (log throughput) of the
-# highest, the one whose knob terms (all but TP/EP/PP) differ most from the incumbent's
-KNOB_TOLERANCE = 0.015
-
-# (each candidate's weight in the linearised log step, the group's model, its observations)
+# One part of the linearised log throughput (trials.acquisition reads them): each candidate's
+# weight in it, the part's model (a phase group's, or the step's) and its observations.
 Part = tuple[np.ndarray, ErrorModel, tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
-def information(parts: Sequence[Part], mean: np.ndarray, targets: np.ndarray, best: int,
-                choices: np.ndarray, noise_var: float = STEP_SD ** 2) -> np.ndarray:
-    """For each of ``choices``: how much measuring it (a probe: one step, ``noise_var``) is
-    expected to tell about which of ``targets`` beats ``best`` -- the reduction of the posterior
-    variance of each difference D_c = y_c - y_best, weighted by the posterior probability
-    P(D_c > 0) that c is faster.
+@dataclass(frozen=True, eq=False)
+class Posterior:
+    """What an acquisition (:mod:`trials.acquisition`) chooses from: every candidate's posterior
+    mean and sd of its log throughput, the parts they sum (:meth:`GuidedSampler.posterior_parts`),
+    the allowed candidates, the ties (predicted within the model's error) and the bound's width
+    in posterior sds."""
 
-    A trial measures every part (phase group) g of its layout x, each an independent Gaussian
-    process, and D_c = sum_g (f_gc e_g(c) - f_gb e_g(best)) (``f``: the part's weight, the
-    sign of the phase times' error dropped: it is squared), so the reduction is
-    sum_g (f_gc C_g(c, x) - f_gb C_g(best, x))^2 / (C_g(x, x) + noise_var), C_g the posterior
-    covariance.  Unlike the bound's sd, which adds a layout's unmeasured terms in quadrature,
-    this counts a term once per tied candidate that shares it: a micro-batch or rollout value
-    shared by many contenders weighs as much as a TP degree shared by few."""
-    from scipy.special import ndtr  # the tune extra's
+    mean: np.ndarray
+    sd: np.ndarray
+    parts: list[Part]
+    mask: np.ndarray
+    ties: np.ndarray
+    kappa: float
 
-    rows = np.concatenate([[best], targets, choices]).astype(np.int64)
-    t = slice(1, 1 + len(targets))
-    x = slice(1 + len(targets), len(rows))
-    reduction = np.zeros((len(targets), len(choices)))
-    var_d = np.zeros(len(targets))
-    for weight, model, (index, _, noise) in parts:
-        cov = model.posterior_covariance(index, noise, rows, rows)
-        w = weight[rows]
-        diff = w[t, None] * cov[t, x] - w[0] * cov[0, x][None, :]
-        reduction += diff ** 2 / (np.diag(cov)[x] + noise_var)[None, :]
-        var_d += (w[t] ** 2 * np.diag(cov)[t] + w[0] ** 2 * cov[0, 0]
-                  - 2 * w[t] * w[0] * cov[t, 0])
-    beats = ndtr((mean[targets] - mean[best]) / np.sqrt(np.maximum(var_d, 1e-12)))
-    return beats @ reduction
+    @property
+    def bound(self) -> np.ndarray:
+        """The allowed candidates' upper confidence bound, ``mean + kappa * sd`` (-inf for
+        the others)."""
+        return np.where(self.mask, self.mean + self.kappa * self.sd, -np.inf)
 
 
 class GuidedSampler(LayoutSampler):
     """A :class:`~trials.sampler.LayoutSampler` whose proposal is the allowed candidate with
     the highest upper confidence bound of its throughput (module docstring); the same contract
-    otherwise."""
+    otherwise.  ``acquire`` (:func:`trials.acquisition.acquisition`), when given, chooses
+    instead of the bound for the study's first ``acquisition_trials`` trials (0: all)."""
 
     def __init__(self, candidates: CandidateSet, allowed: Callable[[Study], np.ndarray],
                  model_error: float, seed: int | None = None, kappa: float | None = None,
                  inner: BaseSampler | None = None, phase_model: bool | None = None,
                  exploit_last: int = 0, budget: int | None = None,
-                 acquisition: str | None = None, acquisition_trials: int = 0):
+                 acquire: Callable[[Posterior], int] | None = None,
+                 acquisition_trials: int = 0):
         super().__init__(candidates, allowed, inner=inner, seed=seed)
         self.exploit_last = exploit_last if budget is not None else 0
         self.budget = budget
@@ -482,10 +471,7 @@ class GuidedSampler(LayoutSampler):
         self.kappa = KAPPA if kappa is None else kappa
         self.phase_model = (PhaseErrorModel(candidates, model_error)
                             if phase_model_applies(candidates, phase_model) else None)
-        self.acquisition = acquisition or TUNE_DEFAULTS["acquisition"]
-        if self.acquisition not in ACQUISITIONS:
-            raise ValueError(f"acquisition {self.acquisition!r} is not one of "
-                             f"{', '.join(ACQUISITIONS)}")
+        self.acquire = acquire
         self.acquisition_trials = acquisition_trials
         self.ties = np.zeros(len(candidates.candidates), dtype=bool)
         self.ties[tied(candidates.candidates, model_error)] = True
@@ -497,8 +483,9 @@ class GuidedSampler(LayoutSampler):
         return mean, sd
 
     def posterior_parts(self, study: Study) -> tuple[np.ndarray, np.ndarray, list[Part]]:
-        """:meth:`posterior` and the parts of the linearised log throughput it sums
-        (:func:`information`): each phase group's, or the step's alone."""
+        """:meth:`posterior` and the parts of the linearised log throughput it sums (the
+        acquisitions' input, :mod:`trials.acquisition`): each phase group's, or the step's
+        alone."""
         if self.phase_model is not None:
             observed = phase_observations(study, self.candidates)
             if any(len(index) for index, _, _ in observed.values()):
@@ -514,55 +501,12 @@ class GuidedSampler(LayoutSampler):
         if self.exploiting(study, trial):
             mean, _ = self.posterior(study)
             return int(np.argmax(np.where(mask, mean, -np.inf)))
-        acquisition = self.acquisition
-        if self.acquisition_trials and self.counted(study, trial) >= self.acquisition_trials:
-            acquisition = "ucb"
-        if acquisition == "ucb":
+        if self.acquire is None or (self.acquisition_trials and self.counted(study, trial)
+                                    >= self.acquisition_trials):
             mean, sd = self.posterior(study)
             return int(np.argmax(np.where(mask, mean + self.kappa * sd, -np.inf)))
         mean, sd, parts = self.posterior_parts(study)
-        bound = np.where(mask, mean + self.kappa * sd, -np.inf)
-        if acquisition == "design" and (mask & self.ties).any():
-            return int(np.argmax(np.where(mask & self.ties, sd, -np.inf)))
-        if acquisition == "info" and mask.sum() > 1:
-            return self.most_informative(mean, sd, parts, mask, bound)
-        if acquisition == "additive":
-            width = self.additive_width(mean, parts)
-            return int(np.argmax(np.where(mask, mean + self.kappa * width, -np.inf)))
-        if acquisition == "knobs":
-            near = bound >= bound.max() - KNOB_TOLERANCE
-            width = self.additive_width(mean, parts, skip=PARALLEL_FAMILIES)
-            return int(np.argmax(np.where(near, width, -np.inf)))
-        return int(np.argmax(bound))
-
-    @staticmethod
-    def additive_width(mean: np.ndarray, parts: Sequence[Part],
-                       skip: Sequence[str] = ()) -> np.ndarray:
-        """Every candidate's additive width (:meth:`ErrorModel.term_sd`) against the measured
-        candidate of the highest posterior mean, summed over the parts by their weights."""
-        measured = np.unique(np.concatenate([index for _, _, (index, _, _) in parts]))
-        anchor = int(measured[np.argmax(mean[measured])]) if len(measured) else None
-        return sum(weight * model.term_sd(index, noise, anchor, skip)
-                   for weight, model, (index, _, noise) in parts)
-
-    def most_informative(self, mean: np.ndarray, sd: np.ndarray, parts: Sequence[Part],
-                         mask: np.ndarray, bound: np.ndarray) -> int:
-        """Of the ``INFO_CHOICES`` allowed candidates of the highest bound, the one whose
-        measurement tells most about which of the ``INFO_TARGETS`` candidates of the highest
-        bound (measured ones included) beats the posterior best of them (:func:`information`)."""
-        measured = np.zeros(len(mask), dtype=bool)
-        for _, _, (index, _, _) in parts:
-            measured[index] = True
-        pool = np.where(mask | measured, mean + self.kappa * sd, -np.inf)
-        targets = np.argsort(-pool, kind="stable")[:INFO_TARGETS]
-        targets = targets[np.isfinite(pool[targets])]
-        best = int(targets[np.argmax(mean[targets])])
-        targets = targets[targets != best]
-        choices = np.argsort(-bound, kind="stable")[:INFO_CHOICES]
-        choices = choices[np.isfinite(bound[choices])]
-        if not len(targets):
-            return int(choices[0])
-        return int(choices[np.argmax(information(parts, mean, targets, best, choices))])
+        return self.acquire(Posterior(mean, sd, parts, mask, self.ties, self.kappa))
 
     def counted(self, study: Study, trial: FrozenTrial) -> int:
         """The study's trials before ``trial`` that count against its budget (finished,

@@ -116,7 +116,7 @@ class TuneSettings:
     # the last this-many trials run the posterior-best layout, no bound (trials.guided; the
     # fifth round of docs/tuning/regret.md: no measured gain, so no tune flag, 0)
     exploit_last: int = TUNE_DEFAULTS["exploit_last"]
-    # how the guided sampler picks a layout (trials.guided, ACQUISITIONS): its bound ("ucb"),
+    # how the guided sampler picks a layout (trials.acquisition, ACQUISITIONS): its bound ("ucb"),
     # the tie of the largest posterior sd ("design"), the most informative contender ("info"),
     # the additive bound ("additive") or the near-best bound varying most knobs ("knobs"), for
     # the study's first acquisition_trials trials (0: all), the bound after; the sixth round of
@@ -191,6 +191,7 @@ class Tuner:
                                grace_period=self.settings.grace_period,
                                stale_callback=self._stale_trial)
         if self.settings.sampler == "guided":
+            from trials.acquisition import acquisition
             from trials.guided import GuidedSampler
 
             sampler = GuidedSampler(self.candidates, self._allowed, self.model_error,
@@ -198,7 +199,7 @@ class Tuner:
                                     phase_model=self.settings.phase_model == "on",
                                     exploit_last=self.settings.exploit_last,
                                     budget=self.settings.trials,
-                                    acquisition=self.settings.acquisition,
+                                    acquire=acquisition(self.settings.acquisition),
                                     acquisition_trials=self.settings.acquisition_trials,
                                     inner=optuna.samplers.RandomSampler(seed=self.settings.seed))
         else:

@@ -1,5 +1,5 @@
 """The guided sampler's acquisitions besides its bound (``TuneSettings.acquisition``,
-trials.guided; the sixth round of docs/tuning/regret.md): ``design`` takes the tie of the
+trials.acquisition; the sixth round of docs/tuning/regret.md): ``design`` takes the tie of the
 largest posterior sd, ``info`` the contender whose measurement tells most about which
 contender beats the posterior best."""
 
@@ -50,7 +50,8 @@ def test_information_counts_a_term_once_per_contender_that_shares_it():
     """(TP1, mb1) measured.  The bound prefers (TP6, mb1) (an unmeasured TP: the larger sd);
     a measurement of (TP1, mb2) tells more about which contender beats the measured one -- its
     unmeasured micro-batch is shared by five contenders, TP6 by one."""
-    from trials.guided import STEP_SD, information
+    from trials.acquisition import information
+    from trials.guided import STEP_SD
 
     model, layouts = _model()
     observed = (np.array([0]), np.array([1.0]), np.array([STEP_SD ** 2]))
@@ -90,9 +91,10 @@ def test_the_additive_width_counts_each_term_that_differs_from_the_incumbent():
 def test_the_sampler_takes_the_acquisition_for_its_first_trials_then_the_bound(monkeypatch):
     """``acquisition="design"`` with ``acquisition_trials`` 3: the tie of the largest sd for
     the trials before the third, the bound after; ``info`` the most informative of the
-    highest bounds (:func:`trials.guided.information`)."""
+    highest bounds (:func:`trials.acquisition.information`)."""
     from optuna.trial import TrialState
 
+    from trials.acquisition import acquisition
     from trials.guided import GuidedSampler
 
     class Frame(SimpleNamespace):  # what the sampler reads of a CandidateSet
@@ -113,9 +115,9 @@ def test_the_sampler_takes_the_acquisition_for_its_first_trials_then_the_bound(m
         trials.append(SimpleNamespace(number=done, state=TrialState.RUNNING))
         return SimpleNamespace(get_trials=lambda deepcopy=False: trials), trials[-1]
 
-    def choice(acquisition, done, count=3):
+    def choice(name, done, count=3):
         sampler = GuidedSampler(frame, lambda study: mask, 0.16, kappa=2.0,
-                                acquisition=acquisition, acquisition_trials=count)
+                                acquire=acquisition(name), acquisition_trials=count)
         assert sampler.ties.tolist() == [True, True, True, False]
         monkeypatch.setattr(sampler, "posterior_parts",
                             lambda study: (mean, sd, [(np.ones(4), sampler.model, (
@@ -130,8 +132,9 @@ def test_the_sampler_takes_the_acquisition_for_its_first_trials_then_the_bound(m
     assert choice("design", 5, count=0) == 1  # 0: every trial
     assert choice("info", 1) in (0, 1, 2, 3)
     assert choice("additive", 1) == 0  # nothing measured: the same width, the best mean
-    with pytest.raises(ValueError, match="acquisition 'x' is not one of ucb, design, info, additive, knobs"):
-        GuidedSampler(frame, lambda study: mask, 0.16, acquisition="x")
+    with pytest.raises(ValueError, match="acquisition 'x' is not one of ucb, design, info, "
+                                         "additive, knobs"):
+        acquisition("x")
 
 
 def test_the_acquisition_reaches_the_study_sampler(tmp_path):
@@ -159,7 +162,8 @@ def test_the_knobs_acquisition_varies_the_knob_terms_among_the_near_best_bounds(
     the incumbent's -- with (TP1, mb1) and (TP2, mb2) measured alike, a new TP with the
     micro-batch not yet measured alone, (TP3, mb2); a layout outside the tolerance is never
     taken."""
-    from trials.guided import KNOB_TOLERANCE, STEP_SD, GuidedSampler
+    from trials.acquisition import KNOB_TOLERANCE, acquisition
+    from trials.guided import STEP_SD, GuidedSampler
 
     model, layouts = _model()
 
@@ -175,7 +179,8 @@ def test_the_knobs_acquisition_varies_the_knob_terms_among_the_near_best_bounds(
     mean, sd = model.posterior(*observed)
     mask = np.ones(len(layouts), dtype=bool)
     mask[[0, 6]] = False
-    sampler = GuidedSampler(frame, lambda study: mask, 0.16, kappa=2.0, acquisition="knobs")
+    sampler = GuidedSampler(frame, lambda study: mask, 0.16, kappa=2.0,
+                            acquire=acquisition("knobs"))
     monkeypatch.setattr(sampler, "posterior_parts", lambda study: (
         mean, sd, [(np.ones(len(layouts)), model, observed)]))
     monkeypatch.setattr(sampler, "counted", lambda study, trial: 2)
@@ -186,3 +191,14 @@ def test_the_knobs_acquisition_varies_the_knob_terms_among_the_near_best_bounds(
     ucb = GuidedSampler(frame, lambda study: mask, 0.16, kappa=2.0)
     monkeypatch.setattr(ucb, "posterior", lambda study: (mean, sd))
     assert layouts[ucb.choose(None, None, {}, mask)][1] == 1  # the bound: mb1 (first of ties)
+
+
+def test_every_acquisition_but_the_bound_is_one_of_the_registry():
+    """``TuneSettings.acquisition``'s names (trials.defaults) are the bound's ``ucb`` -- the
+    sampler's own, no ``acquire`` -- and trials.acquisition's registry, no more and no fewer."""
+    from trials.acquisition import ACQUIRE, acquisition
+    from trials.defaults import ACQUISITIONS
+
+    assert set(ACQUISITIONS) == {"ucb", *ACQUIRE} and "ucb" not in ACQUIRE
+    assert acquisition("ucb") is None
+    assert all(acquisition(name) is ACQUIRE[name] for name in ACQUIRE)
