@@ -811,6 +811,17 @@ def _core_rows(cols: Columns, knob: np.ndarray, combinations: int
     return unique_rows(cols, core_fields(cols))
 
 
+@dataclass(frozen=True, eq=False)
+class CellIndex:
+    """Which (core row, knob combination) cell each row reads: ``core`` and ``knob`` per row;
+    ``offset``: the rows are the cells from this one on, in order (a search's cross product
+    read in a range), else None."""
+
+    core: np.ndarray
+    knob: np.ndarray
+    offset: int | None = None
+
+
 class ActorParts:
     """The actor's parts per pipeline stage, held per core row (the parts no knob changes:
     weights, grads, the optimizer state, activations, logits) or per (core row, knob
@@ -819,10 +830,11 @@ class ActorParts:
     row in order, one core row after the other (a search's cross product), from the cell
     ``offset`` on, read a cell table's flat values in place; other rows gather their cells."""
 
-    def __init__(self, core: np.ndarray, knob: np.ndarray, cores: int, knobs: list[_Knobs],
-                 needs_reference: bool, offset: int | None = None) -> None:
+    def __init__(self, cells: CellIndex, cores: int, knobs: list[_Knobs],
+                 needs_reference: bool) -> None:
         # per stage (appended by actor_memory): part -> (core rows,) or (core rows, combinations)
         self.tables: list[dict] = []
+        core, knob, offset = cells.core, cells.knob, cells.offset
         self.core, self.knob = core, knob
         self.on_gpu = np.array([1 - k.on_host for k in knobs], dtype=np.float64)
         self.no_ref = np.array([k.ref_param_offload or not needs_reference for k in knobs],
@@ -992,7 +1004,7 @@ def actor_memory(request: PlanRequest, cols: Columns, reduced: bool = False,
     """
     knobs, knob = _knob_combinations(cols)
     core_rows, core = _core_rows(cols, knob, len(knobs))
-    cells = ActorCells(request, core_rows, core, knob, knobs, reduced)
+    cells = ActorCells(request, core_rows, CellIndex(core, knob), knobs, reduced)
     if reduced and held:
         return {"cells": cells, "reduced": {}}
     return cells.rows(slice(None))
@@ -1006,8 +1018,9 @@ class ActorCells:
     knob combination of each core row in order (a search's cross product) keep no row
     indices: a range of them reads a range of core rows."""
 
-    def __init__(self, request: PlanRequest, core_rows: Columns, core: np.ndarray,
-                 knob: np.ndarray, knobs: list[_Knobs], reduced: bool) -> None:
+    def __init__(self, request: PlanRequest, core_rows: Columns, cells: CellIndex,
+                 knobs: list[_Knobs], reduced: bool) -> None:
+        core, knob = cells.core, cells.knob
         workload = request.workload
         self.knobs, self.reduced = knobs, reduced
         self.needs_ref = workload.needs_reference
@@ -1042,13 +1055,12 @@ class ActorCells:
                 self._index[0][at], self._index[1][at])
             first, local = distinct(core)
             cores, core, width = core[first], local, len(first)
-        return self._spread(cores, width, core, knob, offset, only)
+        return self._spread(cores, width, CellIndex(core, knob, offset), only)
 
-    def _spread(self, cores: slice | np.ndarray, width: int, core: np.ndarray,
-                knob: np.ndarray, offset: int | None, only: tuple[str, ...] | None) -> dict:
-        """The arrays of the rows whose core row is ``core`` (an index into ``cores``, the
-        ``width`` core rows read) and knob combination ``knob`` (``offset``: the rows are the
-        cells from this one on, in order); ``only``: :meth:`rows`'."""
+    def _spread(self, cores: slice | np.ndarray, width: int, index: CellIndex,
+                only: tuple[str, ...] | None) -> dict:
+        """The arrays of the rows ``index`` reads (their ``core`` an index into ``cores``, the
+        ``width`` core rows read); ``only``: :meth:`rows`'."""
         knobs, needs_ref = self.knobs, self.needs_ref
         fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
         frag = 1 + FRAGMENTATION_FRACTION
@@ -1067,7 +1079,7 @@ class ActorCells:
             -0.0), so each sum is the one of the terms a combination keeps, in order."""
             return np.where(where, np.asarray(values)[:, None], 0.0)
 
-        parts = ActorParts(core, knob, width, knobs, needs_ref, offset)
+        parts = ActorParts(index, width, knobs, needs_ref)
         wanted = PHASES if only is None else [phase for phase in PHASES if phase in only]
         phase_rows = {phase: [] for phase in PHASES
                       if phase in (self.joined if only is None else only)}
