@@ -249,7 +249,7 @@ class Truth:
     oom_need: np.ndarray  # true peak / GPU memory of the predicted peak phase (>1: OOM)
     sigma: float
     seed: int
-    # per candidate and planner phase (trials.guided.PHASES order), under --truth phases
+    # per candidate and planner phase (planner.phases.PHASES order), under --truth phases
     phase_time_s: np.ndarray | None = None
 
     @property
