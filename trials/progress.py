@@ -47,10 +47,14 @@ class Status:
             eta = min(eta, max(self.deadline - time.monotonic(), 0))
         return eta
 
-    def line(self) -> str:
+    def line(self, done: bool = False) -> str:
+        """The status: the trial under way (``trial k of N``), or with ``done`` (a line about a
+        trial that has just finished, counted in ``measured``) the trials done so far."""
         best = (f"best {self.best_value:,.1f} tok/s/GPU (#{self.best_trial})"
                 if self.best_value is not None else "best --")
-        return (f"trial {min(self.measured + 1, self.target)} of {self.target} | elapsed "
+        count = (f"{self.measured} of {self.target} done" if done
+                 else f"trial {min(self.measured + 1, self.target)} of {self.target}")
+        return (f"{count} | elapsed "
                 f"{format_duration(self.elapsed_s)} | {best} | eta "
                 f"{format_duration(self.eta_s)}")
 
@@ -101,7 +105,7 @@ class PlainProgress(Progress):
     def finished(self, status: Status, row: Row) -> None:
         result = (f"{_value(row.measured)} tok/s/GPU (predicted {_value(row.predicted)})"
                   if row.category == "ok" else failure_text(row))
-        self._print(f"[{status.line()}] trial #{row.number} {row.key} "
+        self._print(f"[{status.line(done=True)}] trial #{row.number} {row.key} "
                     f"{format_duration(row.duration_s)} {result}")
 
     def note(self, text: str) -> None:

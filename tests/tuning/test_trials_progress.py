@@ -36,6 +36,8 @@ def test_plain_lines_for_logs():
     assert lines[0] == "[trial 1 of 2 | elapsed 0:00:00 | best -- | eta --] trial #7 started: " \
                        "tp2-pp1"
     assert lines[1].endswith("trial #7 tp2-pp1 0:01:01 900.0 tok/s/GPU (predicted 1,000.0)")
+    # a finished trial's line counts the trials done, not the next trial's number
+    assert lines[1].startswith("[1 of 2 done | elapsed ")
     # the category once: a reason read from the log starts with it already
     assert lines[2].endswith("trial #8 tp1-pp2 0:00:05 oom in generate: x")
     assert lines[3].endswith("trial #9 tp1-pp4 0:00:05 nccl: Watchdog")
