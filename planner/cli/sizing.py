@@ -20,7 +20,7 @@ from planner.cli.args import UsageError
 from planner.cli.codes import ExitCode
 from planner.cli.inputs import SIZING_FLAGS, sizing_requested  # noqa: F401  (re-exported)
 from planner.search.space import SearchOptions
-from planner.sizing.counts import GpuCounts, parse_counts, parse_gpu_types
+from planner.sizing.counts import GpuCounts, parse_counts, parse_gpu_types, skipped_ends
 from planner.sizing.prices import PriceTable, parse_prices, read_prices
 from planner.sizing.sweep import Sizing, SizingRequest, run_length, size_cluster
 
@@ -55,6 +55,9 @@ def sizing_from_args(args, options: SearchOptions | None = None) -> Sizing:
     per_node = args.gpus_per_node or (detected.count if detected else DEFAULT_GPUS_PER_NODE)
     counts = (GpuCounts(auto=True, text="auto") if args.gpus is None
               else parse_counts(str(args.gpus), per_node))
+    skipped = skipped_ends(counts, per_node)
+    if skipped:
+        print(f"note: {skipped}", file=sys.stderr)
     if options is None:
         options = inputs.search_options(args, workload)
     return size_cluster(SizingRequest(

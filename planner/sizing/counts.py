@@ -107,6 +107,25 @@ def parse_counts(text: str, gpus_per_node: int) -> GpuCounts:
     return GpuCounts(counts=counts, text=raw)
 
 
+def skipped_ends(counts: GpuCounts, gpus_per_node: int) -> str | None:
+    """A range's ends the sweep does not visit (not whole nodes nor a part of one node), as
+    a note: ``--gpus 8-20`` visits 8 and 16, and says that 20 is left out.  None for a count,
+    a list, ``auto`` or a range whose ends are visited."""
+    low_text, sep, high_text = counts.text.partition("-")
+    if counts.auto or not sep or "," in counts.text:
+        return None
+    ends = dict.fromkeys(int(text.strip().replace("_", "")) for text in (low_text, high_text))
+    left = [end for end in ends if end not in counts.counts]
+    if not left:
+        return None
+    shown = counts.counts if len(counts.counts) <= 6 else (*counts.counts[:3], "...",
+                                                          counts.counts[-1])
+    visited = ", ".join(map(str, shown))
+    return (f"--gpus {counts.text}: {' and '.join(map(str, left))} "
+            f"{'is' if len(left) == 1 else 'are'} not whole nodes of {gpus_per_node} GPUs nor a "
+            f"part of one node, the counts verl places; the sweep visits {visited}")
+
+
 def auto_counts(gpus_per_node: int, limit: int = AUTO_MAX_GPUS) -> tuple[int, ...]:
     """``auto``'s ladder: the doubling parts of one node, then doubling whole nodes."""
     ladder = [c for c in (1 << k for k in range(32)) if c < gpus_per_node

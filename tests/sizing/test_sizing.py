@@ -18,7 +18,7 @@ from planner.output import sizing_json
 from planner.plan import make_plan
 from planner.search.space import SearchOptions, build_space
 from planner.sizing.best_per_count import best_layout
-from planner.sizing.counts import GpuCounts, auto_counts, parse_counts
+from planner.sizing.counts import GpuCounts, auto_counts, parse_counts, skipped_ends
 from planner.sizing.prices import parse_prices, read_prices
 from planner.sizing.sweep import SizingRequest, SizingRow, knee, run_length, size_cluster
 
@@ -257,6 +257,16 @@ def test_parse_counts():
     assert parse_counts("6-24", 6).counts == (6, 12, 18, 24)
     assert auto_counts(8, 128) == (1, 2, 4, 8, 16, 32, 64, 128)
     assert auto_counts(4, 16) == (1, 2, 4, 8, 16)
+
+
+def test_a_range_says_which_of_its_ends_it_leaves_out():
+    note = skipped_ends(parse_counts("8-20", 8), 8)
+    assert note == ("--gpus 8-20: 20 is not whole nodes of 8 GPUs nor a part of one node, the "
+                    "counts verl places; the sweep visits 8, 16")
+    assert "3 and 1023 are" in skipped_ends(parse_counts("3-1023", 8), 8)
+    assert skipped_ends(parse_counts("3-1023", 8), 8).endswith("visits 4, 8, 16, ..., 1016")
+    for text in ("8-64", "1-16", "8,16", "auto", "16"):
+        assert skipped_ends(parse_counts(text, 8), 8) is None
 
 
 BAD_INPUTS = [
