@@ -563,7 +563,20 @@ def load_model_config_path(path: Path) -> ModelSpec:
     # else: the normaliser knows every field it reads; transformers only adds class defaults
     check_supported(values, name)
     spec_from_hf_config(raw, name=name, source=str(config_file))
-    return spec_from_hf_config(values, name=name, source=str(config_file))
+    try:
+        return spec_from_hf_config(values, name=name, source=str(config_file))
+    except PlanInputError as error:
+        # the file alone reads; a value transformers' class filled in does not (Qwen2Config's
+        # num_key_value_heads=32 where config.json sets none): say where it came from
+        given = _text_config(raw, name)
+        filled = [key for key, value in _text_config(values, name).items()
+                  if key not in given and f"{key} {value}" in str(error)]
+        if not filled:
+            raise
+        defaults = ", ".join(f"{key}={_text_config(values, name)[key]}" for key in filled)
+        raise PlanInputError(f"{error} ({defaults}: transformers' class default for model_type "
+                             f"{raw['model_type']!r}, which {str(config_file)!r} does not set; "
+                             f"set it there)") from None
 
 
 def catalog_name(text: str) -> str | None:

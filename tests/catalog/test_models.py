@@ -104,6 +104,23 @@ def test_local_config_json_is_read_with_transformers(tmp_path):
     assert resolve_model(str(folder / "config.json")).num_layers == 12
 
 
+def test_a_bad_value_transformers_filled_in_is_named_as_its_class_default(tmp_path):
+    # Qwen2Config's num_key_value_heads defaults to 32 when config.json sets none: a 16-head
+    # model would have 32 KV heads, a model transformers cannot build either
+    pytest.importorskip("transformers")
+    config = {"model_type": "qwen2", "hidden_size": 2048, "intermediate_size": 5504,
+              "num_hidden_layers": 24, "num_attention_heads": 16, "vocab_size": 151936}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PlanInputError) as error:
+        resolve_model(str(tmp_path))
+    assert "num_key_value_heads 32 (num_key_value_heads=32: transformers' class default for " \
+           "model_type 'qwen2'" in str(error.value) and "does not set; set it there" in str(
+               error.value)
+    config["num_key_value_heads"] = 16  # set in the file: read as given
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert resolve_model(str(tmp_path)).num_query_groups == 16
+
+
 def test_a_local_directory_named_like_a_catalog_model_is_read_from_its_file(tmp_path):
     """A Hugging Face download is a folder named after the model (``~/models/Qwen3-8B``): its
     own config.json is what gets planned, not the catalog entry of the same name (which used
