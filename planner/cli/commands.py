@@ -16,6 +16,7 @@ from planner.cli.args import UsageError
 from planner.cli.codes import ExitCode
 from planner.errors import InvalidLayoutError, NoFitError
 from planner.modes import BEST, get_mode, mode_names, off_policy_note
+from planner.no_fit import remedy
 from planner.output import estimate_json, plan_json, split_estimate_json
 from planner.placement import SplitEstimate, pool_layout
 from planner.plan import PlanReads, make_plan
@@ -54,8 +55,7 @@ def cmd_plan(args) -> int:
     if args.write:
         if not fitting:
             raise NoFitError(f"no layout of {model.name} fits on {cluster.num_gpus} x "
-                             f"{cluster.gpu.name}; nothing written (add GPUs or use a larger "
-                             f"GPU)")
+                             f"{cluster.gpu.name}; nothing written ({remedy(plan)})")
         if not 1 <= args.rank <= fitting:
             raise UsageError(f"--rank {args.rank} is outside the {fitting} layouts that fit "
                              f"(valid: 1..{fitting})")

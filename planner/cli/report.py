@@ -12,6 +12,7 @@ from planner.cli.codes import ExitCode
 from planner.cli.sizing import sizing_from_args, sizing_requested
 from planner.cost.request import PlanRequest
 from planner.errors import NoFitError, PlanInputError
+from planner.no_fit import remedy
 from planner.plan import make_plan
 from planner.report.html import (
     ReportFiles,
@@ -68,7 +69,7 @@ def cmd_report(args) -> int:
         if not plan.candidates["fits"].any():  # "no layout fits": exit 1, as every command
             raise NoFitError(f"no layout of {plan.model.name} fits on "
                              f"{plan.cluster.num_gpus} x {plan.cluster.gpu.name}; no report "
-                             f"written (add GPUs or use a larger GPU)")
+                             f"written ({remedy(plan)})")
         output = Path(args.html or "report.html")
     else:
         raise UsageError("give a sweep folder, or --model and --gpus for a plan report")

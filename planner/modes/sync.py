@@ -25,6 +25,7 @@ from planner.cost.request import PlanRequest
 from planner.errors import NoFitError, PlanInputError
 from planner.modes.base import Launch, TrainingMode
 from planner.modes.registry import register
+from planner.no_fit import remedy
 from planner.output import exact_of, layout_summary_json
 from planner.phases import PHASES
 from planner.placement import ModePlan
@@ -178,7 +179,7 @@ def explain_layout(request: PlanRequest) -> dict:
     plan = make_plan(request)
     if not plan.fitting_count:
         raise NoFitError(f"no layout of {model.name} fits on {cluster.num_gpus} x "
-                         f"{cluster.gpu.name}; add GPUs or use a larger GPU")
+                         f"{cluster.gpu.name}; {remedy(plan)}")
     best = plan.candidate(0, fitting=True)
     chosen = layout_summary_json(best)
     comparisons = []

@@ -10,11 +10,10 @@ import io
 import json
 from collections import Counter
 
-import numpy as np
-
 from planner.catalog.layers import MixerKind
 from planner.cost.columns import memory_column, working_set_column
 from planner.cost.flops import verl_reports_mfu
+from planner.no_fit import closest_miss, short_of_host_memory
 from planner.output import fraction, gib, setting
 from planner.policy import (
     FILL_POLICY,
@@ -289,10 +288,9 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
         columns += [("step s", "step"), ("tok/s/GPU", "tps")]
     columns += [(PEAK_NAME, "peak"), ("in phase", "peak_phase"),
                 (WORKING_SET_NAME, "working"), ("flags", "flags")]
-    closest = [] if rows else _closest_miss(plan)
+    closest = None if rows else closest_miss(plan)
     body = format_table(rows, columns) if rows else (
-        "no layout fits in host memory" if closest and not closest[0]["host_fits"]
-        and closest[0]["peak_bytes"] <= cluster.gpu.memory_bytes
+        "no layout fits in host memory" if short_of_host_memory(plan, closest)
         else "no layout fits in GPU memory")
     rejected = ", ".join(f"{name} {count:,}" for name, count in
                          sorted(plan.rejected.items(), key=lambda item: -item[1]))
@@ -307,10 +305,10 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
                     "and last step, as the mean response length moves")
     tail += answer_lines(plan.workload, plan.request.cost)
     if closest:
-        best = closest[0]
+        best = closest
         line = (f"closest: {best['peak_bytes'] / GIB:.1f} GiB {PEAK_NAME} in "
                 f"{best['peak_phase']} vs {cluster.gpu.memory_gib:.1f} GiB per GPU")
-        if best["peak_bytes"] <= cluster.gpu.memory_bytes and not best["host_fits"]:
+        if short_of_host_memory(plan, best):
             line += (f", but {best['host_bytes_per_node'] / GIB:.1f} GiB of host memory per "
                      f"node, over the {cluster.host_memory_per_node_bytes / GIB:.1f} GiB per "
                      f"node (--host-memory-gib)")
@@ -318,13 +316,6 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
             line += "; add GPUs or use a larger GPU"
         tail.append(line)
     return "\n".join(head) + "\n\n" + body + "\n\n" + "\n".join(tail)
-
-
-def _closest_miss(plan) -> list[dict]:
-    """The layout with the smallest peak when none fits (empty: none was estimated)."""
-    peaks = np.asarray(plan.columns["peak_bytes"], dtype=np.float64)
-    known = np.flatnonzero(~np.isnan(peaks))  # the smallest, first of equals
-    return plan.records(known[[np.argmin(peaks[known])]]) if len(known) else []
 
 
 def unfit_reasons(estimate) -> list[str]:

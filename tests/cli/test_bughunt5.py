@@ -171,6 +171,21 @@ def test_a_plan_that_fails_on_host_memory_says_so(capsys):
         in closest and "larger GPU" not in closest
 
 
+@pytest.mark.parametrize("command", [["explain"], ["plan", "--write", "WRITE"],
+                                     ["report", "--html", "HTML"]])
+def test_every_no_fit_error_names_host_memory_when_that_is_the_cause(command, tmp_path, capsys):
+    """explain, plan --write and report said 'add GPUs or use a larger GPU' where the plan's
+    own table says host memory (planner.no_fit.remedy)."""
+    command = [str(tmp_path / "out.html") if word == "HTML" else
+               str(tmp_path / "job") if word == "WRITE" else word for word in command]
+    assert main([*command, "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100",
+                 "--host-memory-gib", "64"]) == 1
+    err = capsys.readouterr().err
+    assert "GiB of host memory per node, over the 64.0 GiB per node (--host-memory-gib): " \
+           "raise it, or add GPUs" in err and "larger GPU" not in err
+    assert not (tmp_path / "job").exists() and not (tmp_path / "out.html").exists()
+
+
 def test_mode_table_cells_round_once():
     """The split modes' table and estimate printed the JSON's 3-decimal seconds at one decimal
     (16.0496 s -> 16.05 -> '16.1'; once: '16.0'), and idle shares and rates likewise."""
