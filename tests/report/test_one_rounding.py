@@ -71,5 +71,9 @@ def test_explain_best_text_rounds_the_step_time_once():
              "modes": [Summary(entry, {**entry, "step_time_s": 73.5504})], "caveat": "c"}
     text = explain_best_text(Summary(shown, {**shown, "step_time_s": 73.5504,
                                              "sync_step_time_s": 73.5504}))
-    assert "sync wins, 73.6 s per step" in text and "(73.6 s)" in text
+    assert "sync wins, 73.6 s per step; no other mode is faster" in text
     assert "- sync: 73.6 s per step" in text
+    # another mode wins: the baseline's time in the speed-up, rounded once too
+    won = {**shown, "winner": "one-step-off", "step_time_s": 60.0, "speedup_vs_sync": 1.23}
+    text = explain_best_text(Summary(won, {**won, "sync_step_time_s": 73.5504}))
+    assert "a 1.23x speed-up over sync (73.6 s)" in text
