@@ -21,6 +21,7 @@ from planner.catalog.hardware import (
     get_gpu,
     gpu_from_detected,
 )
+from planner.catalog.models import windows_within
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cli import notes
 from planner.cli.args import UsageError
@@ -301,9 +302,23 @@ def policy(args) -> MemoryPolicy:
 def request(args, model, cluster, work, options: SearchOptions | None = None) -> PlanRequest:
     """The plan request of a command: its model, cluster and workload, the search options
     (default: :func:`search_options` of the flags), ``--calibration`` and ``--memory-band``."""
-    return PlanRequest(model, cluster, work,
+    made = PlanRequest(model, cluster, work,
                        search_options(args, work) if options is None else options,
                        cost_model(args), policy(args))
+    window_note(made)
+    return made
+
+
+def window_note(made: PlanRequest) -> None:
+    """Say which windowed layers the request costs as full attention (their window holds every
+    sequence: :func:`planner.catalog.models.model_at_length`)."""
+    if made.given_model is None:
+        return
+    turned = windows_within(made.given_model, made.model)
+    notes.note(f"{turned} layers of {made.model.name}: every "
+               f"{made.workload.sequence_length:,}-token sequence (prompt + response) fits in "
+               f"the window, so they are costed as full attention (vLLM frees none of their "
+               f"pages and masks no key)")
 
 
 # flag attribute -> layout field a plan may pin
