@@ -102,3 +102,9 @@ def test_windowed_only_model_beyond_its_window_prints_the_pool_in_gib(capsys, mi
                            f"per GPU, {rollout['concurrent_seqs']} sequences at once")
     assert f"{fill['kv_cache_gib']:.2f} GiB KV cache per GPU, nvidia-smi peak" in text
     assert "KV tokens" not in text
+
+
+def test_a_sizing_sweep_notes_the_windows_it_costs_as_full_attention(capsys, mistral_dir):
+    assert main(["--model", mistral_dir, "--gpus", "8-16", "--gpu-type", "h100"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("32 sliding_attention(4096) layers of ") == 1  # once, not per count
