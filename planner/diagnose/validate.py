@@ -269,7 +269,8 @@ def memory_findings(estimate, policy: MemoryPolicy = DEFAULT_POLICY) -> list:
     # a model with no growing K/V, whose pool counts bytes too)
     state = int(round(float(estimate.row.get("kv_state_tokens_per_seq", 0.0))))
     if c.rollout.kv_in_bytes:
-        holds, needs = c.rollout.kv_text(), f"one sequence's {state / GIB:.2f} GiB of pages"
+        holds = f"{c.rollout.kv_cache_tokens_per_gpu / GIB:.2f} GiB per GPU"
+        needs = f"one sequence's {state / GIB:.2f} GiB of pages"
         short = c.rollout.kv_cache_tokens_per_gpu < state
     else:
         seq = estimate.workload.sequence_length + state

@@ -68,12 +68,13 @@ def pool_memory(request: PlanRequest, pools: Pools, layout) -> tuple[dict, list]
                                 (), "warning"))
     kv = int(rollout["kv_cache_tokens_per_gpu"][0])
     in_bytes = bool(rollout["kv_pool_in_bytes"][0])  # no growing K/V: the pool counts bytes
+    one_sequence = (f"{float(rollout['kv_state_tokens_per_seq'][0]) / GIB:.2f} GiB of pages"
+                    if in_bytes else workload.sequence_length)
     if not bool(rollout["rollout_fits"][0]):
         findings.append(Finding("memory", f"rollout pool will not fit: vLLM at "
                                 f"gpu_memory_utilization {layout.gpu_memory_utilization} holds "
-                                f"{kv_pool_text(kv, in_bytes, '', ' KV tokens per GPU')} "
-                                f"(one sequence needs "
-                                f"{workload.sequence_length}) and peaks at "
+                                f"{kv_pool_text(kv, in_bytes, ' per GPU')} (one sequence "
+                                f"needs {one_sequence}) and peaks at "
                                 f"{rollout_peak / GIB:.1f} GiB of {capacity / GIB:.1f}",
                                 (f"{ROLLOUT}.gpu_memory_utilization",)))
     report = {

@@ -9,7 +9,12 @@ import pytest
 from conftest import cluster
 
 from planner.catalog.layers import MixerKind
-from planner.catalog.models import model_at_length, spec_from_hf_config, windows_within
+from planner.catalog.models import (
+    builtin_config_dict,
+    model_at_length,
+    spec_from_hf_config,
+    windows_within,
+)
 from planner.catalog.workload import GrpoWorkload
 from planner.cli.main import main
 from planner.cost.flops import kv_grows_only
@@ -108,3 +113,39 @@ def test_a_sizing_sweep_notes_the_windows_it_costs_as_full_attention(capsys, mis
     assert main(["--model", mistral_dir, "--gpus", "8-16", "--gpu-type", "h100"]) == 0
     err = capsys.readouterr().err
     assert err.count("32 sliding_attention(4096) layers of ") == 1  # once, not per count
+
+
+def test_an_attention_free_model_prints_its_state_pool_in_gib(capsys, tmp_path):
+    # Nemotron-3-Nano with its six attention layers made Mamba-2: only state pages
+    config = {key: value for key, value in builtin_config_dict(
+        "NVIDIA-Nemotron-3-Nano-30B-A3B").items() if key != "_source"}
+    config["hybrid_override_pattern"] = config["hybrid_override_pattern"].replace("*", "M")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    argv = ["--model", str(tmp_path), "--gpus", "16", "--gpu-type", "h100", "--top", "1"]
+    assert main([*argv, "--format", "json"]) == 0
+    best = json.loads(capsys.readouterr().out)["candidates"][0]
+    assert best["rollout"]["kv_cache_tokens_per_gpu"] is None
+    assert best["rollout"]["kv_cache_gib"] == best["breakdown_gib"]["kv_cache"] > 1
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"holds {best['rollout']['kv_cache_gib']:.2f} GiB KV cache/GPU" in text
+    assert "KV tokens" not in text
+
+
+def test_validate_findings_of_a_pool_of_bytes_speak_gib(mistral):
+    from planner.diagnose.validate import memory_findings
+    from planner.plan import estimate_layout
+    from planner.search.layout import Layout
+    from planner.verl.pools import Pools, pool_memory
+
+    request = PlanRequest(mistral, cluster(8), GrpoWorkload(prompt_length=4096,
+                                                            response_length=4096))
+    layout = Layout(tp=2, dp=4, rollout_tp=4, gpu_memory_utilization=0.06)  # no room left
+    found = [f.message for f in memory_findings(estimate_layout(request, layout))]
+    # one sequence: 32 layers x (4096 / 16 + 1) pages x 16 tokens x 2 KV heads x 2 x 128 x 2 B
+    assert ("rollout KV cache holds 0.00 GiB per GPU, less than one sequence's 0.13 GiB of "
+            "pages") in found[0]
+    report, findings = pool_memory(request, Pools(cluster(8), cluster(8)), layout)
+    assert report["rollout"]["kv_cache_tokens_per_gpu"] is None
+    assert "holds 0.00 GiB KV cache per GPU (one sequence needs 0.13 GiB of pages)" in \
+        findings[-1].message
