@@ -123,7 +123,8 @@ def colocated_json(c: ColocatedCandidate) -> dict:
                           if generates or part not in ROLLOUT_PARTS},
     }
     if generates:
-        out["rollout"] = {"kv_cache_tokens_per_gpu": rollout.kv_cache_tokens_per_gpu,
+        out["rollout"] = {"kv_cache_tokens_per_gpu": rollout.kv_tokens_json,
+                          **rollout.kv_gib_json(),
                           "concurrent_seqs": rollout.concurrent_seqs,
                           "seqs_per_rank": rollout.seqs_per_rank, "fits": rollout.fits}
     out["flags"] = list(c.flags)
@@ -135,7 +136,8 @@ def colocated_json(c: ColocatedCandidate) -> dict:
         # what the band's headroom costs: the same layout with the rollout pool filling the GPU
         fill = c.fill_gpu
         out["fill_gpu"] = {"gpu_memory_utilization": setting(fill.gpu_memory_utilization),
-                           "kv_cache_tokens_per_gpu": fill.kv_cache_tokens_per_gpu,
+                           "kv_cache_tokens_per_gpu": fill.kv_tokens_json,
+                           **fill.kv_gib_json(),
                            "peak_memory_gib": gib(fill.peak_bytes),
                            "generate_s": seconds(fill.generate_s),
                            "step_time_s": seconds(fill.step_time_s)}
@@ -214,7 +216,7 @@ def split_json(c: SplitCandidate) -> dict:
             "rollout": {"gpus": rollout.gpus, "peak_memory_gib": gib(rollout.peak_bytes),
                         "memory_utilization": fraction(rollout.utilization),
                         "gpu_memory_utilization": setting(rollout.gpu_memory_utilization),
-                        "kv_cache_tokens_per_gpu": rollout.kv_cache_tokens_per_gpu,
+                        "kv_cache_tokens_per_gpu": rollout.kv_tokens_json,
                         "kv_cache_gib": gib(rollout.kv_cache_bytes),
                         "concurrent_seqs": rollout.concurrent_seqs,
                         "generated_tokens_per_s": (None if rollout.generated_tokens_per_s is None
@@ -521,7 +523,8 @@ def fix_summary_json(c: ColocatedCandidate, policy: MemoryPolicy) -> Summary:
              "peak_phase": phase,
              "working_set_gib": float(c.memory.working_set_bytes.of_phase(phase)) / GIB,
              "gpu_memory_utilization": setting(c.layout.gpu_memory_utilization),
-             "kv_cache_tokens_per_gpu": c.rollout.kv_cache_tokens_per_gpu,
+             "kv_cache_tokens_per_gpu": c.rollout.kv_tokens_json,
+             **c.rollout.kv_gib_json(),
              "generate_s": c.times.seconds.generate,
              "step_time_s": float(c.step_time_s),
              "tokens_per_s_per_gpu": float(c.tokens_per_s_per_gpu)}

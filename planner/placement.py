@@ -316,10 +316,11 @@ class RolloutChoice:
     # at the run's first, middle and last step (planner.cost.trajectory.NODES)
     generate_at_nodes_s: tuple[float, ...]
     peak_bytes: float
-    kv_cache_tokens_per_gpu: int
+    kv_cache_tokens_per_gpu: int  # bytes where kv_in_bytes
     kv_cache_bytes: float
     concurrent_seqs: int
     fits: bool
+    kv_in_bytes: bool = False  # no K/V grows per token: the pool counts bytes
 
 
 def best_trainer(request: PlanRequest) -> TrainerChoice | None:
@@ -408,7 +409,8 @@ def rollout_choice(pool: Columns, i: int) -> RolloutChoice:
         peak_bytes=float(scalar("rollout_peak_bytes")),
         kv_cache_tokens_per_gpu=int(scalar("kv_cache_tokens_per_gpu")),
         kv_cache_bytes=float(scalar("kv_cache_bytes")),
-        concurrent_seqs=int(scalar("rollout_concurrent_seqs")), fits=bool(scalar("fits")))
+        concurrent_seqs=int(scalar("rollout_concurrent_seqs")), fits=bool(scalar("fits")),
+        kv_in_bytes=bool(scalar("kv_pool_in_bytes")))
 
 
 def best_rollout(pool: Columns) -> RolloutChoice | None:
@@ -465,6 +467,7 @@ def split_candidate(schedule: SplitSchedule, request: PlanRequest, pools: tuple[
             gpu_memory_utilization=float(rollout.layout["gpu_memory_utilization"]),
             kv_cache_tokens_per_gpu=rollout.kv_cache_tokens_per_gpu,
             kv_cache_bytes=rollout.kv_cache_bytes, concurrent_seqs=rollout.concurrent_seqs,
+            kv_in_bytes=rollout.kv_in_bytes,
             generated_tokens_per_s=generated / rollout.generate_s if generating else None),
         async_training=schedule.async_training(workload))
 

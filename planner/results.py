@@ -47,6 +47,7 @@ from planner.cost.memory import STAGES
 from planner.phases import PHASES
 from planner.search.layout import Layout
 from planner.search.rules import UNWISE_FLAGS
+from planner.units import gib, kv_pool_text
 
 # The mode a plan of layouts on every GPU reports: verl's hybrid engine (planner.modes.sync
 # registers itself under this name, the baseline the other modes are compared with).
@@ -185,26 +186,52 @@ class MemoryUsage:
         return self.working_set_bytes.of_phase(self.peak_phase)
 
 
-@dataclass(frozen=True)
-class RolloutUsage:
-    """The rollout engine beside the resident actor state (colocated)."""
+class KvPool:
+    """A rollout KV-cache pool (``kv_cache_tokens_per_gpu``) in the unit it counts: tokens of
+    the K/V that grows per token, or bytes where the model keeps none (``kv_in_bytes``: every
+    window shorter than the sequence, or attention-free)."""
 
     kv_cache_tokens_per_gpu: int
+    kv_in_bytes: bool
+
+    @property
+    def kv_tokens_json(self) -> int | None:
+        """The pool in tokens for JSON; None where it counts bytes."""
+        return None if self.kv_in_bytes else self.kv_cache_tokens_per_gpu
+
+    def kv_gib_json(self) -> dict:
+        """``{"kv_cache_gib": ...}`` where the pool counts bytes (what JSON gives instead of
+        tokens), else nothing."""
+        return {"kv_cache_gib": round(gib(self.kv_cache_tokens_per_gpu), 2)} \
+            if self.kv_in_bytes else {}
+
+    def kv_text(self, per: str = " per GPU", tokens: str = " KV tokens") -> str:
+        """The pool as printed (:func:`planner.units.kv_pool_text`)."""
+        return kv_pool_text(self.kv_cache_tokens_per_gpu, self.kv_in_bytes, per, tokens)
+
+
+@dataclass(frozen=True)
+class RolloutUsage(KvPool):
+    """The rollout engine beside the resident actor state (colocated)."""
+
+    kv_cache_tokens_per_gpu: int  # bytes where kv_in_bytes
     concurrent_seqs: int  # sequences a rank runs at once
     seqs_per_rank: int  # sequences each attention rank generates per step
     fits: bool
+    kv_in_bytes: bool = False  # no K/V grows per token: the pool counts bytes
 
 
 @dataclass(frozen=True)
-class FillGpu:
+class FillGpu(KvPool):
     """The same layout with the rollout pool grown to fill the GPU (memory band 0.70-0.95):
     what the band's headroom costs."""
 
     gpu_memory_utilization: float
-    kv_cache_tokens_per_gpu: int
+    kv_cache_tokens_per_gpu: int  # bytes where kv_in_bytes
     peak_bytes: float
     generate_s: float
     step_time_s: float
+    kv_in_bytes: bool = False  # no K/V grows per token: the pool counts bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,10 +310,11 @@ def _colocated(row: Mapping[str, Any], placement: Placement, mode: str,
                                      for part in BREAKDOWN_PARTS}),
         host_bytes_per_node=float(row["host_bytes_per_node"]),
         host_fits=bool(row["host_fits"]), phases=tuple(phases))
+    in_bytes = bool(row.get("kv_pool_in_bytes", False))
     rollout = RolloutUsage(kv_cache_tokens_per_gpu=int(row["kv_cache_tokens_per_gpu"]),
                            concurrent_seqs=int(row["rollout_concurrent_seqs"]),
                            seqs_per_rank=int(row["rollout_seqs_per_rank"]),
-                           fits=bool(row["rollout_fits"]))
+                           fits=bool(row["rollout_fits"]), kv_in_bytes=in_bytes)
     values: dict[str, Any] = {}
     if np.isfinite(float(row.get("time_generate_s_fill", np.nan))):
         values["fill_gpu"] = FillGpu(
@@ -294,7 +322,7 @@ def _colocated(row: Mapping[str, Any], placement: Placement, mode: str,
             kv_cache_tokens_per_gpu=int(row["kv_cache_tokens_per_gpu_fill"]),
             peak_bytes=float(row["peak_bytes_fill"]),
             generate_s=float(row["time_generate_s_fill"]),
-            step_time_s=_filled_step_s(row))
+            step_time_s=_filled_step_s(row), kv_in_bytes=in_bytes)
     step = float(row.get("step_time_s", np.nan))
     if not np.isnan(step):  # timed (inf: it cannot run, e.g. no KV cache for a sequence)
         values.update(step_time_s=step,
@@ -348,14 +376,15 @@ class TrainerPoolUsage(PoolUsage):
 
 
 @dataclass(frozen=True)
-class RolloutPoolUsage(PoolUsage):
+class RolloutPoolUsage(PoolUsage, KvPool):
     """The rollout pool: the engine alone on its GPUs."""
 
     gpu_memory_utilization: float = 0.0
-    kv_cache_tokens_per_gpu: int = 0
+    kv_cache_tokens_per_gpu: int = 0  # bytes where kv_in_bytes
     kv_cache_bytes: float = 0.0
     concurrent_seqs: int = 0
     generated_tokens_per_s: float | None = None  # None: the pool cannot generate
+    kv_in_bytes: bool = False  # no K/V grows per token: the pool counts bytes
 
 
 @dataclass(frozen=True)

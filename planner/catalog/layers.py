@@ -220,6 +220,19 @@ def run_lengths(layers: Iterable[LayerSpec]) -> list[tuple[LayerSpec, int]]:
     return runs
 
 
+def attended_layer(layer: LayerSpec, seq_len: int) -> LayerSpec:
+    """``layer`` as sequences of at most ``seq_len`` tokens run it: a sliding window or a chunk
+    of at least ``seq_len`` tokens masks nothing, so the layer is full attention for every cost.
+    vLLM agrees: ``SlidingWindowManager.remove_skipped_blocks`` frees the blocks before token
+    ``num_computed_tokens - sliding_window + 1`` and ``ChunkedLocalAttentionManager`` those
+    before the current chunk (``vllm/v1/core/single_type_kv_cache_manager.py``), none of a
+    sequence within its window, which keeps a page per ``block_size`` tokens as full attention
+    does; the attention kernel's window masks no key."""
+    if layer.mixer.is_windowed and layer.window >= seq_len:
+        return LayerSpec(MixerKind.FULL, layer.mlp)
+    return layer
+
+
 def mixer_counts(layers: Iterable[LayerSpec]) -> dict[str, int]:
     """Layers per mixer kind, e.g. ``{"linear_attention": 36, "full_attention": 12}``."""
     return dict(Counter(layer.mixer.value for layer in layers))

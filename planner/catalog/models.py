@@ -17,8 +17,8 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from dataclasses import asdict, dataclass, fields
-from functools import cache, cached_property
+from dataclasses import asdict, dataclass, fields, replace
+from functools import cache, cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -31,6 +31,7 @@ from planner.catalog.layers import (
     MixerKind,
     MlpKind,
     VisionTowerSpec,
+    attended_layer,
     layer_summary,
     mixer_counts,
     run_lengths,
@@ -277,6 +278,26 @@ def _homogeneous(layers) -> bool:
         return False
     first_moe = mlps.index(MlpKind.MOE) if MlpKind.MOE in mlps else len(mlps)
     return all(mlp is MlpKind.MOE for mlp in mlps[first_moe:])
+
+
+@lru_cache(maxsize=64)
+def model_at_length(model: ModelSpec, seq_len: int) -> ModelSpec:
+    """``model`` as sequences of at most ``seq_len`` tokens run it: every sliding-window or
+    chunked layer whose window holds the whole sequence becomes full attention
+    (:func:`planner.catalog.layers.attended_layer`); ``model`` itself when none does.  Cached:
+    a request asks once per workload, a sizing sweep many times for the same few."""
+    layers = tuple(attended_layer(layer, seq_len) for layer in model.layers)
+    return model if layers == model.layers else replace(model, layers=layers)
+
+
+def windows_within(given: ModelSpec, costed: ModelSpec) -> str:
+    """What :func:`model_at_length` turned to full attention, as printed (``32
+    sliding_attention(4096)``); empty when nothing."""
+    turned = [layer for layer, now in zip(given.layers, costed.layers) if layer != now
+              and layer.mixer.is_windowed]
+    if not turned:
+        return ""
+    return layer_summary(turned).split(";")[0].strip()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from planner.catalog.hardware import (
     get_gpu,
     gpu_from_detected,
 )
+from planner.catalog.models import model_at_length, windows_within
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cli import notes
 from planner.cli.args import UsageError
@@ -224,7 +225,27 @@ def check_workload_flags(args) -> None:
 def workload(args, model=None):
     """The workload of the flags; a GRPO step's response lengths as
     :func:`response_lengths` states them (``model``: the resolved model, whose name picks the
-    default's kind of job)."""
+    default's kind of job, and whose windows that hold every sequence a note names)."""
+    made = _flags_workload(args, model)
+    if model is not None:
+        window_note(model, made)
+    return made
+
+
+def window_note(model, work) -> None:
+    """Say which windowed layers a plan of ``work`` costs as full attention: their window holds
+    every sequence (:func:`planner.catalog.models.model_at_length`, which the request
+    applies)."""
+    costed = model_at_length(model, work.sequence_length)
+    if costed is model:
+        return
+    notes.note(f"{windows_within(model, costed)} layers of {model.name}: every "
+               f"{work.sequence_length:,}-token sequence (prompt + response) fits in the "
+               f"window, so they are costed as full attention (vLLM frees none of their pages "
+               f"and masks no key)")
+
+
+def _flags_workload(args, model=None):
     check_workload_flags(args)
     if args.workload == "pretrain":
         return PretrainWorkload(seq_len=args.seq_len, global_batch=args.global_batch,

@@ -59,7 +59,13 @@ SCHEMA = {
     "peak_stage": "index into cost.memory.STAGES of the pipeline rank that sets the peak",
     "memory_utilization": "peak_bytes / GPU memory",
     "kv_cache_bytes": "rollout KV cache per GPU",
-    "kv_cache_tokens_per_gpu": "tokens the KV cache of one GPU holds",
+    "kv_cache_tokens_per_gpu": "tokens the KV cache of one GPU holds, in tokens of the K/V "
+                               "that grows per token (full attention, MLA); bytes where the "
+                               "model keeps none (kv_pool_in_bytes)",
+    "kv_pool_in_bytes": "bool: the model keeps no K/V that grows per token (every "
+                        "sliding/chunked window shorter than the sequence, or attention-free): "
+                        "kv_cache_tokens_per_gpu and kv_state_tokens_per_seq count bytes, and "
+                        "reports print the pool in GiB",
     "kv_state_tokens_per_seq": "what a sequence keeps beside its growing K/V (window pages, "
                                "Gated DeltaNet/Mamba state pages, hybrid page rounding), in "
                                "tokens of that K/V; 0 for full attention",
@@ -77,7 +83,8 @@ SCHEMA = {
     "unwise_count": "number of unwise flags set",
     "gpu_memory_utilization_fill": "the rollout pool's gpu_memory_utilization were the GPU "
                                    "filled (memory band 0.70-0.95), same layout",
-    "kv_cache_tokens_per_gpu_fill": "KV-cache tokens per GPU at that pool",
+    "kv_cache_tokens_per_gpu_fill": "KV-cache tokens per GPU at that pool (bytes where "
+                                    "kv_pool_in_bytes)",
     "time_generate_s_fill": "seconds of generation at that pool",
     "peak_bytes_fill": "nvidia-smi peak at that pool",
     **{memory_column(phase): f"nvidia-smi peak bytes per GPU in {phase} (reserved pool, "

@@ -708,7 +708,10 @@ def sequence_state_tokens(model: ModelSpec, cols: Columns, workload, seq_len) ->
     Gated DeltaNet and Mamba-2 layers, and the page rounding of the growing K/V where vLLM's
     hybrid alignment enlarged the block beyond its 16 tokens (``kv_cache_layout``).  Zero for
     a model of full-attention/MLA layers only (its rounding to 16-token pages, under 0.2% of an
-    8K sequence, is left out as before)."""
+    8K sequence, is left out as before).  A model with no growing K/V (every window shorter
+    than the sequence, or attention-free) counts the pool and the state in bytes
+    (``kv_pool_in_bytes``); a window that holds the sequence is full attention already
+    (:func:`planner.catalog.models.model_at_length`, applied by the request)."""
     if kv_grows_only(model):
         return np.zeros(len(cols["rollout_tp"]))
 
@@ -1344,6 +1347,9 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
         "rollout_working_bytes": weights + reserve + np.minimum(kv_in_use, kv_cache),
         "kv_cache_bytes": kv_cache,
         "kv_cache_tokens_per_gpu": kv_tokens,
+        # no K/V grows per token (every window shorter than the sequence, or attention-free):
+        # the pool above, and every sequence's state, count bytes (sequence_state_tokens)
+        "kv_pool_in_bytes": np.zeros(np.shape(kv_tokens), dtype=bool) | (model.kv_layers == 0),
         "rollout_concurrent_seqs": concurrent,
         "rollout_seqs_per_rank": _f(seqs_per_attention_rank),
         # Rounds of generation a rank needs when its sequences exceed what runs at once.

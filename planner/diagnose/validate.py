@@ -265,13 +265,21 @@ def memory_findings(estimate, policy: MemoryPolicy = DEFAULT_POLICY) -> list:
     share = c.memory.utilization
     out = []
     # one whole sequence: its growing K/V plus what it keeps beside them (window pages,
-    # Gated DeltaNet/Mamba state pages, in K/V-token units: planner.cost.memory)
+    # Gated DeltaNet/Mamba state pages, in K/V-token units: planner.cost.memory; in bytes for
+    # a model with no growing K/V, whose pool counts bytes too)
     state = int(round(float(estimate.row.get("kv_state_tokens_per_seq", 0.0))))
-    seq = estimate.workload.sequence_length + state
-    if c.rollout.kv_cache_tokens_per_gpu < seq:
-        out.append(Finding("memory", f"rollout KV cache holds {c.rollout.kv_cache_tokens_per_gpu}"
-                           f" tokens per GPU, less than one {seq}-token sequence"
-                           + (f" (with its {state}-token fixed state)" if state else "")
+    if c.rollout.kv_in_bytes:
+        holds = f"{c.rollout.kv_cache_tokens_per_gpu / GIB:.2f} GiB per GPU"
+        needs = f"one sequence's {state / GIB:.2f} GiB of pages"
+        short = c.rollout.kv_cache_tokens_per_gpu < state
+    else:
+        seq = estimate.workload.sequence_length + state
+        holds = f"{c.rollout.kv_cache_tokens_per_gpu} tokens per GPU"
+        needs = f"one {seq}-token sequence" + (f" (with its {state}-token fixed state)"
+                                               if state else "")
+        short = c.rollout.kv_cache_tokens_per_gpu < seq
+    if short:
+        out.append(Finding("memory", f"rollout KV cache holds {holds}, less than {needs}"
                            + ": raise "
                            f"actor_rollout_ref.rollout.gpu_memory_utilization "
                            f"({estimate.layout.gpu_memory_utilization}) or the rollout TP",

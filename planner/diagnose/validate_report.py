@@ -98,7 +98,9 @@ def render_text(report: dict) -> str:
                   f"rollout pool: vLLM alone at gpu_memory_utilization "
                   f"{rollout['gpu_memory_utilization']}: peak {rollout['peak_memory_gib']:.2f} "
                   f"GiB ({100 * rollout['memory_utilization']:.0f}%), "
-                  f"{rollout['kv_cache_tokens_per_gpu']:,} KV tokens per GPU"]
+                  + (f"{rollout['kv_cache_gib']:.2f} GiB KV cache per GPU"
+                     if rollout["kv_cache_tokens_per_gpu"] is None
+                     else f"{rollout['kv_cache_tokens_per_gpu']:,} KV tokens per GPU")]
     elif memory:
         band, memory = memory["memory_band"], exact_of(memory)  # each figure rounded once
         lines += ["", f"predicted {PEAK_NAME} {memory['peak_memory_gib']:.2f} GiB "

@@ -194,7 +194,7 @@ def _pool_lines(c: SplitCandidate, capacity_gib: float, policy: MemoryPolicy) ->
         f"({100 * rollout_share:.0f}%, vLLM's pool) at gpu_memory_utilization "
         f"{setting(rollout.gpu_memory_utilization):.2f}"
         f"{'' if rollout.fits else ' - does NOT fit'}"
-        f"; {rollout.kv_cache_tokens_per_gpu:,} KV tokens per GPU, "
+        f"; {rollout.kv_text()}, "
         f"{rollout.concurrent_seqs} sequences at once, generate "
         f"{_seconds(_exact(times.generate))} s ({_rate(generated)} generated tokens/s)",
         "param sync    " + "  ".join(f"{part} {_seconds(_exact(value))}"

@@ -165,14 +165,13 @@ def headroom_lines(plan, fill_plan=None) -> list[str]:
     lines = [head]
     filled = best.fill_gpu
     util = best.layout.gpu_memory_utilization
-    kv = best.rollout.kv_cache_tokens_per_gpu
     if filled and not policy.fills_gpu:
         if setting(filled.gpu_memory_utilization) > util:
             lines.append(
                 f"cost of the headroom, same layout: rollout gpu_memory_utilization {util:.2f} "
-                f"holds {kv:,} KV tokens/GPU; filling the GPU, "
+                f"holds {best.rollout.kv_text('/GPU')}; filling the GPU, "
                 f"{setting(filled.gpu_memory_utilization):.2f} would hold "
-                f"{filled.kv_cache_tokens_per_gpu:,} ({PEAK_NAME} "
+                f"{filled.kv_text('', '')} ({PEAK_NAME} "
                 f"{filled.peak_bytes / GIB:.1f} GiB): generate "
                 f"{float(best.times.seconds.generate):.1f} s -> "
                 f"{float(filled.generate_s):.1f} s, step "
@@ -181,7 +180,7 @@ def headroom_lines(plan, fill_plan=None) -> list[str]:
             lines.append(
                 f"cost of the headroom, same layout: none in generation -- rollout "
                 f"gpu_memory_utilization {util:.2f} already holds the KV cache of every "
-                f"sequence a rank runs at once ({kv:,} tokens/GPU, "
+                f"sequence a rank runs at once ({best.rollout.kv_text('/GPU', ' tokens')}, "
                 f"{best.rollout.concurrent_seqs} sequences); filling the GPU would not "
                 f"speed it up")
     if fill_plan is not None and fill_plan.fitting_count:
@@ -208,7 +207,9 @@ def verl_mfu_note(model) -> str:
 
 def layer_kinds_text(model) -> str:
     """`` (30 linear_attention + 10 full_attention)`` for a model whose layers are not all
-    full attention / MLA; empty for a transformer (its model line as before).  Layers without
+    full attention / MLA; empty for a transformer (its model line as before).  The plan passes
+    the model as named: windows that hold every sequence, costed as full attention, keep their
+    names here (a note says how they were costed).  Layers without
     a mixer (Nemotron-H's MLP / MoE blocks) are named by their feed-forward kind, so the
     counts add up to the model's layers: ``(23 mamba2 + 6 full_attention + 23 moe-only)``."""
     if all(layer.mixer.kv_grows for layer in model.layers):
@@ -236,7 +237,8 @@ def plan_table(plan, top: int, fill_plan=None) -> str:
     p = model.params
     head = [
         f"model    {model.name}: {p.total / 1e9:.2f}B params ({p.active / 1e9:.2f}B active), "
-        f"{model.num_layers} layers{layer_kinds_text(model)}, hidden {model.hidden_size}"
+        f"{model.num_layers} layers{layer_kinds_text(plan.request.given_model or model)}, "
+        f"hidden {model.hidden_size}"
         + (f", {model.num_experts} experts top-{model.moe_top_k}" if model.is_moe else ""),
         f"cluster  {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpu.memory_gib:.1f} GiB), "
         f"{cluster.gpus_per_node} per node",
@@ -334,7 +336,7 @@ def unfit_reasons(estimate) -> list[str]:
     if "generate" in estimate.workload.phases and not c.rollout.fits:
         reasons.append(f"but the rollout pool at gpu_memory_utilization "
                        f"{setting(estimate.layout.gpu_memory_utilization):.2f} holds "
-                       f"{c.rollout.kv_cache_tokens_per_gpu:,} KV tokens per GPU, not one "
+                       f"{c.rollout.kv_text()}, not one "
                        f"{estimate.workload.sequence_length:,}-token sequence (raise "
                        f"--gpu-memory-utilization)")
     if not c.memory.host_fits:
@@ -403,15 +405,15 @@ def estimate_text(estimate) -> str:
                                            if "generate" in phases or part not in ROLLOUT_PARTS),
     ]
     if "generate" in phases:
-        lines.append(f"rollout:            {rollout.kv_cache_tokens_per_gpu:,} KV "
-                     f"tokens per GPU, {rollout.concurrent_seqs} sequences at once, "
+        lines.append(f"rollout:            {rollout.kv_text()}, "
+                     f"{rollout.concurrent_seqs} sequences at once, "
                      f"{rollout.seqs_per_rank} per rank" + empty_pool_text(estimate))
         filled = c.fill_gpu
         if filled and setting(filled.gpu_memory_utilization) \
                 > estimate.layout.gpu_memory_utilization:
             lines.append(f"filling the GPU:    gpu_memory_utilization "
                          f"{setting(filled.gpu_memory_utilization):.2f}, "
-                         f"{filled.kv_cache_tokens_per_gpu:,} KV tokens per GPU, {PEAK_NAME} "
+                         f"{filled.kv_text()}, {PEAK_NAME} "
                          f"{gib(filled.peak_bytes):.2f} GiB: generate "
                          f"{c.times.seconds.generate:.2f} -> "
                          f"{filled.generate_s:.2f} s, step "

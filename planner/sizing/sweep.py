@@ -32,7 +32,7 @@ from planner.search.space import SearchOptions
 from planner.sizing.best_per_count import CountResult, best_layout
 from planner.sizing.counts import AUTO_MAX_GPUS, GpuCounts, auto_counts
 from planner.sizing.prices import PriceTable
-from planner.units import GIB, SECONDS_PER_HOUR
+from planner.units import GIB, SECONDS_PER_HOUR, kv_pool_text
 
 DEFAULT_STEPS = 100  # a round number for the run figures when neither --steps nor --epochs
 DEFAULT_MIN_SCALING = 1.5  # the speed-up a doubling of GPUs must bring to be worth it
@@ -165,9 +165,10 @@ def _blocked(result: CountResult) -> Blocked:
     if peak > capacity:
         reason = f"{phase} needs {peak:.1f} GiB per GPU of {capacity:.1f} GiB"
     elif not bool(row["rollout_fits"]):
-        reason = (f"generate: the rollout's KV cache cannot hold one "
-                  f"{int(_plain(row['kv_cache_tokens_per_gpu'])):,}-token sequence beside the "
-                  f"resident state ({peak:.1f} GiB of {capacity:.1f} GiB)")
+        pool = kv_pool_text(_plain(row["kv_cache_tokens_per_gpu"]),
+                            bool(_plain(row.get("kv_pool_in_bytes", False))), "")
+        reason = (f"generate: the rollout's KV cache ({pool}) cannot hold one sequence "
+                  f"beside the resident state ({peak:.1f} GiB of {capacity:.1f} GiB)")
         phase = "generate"
     else:
         host = float(row["host_bytes_per_node"]) / GIB

@@ -21,7 +21,7 @@ from planner.placement import (
     ROLLOUT_RESIDENT_BYTES,
     trainer_memory,
 )
-from planner.units import GIB
+from planner.units import GIB, kv_pool_text
 from planner.verl.findings import Finding
 from planner.verl.keys import ROLLOUT, get
 
@@ -67,11 +67,14 @@ def pool_memory(request: PlanRequest, pools: Pools, layout) -> tuple[dict, list]
                                 f"above {100 * policy.high:.0f}% of {capacity / GIB:.1f} GiB",
                                 (), "warning"))
     kv = int(rollout["kv_cache_tokens_per_gpu"][0])
+    in_bytes = bool(rollout["kv_pool_in_bytes"][0])  # no growing K/V: the pool counts bytes
+    one_sequence = (f"{float(rollout['kv_state_tokens_per_seq'][0]) / GIB:.2f} GiB of pages"
+                    if in_bytes else workload.sequence_length)
     if not bool(rollout["rollout_fits"][0]):
         findings.append(Finding("memory", f"rollout pool will not fit: vLLM at "
                                 f"gpu_memory_utilization {layout.gpu_memory_utilization} holds "
-                                f"{kv} KV tokens per GPU (one sequence needs "
-                                f"{workload.sequence_length}) and peaks at "
+                                f"{kv_pool_text(kv, in_bytes, ' per GPU')} (one sequence "
+                                f"needs {one_sequence}) and peaks at "
                                 f"{rollout_peak / GIB:.1f} GiB of {capacity / GIB:.1f}",
                                 (f"{ROLLOUT}.gpu_memory_utilization",)))
     report = {
@@ -83,7 +86,8 @@ def pool_memory(request: PlanRequest, pools: Pools, layout) -> tuple[dict, list]
         "rollout": {"gpus": pools.rollout.num_gpus, "peak_memory_gib": gib(rollout_peak),
                     "memory_utilization": fraction(rollout_peak / capacity),
                     "gpu_memory_utilization": layout.gpu_memory_utilization,
-                    "kv_cache_tokens_per_gpu": kv,
+                    "kv_cache_tokens_per_gpu": None if in_bytes else kv,
+                    **({"kv_cache_gib": gib(kv)} if in_bytes else {}),
                     "concurrent_seqs": int(rollout["rollout_concurrent_seqs"][0])},
     }
     return report, findings

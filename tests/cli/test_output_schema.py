@@ -112,3 +112,23 @@ def test_a_starved_pipeline_estimate_follows_the_schema(capsys):
     data = output(capsys, "estimate", *QWEN, "--gpus", "16", "--train-batch-size", "2",
                   "--mini-batch-size", "2", "--rollout-n", "1", "--tp", "2", "--pp", "4")
     assert data["pipeline_starved"]["pipeline_stages"] == 4 and errors(data, "estimate") == []
+
+
+def test_a_pool_that_counts_bytes_follows_the_schema(capsys, tmp_path):
+    # every layer sliding (window 4096) and sequences of 8192 tokens: no K/V grows per token,
+    # so the pool is given in GiB and its token count is null (plan and a split mode's pools)
+    config = {"model_type": "mistral", "sliding_window": 4096, "num_hidden_layers": 32,
+              "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "head_dim": 128, "vocab_size": 32000, "intermediate_size": 14336}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    lengths = ("--prompt-length", "4096", "--response-length", "4096")
+    data = output(capsys, "--model", str(tmp_path), "--gpu-type", "h100", "--gpus", "16",
+                  *lengths, "--top", "2")
+    rollout = data["candidates"][0]["rollout"]
+    assert rollout["kv_cache_tokens_per_gpu"] is None and rollout["kv_cache_gib"] > 0
+    assert errors(data, "plan") == []
+    data = output(capsys, "--model", str(tmp_path), "--gpu-type", "h100", "--gpus", "32",
+                  *lengths, "--mode", "one-step-off", "--top", "1")
+    pool = data["candidates"][0]["pools"]["rollout"]
+    assert pool["kv_cache_tokens_per_gpu"] is None and pool["kv_cache_gib"] > 0
+    assert errors(data, "modePlan") == []
