@@ -432,8 +432,6 @@ class Head:
     count_ties: bool = True
 
 
-# the expected step time of every fitting row, a moving length's Head's (score_rows)
-EXPECTED = "expected_step_s"
 # the memory and flag columns a ranking reads of every row (planner.ranking, make_plan)
 RANKING_COLUMNS = ("fits", "peak_bytes", "memory_utilization", flag_column("memory_tight"),
                    "unwise_count")
@@ -480,15 +478,13 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     after them is left untimed too (:func:`_rows_that_can_lead`).
 
     With a :class:`Head`, the rows are scored :data:`SCORE_CHUNK_ROWS` at a time (memory,
-    flags, and for a moving length the expected step time of those that fit: the step time
-    alone at each point of the run, :func:`_expected_s`), and of each chunk only what the
-    ranking reads is kept (:data:`RANKING_COLUMNS`, the expected step time): the memory
-    columns of millions of rows are never held at once.  The rows that can lead keep that
-    step time (the ranking's; a constant length's are timed a quarter chunk at a time,
-    :func:`_pieces`, keeping their step time alone).  The other columns, time columns
-    included, are computed again for the rows a caller takes (:attr:`ScoredRows.rest`).
-    Each row's columns are its own alone, so the values are those of one pass over every
-    row.
+    flags, and the expected step time of those that fit: the step time alone at each point
+    of the run, :func:`_expected_s`), and of each chunk only what the ranking reads is kept
+    (:data:`RANKING_COLUMNS`, the expected step time): the memory columns of millions of rows
+    are never held at once.  The rows that can lead keep that step time (the ranking's).
+    The other columns, time columns included, are computed again for the rows a caller takes
+    (:attr:`ScoredRows.rest`).  Each row's columns are its own alone, so the values are those
+    of one pass over every row.
     """
     if isinstance(time_rows, str) and time_rows not in ("all", "fitting"):
         raise ValueError(f"time_rows {time_rows!r}: valid are 'all', 'fitting' or a Head")
@@ -497,7 +493,6 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     n = len(cols["tp"])
     size = max(n if head is None else SCORE_CHUNK_ROWS, 1)  # no rows: one empty pass
     whole = size >= n
-    moving = head is not None and _moving(request)
     kept, timed_parts, expected_parts, memory_names = [], [], [], None
     flags = {flag_column(name) for name in UNWISE_FLAGS} | {"unwise_count"}
     for start in range(0, max(n, 1), size):
@@ -508,11 +503,11 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
                  else np.asarray(out["fits"]).astype(bool))
         timed_parts.append(timed)
         kept.append(out if whole else {name: out[name] for name in RANKING_COLUMNS})
-        if moving:
-            # every layout that fits: its expected step time alone, each piece's step groups
+        if head is not None:
+            # every layout that fits: its expected step time alone, the chunk's step groups
             # found once for the three points of the run; the head is found from it
-            expected_parts.append(_pieces(np.flatnonzero(timed), lambda rows, out=out: {
-                EXPECTED: _expected_s(request, RowsAt(out, rows))}, (EXPECTED,))[1][EXPECTED])
+            expected_parts.append(_expected_s(request, out if timed.all()
+                                              else RowsAt(out, np.flatnonzero(timed))))
     timed = timed_parts[0] if whole else np.concatenate(timed_parts)
     untimed = kept[0] if whole else {**cols, **{name: np.concatenate([part[name] for part in kept])
                                                for name in RANKING_COLUMNS}}
@@ -524,8 +519,8 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
         return _columns_at(request, cols, actor, index, pick_utilization)
 
     index = np.flatnonzero(timed)  # once for every column (a mask would be scanned per column)
-    expected = None  # the kept rows' expected step time, when a moving head found it
-    if moving:
+    expected = None  # the kept rows' expected step time, when a head found it
+    if head is not None:
         expected = np.concatenate(expected_parts)
         leads = _rows_that_can_lead(
             request, expected, head,
@@ -540,15 +535,12 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
         times = _step_over_run(request, rows_at(index))
         time_names = list(times)
     else:
-        # the step time the ranking reads: a moving head's found in the chunks (the same
-        # operations on the same values: the same numbers), else timed a piece at a time;
-        # the other time columns are computed again for the rows taken (``rest``; their names
-        # from a step of no rows)
-        time_names, times = _pieces(index if expected is None else index[:0],
-                                    lambda rows: _step_over_run(request, rows_at(rows)),
-                                    ("step_time_s",))
-        if expected is not None:
-            times = {"step_time_s": expected}
+        # (a head's) the step time the ranking reads is the kept rows' expected step time,
+        # found in the chunks (the same operations on the same values: the same numbers); the
+        # other time columns are computed again for the rows taken (``rest``; their names from
+        # a step of no rows)
+        time_names = list(_step_over_run(request, rows_at(index[:0])))
+        times = {"step_time_s": expected}
 
         def rest(rows: np.ndarray) -> Mapping:
             """Every column of the rows ``rows``, the time columns of the timed ones among them
@@ -565,30 +557,15 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     return ScoredRows(untimed, dict(times), timed, tuple(dict.fromkeys(names)), rest)
 
 
-def _pieces(index: np.ndarray, compute: Callable[[np.ndarray], Mapping],
-            keep: tuple[str, ...]) -> tuple[list[str], Columns]:
-    """``compute(rows)`` on consecutive pieces of ``index`` of a quarter of
-    :data:`SCORE_CHUNK_ROWS` rows each (once on no rows when ``index`` is empty), keeping of
-    each piece the columns ``keep`` alone: the names of every column, and the kept ones of
-    every row of ``index``.  The step's some 45 time columns at three points of the run are
-    never held for every timed row at once.  A row's columns are its own alone, so the
-    values are those of one call on every row."""
-    piece = max(SCORE_CHUNK_ROWS // 4, 1)
-    names, parts = None, []
-    for start in range(0, max(len(index), 1), piece):
-        columns = compute(index[start:start + piece])
-        names = list(columns) if names is None else names
-        parts.append({name: np.asarray(columns[name]) for name in keep})
-    return names, {name: np.concatenate([part[name] for part in parts]) for name in keep}
-
-
 def _expected_s(request: PlanRequest, subset: Mapping) -> np.ndarray:
     """The run's expected step time of the rows ``subset`` alone (``step_time_s`` of
-    :func:`_step_over_run`, the same sum of the same values), the groups found once for
-    every point, and the step time alone computed at each (:func:`planner.cost.timing.step_time_s`,
-    whose operations are those of :func:`planner.cost.timing.step_columns`: the same number
-    to the bit)."""
-    groups = StepGroups.of(subset, subset)
+    :func:`_step_over_run`, the same sum of the same values; a length that does not move: its
+    one point's), the groups found once for every point and the step time alone computed at
+    each (:func:`planner.cost.timing.step_time_s`, whose operations are those of
+    :func:`planner.cost.timing.step_columns`: the same number to the bit)."""
+    groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
+    if not _moving(request):  # one point: its step time
+        return step_time_s(request, subset, subset, groups)
     return expected_over_run([step_time_s(request_at(request, point), subset, subset, groups)
                               for point in node_lengths(request.workload.lengths)])
 
