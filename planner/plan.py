@@ -504,10 +504,13 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
         timed_parts.append(timed)
         kept.append(out if whole else {name: out[name] for name in RANKING_COLUMNS})
         if head is not None:
-            # every layout that fits: its expected step time alone, the chunk's step groups
-            # found once for the three points of the run; the head is found from it
-            expected_parts.append(_expected_s(request, out if timed.all()
-                                              else RowsAt(out, np.flatnonzero(timed))))
+            # every layout that fits: its expected step time alone, a quarter chunk at a time
+            # (each piece's step groups found once for the three points of the run: the
+            # step's arrays of a whole chunk would raise the peak); the head is found from it
+            fitting = np.flatnonzero(timed)
+            piece = max(SCORE_CHUNK_ROWS // 4, 1)
+            expected_parts += [_expected_s(request, RowsAt(out, fitting[at:at + piece]))
+                               for at in range(0, len(fitting), piece)]
     timed = timed_parts[0] if whole else np.concatenate(timed_parts)
     untimed = kept[0] if whole else {**cols, **{name: np.concatenate([part[name] for part in kept])
                                                for name in RANKING_COLUMNS}}
@@ -521,7 +524,7 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     index = np.flatnonzero(timed)  # once for every column (a mask would be scanned per column)
     expected = None  # the kept rows' expected step time, when a head found it
     if head is not None:
-        expected = np.concatenate(expected_parts)
+        expected = np.concatenate([np.zeros(0), *expected_parts])
         leads = _rows_that_can_lead(
             request, expected, head,
             {"memory_tight": untimed[flag_column("memory_tight")][timed],
