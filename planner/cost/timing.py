@@ -757,6 +757,10 @@ class DistinctRows:
         return {name: values[self.inverse] if np.ndim(values) == 1 else values
                 for name, values in out.items()}
 
+    def spread_one(self, values):
+        """One column of :attr:`rows` over every row (:meth:`spread`'s)."""
+        return self.spread({"values": values})["values"]
+
 
 @dataclass(frozen=True)
 class StepGroups:
@@ -828,14 +832,12 @@ def grpo_step_time_s(request: PlanRequest, cols: Columns, memory: Columns,
     """:func:`grpo_step`'s ``step_time_s`` alone: each pass's total computed on its group's
     distinct rows and spread, none of the breakdown columns -- the same operations on the
     same values, so the same numbers to the bit (tests/cost/test_step_groups.py)."""
+    few = groups.generate.rows
     totals = {
-        "log_prob": groups.log_prob.spread(
-            {"t": log_prob_phase_s(request, groups.log_prob.rows)["total_s"]})["t"],
-        "update": groups.update.spread(
-            {"t": update_phase_s(request, groups.update.rows)["total_s"]})["t"],
-        "generate": groups.generate.spread(
-            {"t": generate_s(request, groups.generate.rows, groups.generate.rows)["total_s"]}
-        )["t"],
+        "log_prob": groups.log_prob.spread_one(
+            log_prob_phase_s(request, groups.log_prob.rows)["total_s"]),
+        "update": groups.update.spread_one(update_phase_s(request, groups.update.rows)["total_s"]),
+        "generate": groups.generate.spread_one(generate_s(request, few, few)["total_s"]),
         "weight_sync": weight_sync_s(request, cols)["total_s"]}
     n = len(cols["tp"])
     return sum(_phase_times(request, totals, _offload_trips(request, cols, memory), n).values())
