@@ -25,7 +25,6 @@ import numpy as np
 from planner.cost.columns import (
     flag_column,
     memory_column,
-    time_column,
 )
 from planner.cost.memory import (
     actor_memory,
@@ -38,9 +37,8 @@ from planner.cost.memory import (
     rollout_memory,
 )
 from planner.cost.request import OfRequest, PlanRequest
-from planner.cost.timing import StepGroups, generate_s, step_columns
+from planner.cost.timing import StepGroups, generate_s, step_columns, step_time_s
 from planner.cost.trajectory import (
-    WEIGHTS,
     expected_over_run,
     node_lengths,
     request_at,
@@ -429,15 +427,11 @@ class Head:
     # also the fastest layout inside the memory band and every layout ranked before it
     # (:func:`planner.ranking.fastest_in_band`: what the text table reads beyond the head)
     band_fastest: bool = False
-    # False: every fitting row's expected step time is found first (in the chunks, three
-    # points of the run, nothing else kept), and of the ties only those that can be among the
-    # first ``rows`` are timed fully (their count is then not known:
-    # :func:`planner.first_ties.rows_for_first_ties`)
+    # False: of the ties only those that can be among the first ``rows`` are kept (their
+    # count is then not known: :func:`planner.first_ties.rows_for_first_ties`)
     count_ties: bool = True
 
 
-# the expected step time of every fitting row, when a Head that counts no ties asks for it
-EXPECTED = "expected_step_s"
 # the memory and flag columns a ranking reads of every row (planner.ranking, make_plan)
 RANKING_COLUMNS = ("fits", "peak_bytes", "memory_utilization", flag_column("memory_tight"),
                    "unwise_count")
@@ -480,18 +474,17 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     memory band's top instead of reading it from ``cols``.  ``time_rows``: which rows get time
     columns (the others' are NaN) -- ``"all"``; ``"fitting"``, the layouts that fit in memory (a
     plan ranks the others by memory alone); a :class:`Head`, of those only the ones that can be
-    in it, for a caller that reads no further: a layout whose expected step time provably ranks
-    it after them is left untimed too (:func:`_rows_that_can_lead`).
+    in it, for a caller that reads no further: a layout whose expected step time ranks it
+    after them is left untimed too (:func:`_rows_that_can_lead`).
 
     With a :class:`Head`, the rows are scored :data:`SCORE_CHUNK_ROWS` at a time (memory,
-    flags, and the middle of the run's step time of those that fit), and of each chunk only
-    what the ranking and the pruning read is kept (:data:`RANKING_COLUMNS`, the step time
-    and the weight sync's time at the middle of the run): the memory columns of millions of
-    rows are never held at once.  The rows that can lead are timed at every point a quarter
-    chunk at a time (:func:`_pieces`), keeping their step time alone (the ranking's).  The
-    other columns, time columns included, are computed again for the rows timed at every
-    point and for those a caller takes (:attr:`ScoredRows.rest`).  Each row's columns are
-    its own alone, so the values are those of one pass over every row.
+    flags, and the expected step time of those that fit: the step time alone at each point
+    of the run, :func:`_expected_s`), and of each chunk only what the ranking reads is kept
+    (:data:`RANKING_COLUMNS`, the expected step time): the memory columns of millions of rows
+    are never held at once.  The rows that can lead keep that step time (the ranking's).
+    The other columns, time columns included, are computed again for the rows a caller takes
+    (:attr:`ScoredRows.rest`).  Each row's columns are its own alone, so the values are those
+    of one pass over every row.
     """
     if isinstance(time_rows, str) and time_rows not in ("all", "fitting"):
         raise ValueError(f"time_rows {time_rows!r}: valid are 'all', 'fitting' or a Head")
@@ -500,9 +493,7 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     n = len(cols["tp"])
     size = max(n if head is None else SCORE_CHUNK_ROWS, 1)  # no rows: one empty pass
     whole = size >= n
-    moving = head is not None and _moving(request)
-    middle_at = _middle_request(request) if moving else None
-    kept, timed_parts, middles, memory_names = [], [], [], None
+    kept, timed_parts, expected_parts, memory_names = [], [], [], None
     flags = {flag_column(name) for name in UNWISE_FLAGS} | {"unwise_count"}
     for start in range(0, max(n, 1), size):
         out = _columns_at(request, cols, actor, slice(start, start + size), pick_utilization)
@@ -512,19 +503,14 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
                  else np.asarray(out["fits"]).astype(bool))
         timed_parts.append(timed)
         kept.append(out if whole else {name: out[name] for name in RANKING_COLUMNS})
-        if moving:
-            # every layout that fits timed at the middle of the run (the pruning's bound)
+        if head is not None:
+            # every layout that fits: its expected step time alone, a quarter chunk at a time
+            # (each piece's step groups found once for the three points of the run: the
+            # step's arrays of a whole chunk would raise the peak); the head is found from it
             fitting = np.flatnonzero(timed)
-            if not head.count_ties:
-                # or at every point, of which the expected step time alone is kept: the head
-                # is then found from every row's own (the bound is the value)
-                middles.append(_pieces(fitting, lambda rows, out=out: {
-                    EXPECTED: _expected_s(request, RowsAt(out, rows))}, (EXPECTED,))[1])
-            elif whole:
-                middles.append(_step_at(middle_at, out if timed.all() else RowsAt(out, fitting)))
-            else:  # a piece at a time, keeping the two columns the pruning reads
-                middles.append(_pieces(fitting, lambda rows, out=out: _step_at(
-                    middle_at, RowsAt(out, rows)), MIDDLE_COLUMNS)[1])
+            piece = max(SCORE_CHUNK_ROWS // 4, 1)
+            expected_parts += [_expected_s(request, RowsAt(out, fitting[at:at + piece]))
+                               for at in range(0, len(fitting), piece)]
     timed = timed_parts[0] if whole else np.concatenate(timed_parts)
     untimed = kept[0] if whole else {**cols, **{name: np.concatenate([part[name] for part in kept])
                                                for name in RANKING_COLUMNS}}
@@ -536,31 +522,28 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
         return _columns_at(request, cols, actor, index, pick_utilization)
 
     index = np.flatnonzero(timed)  # once for every column (a mask would be scanned per column)
-    known = None  # (point of the run, the timed rows' step columns there) when already computed
-    if moving:
-        middle = middles[0] if whole else {
-            name: np.concatenate([part[name] for part in middles]) for name in middles[0]}
-        expected = middle.get(EXPECTED)
+    expected = None  # the kept rows' expected step time, when a head found it
+    if head is not None:
+        expected = np.concatenate([np.zeros(0), *expected_parts])
         leads = _rows_that_can_lead(
-            request, (lambda rows: expected[rows]) if expected is not None
-            else lambda rows: _expected_s(request, rows_at(index[rows])), middle, head,
+            request, expected, head,
             {"memory_tight": untimed[flag_column("memory_tight")][timed],
              "fraction": untimed["memory_utilization"][timed], "rows": RowsAt(untimed, index)})
         timed[timed] = leads
         index = np.flatnonzero(timed)
-        if whole and expected is None:
-            known = (middle_at, {name: values[leads] if np.ndim(values) else values
-                                 for name, values in middle.items()})
+        expected = expected[leads]
     rest = None
     if whole:
         # each column gathered when the step reads it (a few dozen of about a hundred)
-        times = _step_over_run(request, rows_at(index), known)
+        times = _step_over_run(request, rows_at(index))
         time_names = list(times)
     else:
-        # timed a piece at a time, keeping the step time the ranking reads; the other time
-        # columns are computed again for the rows taken (``rest``)
-        time_names, times = _pieces(index, lambda rows: _step_over_run(request, rows_at(rows)),
-                                    ("step_time_s",))
+        # (a head's) the step time the ranking reads is the kept rows' expected step time,
+        # found in the chunks (the same operations on the same values: the same numbers); the
+        # other time columns are computed again for the rows taken (``rest``; their names from
+        # a step of no rows)
+        time_names = list(_step_over_run(request, rows_at(index[:0])))
+        times = {"step_time_s": expected}
 
         def rest(rows: np.ndarray) -> Mapping:
             """Every column of the rows ``rows``, the time columns of the timed ones among them
@@ -577,56 +560,25 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     return ScoredRows(untimed, dict(times), timed, tuple(dict.fromkeys(names)), rest)
 
 
-# the middle of the run's columns the head's pruning reads (_rows_that_can_lead)
-MIDDLE_COLUMNS = ("step_time_s", time_column("weight_sync"))
-
-
-def _pieces(index: np.ndarray, compute: Callable[[np.ndarray], Mapping],
-            keep: tuple[str, ...]) -> tuple[list[str], Columns]:
-    """``compute(rows)`` on consecutive pieces of ``index`` of a quarter of
-    :data:`SCORE_CHUNK_ROWS` rows each (once on no rows when ``index`` is empty), keeping of
-    each piece the columns ``keep`` alone: the names of every column, and the kept ones of
-    every row of ``index``.  The step's some 45 time columns at three points of the run are
-    never held for every timed row at once.  A row's columns are its own alone, so the
-    values are those of one call on every row."""
-    piece = max(SCORE_CHUNK_ROWS // 4, 1)
-    names, parts = None, []
-    for start in range(0, max(len(index), 1), piece):
-        columns = compute(index[start:start + piece])
-        names = list(columns) if names is None else names
-        parts.append({name: np.asarray(columns[name]) for name in keep})
-    return names, {name: np.concatenate([part[name] for part in parts]) for name in keep}
-
-
-def _step_at(at: PlanRequest, subset: Mapping) -> Columns:
-    """The step's time columns of the rows ``subset`` at one point of the run, each phase
-    timed once per distinct row of what it reads (:class:`planner.cost.timing.StepGroups`)."""
-    return step_columns(at, subset, subset, StepGroups.of(subset, subset))
-
-
 def _expected_s(request: PlanRequest, subset: Mapping) -> np.ndarray:
     """The run's expected step time of the rows ``subset`` alone (``step_time_s`` of
-    :func:`_step_over_run`, the same sum of the same values), the groups found once for
-    every point."""
-    groups = StepGroups.of(subset, subset)
-    return expected_over_run([step_columns(request_at(request, point), subset, subset, groups)
-                              ["step_time_s"] for point in node_lengths(request.workload.lengths)])
+    :func:`_step_over_run`, the same sum of the same values; a length that does not move: its
+    one point's), the groups found once for every point and the step time alone computed at
+    each (:func:`planner.cost.timing.step_time_s`, whose operations are those of
+    :func:`planner.cost.timing.step_columns`: the same number to the bit)."""
+    groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
+    if not _moving(request):  # one point: its step time
+        return step_time_s(request, subset, subset, groups)
+    return expected_over_run([step_time_s(request_at(request, point), subset, subset, groups)
+                              for point in node_lengths(request.workload.lengths)])
 
 
-def _step_over_run(request: PlanRequest, subset: Mapping,
-                   known: tuple | None = None) -> Columns:
+def _step_over_run(request: PlanRequest, subset: Mapping) -> Columns:
     """The run's expected step time columns of the rows ``subset`` and the step time at its
     first and last step (:func:`planner.cost.trajectory.step_columns_over_run`), each phase
-    timed once per distinct row of what it reads, the groups found once for every point;
-    ``known``: (a point of the run, the rows' step columns there) already computed."""
+    timed once per distinct row of what it reads, the groups found once for every point."""
     groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
-
-    def evaluate(at: PlanRequest) -> Columns:
-        if known is not None and at == known[0]:
-            return known[1]
-        return step_columns(at, subset, subset, groups)
-
-    return step_columns_over_run(request, evaluate)
+    return step_columns_over_run(request, lambda at: step_columns(at, subset, subset, groups))
 
 
 def _moving(request: PlanRequest) -> bool:
@@ -636,46 +588,30 @@ def _moving(request: PlanRequest) -> bool:
     return request.workload.has_rollout and lengths is not None and not lengths.constant
 
 
-def _middle_request(request: PlanRequest) -> PlanRequest:
-    return request_at(request, node_lengths(request.workload.lengths)[1])
+def _rows_that_can_lead(request: PlanRequest, expected: np.ndarray, head: Head,
+                        memory: Columns) -> np.ndarray:
+    """Which of the fitting rows can be in the ``head`` of the ranking, from their expected
+    step time over the run (``expected``, :func:`_expected_s`: the number the ranking reads),
+    their memory-tight flag (``memory["memory_tight"]``) and, for ``head.band_fastest``, their
+    peak's share of the GPU (``memory["fraction"]``, :func:`_rows_up_to_band_fastest`).
 
+    The ranking puts fitting rows inside the memory band's top before the memory-tight ones,
+    each tier by ``E`` (then by memory and simplicity).  In the tier where the head's last row
+    falls, of its ``k`` rows with the smallest ``E`` the largest is the tier's ``k``-th
+    smallest and the smallest the tier's best, so ``U = max(largest, (1 + tolerance) *
+    smallest)`` bounds both the head's rows and the ties (the ties are the tier of the best,
+    the first tier with rows: they are the tier's rows with the smallest ``E``, moved to the
+    top).  A row with ``E > U`` is no tie and ranks after at least ``k`` rows, so it cannot
+    be in the head; every row with ``E <= U`` is kept, so rows of equal ``E`` are ordered by
+    the ranking itself.  Tiers after it are not needed at all.  (A relative margin of 1e-9 on
+    ``U`` covers the rounding of the ranking's tie ratio.)
 
-def _rows_that_can_lead(request: PlanRequest, exact: Callable[[np.ndarray], np.ndarray],
-                        middle: Columns, head: Head, memory: Columns) -> np.ndarray:
-    """Which of the fitting rows can be in the ``head`` of the ranking, from their step
-    columns at the middle of the run (``middle``), ``exact(rows)``: the expected step time
-    over the run of those of them (:func:`_expected_s`), their memory-tight flag
-    (``memory["memory_tight"]``) and, for ``head.band_fastest``, their peak's share of the GPU
-    (``memory["fraction"]``, :func:`_rows_up_to_band_fastest`).
-
-    The expected step time is Simpson's rule over the first, middle and last step,
-    ``E = (T_0 + 4 T_mid + T_1) / 6`` (:mod:`planner.cost.trajectory`).  Every phase time is
-    at least 0, and the weight sync's time ``S`` (the gather, the engine's load, the
-    per-tensor latency, the offload trip and the step's fixed costs) does not read the response
-    length, so ``T_0, T_1 >= S`` and ``E >= L = (4 T_mid + 2 S) / 6`` -- a bound, not an
-    estimate.  The ranking puts fitting rows inside the memory band's top before the
-    memory-tight ones, each tier by ``E``.  In the tier where the head's last row falls, its
-    ``k`` rows with the smallest ``T_mid`` are timed at every point: the largest of their
-    ``E`` is at least the tier's ``k``-th smallest ``E``, and the smallest at least the tier's
-    best, so ``U = max(largest, (1 + tolerance) * smallest)`` bounds both the head's rows and
-    the ties (the ties are the tier of the best, the first tier with rows: they are the
-    tier's rows with the smallest ``E``, moved to the top).  A row with ``L > U`` has
-    ``E > U``: it is no tie and ranks after at least ``k`` rows, so it cannot be in the head.
-    Tiers after it are not needed at all.  (A relative margin of 1e-9 on ``U`` covers the
-    rounding of the two sums.)
-
-    With every row's ``E`` known (``middle[EXPECTED]``, a :class:`Head` that counts no ties)
-    the bound is ``E`` itself, and where the ties fill the head only the rows of the
-    simplicity groups it reaches are kept (:func:`planner.first_ties.rows_for_first_ties`;
+    Where the ties fill the head and are not counted (``head.count_ties`` False) only the rows
+    of the simplicity groups it reaches are kept (:func:`planner.first_ties.rows_for_first_ties`;
     ``memory["rows"]``: the rows' memory and layout columns)."""
-    if EXPECTED in middle:  # every row's expected step time: its own bound
-        t_mid = lower = np.asarray(middle[EXPECTED], dtype=float)
-    else:
-        t_mid = np.asarray(middle["step_time_s"], dtype=float)
-        sync = np.asarray(middle[time_column("weight_sync")], dtype=float)
-        lower = WEIGHTS[1] * t_mid + (WEIGHTS[0] + WEIGHTS[2]) * sync
+    expected = np.asarray(expected, dtype=float)
     tight = np.asarray(memory["memory_tight"]).astype(bool)
-    leads = np.zeros(len(t_mid), dtype=bool)
+    leads = np.zeros(len(expected), dtype=bool)
     left, ties = head.rows, max(head.tie_tolerance, 0.0)
     for level in (False, True):
         if left <= 0:
@@ -684,58 +620,51 @@ def _rows_that_can_lead(request: PlanRequest, exact: Callable[[np.ndarray], np.n
         size = int(np.count_nonzero(members))
         if size > left:
             rows = np.flatnonzero(members)
-            first = None if ties <= 0 or EXPECTED not in middle else rows_for_first_ties(
-                rows, lower, left, ties, lambda at: simplicity_keys(memory["rows"].at(at),
-                                                                    request.policy))
+            first = None if ties <= 0 or head.count_ties else rows_for_first_ties(
+                rows, expected, left, ties, lambda at: simplicity_keys(memory["rows"].at(at),
+                                                                       request.policy))
             if first is not None:
                 members = np.zeros_like(members)
                 members[first] = True
             else:
-                probe = rows[np.argpartition(t_mid[rows], left - 1)[:left]]
-                times = exact(probe)
+                times = expected[rows[np.argpartition(expected[rows], left - 1)[:left]]]
                 bound = max(float(np.max(times)), (1 + ties) * float(np.min(times)))
-                members &= ~(lower > bound * (1 + 1e-9))  # NaN bound: nothing is dropped
+                members &= ~(expected > bound * (1 + 1e-9))  # NaN bound: nothing is dropped
         leads |= members
         if size:
             ties = 0.0  # the ties are the first tier with rows
         left -= size
     if head.band_fastest:
-        leads |= _rows_up_to_band_fastest(request, exact, (t_mid, lower), tight,
+        leads |= _rows_up_to_band_fastest(request, expected, tight,
                                           np.asarray(memory["fraction"]))
     return leads
 
 
-def _rows_up_to_band_fastest(request: PlanRequest, exact: Callable[[np.ndarray], np.ndarray],
-                             times: tuple[np.ndarray, np.ndarray], tight: np.ndarray,
+def _rows_up_to_band_fastest(request: PlanRequest, expected: np.ndarray, tight: np.ndarray,
                              fraction: np.ndarray) -> np.ndarray:
     """Which of the fitting rows can be the fastest inside the memory band
-    (:func:`planner.ranking.fastest_in_band`) or rank before it, from ``times``: their step
-    times at the middle of the run and the lower bounds of their expected step time
-    (:func:`_rows_that_can_lead`).
+    (:func:`planner.ranking.fastest_in_band`) or rank before it, from their expected step
+    times (:func:`_rows_that_can_lead`).
 
     The band's pool (inside the band, else below its top, else every fitting row) depends on
-    memory alone.  Its row with the smallest middle-of-run time is timed fully: its ``E``
-    bounds the pool's fastest, ``E_f <= B``.  A row ranked before the fastest is in an
-    earlier tier or in its tier with ``E <= E_f`` (the ties before it are such rows too), so
-    a row of its tier with ``L > B`` is neither the fastest nor before it.  The pool lies in
-    the first tier (not memory-tight) unless no row fits below the band's top; then every
-    row of the first tier is kept."""
-    t_mid, lower = times
+    memory alone; its fastest has the pool's smallest ``E``, ``E_f``.  A row ranked before the
+    fastest is in an earlier tier or in its tier with ``E <= E_f`` (the ties before it are
+    such rows too), so a row of its tier with ``E > E_f`` is neither the fastest nor before
+    it.  The pool lies in the first tier (not memory-tight) unless no row fits below the
+    band's top; then every row of the first tier is kept."""
     policy = request.policy
-    everything = np.ones(len(t_mid), dtype=bool)
+    everything = np.ones(len(expected), dtype=bool)
     for pool in ((fraction >= policy.low) & (fraction <= policy.high),
                  fraction <= policy.high, everything):
         if pool.any():
             break
     else:
         return ~everything
-    rows = np.flatnonzero(pool & np.isfinite(t_mid))
+    rows = np.flatnonzero(pool & np.isfinite(expected))
     if not len(rows):
         return everything
-    bound = float(exact(rows[[np.argmin(t_mid[rows])]])[0])
-    if not np.isfinite(bound):
-        return everything
-    within = ~(lower > bound * (1 + 1e-9))  # a NaN bound keeps the row
+    bound = float(np.min(expected[rows]))
+    within = ~(expected > bound * (1 + 1e-9))  # a NaN time keeps the row
     return (~tight | within) if (pool & tight).any() else (~tight & within)
 
 

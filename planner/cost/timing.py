@@ -757,6 +757,10 @@ class DistinctRows:
         return {name: values[self.inverse] if np.ndim(values) == 1 else values
                 for name, values in out.items()}
 
+    def spread_one(self, values):
+        """One column of :attr:`rows` over every row (:meth:`spread`'s)."""
+        return self.spread({"values": values})["values"]
+
 
 @dataclass(frozen=True)
 class StepGroups:
@@ -789,6 +793,56 @@ def _booked(phase: dict) -> dict:
             "bubble_s": phase["bubble_s"], "host_s": phase["host_s"], "total_s": phase["total_s"]}
 
 
+def _offload_trips(request: PlanRequest, cols: Columns,
+                   memory: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """verl's offload (offload_megatron_model_to_cpu / load_megatron_model_to_gpu): parameters
+    go to the host and back around old-log-prob, the update and the weight sync; gradient
+    buffers are freed and re-zeroed, not copied; the optimizer state moves once around the
+    update (offload_megatron_optimizer).  Seconds per step of the parameters' trip, the
+    optimizer's and the reference model's."""
+    cluster = request.cluster
+    weights = _f(memory["weights_bytes"])
+    param_trip = np.where(cols["param_offload"].astype(bool), 2 * offload_s(cluster, weights),
+                          0.0)
+    optim_trip = np.where(cols["optimizer_offload"].astype(bool),
+                          2 * offload_s(cluster, memory["optimizer_bytes"]), 0.0)
+    ref_trip = np.where(cols["ref_param_offload"].astype(bool), 2 * offload_s(cluster, weights),
+                        0.0)
+    return param_trip, optim_trip, ref_trip
+
+
+def _phase_times(request: PlanRequest, totals: dict, trips: tuple, n: int) -> dict:
+    """Seconds of each GRPO phase (:data:`PHASES`) from the passes' totals (``totals``: the
+    generation, one log-prob pass, the update and the weight sync) and the offload ``trips``
+    (:func:`_offload_trips`); a phase the workload does not run takes 0."""
+    param_trip, optim_trip, ref_trip = trips
+    ran = request.workload.phases
+    zero = np.zeros(n)
+    return {
+        "generate": totals["generate"],
+        "old_log_prob": (totals["log_prob"] + param_trip) if "old_log_prob" in ran else zero,
+        "ref": (totals["log_prob"] + ref_trip) if "ref" in ran else zero,
+        "update_actor": totals["update"] + param_trip + optim_trip,
+        "weight_sync": totals["weight_sync"] + param_trip + request.efficiency.step_fixed_s,
+    }
+
+
+def grpo_step_time_s(request: PlanRequest, cols: Columns, memory: Columns,
+                     groups: StepGroups) -> np.ndarray:
+    """:func:`grpo_step`'s ``step_time_s`` alone: each pass's total computed on its group's
+    distinct rows and spread, none of the breakdown columns -- the same operations on the
+    same values, so the same numbers to the bit (tests/cost/test_step_groups.py)."""
+    few = groups.generate.rows
+    totals = {
+        "log_prob": groups.log_prob.spread_one(
+            log_prob_phase_s(request, groups.log_prob.rows)["total_s"]),
+        "update": groups.update.spread_one(update_phase_s(request, groups.update.rows)["total_s"]),
+        "generate": groups.generate.spread_one(generate_s(request, few, few)["total_s"]),
+        "weight_sync": weight_sync_s(request, cols)["total_s"]}
+    n = len(cols["tp"])
+    return sum(_phase_times(request, totals, _offload_trips(request, cols, memory), n).values())
+
+
 def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
               groups: StepGroups | None = None) -> Columns:
     """Seconds per GRPO phase and per step, tokens/s/GPU (verl's definition) and actor MFU,
@@ -806,17 +860,8 @@ def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
     few = groups.generate.rows
     gen = groups.generate.spread(generate_s(request, few, few))
     sync = weight_sync_s(request, cols)
-    param_off = cols["param_offload"].astype(bool)
-    optim_off = cols["optimizer_offload"].astype(bool)
-    weights = _f(memory["weights_bytes"])
-    # verl's offload (offload_megatron_model_to_cpu / load_megatron_model_to_gpu): parameters
-    # go to the host and back around old-log-prob, the update and the weight sync; gradient
-    # buffers are freed and re-zeroed, not copied; the optimizer state moves once around the
-    # update (offload_megatron_optimizer)
-    param_trip = np.where(param_off, 2 * offload_s(cluster, weights), 0.0)
-    optim_trip = np.where(optim_off, 2 * offload_s(cluster, memory["optimizer_bytes"]), 0.0)
-    ref_trip = np.where(cols["ref_param_offload"].astype(bool), 2 * offload_s(cluster, weights),
-                        0.0)
+    trips = _offload_trips(request, cols, memory)
+    param_trip, optim_trip, ref_trip = trips
     ran = workload.phases
     zero = np.zeros(n)
 
@@ -837,13 +882,9 @@ def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
                         "bubble_s": zero, "host_transfer_s": param_trip,
                         "latency_s": sync["latency_s"] + eff.step_fixed_s},
     }
-    times = {
-        "generate": gen["total_s"],
-        "old_log_prob": (log_prob["total_s"] + param_trip) if "old_log_prob" in ran else zero,
-        "ref": (log_prob["total_s"] + ref_trip) if "ref" in ran else zero,
-        "update_actor": update["total_s"] + param_trip + optim_trip,
-        "weight_sync": sync["total_s"] + param_trip + eff.step_fixed_s,
-    }
+    times = _phase_times(request, {"generate": gen["total_s"], "log_prob": log_prob["total_s"],
+                                   "update": update["total_s"],
+                                   "weight_sync": sync["total_s"]}, trips, n)
     step = sum(times.values())
     tokens = sequences * seq
     out = {time_column(phase): times[phase] for phase in PHASES}
@@ -874,3 +915,14 @@ def step_columns(request: PlanRequest, cols: Columns, memory: Columns | None = N
         return pretrain_step(request, cols)
     return grpo_step(request, cols, estimate_memory(request, cols) if memory is None else memory,
                      groups)
+
+
+def step_time_s(request: PlanRequest, cols: Columns, memory: Columns,
+                groups: StepGroups | None) -> np.ndarray:
+    """:func:`step_columns`' ``step_time_s`` alone (a GRPO step's without its other columns,
+    :func:`grpo_step_time_s`; ``groups``: the layouts' :class:`StepGroups`, found here when
+    None)."""
+    if not request.workload.has_rollout:
+        return pretrain_step(request, cols)["step_time_s"]
+    return grpo_step_time_s(request, cols, memory,
+                            StepGroups.of(cols, memory) if groups is None else groups)

@@ -1,6 +1,7 @@
 """Each GRPO phase is timed once per distinct row of the fields it reads (issue 24): the field
 lists cover everything the phase functions read, and the grouped step equals the step timed
-row by row, number for number."""
+row by row, number for number; the step time alone (``step_time_s``, what a plan's head ranks
+by) equals the step's, to the bit, at every point of the run."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from planner.cost.timing import (
     generate_s,
     grpo_step,
     log_prob_phase_s,
+    step_time_s,
     update_phase_s,
 )
 from planner.plan import choose_rollout, evaluate_actors
@@ -92,6 +94,29 @@ def test_grouped_step_equals_the_step_timed_row_by_row(case):
     assert grouped.keys() == plain.keys()
     for name, values in plain.items():
         np.testing.assert_array_equal(grouped[name], values, err_msg=name)
+
+
+def test_the_step_time_alone_equals_the_steps_at_every_point_of_the_run(case):
+    """What a plan's head ranks by without the step's other columns: the same operations on
+    the same values, so the same numbers to the bit -- grouped or not, offload trips and all,
+    at the start, middle and end of a moving length."""
+    from dataclasses import replace
+
+    from planner.catalog.lengths import ResponseLengths
+    from planner.cost.trajectory import node_lengths, request_at
+
+    request, rows = case
+    moving = replace(request, workload=replace(
+        request.workload, lengths=ResponseLengths(300.0, 900.0, request.workload.response_length)))
+    direct = DistinctRows(rows, None)
+    assert rows["param_offload"].any() and rows["optimizer_offload"].any()
+    for groups in (StepGroups.of(rows, rows), StepGroups(direct, direct, direct)):
+        for point in node_lengths(moving.workload.lengths):
+            at = request_at(moving, point)
+            np.testing.assert_array_equal(step_time_s(at, rows, rows, groups),
+                                          grpo_step(at, rows, rows, groups)["step_time_s"])
+    np.testing.assert_array_equal(step_time_s(request, rows, rows, None),
+                                  grpo_step(request, rows, rows)["step_time_s"])
 
 
 def test_the_layer_ranks_of_distinct_rows_are_found_once_for_every_point_of_the_run():

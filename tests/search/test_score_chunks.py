@@ -1,7 +1,7 @@
 """A plan read at its head scores its rows in chunks (``planner.plan.SCORE_CHUNK_ROWS``) and
-keeps of each only the columns its ranking reads; it times the rows that can lead in pieces
-and keeps their step time alone; the other columns are computed again for the rows it times
-and keeps.  Forced to small chunks, the same plans as one pass over every row:
+keeps of each only the columns its ranking reads and the expected step time of the rows that
+fit; the rows that can lead keep that step time alone; the other columns are computed again
+for the rows it keeps.  Forced to small chunks, the same plans as one pass over every row:
 every column of every kept row, the timed rows and the counts (issue 24)."""
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def request(model: str, gpus: int, workload, policy: MemoryPolicy | None = None)
 
 
 JOBS = [
-    (request("qwen3-30b", 16, MOVING), None),  # MoE, moving lengths: the middle-of-run pruning
+    (request("qwen3-30b", 16, MOVING), None),  # MoE, moving lengths: three points
     (request("qwen3-8b", 16, MOVING, NARROW), 0.3),  # ties, the band's fastest deep
-    (request("qwen3-8b", 8, SMALL, NARROW), None),  # constant lengths: nothing pruned
+    (request("qwen3-8b", 8, SMALL, NARROW), None),  # constant lengths: one point
     (request("moonlight-16b", 16, MOVING), 0.0),  # MLA, strict
     (PlanRequest(resolve_model("llama3.1-70b"), ClusterSpec(get_gpu("h100"), 64, 8),
                  PretrainWorkload(seq_len=8192, global_batch=128)), None),  # no rollout
@@ -97,9 +97,9 @@ def test_chunked_scored_rows_equal_one_pass(monkeypatch):
     chunked, whole = scored[CHUNK], scored[1 << 40]
     assert chunked.rest is not None and whole.rest is None
     assert 0 < chunked.timed.sum() < len(chunked.timed) // 2
-    # the timed rows were timed in several pieces, and only their step time is kept (the
-    # other time columns computed again for the rows read back)
-    assert chunked.timed.sum() > 2 * (CHUNK // 4)
+    # the timed rows span several chunks, and only their step time is kept (the other time
+    # columns computed again for the rows read back)
+    assert len(np.unique(np.flatnonzero(chunked.timed) // CHUNK)) > 2
     assert list(chunked.times) == ["step_time_s"] and len(whole.times) > 10
     np.testing.assert_array_equal(chunked.timed, whole.timed)
     assert chunked.names == whole.names

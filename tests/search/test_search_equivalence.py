@@ -6,8 +6,8 @@ one request; ``SearchOptions(exhaustive=True)`` scores every valid combination. 
 MLA models, in the sync, one-step-off and fully-async modes, ``--mode best`` and a sizing sweep,
 both return the same best layout, the same fits verdict and the same tie set (merged layouts
 compared by the stages they build).  A plan read only at its head (the filled-GPU plan, a sizing
-refinement: ``keep`` with a strict ranking) also leaves untimed the layouts that provably rank
-after its head; it returns the exhaustive plan's first rows, number for number.
+refinement: ``keep`` with a strict ranking) also leaves untimed the layouts whose expected step
+time ranks them after its head; it returns the exhaustive plan's first rows, number for number.
 """
 
 from __future__ import annotations
@@ -152,8 +152,9 @@ def test_a_plan_read_at_its_head_times_only_the_layouts_that_can_lead():
 
 
 def test_the_weight_sync_does_not_move_with_the_response_length():
-    """What the head's bound rests on: the weight-sync phase's time (with its offload trip
-    and the step's fixed costs) is the same at every point of the run."""
+    """The weight-sync phase's time (with its offload trip and the step's fixed costs) is the
+    same at every point of the run: it reads no response length (what a plan's head once
+    bounded the expected step time with, before it found every row's own)."""
     from planner.cost.memory import estimate_memory
     from planner.cost.timing import step_columns
     from planner.cost.trajectory import node_lengths, request_at
