@@ -1,8 +1,10 @@
 import warnings
+from dataclasses import replace
 
 import pytest
 
 from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.lengths import ResponseLengths
 from planner.catalog.workload import GrpoWorkload
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
@@ -20,6 +22,13 @@ def cluster(num_gpus: int, gpu: str = "H100-80GB", per_node: int = 8) -> Cluster
 @pytest.fixture
 def workload():
     return GrpoWorkload()
+
+
+# a small GRPO batch (fast plans), and the same with a mean response length that moves over
+# the run (timed at three points): the scoring tests' jobs
+SMALL_GRPO = GrpoWorkload(train_batch_size=64, rollout_n=4, mini_batch_size=16)
+MOVING_GRPO = replace(SMALL_GRPO, lengths=ResponseLengths(400.0, 900.0,
+                                                          SMALL_GRPO.response_length))
 
 
 # Tests that need an optional extra are marked ``@pytest.mark.needs("verl")`` (or a module's

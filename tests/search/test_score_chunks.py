@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import MOVING_GRPO, SMALL_GRPO
 
 import planner.plan as plan_module
 from planner.catalog.hardware import ClusterSpec, get_gpu
-from planner.catalog.lengths import ResponseLengths
 from planner.catalog.models import resolve_model
-from planner.catalog.workload import GrpoWorkload, PretrainWorkload
+from planner.catalog.workload import PretrainWorkload
 from planner.cost.request import PlanRequest
 from planner.plan import (
     Head,
@@ -27,8 +27,7 @@ from planner.plan import (
 )
 from planner.policy import FILL_POLICY, MemoryPolicy
 
-SMALL = GrpoWorkload(train_batch_size=64, rollout_n=4, mini_batch_size=16)
-MOVING = replace(SMALL, lengths=ResponseLengths(400.0, 900.0, SMALL.response_length))
+SMALL, MOVING = SMALL_GRPO, MOVING_GRPO
 NARROW = MemoryPolicy(low=0.5, high=0.6)
 CHUNK = 3001  # rows per chunk forced on score_rows (a prime)
 
