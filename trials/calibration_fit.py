@@ -24,6 +24,7 @@ from planner.cost.calibration import (
     PhaseMeasurement,
     fit,
     fit_phases,
+    gpu_key,
     mape,
     phase_constants,
     phase_log_errors,
@@ -63,6 +64,7 @@ class CalibrationResult:
     mape_before: float
     mape_after: float
     calibration: dict
+    parts: tuple[str, ...] = ()  # the GPU type/precision parts measured (a study's fit)
 
 
 def calibrate_study(study: "Study", initial: dict | None, source: str) -> CalibrationResult:
@@ -76,7 +78,8 @@ def calibrate_study(study: "Study", initial: dict | None, source: str) -> Calibr
     fitted = fit(measurements, initial=start, source=source,
                  measurement_sigma=TRIAL_MEASUREMENT_SIGMA)
     after = mape(predict(measurements, CostModel.load(fitted)), measured)
-    return CalibrationResult(len(measurements), before, after, fitted)
+    return CalibrationResult(len(measurements), before, after, fitted,
+                             tuple(sorted({gpu_key(m) for m in measurements})))
 
 
 def write_calibration(calibration: dict, path: Path) -> Path:
@@ -127,4 +130,5 @@ def calibrate_run(measurements: Sequence[PhaseMeasurement], initial: dict | None
                          "phases": int(sum(len(m.seconds) for m in measurements)),
                          "constants": values, "mape_before": round(before, 4),
                          "mape_after": round(after, 4)}
-    return CalibrationResult(len(measurements), before, after, fitted)
+    return CalibrationResult(len(measurements), before, after, fitted,
+                             tuple(sorted({gpu_key(m) for m in measurements})))

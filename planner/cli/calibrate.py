@@ -12,7 +12,7 @@ from pathlib import Path
 
 from planner.cli.codes import ExitCode
 from planner.cli.inputs import note_filled
-from planner.cost.efficiency import read_calibration, with_shipped_rl_constants
+from planner.cost.efficiency import SHARED, read_calibration, with_shipped_rl_constants
 from planner.errors import PlanInputError
 from trials.calibration_fit import calibrate_study, write_calibration
 from trials.sweep_folder import open_study
@@ -36,6 +36,12 @@ def cmd_calibrate(args) -> int:
     print(f"study {name}: {result.measurements} successful trials")
     print(f"prediction error (MAPE of tokens/s/GPU): {result.mape_before:.1%} with {start} -> "
           f"{result.mape_after:.1%} fitted")
+    # the study's fit moves the training constants alone (planner.cost.calibration.fit): a
+    # step's tokens/s cannot tell generation from weight sync, so those keep their values
+    print(f"fitted: the training constants (GEMM efficiency of {', '.join(result.parts)}, and the "
+          f"shared ones: {', '.join(SHARED)}); the generation and weight-sync constants are "
+          f"{start}'s, unchanged (`plan-parallel advise` on a run's phase times refits them)",
+          file=sys.stderr)
     print(f"wrote {output}; use it with: plan-parallel ... --calibration {output}",
           file=sys.stderr)
     return ExitCode.OK
