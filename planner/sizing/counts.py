@@ -32,6 +32,7 @@ class GpuCounts:
     counts: tuple[int, ...] = ()
     auto: bool = False
     text: str = ""
+    skipped: tuple[int, ...] = ()  # a range's ends it does not visit (:func:`skipped_ends`)
 
 
 def allowed(count: int, gpus_per_node: int) -> bool:
@@ -104,18 +105,15 @@ def parse_counts(text: str, gpus_per_node: int) -> GpuCounts:
         raise PlanInputError(f"--gpus {raw!r} holds no count of whole nodes ({gpus_per_node} "
                              f"per node); e.g. --gpus {first_node - gpus_per_node or 1}-"
                              f"{first_node}")
-    return GpuCounts(counts=counts, text=raw)
+    skipped = tuple(end for end in dict.fromkeys((low, high)) if end not in counts)
+    return GpuCounts(counts=counts, text=raw, skipped=skipped)
 
 
 def skipped_ends(counts: GpuCounts, gpus_per_node: int) -> str | None:
     """A range's ends the sweep does not visit (not whole nodes nor a part of one node), as
     a note: ``--gpus 8-20`` visits 8 and 16, and says that 20 is left out.  None for a count,
     a list, ``auto`` or a range whose ends are visited."""
-    low_text, sep, high_text = counts.text.partition("-")
-    if counts.auto or not sep or "," in counts.text:
-        return None
-    ends = dict.fromkeys(int(text.strip().replace("_", "")) for text in (low_text, high_text))
-    left = [end for end in ends if end not in counts.counts]
+    left = counts.skipped
     if not left:
         return None
     shown = counts.counts if len(counts.counts) <= 6 else (*counts.counts[:3], "...",
