@@ -13,6 +13,8 @@ import numpy as np
 
 from planner.units import GIB
 
+GPU_REMEDY = "add GPUs or use a larger GPU"  # a miss whose GPU peak is over the GPU
+
 
 def closest_miss(plan) -> dict | None:
     """The record of the layout with the smallest peak when none fits (the first of equals);
@@ -36,4 +38,14 @@ def remedy(plan) -> str:
         return (f"its offloaded state needs {miss['host_bytes_per_node'] / GIB:.1f} GiB of host "
                 f"memory per node, over the {plan.cluster.host_memory_per_node_bytes / GIB:.1f} "
                 f"GiB per node (--host-memory-gib): raise it, or add GPUs")
-    return "add GPUs or use a larger GPU"
+    return GPU_REMEDY
+
+
+def modes_remedy(plans) -> str:
+    """The remedy when no training mode's plan fits (``--mode best``): the colocated (``sync``)
+    plan's, whose every GPU holds both the trainer and the rollout -- a job short of host
+    memory there is short of it on the split pools' trainers too, which hold the same actor
+    state on fewer GPUs; without a colocated plan, more or larger GPUs."""
+    colocated = next((plan.sync_plan for plan in plans
+                      if getattr(plan, "sync_plan", None) is not None), None)
+    return GPU_REMEDY if colocated is None else remedy(colocated)

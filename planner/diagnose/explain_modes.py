@@ -13,6 +13,7 @@ from dataclasses import replace
 from planner.cost.request import PlanRequest
 from planner.errors import NoFitError, PlanInputError
 from planner.modes import all_modes, get_mode, off_policy_note, plan_all
+from planner.no_fit import modes_remedy
 from planner.output import Summary, exact_of, mode_bests, placement_json, reported_step
 from planner.placement import AsyncOptions
 from planner.search.space import SearchOptions
@@ -29,7 +30,7 @@ def explain_best(request: PlanRequest, async_options: AsyncOptions | None = None
     fitting = [row for row in rows if row[1] is not None]
     if not fitting:
         raise NoFitError(f"no plan of {model.name} fits on {cluster.num_gpus} x "
-                         f"{cluster.gpu.name} in any mode; add GPUs or use a larger GPU")
+                         f"{cluster.gpu.name} in any mode; {modes_remedy(plans)}")
     winner_plan, winner, speedup = min(fitting, key=lambda row: reported_step(row[1]))
     baseline = rows[0][1]
     modes = [_mode_entry(plan.mode, best, gain) for plan, best, gain in rows]

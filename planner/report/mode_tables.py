@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from planner.modes import get_mode, off_policy_note
+from planner.no_fit import modes_remedy
 from planner.output import finite as reported
 from planner.output import fraction, gib, mode_bests, rate, setting
 from planner.placement import ModePlan, SplitEstimate
@@ -159,6 +160,8 @@ def best_table(plans: list[ModePlan]) -> str:
         rows.append({**_row(best), "rank": "-",
                      "speedup": "-" if speedup is None else f"{speedup:.2f}x"})
     lines.append(format_table(rows, columns))
+    if all(row["speedup"] == "no fit" for row in rows):
+        lines.append(f"no plan fits in any mode: {modes_remedy(plans)}")
     lines.append("")
     lines.append("idle T/R: idle fraction of the trainer / rollout pool; stale: parameter "
                  "versions a sample can lag (at most)")

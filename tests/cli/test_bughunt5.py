@@ -171,8 +171,8 @@ def test_a_plan_that_fails_on_host_memory_says_so(capsys):
         in closest and "larger GPU" not in closest
 
 
-@pytest.mark.parametrize("command", [["explain"], ["plan", "--write", "WRITE"],
-                                     ["report", "--html", "HTML"]])
+@pytest.mark.parametrize("command", [["explain"], ["explain", "--mode", "best"],
+                                     ["plan", "--write", "WRITE"], ["report", "--html", "HTML"]])
 def test_every_no_fit_error_names_host_memory_when_that_is_the_cause(command, tmp_path, capsys):
     """explain, plan --write and report said 'add GPUs or use a larger GPU' where the plan's
     own table says host memory (planner.no_fit.remedy)."""
@@ -184,6 +184,18 @@ def test_every_no_fit_error_names_host_memory_when_that_is_the_cause(command, tm
     assert "GiB of host memory per node, over the 64.0 GiB per node (--host-memory-gib): " \
            "raise it, or add GPUs" in err and "larger GPU" not in err
     assert not (tmp_path / "job").exists() and not (tmp_path / "out.html").exists()
+
+
+def test_mode_best_table_says_why_no_mode_fits(capsys):
+    """``plan --mode best`` with no mode fitting printed a table of 'no fit' rows and no
+    reason; it names the colocated plan's remedy (here host memory, not more GPUs)."""
+    assert main(["plan", "--model", "qwen3-8b", "--gpus", "8", "--gpu-type", "h100",
+                 "--host-memory-gib", "64", "--mode", "best"]) == 1
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("no plan fits"))
+    assert line == ("no plan fits in any mode: its offloaded state needs 179.1 GiB of host "
+                    "memory per node, over the 64.0 GiB per node (--host-memory-gib): raise it, "
+                    "or add GPUs")
 
 
 def test_mode_table_cells_round_once():
