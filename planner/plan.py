@@ -475,6 +475,9 @@ class Head:
     # False: of the ties only those that can be among the first ``rows`` are kept (their
     # count is then not known: :func:`planner.first_ties.rows_for_first_ties`)
     count_ties: bool = True
+    # (a GRPO step) also record per row what bounds its step time under another memory
+    # policy (:attr:`ScoredRows.record`, :class:`planner.step_bound.StepRecord`)
+    record: bool = False
 
 
 # the memory and flag columns a ranking reads of every row (planner.ranking, make_plan)
@@ -539,8 +542,10 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     size = max(n if head is None else SCORE_CHUNK_ROWS, 1)  # no rows: one empty pass
     whole = size >= n
     kept, timed_parts, expected_parts, memory_names = [], [], [], None
-    # (a head's, of a GRPO step) what bounds the rows' step times under another policy
-    record = ([], []) if head is not None and request.workload.has_rollout else None
+    # (a head's that records, of a GRPO step) what bounds the rows' step times under another
+    # policy
+    record = ([], []) if head is not None and head.record and request.workload.has_rollout \
+        else None
     for start in range(0, max(n, 1), size):
         out = _columns_at(request, cols, actor, slice(start, start + size), pick_utilization)
         if memory_names is None:
@@ -894,6 +899,10 @@ class PlanReads:
     # holds a plan of its request under another policy scores only the layouts whose step
     # time that plan bounds within reach of the first rows (:func:`_bounded_head`)
     count_fits: bool = True
+    # (with ``keep``) record on :attr:`Plan.actors` what bounds the step times of a plan of the
+    # same request under another memory policy read by :meth:`first_rows` (the text table's,
+    # which the filled-GPU plan follows): some 9 bytes a layout
+    record: bool = False
 
     @classmethod
     def first_rows(cls, top: int) -> PlanReads:
@@ -903,8 +912,9 @@ class PlanReads:
 
     @classmethod
     def text_table(cls, top: int) -> PlanReads:
-        """The text table's: its first ``top`` rows, its fastest layout in the band, counts."""
-        return cls(keep=top, table=True)
+        """The text table's: its first ``top`` rows, its fastest layout in the band, counts;
+        what bounds the filled-GPU plan that follows it recorded."""
+        return cls(keep=top, table=True, record=True)
 
     @classmethod
     def best(cls, top: int) -> PlanReads:
@@ -947,7 +957,7 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     counted = reads.count_ties or table or not (head and moving(request))
     rows = score_rows(request, actor, memory,
                       pick_utilization=options.gpu_memory_utilization is None,
-                      time_rows=Head(keep, tolerance, table, counted)
+                      time_rows=Head(keep, tolerance, table, counted, reads.record)
                       if head else "fitting")
     if rows.record is not None:  # what bounds a plan of this request under another policy
         actors.records["steps"] = StepRecord(request, choice.chosen, *rows.record)
