@@ -64,6 +64,12 @@ def test_a_bounded_head_is_the_head_of_every_row_scored(name, keep):
     for column in full.columns:
         np.testing.assert_array_equal(np.asarray(fast.columns[column]),
                                       np.asarray(full.columns[column]), err_msg=column)
+    lazy = make_plan(other, tie_tolerance=0.0, actors=first.actors,
+                     reads=replace(PlanReads.first_rows(keep), lazy=True))
+    assert lazy.bounded == bounded
+    for column in ("tp", "pp", "rollout_tp", "fits", "step_time_s", "peak_bytes", "rank"):
+        np.testing.assert_array_equal(np.asarray(lazy.columns[column]),
+                                      np.asarray(full.columns[column]), err_msg=column)
     if bounded:
         assert fast.candidate(0, fitting=True) == full.candidate(0, fitting=True)
         with pytest.raises(ValueError, match="not known"):
