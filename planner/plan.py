@@ -74,6 +74,13 @@ from planner.search.space import (
     rollout_options,
     valid_rollouts,
 )
+from planner.step_bound import (
+    StepRecord,
+    actor_fits_alone,
+    moving,
+    row_bounds,
+    step_rest_s,
+)
 from planner.units import GIB
 
 if TYPE_CHECKING:
@@ -119,6 +126,11 @@ class Plan(OfRequest):
     # step-time ratio within which layouts are ties, and where the figure comes from
     tie_tolerance: float = 0.0
     tie_source: str = ""
+    # False: the kept rows were found without scoring every layout
+    # (``PlanReads(count_fits=False)``): :attr:`fitting_count` is not known
+    fits_counted: bool = True
+    # the kept rows were found from the bounds another policy's plan gives (:func:`_bounded_head`)
+    bounded: bool = False
 
     @cached_property
     def candidates(self) -> "pd.DataFrame":
@@ -143,6 +155,8 @@ class Plan(OfRequest):
     def fitting_rows(self) -> np.ndarray:
         """The positions of the kept layouts that fit, in rank order (:attr:`fitting`'s)."""
         fits = np.asarray(self.columns["fits"])
+        if not self.fits_counted:
+            return np.flatnonzero(fits)
         head = fits[:self.fitting_count]
         if head.all():  # ranked: the layouts that fit come first
             return np.arange(len(head))
@@ -151,6 +165,10 @@ class Plan(OfRequest):
     @property
     def fitting_count(self) -> int:
         """Layouts that fit in memory (all of them, also when the frame keeps fewer)."""
+        if not self.fits_counted:
+            raise ValueError("this plan found its first rows without scoring every layout "
+                             "(PlanReads(count_fits=False)): the count of those that fit is "
+                             "not known")
         if self.fit_total is not None:
             return self.fit_total
         return int(np.count_nonzero(self.columns["fits"]))
@@ -215,17 +233,42 @@ class Plan(OfRequest):
                                            phases=self.workload.phases)
 
 
+@dataclass(frozen=True)
+class RolloutChoice:
+    """The rollout option :func:`choose_rollout` gives the actor layouts: once per distinct
+    (resident, beside) pair of their memory (``resident`` and ``beside``, bytes per pair;
+    ``chosen``: the rollout TP/DP/EP and ``gpu_memory_utilization`` per pair), and per row the
+    index of its pair (``inverse``).  The pairs are the actor evaluation's own (its memory
+    alone), so plans of one evaluation under other policies index the same pairs."""
+
+    chosen: Columns
+    resident: np.ndarray
+    beside: np.ndarray
+    inverse: np.ndarray
+
+    def spread(self, actor: Columns) -> Columns:
+        """The actor columns with each row's chosen rollout."""
+        return {**actor, **{name: values[self.inverse] for name, values in self.chosen.items()}}
+
+
 def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
                    utilization: float | None, memory: dict | None = None,
                    ) -> tuple[Columns, dict]:
+    """The actor columns with the rollout :func:`rollout_choice` gives them, and the actor
+    memory (``memory``: when already computed)."""
+    memory = actor_memory(request, actor) if memory is None else memory
+    return rollout_choice(request, rollouts, utilization, memory).spread(actor), memory
+
+
+def rollout_choice(request: PlanRequest, rollouts: Columns, utilization: float | None,
+                   memory: dict) -> RolloutChoice:
     """Give each actor layout the rollout option that fits beside it, inside the memory band
     where one does, and generates fastest over the run (:func:`planner.cost.timing.generate_s`
     expected over the trajectory of the mean response length, :mod:`planner.cost.trajectory`;
     for a workload without a rollout, whose one option runs nothing, the fewest waves), its
     ``gpu_memory_utilization`` kept below the memory band's top and its KV pool judged for
-    sequences of the maximum length (:func:`planner.cost.memory.rollout_memory`).  Returns the
-    actor columns with the chosen rollout, and the actor memory (``memory``: when already
-    computed).
+    sequences of the maximum length (:func:`planner.cost.memory.rollout_memory`).  ``memory``:
+    the actor layouts' :func:`planner.cost.memory.actor_memory`.
 
     The choice depends on the actor only through the memory it keeps resident during rollout
     and in the phase the engine's other memory joins (the weight sync, where a sleeping engine
@@ -235,7 +278,6 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
     workload = request.workload
     timed = workload.has_rollout
     capacity = float(request.cluster.gpu.memory_bytes)
-    memory = actor_memory(request, actor) if memory is None else memory
     # what the engine joins outside generation (planner.cost.memory.estimate_memory)
     sleeps = timed and workload.engine.free_cache_engine
     joined = ("weight_sync",) if sleeps else tuple(
@@ -301,7 +343,7 @@ def choose_rollout(request: PlanRequest, actor: Columns, rollouts: Columns,
             chosen[name][where] = np.where(found, cells[name][cell], chosen[name][where])
         chosen["gpu_memory_utilization"][where] = np.where(
             found, result["gpu_memory_utilization"][cell], chosen["gpu_memory_utilization"][where])
-    return {**actor, **{name: values[inverse] for name, values in chosen.items()}}, memory
+    return RolloutChoice(chosen, resident, beside, inverse)
 
 
 @dataclass(frozen=True)
@@ -318,6 +360,9 @@ class ScoredRows:
     names: tuple[str, ...]  # every column, in the order the frame shows them
     # the columns ``untimed`` lacks at some rows (an index), computed for them (None: none lacks)
     rest: Callable[[np.ndarray], Mapping] | None = None
+    # (a head's, of a GRPO step) per row, ``E - T`` and whether it fits apart from the rollout
+    # (:class:`planner.step_bound.StepRecord`)
+    record: tuple[np.ndarray, np.ndarray] | None = None
 
     @cached_property
     def _position(self) -> np.ndarray | None:
@@ -430,6 +475,9 @@ class Head:
     # False: of the ties only those that can be among the first ``rows`` are kept (their
     # count is then not known: :func:`planner.first_ties.rows_for_first_ties`)
     count_ties: bool = True
+    # (a GRPO step) also record per row what bounds its step time under another memory
+    # policy (:attr:`ScoredRows.record`, :class:`planner.step_bound.StepRecord`)
+    record: bool = False
 
 
 # the memory and flag columns a ranking reads of every row (planner.ranking, make_plan)
@@ -494,11 +542,14 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     size = max(n if head is None else SCORE_CHUNK_ROWS, 1)  # no rows: one empty pass
     whole = size >= n
     kept, timed_parts, expected_parts, memory_names = [], [], [], None
-    flags = {flag_column(name) for name in UNWISE_FLAGS} | {"unwise_count"}
+    # (a head's that records, of a GRPO step) what bounds the rows' step times under another
+    # policy
+    record = ([], []) if head is not None and head.record and request.workload.has_rollout \
+        else None
     for start in range(0, max(n, 1), size):
         out = _columns_at(request, cols, actor, slice(start, start + size), pick_utilization)
         if memory_names is None:
-            memory_names = [name for name in out if name not in cols and name not in flags]
+            memory_names = _memory_names(out, cols)
         timed = (np.ones(len(out["fits"]), dtype=bool) if time_rows == "all"
                  else np.asarray(out["fits"]).astype(bool))
         timed_parts.append(timed)
@@ -509,8 +560,11 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
             # step's arrays of a whole chunk would raise the peak); the head is found from it
             fitting = np.flatnonzero(timed)
             piece = max(SCORE_CHUNK_ROWS // 4, 1)
-            expected_parts += [_expected_s(request, RowsAt(out, fitting[at:at + piece]))
-                               for at in range(0, len(fitting), piece)]
+            pieces = [_expected_s(request, RowsAt(out, fitting[at:at + piece]))
+                      for at in range(0, len(fitting), piece)]
+            expected_parts += pieces
+            if record is not None:
+                _record_chunk(request, out, fitting, pieces, record)
     timed = timed_parts[0] if whole else np.concatenate(timed_parts)
     untimed = kept[0] if whole else {**cols, **{name: np.concatenate([part[name] for part in kept])
                                                for name in RANKING_COLUMNS}}
@@ -532,32 +586,72 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
         timed[timed] = leads
         index = np.flatnonzero(timed)
         expected = expected[leads]
-    rest = None
-    if whole:
-        # each column gathered when the step reads it (a few dozen of about a hundred)
-        times = _step_over_run(request, rows_at(index))
-        time_names = list(times)
-    else:
+    recorded = None if record is None else tuple(np.concatenate(part) for part in record)
+    if not whole:
         # (a head's) the step time the ranking reads is the kept rows' expected step time,
-        # found in the chunks (the same operations on the same values: the same numbers); the
-        # other time columns are computed again for the rows taken (``rest``; their names from
-        # a step of no rows)
-        time_names = list(_step_over_run(request, rows_at(index[:0])))
-        times = {"step_time_s": expected}
+        # found in the chunks (the same operations on the same values: the same numbers)
+        return replace(_rows_timed_at(request, untimed, memory_names, rows_at,
+                                      (timed, expected)), record=recorded)
+    # each column gathered when the step reads it (a few dozen of about a hundred)
+    times = _step_over_run(request, rows_at(index))
+    names = _column_names(cols, memory_names, list(times))
+    untimed = {name: values for name, values in untimed.items() if name not in times}
+    return ScoredRows(untimed, dict(times), timed, names, record=recorded)
 
-        def rest(rows: np.ndarray) -> Mapping:
-            """Every column of the rows ``rows``, the time columns of the timed ones among them
-            timed again (an untimed row's NaN, or -1)."""
-            out = rows_at(rows)
-            mine = timed[rows]
-            at = np.full(len(rows), -1, dtype=np.int64)
-            at[mine] = np.arange(int(np.count_nonzero(mine)))
-            step = _step_over_run(request, out.at(np.flatnonzero(mine)))
-            return ChainMap({name: _spread(step[name], at) for name in time_names}, out)
+
+def _memory_names(out: Mapping, cols: Columns) -> list[str]:
+    """The memory columns of ``out`` (:func:`_columns_at`'s), in its order."""
+    flags = {flag_column(name) for name in UNWISE_FLAGS} | {"unwise_count"}
+    return [name for name in out if name not in cols and name not in flags]
+
+
+def _column_names(cols: Columns, memory_names: list[str], time_names: list[str]
+                  ) -> tuple[str, ...]:
+    """Every column of a plan's rows, in the order the frame shows them."""
     names = [*cols, *memory_names, *time_names]
     names += [flag_column(name) for name in UNWISE_FLAGS] + ["unwise_count"]
+    return tuple(dict.fromkeys(names))
+
+
+def _record_chunk(request: PlanRequest, out: Mapping, fitting: np.ndarray,
+                  pieces: list[np.ndarray], record: tuple[list, list]) -> None:
+    """Append a scoring chunk's part of the rows' :class:`planner.step_bound.StepRecord`
+    (``out``: its columns; ``fitting``: its rows that fit, whose expected step times are
+    ``pieces``) to ``record``'s lists: ``E - T`` (NaN where not timed), and whether each row
+    fits apart from the rollout."""
+    rest = np.full(len(out["fits"]), np.nan)
+    if len(fitting):
+        rest[fitting] = step_rest_s(request, RowsAt(out, fitting), np.concatenate(pieces))
+    record[0].append(rest)
+    record[1].append(actor_fits_alone(request, out))
+
+
+def _rows_timed_at(request: PlanRequest, untimed: Columns, memory_names: list[str],
+                   rows_at: Callable[[np.ndarray], Mapping],
+                   timed: tuple[np.ndarray, np.ndarray]) -> ScoredRows:
+    """The :class:`ScoredRows` of rows whose ranking columns are ``untimed`` (the layout
+    columns at least) and whose step time is known at the rows ``timed[0]`` marks
+    (``timed[1]``, in row order); the other columns are computed again for the rows a caller
+    takes (``rows_at``: every column of some rows; the time columns of the timed ones timed
+    again, an untimed row's NaN, or -1; their names from a step of no rows)."""
+    mask, expected = timed
+    time_names = list(_step_over_run(request, rows_at(np.zeros(0, dtype=np.int64))))
+
+    def rest(rows: np.ndarray) -> Mapping:
+        """Every column of the rows ``rows``, the time columns of the timed ones among them
+        timed again (an untimed row's NaN, or -1)."""
+        out = rows_at(rows)
+        mine = mask[rows]
+        at = np.full(len(rows), -1, dtype=np.int64)
+        at[mine] = np.arange(int(np.count_nonzero(mine)))
+        step = _step_over_run(request, out.at(np.flatnonzero(mine)))
+        return ChainMap({name: _spread(step[name], at) for name in time_names}, out)
+
+    cols_names = [name for name in untimed if name not in memory_names
+                  and name not in RANKING_COLUMNS]
     untimed = {name: values for name, values in untimed.items() if name not in time_names}
-    return ScoredRows(untimed, dict(times), timed, tuple(dict.fromkeys(names)), rest)
+    return ScoredRows(untimed, {"step_time_s": expected}, mask,
+                      _column_names(cols_names, memory_names, time_names), rest)
 
 
 def _expected_s(request: PlanRequest, subset: Mapping) -> np.ndarray:
@@ -567,7 +661,7 @@ def _expected_s(request: PlanRequest, subset: Mapping) -> np.ndarray:
     each (:func:`planner.cost.timing.step_time_s`, whose operations are those of
     :func:`planner.cost.timing.step_columns`: the same number to the bit)."""
     groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
-    if not _moving(request):  # one point: its step time
+    if not moving(request):  # one point: its step time
         return step_time_s(request, subset, subset, groups)
     return expected_over_run([step_time_s(request_at(request, point), subset, subset, groups)
                               for point in node_lengths(request.workload.lengths)])
@@ -579,13 +673,6 @@ def _step_over_run(request: PlanRequest, subset: Mapping) -> Columns:
     timed once per distinct row of what it reads, the groups found once for every point."""
     groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
     return step_columns_over_run(request, lambda at: step_columns(at, subset, subset, groups))
-
-
-def _moving(request: PlanRequest) -> bool:
-    """Whether the request's step is timed at several points of the run (a GRPO workload
-    whose mean response length moves, :mod:`planner.cost.trajectory`)."""
-    lengths = getattr(request.workload, "lengths", None)
-    return request.workload.has_rollout and lengths is not None and not lengths.constant
 
 
 def _rows_that_can_lead(request: PlanRequest, expected: np.ndarray, head: Head,
@@ -752,6 +839,9 @@ class ActorEvaluation:
     request: PlanRequest  # the request it was computed for (its policy aside)
     space: SearchSpace
     memory: dict
+    # what its plans found that bounds another policy's plan ("steps": the last plan read at
+    # its head, :class:`planner.step_bound.StepRecord`)
+    records: dict = field(default_factory=dict, compare=False, repr=False)
 
     def serves(self, request: PlanRequest) -> bool:
         """Whether ``request`` has the same search space and actor memory: the same request
@@ -804,11 +894,27 @@ class PlanReads:
     # are timed (:func:`planner.first_ties.rows_for_first_ties`), and :attr:`Plan.ties` is not
     # known (a caller that reads the best alone: ``--mode best``)
     count_ties: bool = True
+    # False (with ``keep``, under a strict ranking): the counts of fitting layouts are not read
+    # either (:attr:`Plan.fitting_count` is then not known), so a plan whose actor evaluation
+    # holds a plan of its request under another policy scores only the layouts whose step
+    # time that plan bounds within reach of the first rows (:func:`_bounded_head`)
+    count_fits: bool = True
+    # (with ``keep``) record on :attr:`Plan.actors` what bounds the step times of a plan of the
+    # same request under another memory policy read by :meth:`first_rows` (the text table's,
+    # which the filled-GPU plan follows): some 9 bytes a layout
+    record: bool = False
+
+    @classmethod
+    def first_rows(cls, top: int) -> PlanReads:
+        """A caller's that reads the first ``top`` layouts of a strict ranking alone (the text
+        table's filled-GPU plan): no counts, no headroom priced."""
+        return cls(keep=top, fill=False, count_fits=False)
 
     @classmethod
     def text_table(cls, top: int) -> PlanReads:
-        """The text table's: its first ``top`` rows, its fastest layout in the band, counts."""
-        return cls(keep=top, table=True)
+        """The text table's: its first ``top`` rows, its fastest layout in the band, counts;
+        what bounds the filled-GPU plan that follows it recorded."""
+        return cls(keep=top, table=True, record=True)
 
     @classmethod
     def best(cls, top: int) -> PlanReads:
@@ -834,18 +940,27 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     if actors is None or not actors.serves(request):
         actors = evaluate_actors(request)
     space = actors.space
-    actor, memory = choose_rollout(request, space.columns, space.rollouts,
-                                   options.gpu_memory_utilization, actors.memory)
+    choice = rollout_choice(request, space.rollouts, options.gpu_memory_utilization,
+                            actors.memory)
+    actor, memory = choice.spread(space.columns), actors.memory
     tolerance = request.cost.uncertainty if tie_tolerance is None else tie_tolerance
     # a ranking read only at its head times only the fitting rows that can be in it
     head = keep is not None and not options.exhaustive
     table = reads.table and keep is not None
+    tie = (tolerance, request.cost.uncertainty_source if tie_tolerance is None else "given")
+    if head and not reads.count_fits and tolerance <= 0 and not table:
+        # a strict head without counts: bounded by another policy's plan where one was made
+        bounded = _bounded_head(request, actor, actors, choice, keep)
+        if bounded is not None:
+            return _bounded_plan(request, actors, bounded, reads, tie)
     # without counting ties, a moving length's head times only its first ties (Head)
-    counted = reads.count_ties or table or not (head and _moving(request))
+    counted = reads.count_ties or table or not (head and moving(request))
     rows = score_rows(request, actor, memory,
                       pick_utilization=options.gpu_memory_utilization is None,
-                      time_rows=Head(keep, tolerance, table, counted)
+                      time_rows=Head(keep, tolerance, table, counted, reads.record)
                       if head else "fitting")
+    if rows.record is not None:  # what bounds a plan of this request under another policy
+        actors.records["steps"] = StepRecord(request, choice.chosen, *rows.record)
     # the ranking reads one time column: the step time
     scored = {**rows.untimed, "step_time_s": rows.column("step_time_s")}
     fitting = int(np.count_nonzero(scored["fits"]))
@@ -883,10 +998,114 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
     return Plan(request=request, columns=ranked, actors=actors, enumerated=space.enumerated,
                 valid=space.valid, rejected=space.rejected, scored=len(scored["tp"]),
                 merged=space.merged, fit_total=None if keep is None else fitting, **totals,
-                ties_counted=counted,
-                tie_tolerance=tolerance,
-                tie_source=request.cost.uncertainty_source if tie_tolerance is None
-                else "given")
+                ties_counted=counted, tie_tolerance=tie[0], tie_source=tie[1])
+
+
+BOUND_SEEDS = 64  # rows of the smallest bounds scored first for a bounded head's incumbent
+# a bounded head scores at most this many rows (more: the plan scores every row instead)
+BOUND_MAX_ROWS = SCORE_CHUNK_ROWS // 4
+
+
+def _bounded_head(request: PlanRequest, cols: Columns, actors: ActorEvaluation,
+                  choice: RolloutChoice, keep: int) -> tuple[np.ndarray, ScoredRows] | None:
+    """The first ``keep`` rows of the strict ranking (:func:`planner.ranking.first_in_order`)
+    of ``cols`` (the actor layouts with ``choice``, their rollout under ``request``'s policy),
+    found from the lower bounds :mod:`planner.step_bound` gives their expected step times from
+    a plan of the same request under another policy (``actors.records``), and their
+    :class:`ScoredRows` (timed at those rows).  None: no such plan, or the bound does not
+    narrow the rows enough (the caller scores every row).
+
+    The rows that may fit and have the smallest bounds are scored exactly first; the
+    ``keep``-th smallest expected step time ``U`` of those that fit inside the band's top (not
+    memory-tight) bounds the head: each of its rows fits, is not memory-tight and has ``E <=
+    U``, so its bound is at most ``U``.  Every row that may fit with a bound at most ``U``, or
+    none (the other plan did not time it), is then scored exactly and ranked by the same
+    keys, in row order: the same first rows as every row scored."""
+    record = actors.records.get("steps")
+    if (record is None or not request.workload.has_rollout
+            or replace(record.request, policy=request.policy) != request
+            or len(record.rest_s) != len(choice.inverse)):
+        return None
+    bound, may_fit = row_bounds(record, request, choice)
+    rows = np.flatnonzero(may_fit)
+    bounds = bound[rows]
+    known = ~np.isnan(bounds)
+    unknown = rows[~known]
+    seeds = rows[known]
+    if len(seeds) > BOUND_SEEDS:
+        seeds = seeds[np.argpartition(bounds[known], BOUND_SEEDS - 1)[:BOUND_SEEDS]]
+    n = len(choice.inverse)
+    first = _scored_at(request, cols, actors.memory, _rows_in(n, seeds, unknown))
+    if first is None:
+        return None
+    lead = first["step_time_s"][first["fits"] & ~first["tight"]]
+    if len(lead) < keep:
+        return None
+    limit = np.partition(lead, keep - 1)[keep - 1]
+    scored = _scored_at(request, cols, actors.memory,
+                        _rows_in(n, rows[~(bounds > limit)], first["rows"]))
+    if scored is None:
+        return None
+    index = scored["rows"]
+    order = index[first_in_order({"fits": scored["fits"], "step_time_s": scored["step_time_s"],
+                                  "peak_bytes": scored["peak_bytes"],
+                                  flag_column("memory_tight"): scored["tight"]}, keep)]
+    timed = np.zeros(n, dtype=bool)
+    timed[index[scored["fits"]]] = True
+    expected = scored["step_time_s"][scored["fits"]]  # in row order, as ``timed``
+    pick = request.options.gpu_memory_utilization is None
+
+    def rows_at(at: np.ndarray) -> Mapping:
+        return _columns_at(request, cols, actors.memory, at, pick)
+
+    return order, _rows_timed_at(request, cols, scored["names"], rows_at, (timed, expected))
+
+
+def _rows_in(n: int, *parts: np.ndarray) -> np.ndarray:
+    """The rows (of ``n``) in any of ``parts``, ascending (``np.union1d`` without its sort,
+    nor the masked-array module it imports)."""
+    mask = np.zeros(n, dtype=bool)
+    for part in parts:
+        mask[part] = True
+    return np.flatnonzero(mask)
+
+
+def _scored_at(request: PlanRequest, cols: Columns, actor: dict, rows: np.ndarray
+               ) -> dict | None:
+    """The ranking's columns of ``rows`` (ascending) scored exactly: fits, memory-tight,
+    peak and expected step time (NaN where the row does not fit), and the memory columns'
+    names; None: more than :data:`BOUND_MAX_ROWS`."""
+    if len(rows) > BOUND_MAX_ROWS:
+        return None
+    out = _columns_at(request, cols, actor, rows,
+                      request.options.gpu_memory_utilization is None)
+    fits = np.asarray(out["fits"]).astype(bool)
+    step = np.full(len(rows), np.nan)
+    fitting = np.flatnonzero(fits)
+    if len(fitting):
+        step[fitting] = _expected_s(request, out.at(fitting))
+    return {"rows": rows, "fits": fits, "step_time_s": step,
+            "tight": np.asarray(out[flag_column("memory_tight")]).astype(bool),
+            "peak_bytes": np.asarray(out["peak_bytes"]), "names": _memory_names(out, cols)}
+
+
+def _bounded_plan(request: PlanRequest, actors: ActorEvaluation,
+                  bounded: tuple[np.ndarray, ScoredRows], reads: PlanReads,
+                  tie: tuple[float, str]) -> Plan:
+    """The plan of a bounded head (:func:`_bounded_head`: its rows in rank order and their
+    scored rows), kept as :func:`make_plan` keeps a strict head's; the counts not known."""
+    order, rows = bounded
+    space = actors.space
+    extra = {"within_error_of_best": np.zeros(len(order), dtype=bool),
+             "rank": np.arange(1, len(order) + 1)}
+    ranked = RankedColumns(rows, order, extra) if reads.lazy else {**rows.take(order), **extra}
+    fitting = int(np.count_nonzero(np.asarray(ranked["fits"])))
+    filled = fill_columns(request, ranked, min(fitting, FILL_ROWS) if reads.fill else 0)
+    (extra if reads.lazy else ranked).update(filled)
+    return Plan(request=request, columns=ranked, actors=actors, enumerated=space.enumerated,
+                valid=space.valid, rejected=space.rejected, scored=len(space.columns["tp"]),
+                merged=space.merged, fits_counted=False, bounded=True,
+                tie_tolerance=tie[0], tie_source=tie[1])
 
 
 def _table_order(scored: Columns, keep: int, tolerance: float,

@@ -73,12 +73,12 @@ def cmd_plan(args) -> int:
         print(plan_csv(plan, args.top), end="")
     else:
         # the same search were the GPU filled prices the band's headroom (a second search);
-        # the table reads its best layout's step and peak, not that layout's own headroom
-        # (fill=False)
+        # the table reads its best layout's step and peak alone, not that layout's own
+        # headroom nor counts (bounded by the first plan's step times)
         fill_plan = (None if request.policy.fills_gpu or not fitting
                      or not workload.has_rollout else
                      make_plan(replace(request, policy=FILL_POLICY), tie_tolerance=0.0,
-                               actors=plan.actors, reads=PlanReads(keep=1, fill=False)))
+                               actors=plan.actors, reads=PlanReads.first_rows(1)))
         print(plan_table(plan, args.top, fill_plan))
     return ExitCode.OK if fitting else ExitCode.NO
 

@@ -811,6 +811,17 @@ def _offload_trips(request: PlanRequest, cols: Columns,
     return param_trip, optim_trip, ref_trip
 
 
+def offload_trips_s(request: PlanRequest, cols: Columns, memory: Columns) -> np.ndarray:
+    """Seconds per step the offload trips (:func:`_offload_trips`) add to the step, as
+    :func:`_phase_times` books them: the parameters' around old-log-prob (when it runs), the
+    update and the weight sync, the optimizer's around the update, the reference's around its
+    pass (when it runs)."""
+    param_trip, optim_trip, ref_trip = _offload_trips(request, cols, memory)
+    ran = request.workload.phases
+    return (param_trip * (2 + ("old_log_prob" in ran)) + optim_trip
+            + (ref_trip if "ref" in ran else 0.0))
+
+
 def _phase_times(request: PlanRequest, totals: dict, trips: tuple, n: int) -> dict:
     """Seconds of each GRPO phase (:data:`PHASES`) from the passes' totals (``totals``: the
     generation, one log-prob pass, the update and the weight sync) and the offload ``trips``

@@ -183,7 +183,7 @@ def headroom_lines(plan, fill_plan=None) -> list[str]:
                 f"sequence a rank runs at once ({best.rollout.kv_text('/GPU', ' tokens')}, "
                 f"{best.rollout.concurrent_seqs} sequences); filling the GPU would not "
                 f"speed it up")
-    if fill_plan is not None and fill_plan.fitting_count:
+    if fill_plan is not None and len(fill_plan.fitting_rows()):
         other = fill_plan.candidate(0, fitting=True)
         layout = other.layout
         text = layout.actor_text(moe=plan.model.is_moe)

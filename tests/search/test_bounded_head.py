@@ -1,0 +1,107 @@
+"""A strict head read without counts under a second memory policy (the text table's filled-GPU
+plan, ``PlanReads.first_rows``) is found from the lower bounds a plan of the same request
+under the first policy gives its rows' step times (``planner.step_bound``): only the rows
+whose bound reaches the head are scored.  Its rows are those of the plan that scores every
+row, column for column, on dense, MoE and MLA models, moving and constant lengths, a band where
+nothing fits, and one where every fitting layout is memory-tight (issue 24)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from conftest import MOVING_GRPO, SMALL_GRPO
+
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.models import resolve_model
+from planner.cost.request import PlanRequest
+from planner.plan import (
+    PlanReads,
+    evaluate_actors,
+    make_plan,
+    rollout_choice,
+    score_rows,
+)
+from planner.policy import DEFAULT_POLICY, FILL_POLICY, MemoryPolicy
+from planner.step_bound import row_bounds
+
+TIGHT = MemoryPolicy(low=0.01, high=0.02)  # every layout that fits peaks above the band
+
+
+def request(model: str, gpus: int, workload) -> PlanRequest:
+    return PlanRequest(resolve_model(model), ClusterSpec(get_gpu("h100"), gpus, 8), workload)
+
+
+JOBS = {  # name: request, the second policy, whether the bound finds its head
+    "dense-moving": (request("qwen3-8b", 16, MOVING_GRPO), FILL_POLICY, True),
+    "dense-constant": (request("qwen3-8b", 8, SMALL_GRPO), FILL_POLICY, True),
+    "moe-moving": (request("qwen3-30b", 16, MOVING_GRPO), FILL_POLICY, True),
+    "mla-moe-constant": (request("moonlight-16b", 16, SMALL_GRPO), FILL_POLICY, True),
+    # the other way round: a filled-GPU plan first, then the default band's head
+    "moe-back-to-default": (replace(request("qwen3-30b", 16, MOVING_GRPO),
+                                    policy=FILL_POLICY), DEFAULT_POLICY, True),
+    # every fitting layout is memory-tight: no incumbent inside the band, every row scored
+    "dense-tight": (request("qwen3-8b", 8, MOVING_GRPO), TIGHT, False),
+    # nothing fits on one GPU
+    "nothing-fits": (request("qwen3-30b", 1, SMALL_GRPO), FILL_POLICY, False),
+}
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+@pytest.mark.parametrize("name", list(JOBS))
+def test_a_bounded_head_is_the_head_of_every_row_scored(name, keep):
+    req, policy, bounded = JOBS[name]
+    first = make_plan(req, reads=PlanReads.text_table(5))  # records its rows' step times
+    other = replace(req, policy=policy)
+    fast = make_plan(other, tie_tolerance=0.0, actors=first.actors,
+                     reads=replace(PlanReads.first_rows(keep), fill=True))
+    assert fast.bounded == bounded
+    full = make_plan(other, tie_tolerance=0.0, actors=evaluate_actors(req),
+                     reads=PlanReads(keep=keep))
+    assert fast.rows == full.rows
+    assert set(fast.columns) == set(full.columns)
+    for column in full.columns:
+        np.testing.assert_array_equal(np.asarray(fast.columns[column]),
+                                      np.asarray(full.columns[column]), err_msg=column)
+    lazy = make_plan(other, tie_tolerance=0.0, actors=first.actors,
+                     reads=replace(PlanReads.first_rows(keep), lazy=True))
+    assert lazy.bounded == bounded
+    for column in ("tp", "pp", "rollout_tp", "fits", "step_time_s", "peak_bytes", "rank"):
+        np.testing.assert_array_equal(np.asarray(lazy.columns[column]),
+                                      np.asarray(full.columns[column]), err_msg=column)
+    if bounded:
+        assert fast.candidate(0, fitting=True) == full.candidate(0, fitting=True)
+        with pytest.raises(ValueError, match="not known"):
+            fast.fitting_count
+    else:
+        assert len(fast.fitting_rows()) == min(full.fitting_count, keep)
+
+
+@pytest.mark.parametrize("name", ["dense-moving", "moe-moving", "mla-moe-constant"])
+def test_the_bound_is_below_every_fitting_rows_step_time(name):
+    """Row by row, against every row scored under the second policy: a row that fits may fit,
+    and its bound is at most its expected step time; the bound leaves few rows to score."""
+    req, policy, _ = JOBS[name]
+    first = make_plan(req, reads=PlanReads.text_table(5))
+    actors = first.actors
+    other = replace(req, policy=policy)
+    choice = rollout_choice(other, actors.space.rollouts, None, actors.memory)
+    bound, may_fit = row_bounds(actors.records["steps"], other, choice)
+    every = score_rows(other, choice.spread(actors.space.columns), actors.memory,
+                       pick_utilization=True, time_rows="fitting")
+    fits = every.column("fits").astype(bool)
+    step = every.column("step_time_s")
+    assert fits.any() and (may_fit | ~fits).all()
+    known = fits & ~np.isnan(bound)
+    assert known.sum() > 0.9 * fits.sum()
+    assert (bound[known] <= step[known]).all()
+    # without an offload (whose trips the bound leaves out) it is the step time itself, but
+    # for the margin (relative to the first policy's times, which may be many times longer)
+    cols = actors.space.columns
+    plain = known & ~(cols["param_offload"] | cols["optimizer_offload"]
+                      | cols["ref_param_offload"]).astype(bool)
+    assert plain.any()
+    np.testing.assert_allclose(bound[plain], step[plain], rtol=1e-6)
+    best = np.min(step[fits & ~every.column("flag_memory_tight").astype(bool)])
+    assert np.count_nonzero(may_fit & ~(bound > best)) < fits.sum() / 4
