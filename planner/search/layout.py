@@ -338,10 +338,7 @@ def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return _by_position(values.astype(np.int64) - low, span)
     nan = kind in "fc" and bool(np.isnan(values).any())
     if kind in "biufc" and not nan and _hashed(n):
-        first_equal = _first_equal(_hash_keys(values))
-        own = first_equal == np.arange(n)  # the first occurrences, in order
-        position = np.cumsum(own) - 1
-        return np.flatnonzero(own), position[first_equal]
+        return _first_occurrences(_first_equal(_hash_keys(values)))
     if kind == "c":
         real, real_of = distinct(values.real)
         imag, imag_of = distinct(values.imag)
@@ -351,6 +348,26 @@ def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return _by_position(inverse.reshape(-1).astype(np.int64), len(index))
     present = sorted_distinct(values)
     return _by_position(np.searchsorted(present, values), len(present))
+
+
+def distinct_pair(real: np.ndarray, imag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`distinct` of the pairs ``(real[i], imag[i])`` of two float arrays: that of
+    ``real + 1j * imag``, to the bit, without building the complex array.  Finite pairs,
+    :data:`HASHED_VALUES` or more, are hashed as the two arrays' patterns (:func:`_first_equal`
+    reads only which rows are equal, and ``real + 1j * imag`` has exactly these parts, -0.0 as
+    0.0); anything else (NaN, an infinity, which ``1j * inf`` turns into a NaN part, or few
+    rows) goes through :func:`distinct` of the complex numbers."""
+    real, imag = np.asarray(real, dtype=np.float64), np.asarray(imag, dtype=np.float64)
+    if not _hashed(len(real)) or not (np.isfinite(real).all() and np.isfinite(imag).all()):
+        return distinct(real + 1j * imag)
+    return _first_occurrences(_first_equal([*_hash_keys(real), *_hash_keys(imag)]))
+
+
+def _first_occurrences(first_equal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`distinct`'s ``(first, inverse)`` from each row's first equal row."""
+    own = first_equal == np.arange(len(first_equal))  # the first occurrences, in order
+    position = np.cumsum(own) - 1
+    return np.flatnonzero(own), position[first_equal]
 
 
 # odd 64-bit multipliers of the hash (:func:`_first_equal`), one per level of collisions

@@ -98,3 +98,26 @@ def test_hashed_collisions_resolved_exactly(distinct_values):
     np.testing.assert_array_equal(layout._first_equal(keys), first[inverse])
     # the fallback past the last level of multipliers: the same answer
     np.testing.assert_array_equal(layout._first_equal(keys, level=99), first[inverse])
+
+
+PAIRS = {
+    "bytes + code": (RNG.integers(0, 3000, 50_000) * 1e6, RNG.integers(0, 9, 50_000) * 1.0),
+    "signed zeros": (RNG.choice([-0.0, 0.0, 2.0], 8000), RNG.choice([-0.0, 0.0, 5.0], 8000)),
+    "distinct": (RNG.random(20_000), RNG.random(20_000)),
+    "infinite part": (RNG.choice([1.0, np.inf], 5000), RNG.choice([np.inf, 3.0, -np.inf], 5000)),
+    "nan part": (RNG.choice([1.0, np.nan], 5000), RNG.choice([2.0, 3.0], 5000)),
+    "few rows": (RNG.choice([1.0, 2.0], 100), RNG.choice([3.0, -0.0, 0.0], 100)),
+    "none": (np.zeros(0), np.zeros(0)),
+}
+
+
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_distinct_pair_is_distinct_of_the_complex_numbers(name):
+    """distinct_pair(a, b) hashes the two arrays without the complex array: the same coding
+    as distinct(a + 1j * b), which the rollout choice and the rollout memory read before."""
+    real, imag = PAIRS[name]
+    first, inverse = layout.distinct_pair(real, imag)
+    want_first, want_inverse = distinct(real + 1j * imag)
+    np.testing.assert_array_equal(first, want_first)
+    np.testing.assert_array_equal(inverse, want_inverse)
+    assert first.dtype == inverse.dtype == np.int64
