@@ -807,12 +807,21 @@ def _core_rows(cols: Columns, knob: np.ndarray, combinations: int
     if combinations and n % combinations == 0 and np.array_equal(
             knob.reshape(-1, combinations), np.broadcast_to(np.arange(combinations),
                                                              (n // combinations, combinations))):
+        # a column of one element read n times (stride 0: a search's constant column) holds
+        # one value throughout, NaN aside; the others are compared block by block
         blocks = {name: np.asarray(cols[name]).reshape(-1, combinations)
-                  for name in core_fields(cols)}
+                  for name in core_fields(cols) if not _one_value(np.asarray(cols[name]))}
         if all((values == values[:, :1]).all() for values in blocks.values()):
             core = np.repeat(np.arange(n // combinations), combinations)
             return {name: np.asarray(values)[::combinations] for name, values in cols.items()}, core
     return unique_rows(cols, core_fields(cols))
+
+
+def _one_value(values: np.ndarray) -> bool:
+    """Whether ``values`` (1-D) is one element read throughout (stride 0), not a NaN: every
+    element then equals every other."""
+    return (values.ndim == 1 and len(values) > 0 and values.strides[0] == 0
+            and not (values.dtype.kind in "fc" and np.isnan(values[0])))
 
 
 @dataclass(frozen=True, eq=False)
@@ -1402,7 +1411,7 @@ def _rollout_memory_once(request: PlanRequest, cols: Columns, resident_bytes: np
            zip(("rollout_tp", "rollout_dp", "rollout_ep"), (tp, dp, ep))}
     out = rollout_memory(request, few, _f(resident_bytes)[first],
                          None if utilization is None else _f(utilization)[first])
-    return {name: values[inverse] for name, values in out.items()}
+    return {name: np.take(values, inverse, axis=0) for name, values in out.items()}
 
 
 def argmax_rows(arrays) -> tuple[np.ndarray, np.ndarray]:

@@ -63,7 +63,7 @@ are booked with the weight sync.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Callable
 
@@ -754,7 +754,7 @@ class DistinctRows:
     def spread(self, out: dict) -> dict:
         if self.inverse is None:
             return out
-        return {name: values[self.inverse] if np.ndim(values) == 1 else values
+        return {name: np.take(values, self.inverse) if np.ndim(values) == 1 else values
                 for name, values in out.items()}
 
     def spread_one(self, values):
@@ -772,6 +772,22 @@ class StepGroups:
     log_prob: DistinctRows
     update: DistinctRows
     generate: DistinctRows
+    # what the layouts' step reads that does not move with the response length (the weight
+    # sync, the offload trips): computed once for the run's points (:meth:`point_free`)
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def point_free(self, request: PlanRequest, inputs: tuple, name: str, compute: Callable):
+        """``compute()``, a function of ``request`` and the columns ``inputs`` that reads
+        nothing of the workload's mean response length (the one thing the run's points change,
+        :func:`planner.cost.trajectory.request_at`): computed once per request apart from
+        that length, for these very columns (the same objects).  Only sums read the values
+        (:func:`grpo_step_time_s`): no point's result holds them."""
+        key = (name, _apart_from_mean_length(request))
+        kept = self.memo.get(key)
+        if kept is None or len(kept[0]) != len(inputs) or any(
+                mine is not theirs for mine, theirs in zip(kept[0], inputs)):
+            kept = self.memo[key] = (inputs, compute())
+        return kept[1]
 
     @classmethod
     def of(cls, cols: Columns, memory: Columns) -> "StepGroups":
@@ -780,6 +796,16 @@ class StepGroups:
                    **{name: memory[name] for name in GENERATE_FIELDS[3:] if name in memory}}
         return cls(DistinctRows.of(cols, LOG_PROB_FIELDS), DistinctRows.of(cols, UPDATE_FIELDS),
                    DistinctRows.of(rollout, GENERATE_FIELDS))
+
+
+def _apart_from_mean_length(request: PlanRequest) -> tuple:
+    """``request`` as a key that the run's points share: every field, the workload's but its
+    mean response length."""
+    workload = request.workload
+    return (request.model, request.cluster, request.options, request.cost, request.policy,
+            type(workload), tuple((item.name, getattr(workload, item.name))
+                                  for item in fields(workload)
+                                  if item.name != "mean_response_length"))
 
 
 def _booked(phase: dict) -> dict:
@@ -838,9 +864,12 @@ def grpo_step_time_s(request: PlanRequest, cols: Columns, memory: Columns,
             log_prob_phase_s(request, groups.log_prob.rows)["total_s"]),
         "update": groups.update.spread_one(update_phase_s(request, groups.update.rows)["total_s"]),
         "generate": groups.generate.spread_one(generate_s(request, few, few)["total_s"]),
-        "weight_sync": weight_sync_s(request, cols)["total_s"]}
+        "weight_sync": groups.point_free(request, (cols,), "weight_sync", lambda: weight_sync_s(
+            request, cols))["total_s"]}
     n = len(cols["tp"])
-    return sum(_phase_times(request, totals, _offload_trips(request, cols, memory), n).values())
+    trips = groups.point_free(request, (cols, memory), "trips",
+                              lambda: _offload_trips(request, cols, memory))
+    return sum(_phase_times(request, totals, trips, n).values())
 
 
 def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,

@@ -54,28 +54,44 @@ def _f(x) -> np.ndarray:
 
 
 def _batches(workload, cols: Columns, sequences: np.ndarray, micro: np.ndarray,
-             budget: np.ndarray) -> MicroBatches:
+             budget: np.ndarray, count_only: bool = False) -> MicroBatches | np.ndarray:
+    """The pass's :class:`MicroBatches` (``count_only``: their ``count`` alone).  Each field is
+    the dynamic rows' value or the fixed rows'; where every row is one kind only that kind's
+    value is computed (the same numbers: ``np.where`` of one side)."""
     n = len(cols["tp"])
     cp = _f(cols["cp"])
     dynamic = np.asarray(cols.get("dynamic_batch", np.zeros(n, dtype=bool))).astype(bool)
     seq_max, seq_mean = float(workload.sequence_length), float(workload.mean_sequence_length)
     micro = np.maximum(_f(micro), 1)
-    static_count = np.maximum(np.ceil(sequences / micro), 1)
-    rank_tokens = sequences * seq_mean
-    group = np.where(cols["vpp"] > 1, _f(cols["pp"]), 1.0)
+    every, none = (bool(dynamic.all()), not dynamic.any()) if n else (False, False)
 
-    def packed(tokens: np.ndarray) -> np.ndarray:
+    def either(if_dynamic, if_fixed) -> np.ndarray:
+        """``np.where(dynamic, if_dynamic(), if_fixed())``, one side alone where it serves."""
+        if every or none:
+            value = if_dynamic() if every else if_fixed()
+            return np.array(np.broadcast_to(value, dynamic.shape), dtype=np.float64)
+        return np.where(dynamic, if_dynamic(), if_fixed())
+
+    def static_count() -> np.ndarray:
+        return np.maximum(np.ceil(sequences / micro), 1)
+
+    rank_tokens = sequences * seq_mean
+
+    def packed(tokens) -> np.ndarray:
         """rearrange_micro_batches' count for ``tokens`` on the rank."""
+        group = np.where(cols["vpp"] > 1, _f(cols["pp"]), 1.0)
         count = np.clip(np.ceil(tokens / np.maximum(_f(budget) * cp, 1)), 1,
                         np.maximum(sequences, 1))
         return np.ceil(count / group) * group
 
-    count = np.where(dynamic, packed(rank_tokens), static_count)
+    count = either(lambda: packed(rank_tokens), static_count)
+    if count_only:
+        return count
     return MicroBatches(
-        memory_tokens=np.where(dynamic, _f(budget), micro * seq_max / cp),
-        mean_tokens=np.where(dynamic, rank_tokens / count / cp, micro * seq_mean / cp),
+        memory_tokens=either(lambda: _f(budget), lambda: micro * seq_max / cp),
+        mean_tokens=either(lambda: rank_tokens / count / cp, lambda: micro * seq_mean / cp),
         count=count,
-        memory_count=np.where(dynamic, packed(sequences * seq_max), static_count))
+        memory_count=either(lambda: packed(sequences * seq_max), static_count))
 
 
 def update_batches(workload, cols: Columns) -> MicroBatches:
@@ -85,6 +101,14 @@ def update_batches(workload, cols: Columns) -> MicroBatches:
     n = len(cols["tp"])
     budget = np.asarray(cols.get("max_token_len", np.zeros(n)))
     return _batches(workload, cols, sequences, cols["micro_batch"], budget)
+
+
+def update_batch_count(workload, cols: Columns) -> np.ndarray:
+    """:func:`update_batches`' ``count`` alone (the same numbers)."""
+    sequences = _f(workload.sequences_per_mini_batch) / np.maximum(_f(cols["dp"]), 1)
+    n = len(cols["tp"])
+    budget = np.asarray(cols.get("max_token_len", np.zeros(n)))
+    return _batches(workload, cols, sequences, cols["micro_batch"], budget, count_only=True)
 
 
 def log_prob_micro_batch(cols: Columns) -> np.ndarray:

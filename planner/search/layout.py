@@ -224,6 +224,8 @@ class RowsAt(Mapping):
 
     def __init__(self, columns: Mapping, index: np.ndarray, taken: Mapping | None = None) -> None:
         self._columns, self._index = columns, index
+        # an integer index gathers with np.take (numpy's faster loop; the same values)
+        self._by_position = isinstance(index, np.ndarray) and index.dtype.kind in "iu"
         self._taken = dict(taken) if taken else {}
         self._given = tuple(self._taken)
         self._own = tuple(name for name in self._given if name not in columns)
@@ -232,7 +234,8 @@ class RowsAt(Mapping):
         taken = self._taken.get(name)
         if taken is None:
             values = self._columns[name]
-            taken = values if np.ndim(values) == 0 else values[self._index]
+            taken = values if np.ndim(values) == 0 else (
+                np.take(values, self._index, axis=0) if self._by_position else values[self._index])
             self._taken[name] = taken
         return taken
 
@@ -286,7 +289,7 @@ def unique_rows(cols: Columns, names: tuple[str, ...]) -> tuple[Columns, np.ndar
         key = key * count + codes
         combinations *= count
     first, inverse = distinct(key)
-    return {name: np.asarray(values)[first] for name, values in cols.items()}, inverse
+    return {name: np.take(values, first, axis=0) for name, values in cols.items()}, inverse
 
 
 def _codes(values: np.ndarray) -> tuple[np.ndarray, int]:
