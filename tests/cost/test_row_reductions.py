@@ -45,3 +45,50 @@ def test_pick_rows_is_numpys_choose(stages):
     got = pick_rows(index, stages)
     assert got.dtype == expected.dtype
     np.testing.assert_array_equal(got, expected)
+
+
+def _copyto_argmax(arrays):
+    """argmax_rows as it was: a masked copy per array (the reference of the branch-free one)."""
+    best = np.array(arrays[0], dtype=np.result_type(*arrays))
+    index = np.zeros(best.shape, dtype=np.int64)
+    for i, values in enumerate(arrays[1:], start=1):
+        larger = values > best
+        np.copyto(index, i, where=larger)
+        np.copyto(best, values, where=larger)
+    return index, best
+
+
+REDUCED = {
+    "bytes": lambda rng: [rng.integers(1, 9, 5000) * 1e9 for _ in range(4)],
+    "nan among them": lambda rng: [np.where(rng.random(5000) < 0.1, np.nan,
+                                            rng.integers(1, 9, 5000) * 1.0) for _ in range(4)],
+    "signed zeros": lambda rng: [rng.choice([0.0, -0.0, 1.0], 5000) for _ in range(3)],
+    "integers": lambda rng: [rng.integers(0, 4, 5000) for _ in range(5)],
+    "one array": lambda rng: [rng.random(50)],
+}
+
+
+@pytest.mark.parametrize("name", list(REDUCED))
+def test_the_branch_free_argmax_is_the_masked_copys(name):
+    arrays = REDUCED[name](np.random.default_rng(11))
+    index, best = argmax_rows(arrays)
+    want_index, want_best = _copyto_argmax(arrays)
+    assert index.dtype == want_index.dtype and best.dtype == want_best.dtype
+    np.testing.assert_array_equal(index, want_index)
+    np.testing.assert_array_equal(best.view(np.uint8), want_best.view(np.uint8))
+
+
+@pytest.mark.parametrize("low, high", [(0, 5), (-1, 6)])
+def test_pick_rows_of_integers_is_the_masked_copys(low, high):
+    """Stage indices picked per row by a sum (in range) or masked copies (out of range: the
+    first array's value, as before)."""
+    rng = np.random.default_rng(12)
+    arrays = [rng.integers(0, 4, 3000).astype(np.int8) for _ in range(5)]
+    arrays[0] = arrays[0].astype(np.int64)
+    index = rng.integers(low, high, 3000)
+    want = np.array(arrays[0], dtype=np.int64)
+    for i, values in enumerate(arrays[1:], start=1):
+        np.copyto(want, values, where=index == i)
+    got = pick_rows(index, arrays)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
