@@ -1159,7 +1159,9 @@ class ActorCells:
                     largest[phase] = (np.zeros(phases[phase].shape, dtype=np.int8),
                                       phases[phase])
                 else:
-                    _keep_larger(kept[0], kept[1], phases[phase], stage)
+                    larger = phases[phase] > kept[1]
+                    np.copyto(kept[0], stage, where=larger)
+                    np.copyto(kept[1], phases[phase], where=larger)
             if only is not None:
                 continue
             parts.tables.append({"weights": weights, "grads": grads,
@@ -1419,23 +1421,10 @@ def argmax_rows(arrays) -> tuple[np.ndarray, np.ndarray]:
     best = np.array(arrays[0], dtype=np.result_type(*arrays))
     index = np.zeros(best.shape, dtype=np.int64)
     for i, values in enumerate(arrays[1:], start=1):
-        _keep_larger(index, best, values, i)
-    return index, best
-
-
-def _keep_larger(index: np.ndarray, best: np.ndarray, values, i: int) -> None:
-    """Where ``values > best``: ``best`` takes ``values`` and ``index`` takes ``i``, in place
-    (``np.copyto(..., where=values > best)``).  Without a branch per element where that is the
-    same: ``i`` is larger than every index so far (the arrays come in order, the indices are
-    >= 0), so the index is ``max(index, i * larger)``; the bytes are ``max(best, values)`` unless
-    ``values`` holds a NaN (never larger, which the maximum would take) or a zero (+0.0 and
-    -0.0 are equal, which the maximum may swap)."""
-    larger = values > best
-    np.maximum(index, np.multiply(larger, i, dtype=index.dtype), out=index)
-    if np.isnan(values).any() or not np.all(values):
+        larger = values > best
+        np.copyto(index, i, where=larger)
         np.copyto(best, values, where=larger)
-    else:
-        np.maximum(best, values, out=best)
+    return index, best
 
 
 def max_rows(arrays) -> np.ndarray:
@@ -1447,17 +1436,7 @@ def max_rows(arrays) -> np.ndarray:
 def pick_rows(index: np.ndarray, arrays) -> np.ndarray:
     """Per row ``i``, ``arrays[index[i]][i]``: ``np.choose(index, arrays)`` without stacking
     the arrays into one first."""
-    kind = np.result_type(*arrays)
-    index = np.asarray(index)
-    if (kind.kind in "iu" and index.dtype.kind in "iu" and index.size
-            and index.min() >= 0 and index.max() < len(arrays)):
-        # integers (stage indices): the sum of each array where it is picked, exact and without
-        # a branch per element (every other term is 0)
-        out = np.zeros(np.shape(index), dtype=kind)
-        for i, values in enumerate(arrays):
-            out += np.multiply(index == i, values, dtype=kind)
-        return out
-    out = np.array(arrays[0], dtype=kind)
+    out = np.array(arrays[0], dtype=np.result_type(*arrays))
     for i, values in enumerate(arrays[1:], start=1):
         np.copyto(out, values, where=index == i)
     return out
