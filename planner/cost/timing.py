@@ -741,14 +741,18 @@ class DistinctRows:
     inverse: np.ndarray | None  # None: every row is distinct (``rows`` are the columns)
 
     @classmethod
-    def of(cls, cols: Columns, names: tuple[str, ...]) -> "DistinctRows":
+    def of(cls, cols: Columns, names: tuple[str, ...],
+           codes_of: dict | None = None) -> "DistinctRows":
+        """``codes_of``: the fields' codes kept across calls on the same columns
+        (:func:`planner.search.layout.unique_rows`)."""
         if len(cols["tp"]) < DISTINCT_MIN_ROWS:
             return cls(LayoutRows(cols), None)
         # the distinct rows carry the fields ``names`` alone (and ``tp``, which counts rows):
         # what the phase reads (tests/cost/test_step_groups.py), not every column of a plan
         scalars = scalar_columns(cols)
         few, inverse = unique_rows({name: cols[name] for name in ("tp", *names)
-                                    if name in cols and np.ndim(cols[name]) == 1}, names)
+                                    if name in cols and np.ndim(cols[name]) == 1}, names,
+                                   codes_of)
         return cls(LayoutRows({**scalars, **few}), inverse)
 
     def spread(self, out: dict) -> dict:
@@ -794,7 +798,10 @@ class StepGroups:
         # (``tp`` only counts the rows: generate_s does not read it)
         rollout = {"tp": cols["tp"], **{name: cols[name] for name in GENERATE_FIELDS[:3]},
                    **{name: memory[name] for name in GENERATE_FIELDS[3:] if name in memory}}
-        return cls(DistinctRows.of(cols, LOG_PROB_FIELDS), DistinctRows.of(cols, UPDATE_FIELDS),
+        # the two training passes share most fields: each field coded once for both
+        codes_of: dict = {}
+        return cls(DistinctRows.of(cols, LOG_PROB_FIELDS, codes_of),
+                   DistinctRows.of(cols, UPDATE_FIELDS, codes_of),
                    DistinctRows.of(rollout, GENERATE_FIELDS))
 
 

@@ -261,7 +261,8 @@ def scalar_columns(cols: Mapping) -> dict:
     return {name: values for name, values in source.items() if np.ndim(values) == 0}
 
 
-def unique_rows(cols: Columns, names: tuple[str, ...]) -> tuple[Columns, np.ndarray]:
+def unique_rows(cols: Columns, names: tuple[str, ...],
+                codes_of: dict | None = None) -> tuple[Columns, np.ndarray]:
     """The distinct rows of ``cols`` over the fields ``names``, and for every row the index of
     its distinct row: the cost model computes what depends only on those fields once per
     distinct row (a search crosses every parallel layout with several knobs that do not change
@@ -269,20 +270,26 @@ def unique_rows(cols: Columns, names: tuple[str, ...]) -> tuple[Columns, np.ndar
 
     Each field becomes codes ``0..k-1`` (:func:`_codes`), the codes combine into one int64 key
     (re-coded whenever the next field would overflow it), and the key is coded once more
-    (:func:`distinct`).
+    (:func:`distinct`).  ``codes_of``: each field's codes (None: one value) kept across calls
+    on the same columns (the step's groups read many of the same fields).
     """
     n = len(cols["tp"])
     if n == 0:
         return dict(cols), np.zeros(0, dtype=np.int64)
     key = np.zeros(n, dtype=np.int64)
     combinations = 1
+    codes_of = {} if codes_of is None else codes_of
     for name in names:
         if name not in cols:
             continue
-        values = np.asarray(cols[name])
-        if values.ndim != 1 or (values[0] == values).all():
-            continue  # one value: it distinguishes nothing
-        codes, count = _codes(values)
+        if name not in codes_of:
+            values = np.asarray(cols[name])
+            # one value distinguishes nothing
+            codes_of[name] = (None if values.ndim != 1 or (values[0] == values).all()
+                              else _codes(values))
+        if codes_of[name] is None:
+            continue
+        codes, count = codes_of[name]
         if combinations * count >= 2**62:
             compressed, key = distinct(key)
             combinations = len(compressed)
