@@ -348,7 +348,8 @@ def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return _by_position(values.astype(np.int64) - low, span)
     nan = kind in "fc" and bool(np.isnan(values).any())
     if kind in "biufc" and not nan and _hashed(n):
-        return _first_occurrences(_first_equal(_hash_keys(values)))
+        few = _few_floats(values) if kind == "f" else None
+        return few or _first_occurrences(_first_equal(_hash_keys(values)))
     if kind == "c":
         real, real_of = distinct(values.real)
         imag, imag_of = distinct(values.imag)
@@ -371,6 +372,33 @@ def distinct_pair(real: np.ndarray, imag: np.ndarray) -> tuple[np.ndarray, np.nd
     if not _hashed(len(real)) or not (np.isfinite(real).all() and np.isfinite(imag).all()):
         return distinct(real + 1j * imag)
     return _first_occurrences(_first_equal([*_hash_keys(real), *_hash_keys(imag)]))
+
+
+# At most this many distinct floats are found by comparison (:func:`_few_floats`).
+FEW_FLOATS = 4
+
+
+def _few_floats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`distinct` of floats (no NaN) holding at most :data:`FEW_FLOATS` values (a knob's
+    fractions), by comparison: the first row not yet seen starts the next value, every row
+    equal to it (0.0 and -0.0 alike, as hashed) takes its position.  None where there are more
+    (hashing serves then; found at once where some 256 evenly spaced rows hold more)."""
+    if len(sorted_distinct(values[::max(len(values) // 256, 1)] + 0.0)) > FEW_FLOATS:
+        return None
+    seen = np.zeros(len(values), dtype=bool)
+    inverse = np.zeros(len(values), dtype=np.int8)  # positions below FEW_FLOATS
+    first = []
+    start = 0
+    for position in range(FEW_FLOATS):
+        first.append(start)
+        equal = values == values[start]
+        if position:
+            inverse += np.multiply(equal, position, dtype=np.int8)
+        seen |= equal
+        start = int(np.argmin(seen))
+        if seen[start]:  # every row seen
+            return np.array(first, dtype=np.int64), inverse.astype(np.int64)
+    return None
 
 
 def _first_occurrences(first_equal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

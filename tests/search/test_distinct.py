@@ -138,3 +138,28 @@ def test_unique_rows_with_kept_codes_is_unique_rows():
         for name in cols:
             np.testing.assert_array_equal(few[name], want_few[name])
     assert codes_of["c"] is None and set(codes_of) == {"tp", "a", "b", "c", "d"}
+
+
+def _hidden_fifth_value():
+    values = RNG.choice([0.25, 0.5, 0.75, 1.0], 10_000)
+    values[1] = 3.0  # one more value where the evenly spaced sample does not look
+    return values
+
+
+@pytest.mark.parametrize("values", [
+    RNG.choice([0.0, 0.5, 1.0], 10_000),
+    RNG.choice([0.0, -0.0, 0.5], 10_000),
+    RNG.choice([0.1, 0.2, 0.3, 0.4], 10_000),
+    _hidden_fifth_value(),
+    RNG.random(10_000),
+], ids=["three", "signed zeros", "four", "a fifth the sample misses", "many"])
+def test_few_floats_are_found_by_comparison_as_hashing_finds_them(values):
+    """A knob's few fractions (at most FEW_FLOATS) are coded by comparison, the same codes as
+    hashing and pandas; more fall back to hashing."""
+    first, inverse = distinct(values)
+    want_first, want_inverse = factorized(values)
+    np.testing.assert_array_equal(first, want_first)
+    np.testing.assert_array_equal(inverse, want_inverse)
+    assert first.dtype == inverse.dtype == np.int64
+    found = layout._few_floats(values)
+    assert (found is None) == (len(want_first) > layout.FEW_FLOATS)
