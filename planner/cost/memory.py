@@ -1065,8 +1065,9 @@ class ActorCells:
             stop = max(start, stop)
             first, last = start // k, -(-stop // k)  # the core rows the range covers
             cores, width, offset = slice(first, last), last - first, start - first * k
-            at = np.arange(start, stop)
-            core, knob = at // k - first, at % k
+            # (at // k - first, at % k) of the rows at = start..stop-1, without dividing
+            core = np.repeat(np.arange(width), k)[offset:offset + stop - start]
+            knob = np.tile(np.arange(k), width)[offset:offset + stop - start]
         else:
             at = (rows if isinstance(rows, np.ndarray) and rows.dtype.kind in "iu"
                   and (len(rows) == 0 or rows.min() >= 0) else np.arange(self.n)[rows])

@@ -132,3 +132,18 @@ def test_pick_reads_each_rows_stage(shuffle):
                  "ref_weights"):
         want = np.choose(stage, [np.asarray(view[part], dtype=np.float64) for view in stages])
         np.testing.assert_array_equal(memory["parts"].pick(part, stage), want, err_msg=part)
+
+
+@pytest.mark.parametrize("start, stop", [(0, 1000), (7, 5003), (12, 24), (5, 5), (3, 10**9)])
+def test_a_range_of_held_rows_reads_the_cells_an_index_reads(start, stop):
+    """ActorCells.rows on a slice (core rows and knobs laid out without dividing) gives every
+    array the index path (which divides) gives on the same rows, to the bit."""
+    request = _request("deepseek-v3", 64)
+    cols = _space(request)
+    cells = actor_memory(request, cols, reduced=True, held=True)["cells"]
+    by_range = cells.rows(slice(start, stop))
+    by_index = cells.rows(np.arange(start, min(stop, len(cells))))
+    _assert_same_bits(_memory_per_row(by_range), _memory_per_row(by_index))
+    for phase in by_index["reduced"]:
+        for got, want in zip(by_range["reduced"][phase], by_index["reduced"][phase]):
+            np.testing.assert_array_equal(got, want)
