@@ -59,7 +59,7 @@ from planner.ranking import (
     tied_with_best,
 )
 from planner.results import COLOCATED_MODE, ColocatedCandidate, Placement, Staleness
-from planner.search.layout import RECOMPUTE, Columns, Layout, RowsAt, distinct
+from planner.search.layout import RECOMPUTE, Columns, Layout, RowsAt, distinct, distinct_pair
 from planner.search.rules import (
     UNWISE_FLAGS,
     PipelineStarvation,
@@ -288,7 +288,7 @@ def rollout_choice(request: PlanRequest, rollouts: Columns, utilization: float |
             actor_resident_bytes(rows),
             max_rows([max_rows(rows["phases"][phase]) for phase in joined])), SCORE_CHUNK_ROWS,
             only=("generate", *joined))
-        first, inverse = distinct(resident_all + 1j * beside_all)
+        first, inverse = distinct_pair(resident_all, beside_all)
         return resident_all[first], beside_all[first], inverse
 
     # the actor's memory alone: found once per actor evaluation (the plans that share it)

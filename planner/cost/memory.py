@@ -75,6 +75,7 @@ from planner.search.layout import (
     RECOMPUTE_MODULES,
     Columns,
     distinct,
+    distinct_pair,
     sorted_distinct,
     unique_rows,
 )
@@ -806,12 +807,21 @@ def _core_rows(cols: Columns, knob: np.ndarray, combinations: int
     if combinations and n % combinations == 0 and np.array_equal(
             knob.reshape(-1, combinations), np.broadcast_to(np.arange(combinations),
                                                              (n // combinations, combinations))):
+        # a column of one element read n times (stride 0: a search's constant column) holds
+        # one value throughout, NaN aside; the others are compared block by block
         blocks = {name: np.asarray(cols[name]).reshape(-1, combinations)
-                  for name in core_fields(cols)}
+                  for name in core_fields(cols) if not _one_value(np.asarray(cols[name]))}
         if all((values == values[:, :1]).all() for values in blocks.values()):
             core = np.repeat(np.arange(n // combinations), combinations)
             return {name: np.asarray(values)[::combinations] for name, values in cols.items()}, core
     return unique_rows(cols, core_fields(cols))
+
+
+def _one_value(values: np.ndarray) -> bool:
+    """Whether ``values`` (1-D) is one element read throughout (stride 0), not a NaN: every
+    element then equals every other."""
+    return (values.ndim == 1 and len(values) > 0 and values.strides[0] == 0
+            and not (values.dtype.kind in "fc" and np.isnan(values[0])))
 
 
 @dataclass(frozen=True, eq=False)
@@ -884,13 +894,19 @@ class ActorParts:
     def pick(self, part: str, stage: np.ndarray) -> np.ndarray:
         """Per row, ``part`` on the row's stage ``stage`` (an index into :data:`STAGES`)."""
 
+        flat = {}  # per table width: each row's flat position in the stacked tables
+
         def values(name: str) -> np.ndarray:
             tables = self._stacked.get(name)
             if tables is None:  # stacked once (a plan's chunks and its subsets share it)
                 tables = self._stacked[name] = np.stack([part[name] for part in self.tables])
-            if tables.ndim == 2:
-                return tables[stage, self.core]
-            return tables[stage, self.core, self.knob]
+            # ``tables[stage, core]`` or ``tables[stage, core, knob]``, as one flat take
+            width = tables[0].size
+            at = flat.get(width)
+            if at is None:
+                cell = self.core if tables.ndim == 2 else self.core * self._knobs + self.knob
+                at = flat[width] = np.asarray(stage, dtype=np.int64) * width + cell
+            return np.take(tables.reshape(-1), at)
 
         return self._derived(part, values)
 
@@ -1049,8 +1065,9 @@ class ActorCells:
             stop = max(start, stop)
             first, last = start // k, -(-stop // k)  # the core rows the range covers
             cores, width, offset = slice(first, last), last - first, start - first * k
-            at = np.arange(start, stop)
-            core, knob = at // k - first, at % k
+            # (at // k - first, at % k) of the rows at = start..stop-1, without dividing
+            core = np.repeat(np.arange(width), k)[offset:offset + stop - start]
+            knob = np.tile(np.arange(k), width)[offset:offset + stop - start]
         else:
             at = (rows if isinstance(rows, np.ndarray) and rows.dtype.kind in "iu"
                   and (len(rows) == 0 or rows.min() >= 0) else np.arange(self.n)[rows])
@@ -1079,8 +1096,9 @@ class ActorCells:
         def cells(values, where: np.ndarray) -> np.ndarray:
             """A per-core-row term on the combinations ``where`` is set, else an exact 0:
             adding it changes no bit where it is 0 (``x + 0.0 == x``, the bytes are never
-            -0.0), so each sum is the one of the terms a combination keeps, in order."""
-            return np.where(where, np.asarray(values)[:, None], 0.0)
+            -0.0), so each sum is the one of the terms a combination keeps, in order.
+            (``np.where(where, values[:, None], 0.0)``, its columns written in place.)"""
+            return _masked_columns(np.asarray(values)[:, None], where)
 
         parts = ActorParts(index, width, knobs, needs_ref)
         wanted = PHASES if only is None else [phase for phase in PHASES if phase in only]
@@ -1104,7 +1122,7 @@ class ActorCells:
             # per (core row, combination); a term a knob zeroes is an exact 0 (cells)
             optimizer = np.asarray(c["optimizer_state"])[:, None] * on_gpu  # x * 1.0 == x
             kept_grads = cells(grads, ~param_off)
-            kept_optimizer = np.where(optimizer_off, 0.0, optimizer)
+            kept_optimizer = _masked_columns(optimizer, ~optimizer_off)
             terms = {"weights": np.asarray(weights)[:, None], "grads": np.asarray(grads)[:, None],
                      "optimizer": optimizer, "ref_weights": cells(weights, ~no_ref),
                      "update": update_transient[:, None], "log_prob": log_prob_transient[:, None],
@@ -1119,10 +1137,10 @@ class ActorCells:
             # offload_megatron_model_to_cpu; the optimizer's GPU state; the reference), and
             # Megatron's CPU optimizer's share of the optimizer.
             host = None if only is not None else (
-                cells(weights, param_off) + np.where(optimizer_off, optimizer, 0.0)
+                cells(weights, param_off) + _masked_columns(optimizer, optimizer_off)
                 + cells(weights, ref_off & needs_ref)
-                + np.where(on_host != 0, on_host * np.asarray(c["optimizer_params"])[:, None]
-                           * self.host_state, 0.0) + HOST_WORKER_BYTES)
+                + _masked_columns(on_host * np.asarray(c["optimizer_params"])[:, None]
+                                  * self.host_state, on_host != 0) + HOST_WORKER_BYTES)
             phases = {}
             for phase in wanted:
                 state, transient = _held(phase, terms)
@@ -1165,6 +1183,18 @@ class ActorCells:
                     array.flags.writeable = False
                 out["reduced"][f"largest_{phase}"] = kept
         return out
+
+
+def _masked_columns(values: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """``np.where(where, values, 0.0)`` of a (core row, combination) table ``values`` (or one
+    column, ``(rows, 1)``, broadcast) and a mask of its combinations: a table of zeros whose
+    columns ``where`` sets are copied in (a plain strided copy, not a broadcast select)."""
+    out = np.zeros((len(values), len(where)))
+    if where.all():
+        out[...] = values
+    elif where.any():
+        out[:, where] = values if values.shape[1] == 1 else values[:, where]
+    return out
 
 
 def _held(phase: str, terms: dict) -> tuple:
@@ -1377,12 +1407,12 @@ def _rollout_memory_once(request: PlanRequest, cols: Columns, resident_bytes: np
     if utilization is not None:
         _, fraction = distinct(_f(utilization))
         code = layout * (int(fraction.max(initial=0)) + 1) + fraction
-    first, inverse = distinct(_f(resident_bytes) + 1j * code)
+    first, inverse = distinct_pair(resident_bytes, code)
     few = {name: tp_dp_ep[first] for name, tp_dp_ep in
            zip(("rollout_tp", "rollout_dp", "rollout_ep"), (tp, dp, ep))}
     out = rollout_memory(request, few, _f(resident_bytes)[first],
                          None if utilization is None else _f(utilization)[first])
-    return {name: values[inverse] for name, values in out.items()}
+    return {name: np.take(values, inverse, axis=0) for name, values in out.items()}
 
 
 def argmax_rows(arrays) -> tuple[np.ndarray, np.ndarray]:

@@ -63,7 +63,7 @@ are booked with the weight sync.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Callable
 
@@ -741,20 +741,24 @@ class DistinctRows:
     inverse: np.ndarray | None  # None: every row is distinct (``rows`` are the columns)
 
     @classmethod
-    def of(cls, cols: Columns, names: tuple[str, ...]) -> "DistinctRows":
+    def of(cls, cols: Columns, names: tuple[str, ...],
+           codes_of: dict | None = None) -> "DistinctRows":
+        """``codes_of``: the fields' codes kept across calls on the same columns
+        (:func:`planner.search.layout.unique_rows`)."""
         if len(cols["tp"]) < DISTINCT_MIN_ROWS:
             return cls(LayoutRows(cols), None)
         # the distinct rows carry the fields ``names`` alone (and ``tp``, which counts rows):
         # what the phase reads (tests/cost/test_step_groups.py), not every column of a plan
         scalars = scalar_columns(cols)
         few, inverse = unique_rows({name: cols[name] for name in ("tp", *names)
-                                    if name in cols and np.ndim(cols[name]) == 1}, names)
+                                    if name in cols and np.ndim(cols[name]) == 1}, names,
+                                   codes_of)
         return cls(LayoutRows({**scalars, **few}), inverse)
 
     def spread(self, out: dict) -> dict:
         if self.inverse is None:
             return out
-        return {name: values[self.inverse] if np.ndim(values) == 1 else values
+        return {name: np.take(values, self.inverse) if np.ndim(values) == 1 else values
                 for name, values in out.items()}
 
     def spread_one(self, values):
@@ -772,14 +776,43 @@ class StepGroups:
     log_prob: DistinctRows
     update: DistinctRows
     generate: DistinctRows
+    # what the layouts' step reads that does not move with the response length (the weight
+    # sync, the offload trips): computed once for the run's points (:meth:`point_free`)
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def point_free(self, request: PlanRequest, inputs: tuple, name: str, compute: Callable):
+        """``compute()``, a function of ``request`` and the columns ``inputs`` that reads
+        nothing of the workload's mean response length (the one thing the run's points change,
+        :func:`planner.cost.trajectory.request_at`): computed once per request apart from
+        that length, for these very columns (the same objects).  Only sums read the values
+        (:func:`grpo_step_time_s`): no point's result holds them."""
+        key = (name, _apart_from_mean_length(request))
+        kept = self.memo.get(key)
+        if kept is None or len(kept[0]) != len(inputs) or any(
+                mine is not theirs for mine, theirs in zip(kept[0], inputs)):
+            kept = self.memo[key] = (inputs, compute())
+        return kept[1]
 
     @classmethod
     def of(cls, cols: Columns, memory: Columns) -> "StepGroups":
         # (``tp`` only counts the rows: generate_s does not read it)
         rollout = {"tp": cols["tp"], **{name: cols[name] for name in GENERATE_FIELDS[:3]},
                    **{name: memory[name] for name in GENERATE_FIELDS[3:] if name in memory}}
-        return cls(DistinctRows.of(cols, LOG_PROB_FIELDS), DistinctRows.of(cols, UPDATE_FIELDS),
+        # the two training passes share most fields: each field coded once for both
+        codes_of: dict = {}
+        return cls(DistinctRows.of(cols, LOG_PROB_FIELDS, codes_of),
+                   DistinctRows.of(cols, UPDATE_FIELDS, codes_of),
                    DistinctRows.of(rollout, GENERATE_FIELDS))
+
+
+def _apart_from_mean_length(request: PlanRequest) -> tuple:
+    """``request`` as a key that the run's points share: every field, the workload's but its
+    mean response length."""
+    workload = request.workload
+    return (request.model, request.cluster, request.options, request.cost, request.policy,
+            type(workload), tuple((item.name, getattr(workload, item.name))
+                                  for item in fields(workload)
+                                  if item.name != "mean_response_length"))
 
 
 def _booked(phase: dict) -> dict:
@@ -849,9 +882,12 @@ def grpo_step_time_s(request: PlanRequest, cols: Columns, memory: Columns,
             log_prob_phase_s(request, groups.log_prob.rows)["total_s"]),
         "update": groups.update.spread_one(update_phase_s(request, groups.update.rows)["total_s"]),
         "generate": groups.generate.spread_one(generate_s(request, few, few)["total_s"]),
-        "weight_sync": weight_sync_s(request, cols)["total_s"]}
+        "weight_sync": groups.point_free(request, (cols,), "weight_sync", lambda: weight_sync_s(
+            request, cols))["total_s"]}
     n = len(cols["tp"])
-    return sum(_phase_times(request, totals, _offload_trips(request, cols, memory), n).values())
+    trips = groups.point_free(request, (cols, memory), "trips",
+                              lambda: _offload_trips(request, cols, memory))
+    return sum(_phase_times(request, totals, trips, n).values())
 
 
 def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,

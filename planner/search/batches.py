@@ -53,29 +53,53 @@ def _f(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+def _either(dynamic: np.ndarray, if_dynamic, if_fixed) -> np.ndarray:
+    """``np.where(dynamic, if_dynamic(), if_fixed())`` (float64), computing one side alone
+    where every row is of one kind (the same numbers: ``np.where`` of one side)."""
+    if len(dynamic) and (dynamic.all() or not dynamic.any()):
+        value = if_dynamic() if dynamic[0] else if_fixed()
+        return np.array(np.broadcast_to(value, dynamic.shape), dtype=np.float64)
+    return np.where(dynamic, if_dynamic(), if_fixed())
+
+
+def _batch_count(workload, cols: Columns, sequences: np.ndarray, micro: np.ndarray,
+                 budget: np.ndarray) -> np.ndarray:
+    """Micro-batches of the pass per rank (:class:`MicroBatches`' ``count``)."""
+    n = len(cols["tp"])
+    dynamic = np.asarray(cols.get("dynamic_batch", np.zeros(n, dtype=bool))).astype(bool)
+    return _either(dynamic, lambda: _packed(cols, sequences * float(workload.mean_sequence_length),
+                                            sequences, budget),
+                   lambda: np.maximum(np.ceil(sequences / np.maximum(_f(micro), 1)), 1))
+
+
+def _packed(cols: Columns, tokens, sequences: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """rearrange_micro_batches' count for ``tokens`` on the rank."""
+    cp = _f(cols["cp"])
+    group = np.where(cols["vpp"] > 1, _f(cols["pp"]), 1.0)
+    count = np.clip(np.ceil(tokens / np.maximum(_f(budget) * cp, 1)), 1,
+                    np.maximum(sequences, 1))
+    return np.ceil(count / group) * group
+
+
 def _batches(workload, cols: Columns, sequences: np.ndarray, micro: np.ndarray,
              budget: np.ndarray) -> MicroBatches:
+    """The pass's :class:`MicroBatches`.  Each field is the dynamic rows' value or the fixed
+    rows'; where every row is one kind only that kind's value is computed (:func:`_either`)."""
     n = len(cols["tp"])
     cp = _f(cols["cp"])
     dynamic = np.asarray(cols.get("dynamic_batch", np.zeros(n, dtype=bool))).astype(bool)
     seq_max, seq_mean = float(workload.sequence_length), float(workload.mean_sequence_length)
-    micro = np.maximum(_f(micro), 1)
-    static_count = np.maximum(np.ceil(sequences / micro), 1)
+    fixed_micro = np.maximum(_f(micro), 1)
     rank_tokens = sequences * seq_mean
-    group = np.where(cols["vpp"] > 1, _f(cols["pp"]), 1.0)
-
-    def packed(tokens: np.ndarray) -> np.ndarray:
-        """rearrange_micro_batches' count for ``tokens`` on the rank."""
-        count = np.clip(np.ceil(tokens / np.maximum(_f(budget) * cp, 1)), 1,
-                        np.maximum(sequences, 1))
-        return np.ceil(count / group) * group
-
-    count = np.where(dynamic, packed(rank_tokens), static_count)
+    count = _batch_count(workload, cols, sequences, micro, budget)
     return MicroBatches(
-        memory_tokens=np.where(dynamic, _f(budget), micro * seq_max / cp),
-        mean_tokens=np.where(dynamic, rank_tokens / count / cp, micro * seq_mean / cp),
+        memory_tokens=_either(dynamic, lambda: _f(budget), lambda: fixed_micro * seq_max / cp),
+        mean_tokens=_either(dynamic, lambda: rank_tokens / count / cp,
+                            lambda: fixed_micro * seq_mean / cp),
         count=count,
-        memory_count=np.where(dynamic, packed(sequences * seq_max), static_count))
+        memory_count=_either(dynamic, lambda: _packed(cols, sequences * seq_max, sequences,
+                                                      budget),
+                             lambda: np.maximum(np.ceil(sequences / fixed_micro), 1)))
 
 
 def update_batches(workload, cols: Columns) -> MicroBatches:
@@ -85,6 +109,14 @@ def update_batches(workload, cols: Columns) -> MicroBatches:
     n = len(cols["tp"])
     budget = np.asarray(cols.get("max_token_len", np.zeros(n)))
     return _batches(workload, cols, sequences, cols["micro_batch"], budget)
+
+
+def update_batch_count(workload, cols: Columns) -> np.ndarray:
+    """:func:`update_batches`' ``count`` alone (the same numbers)."""
+    sequences = _f(workload.sequences_per_mini_batch) / np.maximum(_f(cols["dp"]), 1)
+    n = len(cols["tp"])
+    budget = np.asarray(cols.get("max_token_len", np.zeros(n)))
+    return _batch_count(workload, cols, sequences, cols["micro_batch"], budget)
 
 
 def log_prob_micro_batch(cols: Columns) -> np.ndarray:

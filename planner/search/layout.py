@@ -224,6 +224,8 @@ class RowsAt(Mapping):
 
     def __init__(self, columns: Mapping, index: np.ndarray, taken: Mapping | None = None) -> None:
         self._columns, self._index = columns, index
+        # an integer index gathers with np.take (numpy's faster loop; the same values)
+        self._by_position = isinstance(index, np.ndarray) and index.dtype.kind in "iu"
         self._taken = dict(taken) if taken else {}
         self._given = tuple(self._taken)
         self._own = tuple(name for name in self._given if name not in columns)
@@ -232,7 +234,8 @@ class RowsAt(Mapping):
         taken = self._taken.get(name)
         if taken is None:
             values = self._columns[name]
-            taken = values if np.ndim(values) == 0 else values[self._index]
+            taken = values if np.ndim(values) == 0 else (
+                np.take(values, self._index, axis=0) if self._by_position else values[self._index])
             self._taken[name] = taken
         return taken
 
@@ -258,7 +261,8 @@ def scalar_columns(cols: Mapping) -> dict:
     return {name: values for name, values in source.items() if np.ndim(values) == 0}
 
 
-def unique_rows(cols: Columns, names: tuple[str, ...]) -> tuple[Columns, np.ndarray]:
+def unique_rows(cols: Columns, names: tuple[str, ...],
+                codes_of: dict | None = None) -> tuple[Columns, np.ndarray]:
     """The distinct rows of ``cols`` over the fields ``names``, and for every row the index of
     its distinct row: the cost model computes what depends only on those fields once per
     distinct row (a search crosses every parallel layout with several knobs that do not change
@@ -266,27 +270,33 @@ def unique_rows(cols: Columns, names: tuple[str, ...]) -> tuple[Columns, np.ndar
 
     Each field becomes codes ``0..k-1`` (:func:`_codes`), the codes combine into one int64 key
     (re-coded whenever the next field would overflow it), and the key is coded once more
-    (:func:`distinct`).
+    (:func:`distinct`).  ``codes_of``: each field's codes (None: one value) kept across calls
+    on the same columns (the step's groups read many of the same fields).
     """
     n = len(cols["tp"])
     if n == 0:
         return dict(cols), np.zeros(0, dtype=np.int64)
     key = np.zeros(n, dtype=np.int64)
     combinations = 1
+    codes_of = {} if codes_of is None else codes_of
     for name in names:
         if name not in cols:
             continue
-        values = np.asarray(cols[name])
-        if values.ndim != 1 or (values[0] == values).all():
-            continue  # one value: it distinguishes nothing
-        codes, count = _codes(values)
+        if name not in codes_of:
+            values = np.asarray(cols[name])
+            # one value distinguishes nothing
+            codes_of[name] = (None if values.ndim != 1 or (values[0] == values).all()
+                              else _codes(values))
+        if codes_of[name] is None:
+            continue
+        codes, count = codes_of[name]
         if combinations * count >= 2**62:
             compressed, key = distinct(key)
             combinations = len(compressed)
         key = key * count + codes
         combinations *= count
     first, inverse = distinct(key)
-    return {name: np.asarray(values)[first] for name, values in cols.items()}, inverse
+    return {name: np.take(values, first, axis=0) for name, values in cols.items()}, inverse
 
 
 def _codes(values: np.ndarray) -> tuple[np.ndarray, int]:
@@ -338,10 +348,8 @@ def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return _by_position(values.astype(np.int64) - low, span)
     nan = kind in "fc" and bool(np.isnan(values).any())
     if kind in "biufc" and not nan and _hashed(n):
-        first_equal = _first_equal(_hash_keys(values))
-        own = first_equal == np.arange(n)  # the first occurrences, in order
-        position = np.cumsum(own) - 1
-        return np.flatnonzero(own), position[first_equal]
+        few = _few_floats(values) if kind == "f" else None
+        return few or _first_occurrences(_first_equal(_hash_keys(values)))
     if kind == "c":
         real, real_of = distinct(values.real)
         imag, imag_of = distinct(values.imag)
@@ -351,6 +359,53 @@ def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return _by_position(inverse.reshape(-1).astype(np.int64), len(index))
     present = sorted_distinct(values)
     return _by_position(np.searchsorted(present, values), len(present))
+
+
+def distinct_pair(real: np.ndarray, imag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`distinct` of the pairs ``(real[i], imag[i])`` of two float arrays: that of
+    ``real + 1j * imag``, to the bit, without building the complex array.  Finite pairs,
+    :data:`HASHED_VALUES` or more, are hashed as the two arrays' patterns (:func:`_first_equal`
+    reads only which rows are equal, and ``real + 1j * imag`` has exactly these parts, -0.0 as
+    0.0); anything else (NaN, an infinity, which ``1j * inf`` turns into a NaN part, or few
+    rows) goes through :func:`distinct` of the complex numbers."""
+    real, imag = np.asarray(real, dtype=np.float64), np.asarray(imag, dtype=np.float64)
+    if not _hashed(len(real)) or not (np.isfinite(real).all() and np.isfinite(imag).all()):
+        return distinct(real + 1j * imag)
+    return _first_occurrences(_first_equal([*_hash_keys(real), *_hash_keys(imag)]))
+
+
+# At most this many distinct floats are found by comparison (:func:`_few_floats`).
+FEW_FLOATS = 4
+
+
+def _few_floats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`distinct` of floats (no NaN) holding at most :data:`FEW_FLOATS` values (a knob's
+    fractions), by comparison: the first row not yet seen starts the next value, every row
+    equal to it (0.0 and -0.0 alike, as hashed) takes its position.  None where there are more
+    (hashing serves then; found at once where some 256 evenly spaced rows hold more)."""
+    if len(sorted_distinct(values[::max(len(values) // 256, 1)] + 0.0)) > FEW_FLOATS:
+        return None
+    seen = np.zeros(len(values), dtype=bool)
+    inverse = np.zeros(len(values), dtype=np.int8)  # positions below FEW_FLOATS
+    first = []
+    start = 0
+    for position in range(FEW_FLOATS):
+        first.append(start)
+        equal = values == values[start]
+        if position:
+            inverse += np.multiply(equal, position, dtype=np.int8)
+        seen |= equal
+        start = int(np.argmin(seen))
+        if seen[start]:  # every row seen
+            return np.array(first, dtype=np.int64), inverse.astype(np.int64)
+    return None
+
+
+def _first_occurrences(first_equal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`distinct`'s ``(first, inverse)`` from each row's first equal row."""
+    own = first_equal == np.arange(len(first_equal))  # the first occurrences, in order
+    position = np.cumsum(own) - 1
+    return np.flatnonzero(own), position[first_equal]
 
 
 # odd 64-bit multipliers of the hash (:func:`_first_equal`), one per level of collisions

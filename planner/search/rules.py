@@ -21,7 +21,7 @@ from planner.catalog.layers import MixerKind
 from planner.catalog.models import ModelSpec
 from planner.catalog.workload import GrpoWorkload
 from planner.policy import DEFAULT_POLICY, MemoryPolicy
-from planner.search.batches import log_prob_batches, update_batches
+from planner.search.batches import log_prob_batches, update_batch_count, update_batches
 from planner.search.layout import Columns
 from planner.search.pipeline import layout_vpp, pipeline_split
 
@@ -384,7 +384,7 @@ def unwise_flags(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     pool included) above the memory policy's band -- users hold jobs to the band, the model's
     fixed overheads are estimates, and verl's responses vary in length step to step."""
     domain = cluster.fast_domain_gpus
-    m = update_batches(workload, cols).count
+    m = update_batch_count(workload, cols)
     return {
         "tp_across_nodes": cols["tp"] > domain,
         "rollout_tp_across_nodes": cols["rollout_tp"] > domain,

@@ -364,9 +364,12 @@ def _with_batching(model: ModelSpec, workload: GrpoWorkload, options: SearchOpti
     actor["sequence_parallel"] = actor["tp"] > 1
     actor["distributed_optimizer"] = constant_column(True, n)
     if "recompute" in actor:
-        actor["recompute_modules"] = np.where(
-            actor["recompute"] == RECOMPUTE.index("selective"),
-            applicable_modules(DEFAULT_SELECTIVE_MODULES, model.is_moe, model.is_mla), 0)
+        # the modules where selective, else 0: ``np.where(selective, modules, 0)`` as a product
+        # (the same integers, without np.where's scalar broadcast)
+        modules = applicable_modules(DEFAULT_SELECTIVE_MODULES, model.is_moe, model.is_mla)
+        actor["recompute_modules"] = np.multiply(
+            actor["recompute"] == RECOMPUTE.index("selective"), modules,
+            dtype=np.result_type(modules, 0))
     actor["recompute_num_layers"] = constant_column(np.int64(1), n)
     actor["recompute_block"] = constant_column(False, n)
     actor["pipeline_layout"] = constant_column(np.str_(""), n)

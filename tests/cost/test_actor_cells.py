@@ -100,3 +100,50 @@ def test_a_zero_term_changes_no_bit():
     np.testing.assert_array_equal(zero + a + c, a + c)
     np.testing.assert_array_equal(a * 1.0, a)  # the optimizer's GPU share of 1
     np.testing.assert_array_equal(a - zero, a)
+
+
+@pytest.mark.parametrize("shape", [(50, 1), (50, 6), (0, 1)])
+@pytest.mark.parametrize("mask", [[True] * 6, [False] * 6, [True, False, False, True, True, False]])
+def test_masked_columns_is_np_where(shape, mask):
+    """The (core row, combination) tables' knob-zeroed terms (_masked_columns): np.where's
+    values to the bit, NaN, infinities and signed zeros included."""
+    from planner.cost.memory import _masked_columns
+    values = np.random.default_rng(5).choice([1.5e9, -0.0, np.nan, np.inf, 7.0], shape)
+    where = np.array(mask)
+    got = _masked_columns(values, where)
+    want = np.where(where, values, 0.0)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["cross product", "gathered"])
+def test_pick_reads_each_rows_stage(shuffle):
+    """ActorParts.pick (one flat take of the stacked tables): each row's part on the stage it
+    is given, the same bits as that stage's part on every row."""
+    request = _request("deepseek-v3", 64)
+    cols = _space(request)
+    if shuffle:
+        order = np.random.default_rng(4).permutation(len(cols["tp"]))
+        cols = {name: values[order] for name, values in cols.items()}
+    memory = actor_memory(request, cols)
+    stages = memory["stages"]
+    stage = np.random.default_rng(8).integers(0, len(stages), len(cols["tp"]))
+    for part in ("weights", "grads", "optimizer", "train_activations", "train_logits",
+                 "ref_weights"):
+        want = np.choose(stage, [np.asarray(view[part], dtype=np.float64) for view in stages])
+        np.testing.assert_array_equal(memory["parts"].pick(part, stage), want, err_msg=part)
+
+
+@pytest.mark.parametrize("start, stop", [(0, 1000), (7, 5003), (12, 24), (5, 5), (3, 10**9)])
+def test_a_range_of_held_rows_reads_the_cells_an_index_reads(start, stop):
+    """ActorCells.rows on a slice (core rows and knobs laid out without dividing) gives every
+    array the index path (which divides) gives on the same rows, to the bit."""
+    request = _request("deepseek-v3", 64)
+    cols = _space(request)
+    cells = actor_memory(request, cols, reduced=True, held=True)["cells"]
+    by_range = cells.rows(slice(start, stop))
+    by_index = cells.rows(np.arange(start, min(stop, len(cells))))
+    _assert_same_bits(_memory_per_row(by_range), _memory_per_row(by_index))
+    for phase in by_index["reduced"]:
+        for got, want in zip(by_range["reduced"][phase], by_index["reduced"][phase]):
+            np.testing.assert_array_equal(got, want)

@@ -129,3 +129,35 @@ def test_the_layer_ranks_of_distinct_rows_are_found_once_for_every_point_of_the_
     assert of_layouts(rows, "ranks", "other", lambda: calls.append(1) or len(calls)) == 2
     assert of_layouts(dict(rows), "ranks", "model", lambda: calls.append(1) or len(calls)) == 3
     assert dict(rows) == {"tp": rows["tp"]}  # a dict for every other reader
+
+
+def test_the_weight_sync_and_offload_trips_are_timed_once_for_every_point_of_the_run(
+        case, monkeypatch):
+    """They read nothing of the mean response length (StepGroups.point_free): equal at every
+    point, and computed once for the three when the groups are shared."""
+    from dataclasses import replace
+
+    from planner.catalog.lengths import ResponseLengths
+    from planner.cost import timing
+    from planner.cost.trajectory import node_lengths, request_at
+
+    request, rows = case
+    moving = replace(request, workload=replace(
+        request.workload, lengths=ResponseLengths(300.0, 900.0, request.workload.response_length)))
+    points = [request_at(moving, point) for point in node_lengths(moving.workload.lengths)]
+    assert len({at.workload.mean_response_length for at in points}) == 3
+    for at in points[1:]:
+        for name, values in timing.weight_sync_s(points[0], rows).items():
+            np.testing.assert_array_equal(timing.weight_sync_s(at, rows)[name], values)
+        for mine, first in zip(timing._offload_trips(at, rows, rows),
+                               timing._offload_trips(points[0], rows, rows)):
+            np.testing.assert_array_equal(mine, first)
+    calls = []
+    original = timing.weight_sync_s
+    monkeypatch.setattr(timing, "weight_sync_s", lambda *a: calls.append(1) or original(*a))
+    groups = StepGroups.of(rows, rows)
+    for at in points:
+        timing.step_time_s(at, rows, rows, groups)
+    assert len(calls) == 1
+    timing.step_time_s(points[0], dict(rows), rows, groups)  # other columns: computed again
+    assert len(calls) == 2

@@ -98,3 +98,68 @@ def test_hashed_collisions_resolved_exactly(distinct_values):
     np.testing.assert_array_equal(layout._first_equal(keys), first[inverse])
     # the fallback past the last level of multipliers: the same answer
     np.testing.assert_array_equal(layout._first_equal(keys, level=99), first[inverse])
+
+
+PAIRS = {
+    "bytes + code": (RNG.integers(0, 3000, 50_000) * 1e6, RNG.integers(0, 9, 50_000) * 1.0),
+    "signed zeros": (RNG.choice([-0.0, 0.0, 2.0], 8000), RNG.choice([-0.0, 0.0, 5.0], 8000)),
+    "distinct": (RNG.random(20_000), RNG.random(20_000)),
+    "infinite part": (RNG.choice([1.0, np.inf], 5000), RNG.choice([np.inf, 3.0, -np.inf], 5000)),
+    "nan part": (RNG.choice([1.0, np.nan], 5000), RNG.choice([2.0, 3.0], 5000)),
+    "few rows": (RNG.choice([1.0, 2.0], 100), RNG.choice([3.0, -0.0, 0.0], 100)),
+    "none": (np.zeros(0), np.zeros(0)),
+}
+
+
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_distinct_pair_is_distinct_of_the_complex_numbers(name):
+    """distinct_pair(a, b) hashes the two arrays without the complex array: the same coding
+    as distinct(a + 1j * b), which the rollout choice and the rollout memory read before."""
+    real, imag = PAIRS[name]
+    first, inverse = layout.distinct_pair(real, imag)
+    want_first, want_inverse = distinct(real + 1j * imag)
+    np.testing.assert_array_equal(first, want_first)
+    np.testing.assert_array_equal(inverse, want_inverse)
+    assert first.dtype == inverse.dtype == np.int64
+
+
+def test_unique_rows_with_kept_codes_is_unique_rows():
+    """Codes kept across calls on the same columns (StepGroups' two training passes): the same
+    rows and inverse as each call coding its fields itself."""
+    n = 6000
+    cols = {"tp": RNG.integers(0, 4, n), "a": RNG.integers(0, 2**40, n) % 5 * 2**40,
+            "b": RNG.choice([0.1, 0.2, 0.3], n), "c": np.broadcast_to(np.int64(3), (n,)),
+            "d": RNG.integers(0, 2**62, n) % 3 * 2**61}
+    codes_of = {}
+    for names in (("tp", "a", "b", "c"), ("tp", "b", "c", "d"), ("a", "d")):
+        few, inverse = unique_rows(cols, names, codes_of)
+        want_few, want_inverse = unique_rows(cols, names)
+        np.testing.assert_array_equal(inverse, want_inverse)
+        for name in cols:
+            np.testing.assert_array_equal(few[name], want_few[name])
+    assert codes_of["c"] is None and set(codes_of) == {"tp", "a", "b", "c", "d"}
+
+
+def _hidden_fifth_value():
+    values = RNG.choice([0.25, 0.5, 0.75, 1.0], 10_000)
+    values[1] = 3.0  # one more value where the evenly spaced sample does not look
+    return values
+
+
+@pytest.mark.parametrize("values", [
+    RNG.choice([0.0, 0.5, 1.0], 10_000),
+    RNG.choice([0.0, -0.0, 0.5], 10_000),
+    RNG.choice([0.1, 0.2, 0.3, 0.4], 10_000),
+    _hidden_fifth_value(),
+    RNG.random(10_000),
+], ids=["three", "signed zeros", "four", "a fifth the sample misses", "many"])
+def test_few_floats_are_found_by_comparison_as_hashing_finds_them(values):
+    """A knob's few fractions (at most FEW_FLOATS) are coded by comparison, the same codes as
+    hashing and pandas; more fall back to hashing."""
+    first, inverse = distinct(values)
+    want_first, want_inverse = factorized(values)
+    np.testing.assert_array_equal(first, want_first)
+    np.testing.assert_array_equal(inverse, want_inverse)
+    assert first.dtype == inverse.dtype == np.int64
+    found = layout._few_floats(values)
+    assert (found is None) == (len(want_first) > layout.FEW_FLOATS)
