@@ -171,6 +171,40 @@ def _mamba_cp_breaks(model: ModelSpec, tp, cp) -> np.ndarray:
     return (cp > 1) & ((heads % cp != 0) | ((groups % cp != 0) & (cp % groups != 0)))
 
 
+def _mamba_pipeline_breaks(model: ModelSpec, cols: Columns) -> np.ndarray:
+    """Pipeline settings megatron-core 0.16.1's ``MambaStack`` (Nemotron-H's ``MambaModel``)
+    does not honour: it asserts there are no virtual pipeline stages, and its
+    ``_select_layers_for_pipeline_parallel`` splits the layers by
+    ``num_layers_in_first/last_pipeline_stage`` or evenly (``num_layers // PP``), reading
+    neither ``account_for_embedding/loss_in_pipeline_split`` nor a layout string -- so an
+    accounted split is built evenly (52 layers over PP 3: 17 + 17 + 17, the last layer never
+    built).  An accounted split that equals the even one builds as costed."""
+    n = len(cols["tp"])
+    if model.mamba is None or not model.count(MixerKind.MAMBA):
+        return np.zeros(n, dtype=bool)
+    pp = np.maximum(np.asarray(cols["pp"]), 1)
+    first, middle, last, _ = _split(model, cols)
+    per_rank = model.num_layers // pp
+    even = ((model.num_layers % pp == 0) & (first == per_rank) & (last == per_rank)
+            & ((pp <= 2) | (middle == per_rank)))
+    accounted = (np.asarray(cols.get("account_embedding", np.zeros(n))).astype(bool)
+                 | np.asarray(cols.get("account_loss", np.zeros(n))).astype(bool))
+    return (cols["vpp"] > 1) | _has_layout_string(cols) | (accounted & ~even)
+
+
+def _mamba_pipeline_text(model: ModelSpec, values: dict) -> str:
+    stack = f"{model.name}'s Mamba-2 hybrid stack (megatron-core 0.16.1 MambaStack)"
+    if values["vpp"] > 1:
+        return (f"virtual_pipeline_model_parallel_size {values['vpp']}: {stack} runs without "
+                f"virtual pipeline stages (VPP must be 1)")
+    what = ("pipeline layout string" if values.get("pipeline_layout")
+            else "account_for_embedding/loss_in_pipeline_split")
+    return (f"{what}: {stack} splits its {model.num_layers} layers evenly over PP (valid PP: "
+            f"{_valid_divisors(model.num_layers)}) or by num_layers_in_first/last_pipeline_stage "
+            f"(--first-stage-layers/--last-stage-layers); it reads neither the embedding/loss "
+            f"counted as layers nor a pipeline layout string")
+
+
 def _splittable_pp(num_layers: int) -> str:
     pp = np.arange(1, num_layers + 1)
     valid = pp[pipeline_split(num_layers, pp)[3]]
@@ -258,6 +292,12 @@ RULES: tuple[Rule, ...] = (
                             f"the layers of every pipeline stage, or differs from the stages of "
                             f"the pipeline layout string (first/middle/last: "
                             f"{_stage_layers_text(m, v)})"),
+    Rule("mamba_pipeline",
+         "megatron-core 0.16.1 MambaStack._select_layers_for_pipeline_parallel: no virtual "
+         "pipeline stages (asserted); layers split evenly or by num_layers_in_first/last_pipeline"
+         "_stage, the accounted embedding/loss and layout strings not read",
+         lambda m, c, w, x: _mamba_pipeline_breaks(m, x),
+         lambda m, c, w, v: _mamba_pipeline_text(m, v)),
     Rule("dense_model_has_no_experts", "megatron-core: EP/ETP apply to MoE layers only",
          lambda m, c, w, x: (~np.bool_(m.is_moe)) & ((x["ep"] > 1) | (x["etp"] > 1)),
          lambda m, c, w, v: f"{m.name} is a dense model: expert_model_parallel_size "

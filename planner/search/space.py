@@ -43,7 +43,8 @@ PARALLEL_RULES = ("world_size", "tp_divides_heads", "tp_divides_query_groups", "
                   "tp_divides_linear_attention_heads",
                   "cp_linear_attention", "tp_divides_mamba_heads", "cp_divides_mamba_heads",
                   "pipeline_split",
-                  "vpp_needs_pp", "vpp_divides_stage_layers", "dense_model_has_no_experts",
+                  "vpp_needs_pp", "vpp_divides_stage_layers", "mamba_pipeline",
+                  "dense_model_has_no_experts",
                   "ep_divides_experts", "etp_divides_moe_ffn", "etp_moe_bias", "expert_grid")
 BATCH_RULES = ("batch_divides_dp", "mini_batch_divides_dp", "micro_batch_divides_mini_batch",
                "interleaved_microbatches", "token_budget_holds_a_sequence")

@@ -59,6 +59,7 @@ RULE_KEYS = {
     "pipeline_split": (_m("pp"), *SPLIT_KEYS),
     "vpp_needs_pp": (_m("vpp"), _m("pp")),
     "vpp_divides_stage_layers": (_m("vpp"), _m("pp"), *SPLIT_KEYS),
+    "mamba_pipeline": (_m("vpp"), _m("pp"), *SPLIT_KEYS),
     "dense_model_has_no_experts": (_m("ep"),),
     "ep_divides_experts": (_m("ep"),),
     "etp_divides_moe_ffn": (_m("etp"),),
