@@ -476,3 +476,20 @@ def check_mode_flags(args) -> None:
         raise UsageError(f"{', '.join(given)}: {' and '.join(readers)}'s async_training "
                          f"settings; --mode {mode} does not use them (use --mode "
                          f"{' or '.join(readers)} or {BEST})")
+
+
+def job_model_path(args) -> str | None:
+    """The model directory a written job launches from: ``--model-path``, else the local
+    directory whose config.json ``--model`` planned (a config.json path: its folder), else None
+    (the script's ``$MODEL_PATH``, default ``~/models/<model>``)."""
+    if getattr(args, "model_path", None):
+        return args.model_path
+    given = str(getattr(args, "model", None) or "")
+    path = Path(given).expanduser()
+    if not given.strip():
+        return None
+    if path.is_file():
+        path = path.parent
+    elif not (path / "config.json").is_file():
+        return None
+    return str(path.absolute())
