@@ -205,6 +205,14 @@ def _mamba_pipeline_text(model: ModelSpec, values: dict) -> str:
             f"counted as layers nor a pipeline layout string")
 
 
+def _sinks_or_windows(model: ModelSpec) -> str:
+    """What of a model's attention Transformer Engine cannot run under p2p context parallelism
+    ('' when nothing)."""
+    parts = (["attention sinks"] if model.attention_sinks else []) + (
+        ["sliding-window layers"] if model.count(MixerKind.SLIDING) else [])
+    return " and ".join(parts)
+
+
 def _splittable_pp(num_layers: int) -> str:
     pp = np.arange(1, num_layers + 1)
     valid = pp[pipeline_split(num_layers, pp)[3]]
@@ -256,6 +264,17 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, w, v: f"context_parallel_size {v['cp']}: {m.name}'s Gated DeltaNet layers "
                             f"run without context parallelism in megatron-core 0.16.1 (CP must "
                             f"be 1)"),
+    Rule("cp_attention_sinks",
+         "TransformerEngine 2.8+ DotProductAttention under context parallelism: a learnable "
+         "softmax (attention sinks, softmax_type='learnable') only with cp_comm_type a2a, a "
+         "sliding window not with p2p (its context-parallel tests' support matrix); verl 0.9.1 "
+         "sets no cp_comm_type, so megatron-core's TEDotProductAttention runs p2p",
+         lambda m, c, w, x: np.bool_(bool(_sinks_or_windows(m))) & (x["cp"] > 1),
+         lambda m, c, w, v: f"context_parallel_size {v['cp']}: {m.name}'s "
+                            f"{_sinks_or_windows(m)} have no Transformer Engine attention "
+                            f"backend under context parallelism with cp_comm_type p2p, which "
+                            f"verl runs (TE takes a learnable softmax only with a2a, a window "
+                            f"not with p2p); CP must be 1"),
     Rule("tp_divides_mamba_heads",
          "megatron-core 0.16.1 MambaMixer: nheads % TP == 0 and ngroups % TP == 0",
          lambda m, c, w, x: _mamba_tp_breaks(m, x["tp"]),

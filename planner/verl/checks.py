@@ -54,6 +54,7 @@ RULE_KEYS = {
     "tp_divides_ffn": (_m("tp"),),
     "tp_divides_linear_attention_heads": (_m("tp"),),
     "cp_linear_attention": (_m("cp"),),
+    "cp_attention_sinks": (_m("cp"),),
     "tp_divides_mamba_heads": (_m("tp"),),
     "cp_divides_mamba_heads": (_m("cp"), _m("tp")),
     "pipeline_split": (_m("pp"), *SPLIT_KEYS),
