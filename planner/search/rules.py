@@ -11,6 +11,7 @@ the ranking penalises (tensor parallelism across nodes and the like).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -213,6 +214,22 @@ def _sinks_or_windows(model: ModelSpec) -> str:
     return " and ".join(parts)
 
 
+def _valid_tp(model: ModelSpec) -> str:
+    """TP sizes megatron-core and vLLM both take for the attention: dividing the heads, with
+    the KV heads a multiple or a divisor of TP."""
+    heads, groups = model.num_attention_heads, model.num_query_groups
+    values = [d for d in range(1, heads + 1)
+              if heads % d == 0 and (groups % d == 0 or d % groups == 0)]
+    return ", ".join(map(str, values[:12])) + (" ..." if len(values) > 12 else "")
+
+
+def _ffn_widths(model: ModelSpec) -> int:
+    """The MLP widths TP splits (the dense one where a layer is dense, the shared experts'),
+    as their greatest common divisor."""
+    dense = model.ffn_hidden_size if model.num_layers > model.num_moe_layers else 0
+    return math.gcd(dense, model.shared_expert_ffn_hidden_size) or 1
+
+
 def _splittable_pp(num_layers: int) -> str:
     pp = np.arange(1, num_layers + 1)
     valid = pp[pipeline_split(num_layers, pp)[3]]
@@ -239,7 +256,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, w, x: (m.num_query_groups % x["tp"] != 0)
          & (x["tp"] % m.num_query_groups != 0),
          lambda m, c, w, v: f"num_query_groups (KV heads) {m.num_query_groups} is neither a "
-                            f"multiple nor a divisor of tensor_model_parallel_size {v['tp']}"),
+                            f"multiple nor a divisor of tensor_model_parallel_size {v['tp']}; "
+                            f"valid TP: {_valid_tp(m)}"),
     Rule("tp_divides_ffn", "megatron-core ColumnParallelLinear: MLP width % TP == 0",
          lambda m, c, w, x: ((m.ffn_hidden_size % x["tp"] != 0)
                              & np.bool_(m.num_layers > m.num_moe_layers))
@@ -247,7 +265,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, w, v: f"tensor_model_parallel_size {v['tp']} does not divide the MLP width "
                             f"{m.ffn_hidden_size}"
                             + (f" / shared-expert width {m.shared_expert_ffn_hidden_size}"
-                               if m.shared_expert_ffn_hidden_size else "")),
+                               if m.shared_expert_ffn_hidden_size else "")
+                            + f"; valid TP: {_valid_divisors(_ffn_widths(m))}"),
     Rule("tp_divides_linear_attention_heads",
          "megatron-core 0.16.1 TransformerConfig (gated_delta_net): linear_num_key_heads and "
          "linear_num_value_heads % TP == 0",
@@ -328,7 +347,8 @@ RULES: tuple[Rule, ...] = (
     Rule("etp_divides_moe_ffn", "megatron-core: expert FFN width split by ETP",
          lambda m, c, w, x: np.bool_(m.is_moe) & (max(m.moe_ffn_hidden_size, 1) % x["etp"] != 0),
          lambda m, c, w, v: f"expert_tensor_parallel_size {v['etp']} does not divide "
-                            f"moe_ffn_hidden_size {m.moe_ffn_hidden_size}"),
+                            f"moe_ffn_hidden_size {m.moe_ffn_hidden_size}; valid ETP: "
+                            f"{_valid_divisors(m.moe_ffn_hidden_size)}"),
     Rule("etp_moe_bias",
          "megatron-core 0.16.1 TransformerConfig: 'Bias in Moe is only supported when ETP==1' "
          "(add_bias_linear, which the bridge sets for a checkpoint with linear biases)",
@@ -375,12 +395,13 @@ RULES: tuple[Rule, ...] = (
     Rule("rollout_tp_divides_heads", "vLLM: num_attention_heads % tensor_parallel_size == 0",
          lambda m, c, w, x: m.num_attention_heads % x["rollout_tp"] != 0,
          lambda m, c, w, v: f"rollout tensor_model_parallel_size {v['rollout_tp']} does not "
-                            f"divide num_attention_heads {m.num_attention_heads}"),
+                            f"divide num_attention_heads {m.num_attention_heads}; valid "
+                            f"rollout TP: {_valid_tp(m)}"),
     Rule("rollout_tp_kv_heads", "vLLM: KV heads divisible by TP, or TP by KV heads (replicated)",
          lambda m, c, w, x: (m.num_query_groups % x["rollout_tp"] != 0)
          & (x["rollout_tp"] % m.num_query_groups != 0),
          lambda m, c, w, v: f"rollout TP {v['rollout_tp']} and {m.num_query_groups} KV heads: "
-                            f"one must divide the other"),
+                            f"one must divide the other; valid rollout TP: {_valid_tp(m)}"),
     Rule("rollout_world", "verl: rollout replicas of TP*DP GPUs tile the world",
          lambda m, c, w, x: c.num_gpus % (x["rollout_tp"] * x["rollout_dp"]) != 0,
          lambda m, c, w, v: f"rollout TP*DP = {v['rollout_tp']}*{v['rollout_dp']} does not "

@@ -31,3 +31,34 @@ def test_a_job_planned_from_a_local_model_directory_launches_from_it(tmp_path, c
     assert main(["plan", "--model", str(model), "--gpus", "8", "--gpu-type", "h100", "--top", "1",
                  "--write", str(job), "--force", "--model-path", "/data/ckpt"]) == 0
     assert 'MODEL_PATH="${MODEL_PATH:-/data/ckpt}"' in (job / "run_grpo.sh").read_text()
+
+
+def test_head_and_width_refusals_name_the_valid_sizes():
+    """The TP, rollout-TP and ETP refusals named the bad value and the rule, not a valid one
+    (a 28-head, 7-KV-head model at TP 4: 'num_query_groups (KV heads) 7 is neither a multiple
+    nor a divisor of tensor_model_parallel_size 4', nothing to pick instead)."""
+    import dataclasses
+
+    from planner.catalog.hardware import ClusterSpec, get_gpu
+    from planner.catalog.models import resolve_model
+    from planner.catalog.workload import GrpoWorkload
+    from planner.search.rules import explain
+
+    def broken(model, **values):
+        layout = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "etp": 1, "dp": 1,
+                  "micro_batch": 1, "rollout_tp": 1, "rollout_dp": 1, "rollout_ep": 1, **values}
+        return dict(explain(model, ClusterSpec(get_gpu("h100"), 8, 8), GrpoWorkload(), layout))
+
+    odd = dataclasses.replace(resolve_model("qwen3-8b"), num_attention_heads=28,
+                              num_query_groups=7)
+    tp = broken(odd, tp=4, rollout_tp=4)
+    # megatron-core and vLLM: TP divides the 28 heads, and the 7 KV heads divide TP or TP them
+    assert tp["tp_divides_query_groups"].endswith("; valid TP: 1, 7, 14, 28")
+    assert tp["rollout_tp_kv_heads"].endswith("; valid rollout TP: 1, 7, 14, 28")
+    assert broken(odd, rollout_tp=3)["rollout_tp_divides_heads"].endswith(
+        "; valid rollout TP: 1, 7, 14, 28")
+    assert broken(resolve_model("qwen3-8b"), tp=5)["tp_divides_ffn"].endswith(
+        "; valid TP: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64 ...")  # divisors of 12288
+    assert broken(resolve_model("qwen3-30b"), ep=1, etp=5)["etp_divides_moe_ffn"].endswith(
+        "; valid ETP: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64 ...")  # divisors of 768
+
