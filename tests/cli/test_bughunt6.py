@@ -62,3 +62,16 @@ def test_head_and_width_refusals_name_the_valid_sizes():
     assert broken(resolve_model("qwen3-30b"), ep=1, etp=5)["etp_divides_moe_ffn"].endswith(
         "; valid ETP: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64 ...")  # divisors of 768
 
+
+def test_report_of_a_plan_file_says_it_is_not_a_sweep_folder(tmp_path, capsys):
+    """`plan-parallel report job/plan.json` (the file plan --write writes) said "sweep folder
+    'job/plan.json' does not exist" of a file that exists; it names what it is and what report
+    takes."""
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    assert main(["report", str(plan)]) == 2
+    out, err = capsys.readouterr()
+    assert err.strip() == (
+        f"plan-parallel: error: {str(plan)!r} is a file, not a sweep folder; valid: the folder "
+        f"`plan-parallel tune` wrote (--write or --sweep-dir), or --model and --gpus for a plan "
+        f"report")
