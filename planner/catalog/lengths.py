@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -207,6 +207,26 @@ def uncut_mean_tokens(cut_mean_tokens: float, max_tokens: int) -> float | None:
         else:
             high = middle
     return float(max_tokens) / math.exp((low + high) / 2)
+
+
+def recut_lengths(lengths: ResponseLengths, run_cap: int | None, max_tokens: int
+                  ) -> ResponseLengths:
+    """A run's means under a maximum ``max_tokens`` below the longest responses it logged: its
+    longer responses would be cut, so each mean is uncut at the run's own cap where it cut some
+    (``run_cap``, :func:`uncut_mean_tokens`; as measured where it cut none) and cut at
+    ``max_tokens`` as exponential lengths are (:func:`truncated_mean_tokens`), the model
+    :func:`default_lengths` applies to the published runs."""
+    def cut(mean: float) -> float:
+        uncut = uncut_mean_tokens(mean, run_cap) if run_cap else None
+        tokens = truncated_mean_tokens(uncut or mean, max_tokens)
+        return float(min(max(round(tokens, 1), 1.0), max_tokens))
+
+    return replace(lengths, start_tokens=cut(lengths.start_tokens),
+                   end_tokens=cut(lengths.end_tokens), max_tokens=int(max_tokens),
+                   p90_tokens=min(lengths.p90_tokens, float(max_tokens)),
+                   basis=f"{lengths.basis}; its {lengths.start_tokens:.0f}->"
+                         f"{lengths.end_tokens:.0f} tokens cut at this maximum "
+                         f"({max_tokens} tokens) as exponential lengths are")
 
 
 def default_lengths(max_tokens: int, model_name: str = "", kind: str | None = None

@@ -374,7 +374,12 @@ def spec_from_hf_config(config: Mapping[str, Any], name: str, source: str = "") 
     hf_config.check_layout_keys(config, name, model_type)
     kv_heads = int(_first(config, "num_key_value_heads", default=heads))
     head_dim = int(_first(config, "head_dim", default=hidden // heads))
-    num_experts = hf_config.num_experts(config, name)
+    kv_lora = int(_first(config, "kv_lora_rank", default=0))
+    layer_specs = hf_config.read_layers(config, name, layers, model_type, mla=bool(kv_lora))
+    # experts only where a layer holds them: a dense Nemotron-H (no 'E' blocks) gets
+    # n_routed_experts=8 from transformers' NemotronHConfig defaults, and builds none
+    num_experts = (hf_config.num_experts(config, name)
+                   if any(layer.mlp is MlpKind.MOE for layer in layer_specs) else 0)
     top_k = hf_config.experts_per_token(config, name) if num_experts else 0
     dense_ffn = int(_first(config, "intermediate_size_mlp", "intermediate_size",
                            default=4 * hidden))
@@ -384,8 +389,6 @@ def spec_from_hf_config(config: Mapping[str, Any], name: str, source: str = "") 
         moe_ffn = hf_config.expert_width(config, name, int(_first(
             config, "intermediate_size", default=4 * hidden)))
         shared_ffn, shared_gate = hf_config.shared_expert_width(config, name, moe_ffn)
-    kv_lora = int(_first(config, "kv_lora_rank", default=0))
-    layer_specs = hf_config.read_layers(config, name, layers, model_type, mla=bool(kv_lora))
     kinds = {layer.mixer for layer in layer_specs}
     act = str(_first(config, "mlp_hidden_act", "hidden_act", "hidden_activation",
                      default="silu"))

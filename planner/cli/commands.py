@@ -62,7 +62,7 @@ def cmd_plan(args) -> int:
         from planner.verl.files import write_plan_job
 
         written = write_plan_job(plan, rank=args.rank, directory=Path(args.write),
-                                 force=args.force, model_path=args.model_path,
+                                 force=args.force, model_path=inputs.job_model_path(args),
                                  train_files=args.train_files, val_files=args.val_files,
                                  extra_overrides=args.override)
         for path in written:

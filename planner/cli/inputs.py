@@ -115,7 +115,12 @@ def response_lengths(args, model_name: str = "") -> tuple["ResponseLengths", flo
     read): ``--response-lengths``, ``--lengths-from``, ``--mean-response-length`` (a fixed
     mean), else the published default for the kind of job ``model_name`` (else ``--model``)
     does (:func:`planner.catalog.lengths.default_lengths`)."""
-    from planner.catalog.lengths import ResponseLengths, default_lengths, parse_response_lengths
+    from planner.catalog.lengths import (
+        ResponseLengths,
+        default_lengths,
+        parse_response_lengths,
+        recut_lengths,
+    )
 
     given = [flag for flag, name in LENGTH_FLAGS if getattr(args, name, None)]
     if len(given) > 1:
@@ -133,8 +138,13 @@ def response_lengths(args, model_name: str = "") -> tuple["ResponseLengths", flo
             notes.note(f"--lengths-from: the run's means were measured with responses cut at {cap} "
                  f"tokens (its response_length/clip_ratio); under --response-length "
                  f"{args.response_length} they may grow (taken unchanged)")
-        return run.response_lengths(args.response_length), \
-            float(prompts.mean()) if len(prompts) else 0.0
+        longest = run.series("response_length/max")
+        if len(longest) and float(longest.max()) > args.response_length:
+            # its longer responses would be cut at this maximum: the means shrink
+            lengths = recut_lengths(run.response_lengths(), cap, args.response_length)
+        else:
+            lengths = run.response_lengths(args.response_length)
+        return lengths, float(prompts.mean()) if len(prompts) else 0.0
     if getattr(args, "mean_response_length", None):
         if args.mean_response_length > args.response_length:
             raise PlanInputError(f"--mean-response-length {args.mean_response_length} must "
@@ -466,3 +476,20 @@ def check_mode_flags(args) -> None:
         raise UsageError(f"{', '.join(given)}: {' and '.join(readers)}'s async_training "
                          f"settings; --mode {mode} does not use them (use --mode "
                          f"{' or '.join(readers)} or {BEST})")
+
+
+def job_model_path(args) -> str | None:
+    """The model directory a written job launches from: ``--model-path``, else the local
+    directory whose config.json ``--model`` planned (a config.json path: its folder), else None
+    (the script's ``$MODEL_PATH``, default ``~/models/<model>``)."""
+    if getattr(args, "model_path", None):
+        return args.model_path
+    given = str(getattr(args, "model", None) or "")
+    path = Path(given).expanduser()
+    if not given.strip():
+        return None
+    if path.is_file():
+        path = path.parent
+    elif not (path / "config.json").is_file():
+        return None
+    return str(path.absolute())

@@ -52,7 +52,8 @@ def cmd_plan_mode(args) -> int:
         if chosen.first is not None and args.rank > chosen.first:  # beyond the splits listed
             chosen = mode.plan(request, cache=cache)
         job = mode.job(chosen, args.rank, Launch(
-            model_path=args.model_path, train_files=args.train_files, val_files=args.val_files,
+            model_path=inputs.job_model_path(args), train_files=args.train_files,
+            val_files=args.val_files,
             extra_overrides=args.override))
         for path in write_job(job, Path(args.write), args.force):
             print(f"wrote {path}", file=sys.stderr)

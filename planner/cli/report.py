@@ -50,6 +50,10 @@ def cmd_report(args) -> int:
     policy = inputs.policy(args)
     if args.sweep:
         sweep = Path(args.sweep)
+        if sweep.exists() and not sweep.is_dir():
+            raise PlanInputError(f"{args.sweep!r} is a file, not a sweep folder; valid: the "
+                                 f"folder `plan-parallel tune` wrote (--write or --sweep-dir), "
+                                 f"or --model and --gpus for a plan report")
         if not sweep.is_dir():
             raise PlanInputError(f"sweep folder {args.sweep!r} does not exist")
         if (sweep / "trials.csv").exists():  # checked before the (slower) plan

@@ -27,9 +27,13 @@ from planner.errors import PlanInputError
 from planner.output import Summary, exact_of
 
 RISKS = (
-    (re.compile(r"(tensor|pipeline|virtual_pipeline|context|expert)_model_parallel_size$|"
-                r"expert_(tensor_)?parallel_size$|num_layers_in_(first|last)_pipeline_stage$|"
-                r"rollout\.(data_parallel_size)$"),
+    # verl's CP key is context_parallel_size; the stage split: first/last stage layers, the
+    # embedding/loss counted as layers, or a layout string
+    (re.compile(r"(tensor|pipeline|virtual_pipeline|expert)_model_parallel_size$|"
+                r"context_parallel_size$|expert_(tensor_)?parallel_size$|"
+                r"num_layers_in_(first|last)_pipeline_stage$|"
+                r"account_for_(embedding|loss)_in_pipeline_split$|"
+                r"pipeline_model_parallel_layout$|rollout\.(data_parallel_size)$"),
      "high", "global architecture: the layout and checkpoint sharding change"),
     (re.compile(r"micro_batch_size|max_token_len|ppo_mini_batch_size|train_batch_size|"
                 r"rollout\.n$|max_(prompt|response)_length|gpu_memory_utilization|"

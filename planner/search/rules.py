@@ -11,6 +11,7 @@ the ranking penalises (tensor parallelism across nodes and the like).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -171,6 +172,64 @@ def _mamba_cp_breaks(model: ModelSpec, tp, cp) -> np.ndarray:
     return (cp > 1) & ((heads % cp != 0) | ((groups % cp != 0) & (cp % groups != 0)))
 
 
+def _mamba_pipeline_breaks(model: ModelSpec, cols: Columns) -> np.ndarray:
+    """Pipeline settings megatron-core 0.16.1's ``MambaStack`` (Nemotron-H's ``MambaModel``)
+    does not honour: it asserts there are no virtual pipeline stages, and its
+    ``_select_layers_for_pipeline_parallel`` splits the layers by
+    ``num_layers_in_first/last_pipeline_stage`` or evenly (``num_layers // PP``), reading
+    neither ``account_for_embedding/loss_in_pipeline_split`` nor a layout string -- so an
+    accounted split is built evenly (52 layers over PP 3: 17 + 17 + 17, the last layer never
+    built).  An accounted split that equals the even one builds as costed."""
+    n = len(cols["tp"])
+    if model.mamba is None or not model.count(MixerKind.MAMBA):
+        return np.zeros(n, dtype=bool)
+    pp = np.maximum(np.asarray(cols["pp"]), 1)
+    first, middle, last, _ = _split(model, cols)
+    per_rank = model.num_layers // pp
+    even = ((model.num_layers % pp == 0) & (first == per_rank) & (last == per_rank)
+            & ((pp <= 2) | (middle == per_rank)))
+    accounted = (np.asarray(cols.get("account_embedding", np.zeros(n))).astype(bool)
+                 | np.asarray(cols.get("account_loss", np.zeros(n))).astype(bool))
+    return (cols["vpp"] > 1) | _has_layout_string(cols) | (accounted & ~even)
+
+
+def _mamba_pipeline_text(model: ModelSpec, values: dict) -> str:
+    stack = f"{model.name}'s Mamba-2 hybrid stack (megatron-core 0.16.1 MambaStack)"
+    if values["vpp"] > 1:
+        return (f"virtual_pipeline_model_parallel_size {values['vpp']}: {stack} runs without "
+                f"virtual pipeline stages (VPP must be 1)")
+    what = ("pipeline layout string" if values.get("pipeline_layout")
+            else "account_for_embedding/loss_in_pipeline_split")
+    return (f"{what}: {stack} splits its {model.num_layers} layers evenly over PP (valid PP: "
+            f"{_valid_divisors(model.num_layers)}) or by num_layers_in_first/last_pipeline_stage "
+            f"(--first-stage-layers/--last-stage-layers); it reads neither the embedding/loss "
+            f"counted as layers nor a pipeline layout string")
+
+
+def _sinks_or_windows(model: ModelSpec) -> str:
+    """What of a model's attention Transformer Engine cannot run under p2p context parallelism
+    ('' when nothing)."""
+    parts = (["attention sinks"] if model.attention_sinks else []) + (
+        ["sliding-window layers"] if model.count(MixerKind.SLIDING) else [])
+    return " and ".join(parts)
+
+
+def _valid_tp(model: ModelSpec) -> str:
+    """TP sizes megatron-core and vLLM both take for the attention: dividing the heads, with
+    the KV heads a multiple or a divisor of TP."""
+    heads, groups = model.num_attention_heads, model.num_query_groups
+    values = [d for d in range(1, heads + 1)
+              if heads % d == 0 and (groups % d == 0 or d % groups == 0)]
+    return ", ".join(map(str, values[:12])) + (" ..." if len(values) > 12 else "")
+
+
+def _ffn_widths(model: ModelSpec) -> int:
+    """The MLP widths TP splits (the dense one where a layer is dense, the shared experts'),
+    as their greatest common divisor."""
+    dense = model.ffn_hidden_size if model.num_layers > model.num_moe_layers else 0
+    return math.gcd(dense, model.shared_expert_ffn_hidden_size) or 1
+
+
 def _splittable_pp(num_layers: int) -> str:
     pp = np.arange(1, num_layers + 1)
     valid = pp[pipeline_split(num_layers, pp)[3]]
@@ -197,7 +256,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, w, x: (m.num_query_groups % x["tp"] != 0)
          & (x["tp"] % m.num_query_groups != 0),
          lambda m, c, w, v: f"num_query_groups (KV heads) {m.num_query_groups} is neither a "
-                            f"multiple nor a divisor of tensor_model_parallel_size {v['tp']}"),
+                            f"multiple nor a divisor of tensor_model_parallel_size {v['tp']}; "
+                            f"valid TP: {_valid_tp(m)}"),
     Rule("tp_divides_ffn", "megatron-core ColumnParallelLinear: MLP width % TP == 0",
          lambda m, c, w, x: ((m.ffn_hidden_size % x["tp"] != 0)
                              & np.bool_(m.num_layers > m.num_moe_layers))
@@ -205,7 +265,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, w, v: f"tensor_model_parallel_size {v['tp']} does not divide the MLP width "
                             f"{m.ffn_hidden_size}"
                             + (f" / shared-expert width {m.shared_expert_ffn_hidden_size}"
-                               if m.shared_expert_ffn_hidden_size else "")),
+                               if m.shared_expert_ffn_hidden_size else "")
+                            + f"; valid TP: {_valid_divisors(_ffn_widths(m))}"),
     Rule("tp_divides_linear_attention_heads",
          "megatron-core 0.16.1 TransformerConfig (gated_delta_net): linear_num_key_heads and "
          "linear_num_value_heads % TP == 0",
@@ -222,6 +283,17 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, w, v: f"context_parallel_size {v['cp']}: {m.name}'s Gated DeltaNet layers "
                             f"run without context parallelism in megatron-core 0.16.1 (CP must "
                             f"be 1)"),
+    Rule("cp_attention_sinks",
+         "TransformerEngine 2.8+ DotProductAttention under context parallelism: a learnable "
+         "softmax (attention sinks, softmax_type='learnable') only with cp_comm_type a2a, a "
+         "sliding window not with p2p (its context-parallel tests' support matrix); verl 0.9.1 "
+         "sets no cp_comm_type, so megatron-core's TEDotProductAttention runs p2p",
+         lambda m, c, w, x: np.bool_(bool(_sinks_or_windows(m))) & (x["cp"] > 1),
+         lambda m, c, w, v: f"context_parallel_size {v['cp']}: {m.name}'s "
+                            f"{_sinks_or_windows(m)} have no Transformer Engine attention "
+                            f"backend under context parallelism with cp_comm_type p2p, which "
+                            f"verl runs (TE takes a learnable softmax only with a2a, a window "
+                            f"not with p2p); CP must be 1"),
     Rule("tp_divides_mamba_heads",
          "megatron-core 0.16.1 MambaMixer: nheads % TP == 0 and ngroups % TP == 0",
          lambda m, c, w, x: _mamba_tp_breaks(m, x["tp"]),
@@ -258,6 +330,12 @@ RULES: tuple[Rule, ...] = (
                             f"the layers of every pipeline stage, or differs from the stages of "
                             f"the pipeline layout string (first/middle/last: "
                             f"{_stage_layers_text(m, v)})"),
+    Rule("mamba_pipeline",
+         "megatron-core 0.16.1 MambaStack._select_layers_for_pipeline_parallel: no virtual "
+         "pipeline stages (asserted); layers split evenly or by num_layers_in_first/last_pipeline"
+         "_stage, the accounted embedding/loss and layout strings not read",
+         lambda m, c, w, x: _mamba_pipeline_breaks(m, x),
+         lambda m, c, w, v: _mamba_pipeline_text(m, v)),
     Rule("dense_model_has_no_experts", "megatron-core: EP/ETP apply to MoE layers only",
          lambda m, c, w, x: (~np.bool_(m.is_moe)) & ((x["ep"] > 1) | (x["etp"] > 1)),
          lambda m, c, w, v: f"{m.name} is a dense model: expert_model_parallel_size "
@@ -269,7 +347,8 @@ RULES: tuple[Rule, ...] = (
     Rule("etp_divides_moe_ffn", "megatron-core: expert FFN width split by ETP",
          lambda m, c, w, x: np.bool_(m.is_moe) & (max(m.moe_ffn_hidden_size, 1) % x["etp"] != 0),
          lambda m, c, w, v: f"expert_tensor_parallel_size {v['etp']} does not divide "
-                            f"moe_ffn_hidden_size {m.moe_ffn_hidden_size}"),
+                            f"moe_ffn_hidden_size {m.moe_ffn_hidden_size}; valid ETP: "
+                            f"{_valid_divisors(m.moe_ffn_hidden_size)}"),
     Rule("etp_moe_bias",
          "megatron-core 0.16.1 TransformerConfig: 'Bias in Moe is only supported when ETP==1' "
          "(add_bias_linear, which the bridge sets for a checkpoint with linear biases)",
@@ -316,12 +395,13 @@ RULES: tuple[Rule, ...] = (
     Rule("rollout_tp_divides_heads", "vLLM: num_attention_heads % tensor_parallel_size == 0",
          lambda m, c, w, x: m.num_attention_heads % x["rollout_tp"] != 0,
          lambda m, c, w, v: f"rollout tensor_model_parallel_size {v['rollout_tp']} does not "
-                            f"divide num_attention_heads {m.num_attention_heads}"),
+                            f"divide num_attention_heads {m.num_attention_heads}; valid "
+                            f"rollout TP: {_valid_tp(m)}"),
     Rule("rollout_tp_kv_heads", "vLLM: KV heads divisible by TP, or TP by KV heads (replicated)",
          lambda m, c, w, x: (m.num_query_groups % x["rollout_tp"] != 0)
          & (x["rollout_tp"] % m.num_query_groups != 0),
          lambda m, c, w, v: f"rollout TP {v['rollout_tp']} and {m.num_query_groups} KV heads: "
-                            f"one must divide the other"),
+                            f"one must divide the other; valid rollout TP: {_valid_tp(m)}"),
     Rule("rollout_world", "verl: rollout replicas of TP*DP GPUs tile the world",
          lambda m, c, w, x: c.num_gpus % (x["rollout_tp"] * x["rollout_dp"]) != 0,
          lambda m, c, w, v: f"rollout TP*DP = {v['rollout_tp']}*{v['rollout_dp']} does not "

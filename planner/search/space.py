@@ -41,9 +41,10 @@ from planner.search.rules import RULES, first_violation, violations
 
 PARALLEL_RULES = ("world_size", "tp_divides_heads", "tp_divides_query_groups", "tp_divides_ffn",
                   "tp_divides_linear_attention_heads",
-                  "cp_linear_attention", "tp_divides_mamba_heads", "cp_divides_mamba_heads",
-                  "pipeline_split",
-                  "vpp_needs_pp", "vpp_divides_stage_layers", "dense_model_has_no_experts",
+                  "cp_linear_attention", "cp_attention_sinks", "tp_divides_mamba_heads",
+                  "cp_divides_mamba_heads", "pipeline_split",
+                  "vpp_needs_pp", "vpp_divides_stage_layers", "mamba_pipeline",
+                  "dense_model_has_no_experts",
                   "ep_divides_experts", "etp_divides_moe_ffn", "etp_moe_bias", "expert_grid")
 BATCH_RULES = ("batch_divides_dp", "mini_batch_divides_dp", "micro_batch_divides_mini_batch",
                "interleaved_microbatches", "token_budget_holds_a_sequence")
@@ -53,7 +54,7 @@ assert set(PARALLEL_RULES + BATCH_RULES + ROLLOUT_RULES) == {rule.name for rule 
 # the parallel rules RULES lists before the pipeline split, which do not read the split columns
 SPLIT_FREE_RULES = ("world_size", "tp_divides_heads", "tp_divides_query_groups",
                     "tp_divides_ffn", "tp_divides_linear_attention_heads", "cp_linear_attention",
-                    "tp_divides_mamba_heads", "cp_divides_mamba_heads")
+                    "cp_attention_sinks", "tp_divides_mamba_heads", "cp_divides_mamba_heads")
 SPLIT_RULES = tuple(name for name in PARALLEL_RULES if name not in SPLIT_FREE_RULES)
 assert [rule.name for rule in RULES][:len(SPLIT_FREE_RULES)] == list(SPLIT_FREE_RULES)
 

@@ -232,6 +232,40 @@ def test_nemotron_pattern_pipeline_cuts_and_unknown_blocks():
         spec_from_hf_config(config, "n")
 
 
+@pytest.mark.needs("verl")
+def test_dense_nemotron_h_config_is_not_read_as_moe(tmp_path):
+    """A Nemotron-H without MoE blocks (no 'E' in hybrid_override_pattern, no MoE keys, as the
+    dense Nemotron-H releases publish it): transformers' NemotronHConfig fills n_routed_experts=8
+    and num_experts_per_tok=2 as class defaults, but no layer holds an expert -- a dense model,
+    on which megatron-core refuses expert parallelism ('num_moe_experts must be non None to use
+    expert-parallel')."""
+    import json
+
+    from planner.catalog.hardware import ClusterSpec, get_gpu
+    from planner.catalog.models import load_model_config_path
+    from planner.catalog.workload import GrpoWorkload
+    from planner.search.rules import explain
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    moe_keys = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+                "moe_shared_expert_intermediate_size", "n_shared_experts", "n_group",
+                "topk_group", "routed_scaling_factor", "norm_topk_prob")
+    raw = {key: value for key, value in builtin_config_dict("NVIDIA-Nemotron-3-Nano-30B-A3B")
+           .items() if not key.startswith("_") and key not in moe_keys}
+    raw |= {"hybrid_override_pattern": "M-M-M*-M-M*-", "num_hidden_layers": 12}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    spec = load_model_config_path(tmp_path)
+    assert (spec.is_moe, spec.num_experts, spec.moe_top_k) == (False, 0, 0)
+    assert spec.layer_counts == {"mamba2": 5, "full_attention": 2, "none": 5}
+    config = transformers.AutoConfig.for_model(**raw)
+    assert spec.params.total == _meta_count(torch, transformers, config)
+    layout = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 2, "etp": 1, "dp": 8, "micro_batch": 1,
+              "rollout_tp": 1, "rollout_dp": 8, "rollout_ep": 1}
+    broken = dict(explain(spec, ClusterSpec(get_gpu("h100"), 8, 8), GrpoWorkload(), layout))
+    assert "dense_model_has_no_experts" in broken
+
+
 def test_jamba_is_not_read_as_full_attention():
     config = _moe_config(model_type="jamba", attn_layer_period=8, attn_layer_offset=4,
                          expert_layer_period=2, mamba_d_state=16, mamba_expand=2)

@@ -255,3 +255,27 @@ def test_lengths_from_a_run_with_a_smaller_maximum_says_the_means_may_grow(tmp_p
            "tokens" in err and "under --response-length 16384 they may grow" in err
     assert main(text + ["--response-length", "8192", "--lengths-from", str(run)]) == 0
     assert "may grow" not in capsys.readouterr().err  # the run's own maximum: nothing to say
+
+
+def test_lengths_from_a_run_with_a_larger_maximum_cut_its_means_at_this_one(tmp_path, capsys):
+    """Row 62's run cut responses at 8192 tokens; planned at --response-length 2048, its longer
+    responses are cut at 2048, so its means shrink: uncut at the run's cap, cut at this maximum
+    as exponential lengths are (the model the published default uses), and the basis says so --
+    not the run's means taken unchanged."""
+    from fixtures.verl_runs import run_records, write_jsonl
+
+    from trials.runs import read_run
+
+    run = write_jsonl(tmp_path / "run.jsonl", run_records(62, steps=10, growth=2.0, mean=1500))
+    measured = read_run(str(run)).response_lengths(8192)
+    text = [arg for arg in PLAN if arg not in ("--response-length", "8192")]
+    for maximum in (4096, 2048):  # the run's means (up to 2121) below it, and above it
+        assert main(text + ["--response-length", str(maximum), "--lengths-from", str(run)]) == 0
+        lengths = json.loads(capsys.readouterr().out)["lengths"]
+        for name in ("start_tokens", "end_tokens"):
+            cut = truncated_mean_tokens(uncut_mean_tokens(measured.__dict__[name], 8192),
+                                        maximum)
+            assert lengths[name] == pytest.approx(cut, abs=0.1)
+            assert lengths[name] < measured.__dict__[name]
+        assert lengths["max_tokens"] == maximum
+        assert f"cut at this maximum ({maximum} tokens)" in lengths["basis"]

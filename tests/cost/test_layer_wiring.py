@@ -186,6 +186,21 @@ def test_gated_deltanet_heads_divide_by_tp_and_refuse_cp():
     assert "cp_linear_attention" not in _broken("Qwen3-30B-A3B", cp=2)
 
 
+def test_attention_sinks_and_sliding_windows_refuse_cp():
+    """gpt-oss (Megatron-Bridge's GPTOSSProvider: softmax_type 'learnable', window_size (128, 0)
+    on every other layer): Transformer Engine's attention takes a learnable softmax under context
+    parallelism only with cp_comm_type a2a, and a sliding window not with p2p -- verl leaves
+    megatron-core's p2p, so CP > 1 has no attention backend."""
+    broken = _broken("gpt-oss-20b", cp=2)
+    assert broken["cp_attention_sinks"] == (
+        "context_parallel_size 2: gpt-oss-20b's attention sinks and sliding-window layers have "
+        "no Transformer Engine attention backend under context parallelism with cp_comm_type "
+        "p2p, which verl runs (TE takes a learnable softmax only with a2a, a window not with "
+        "p2p); CP must be 1")
+    assert "cp_attention_sinks" not in _broken("gpt-oss-20b", cp=1)
+    assert "cp_attention_sinks" not in _broken("Qwen3-30B-A3B", cp=2)
+
+
 def test_mamba_heads_and_groups_divide_by_tp_and_cp():
     model = resolve_model("NVIDIA-Nemotron-3-Nano-30B-A3B")
     heads, groups = model.mamba.num_heads, model.mamba.n_groups

@@ -223,3 +223,21 @@ def test_a_mini_batch_that_does_not_divide_the_batch_is_padded_not_refused(tmp_p
     assert "[mini_batch_padding]" in out and "verl pads the last mini-batch" in out
     assert main(["validate", job, "--gpu-type", "h100", *mini, "trainer.use_v1=False"]) == 1
     assert "legacy trainer (trainer.use_v1=False) does not pad" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", [
+    "actor_rollout_ref.actor.megatron.context_parallel_size",
+    "actor_rollout_ref.ref.megatron.context_parallel_size",
+    "actor_rollout_ref.actor.megatron.override_transformer_config"
+    ".account_for_embedding_in_pipeline_split",
+    "actor_rollout_ref.actor.megatron.override_transformer_config"
+    ".account_for_loss_in_pipeline_split",
+    "actor_rollout_ref.actor.megatron.override_transformer_config"
+    ".pipeline_model_parallel_layout"])
+def test_diff_rates_context_parallel_and_the_stage_split_high(key):
+    """verl's CP key is ``context_parallel_size`` (no ``_model_``), and the stage split is set
+    three ways besides the first/last stage layers: each is a parallel layout change (high), as
+    the module says -- not 'bookkeeping or a setting the planner does not model'."""
+    from planner.diagnose.diff import classify
+
+    assert classify(key)[0] == "high"
