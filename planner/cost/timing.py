@@ -235,7 +235,8 @@ def _stage_compute_s(request: PlanRequest, cols: Columns, shape: TrainShape):
     ranks = of_layouts(cols, "rank_layers", model, lambda: rank_layers(model, cols))
     stage_times = [r.dense * per_dense + r.moe * per_moe + np.where(r.head, head, 0)
                    for r in ranks]
-    layers = np.max([r.dense + r.moe for r in ranks], axis=0)
+    layers = of_layouts(cols, "stage_layers", model,
+                        lambda: np.max([r.dense + r.moe for r in ranks], axis=0))
     return np.max(stage_times, axis=0), layers
 
 
@@ -254,62 +255,95 @@ def mtp_forward_s(request: PlanRequest, tokens_per_tp, layer_s, output_s, flops_
     return model.mtp_layers * (_f(layer_s) + eh_proj + _f(output_s))
 
 
+def _comm_links(request: PlanRequest, cols: Columns) -> dict:
+    """What :func:`_stage_comm_s` reads of the layouts alone (the same at each of the run's
+    points): the TP, TP x CP and ETP groups' bandwidths; the EP group's share of remote token
+    copies, and across nodes (DeepEP-style dispatch: one copy per destination node) the copies
+    per token, the other nodes and the nodes (at least 1) its EP x ETP span covers."""
+    model, cluster, eff = request.model, request.cluster, request.efficiency
+    tp, cp, ep, etp = (_f(cols[k]) for k in ("tp", "cp", "ep", "etp"))
+    nodes = np.ceil(ep * etp / cluster.fast_domain_gpus)
+    return {"tp": link_bandwidth(cluster, eff, tp), "cp": link_bandwidth(cluster, eff, tp * cp),
+            "etp": link_bandwidth(cluster, eff, etp), "ep_share": (ep - 1) / ep,
+            "node_copies": np.minimum(max(model.moe_top_k, 1), nodes),
+            "other_nodes": nodes - 1, "nodes_at_least_1": np.maximum(nodes, 1), "ep_on": ep > 1}
+
+
 def _stage_comm_s(request: PlanRequest, cols: Columns, shape: TrainShape, stage_layers_count):
     """Exposed TP, CP and EP communication of one micro-batch forward on a stage."""
     model, cluster, eff = request.model, request.cluster, request.efficiency
     h = model.hidden_size
     tp, cp, ep, etp = (_f(cols[k]) for k in ("tp", "cp", "ep", "etp"))
+    links = of_layouts(cols, "comm_links", (model, cluster, eff),
+                       lambda: _comm_links(request, cols))
     tokens = shape.tokens_per_micro_batch / cp
     activation_bytes = tokens * h * WEIGHT_BYTES
-    tp_bw = link_bandwidth(cluster, eff, tp)
-    tp_layer = 4 * ring_time(activation_bytes, tp, tp_bw) * (1 - eff.tp_overlap)
+    tp_layer = 4 * ring_time(activation_bytes, tp, links["tp"]) * (1 - eff.tp_overlap)
     kv_width = (model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla
                 else 2 * model.num_query_groups * model.head_dim)
     cp_bytes = (cp - 1) * tokens * kv_width * WEIGHT_BYTES / tp
-    cp_layer = cp_bytes / link_bandwidth(cluster, eff, tp * cp) * (1 - eff.cp_overlap)
+    cp_layer = cp_bytes / links["cp"] * (1 - eff.cp_overlap)
     k = max(model.moe_top_k, 1)
     dispatched = tokens / tp * k * h * WEIGHT_BYTES
     # Inside one NVLink domain every token copy crosses NVLink.  Across nodes, DeepEP-style
     # dispatch (megatron-core's flex dispatcher) sends a token once per destination node and
     # fans it out over NVLink there, so the network carries min(k, nodes) copies per token
     # (DeepSeek-V3 report, arXiv 2412.19437 §3.2.2), overlapped with the NVLink leg.
-    span = ep * etp
-    nodes = np.ceil(span / cluster.fast_domain_gpus)
     nvlink_bw = cluster.gpu.nvlink_bandwidth_bytes_per_s * eff.nvlink
     network_bw = cluster.gpu.inter_node_bandwidth_bytes_per_s * eff.network
-    intra = (ep - 1) / ep * dispatched / nvlink_bw
-    inter = (tokens / tp * np.minimum(k, nodes) * h * WEIGHT_BYTES * (nodes - 1)
-             / np.maximum(nodes, 1) / network_bw)
-    ep_layer = np.where(ep > 1, 2 * np.maximum(intra, inter), 0.0)
+    intra = links["ep_share"] * dispatched / nvlink_bw
+    inter = (tokens / tp * links["node_copies"] * h * WEIGHT_BYTES * links["other_nodes"]
+             / links["nodes_at_least_1"] / network_bw)
+    ep_layer = np.where(links["ep_on"], 2 * np.maximum(intra, inter), 0.0)
     # ETP: the dispatched tokens are all-gathered over the expert-TP group and the expert
     # outputs reduce-scattered back (megatron-core token_dispatcher.py).
-    etp_layer = 2 * ring_time(dispatched * etp, etp, link_bandwidth(cluster, eff, etp))
+    etp_layer = 2 * ring_time(dispatched * etp, etp, links["etp"])
     ep_layer = (ep_layer + etp_layer) * (1 - eff.ep_overlap)
     moe_fraction = model.num_moe_layers / model.num_layers
     return stage_layers_count * (tp_layer + cp_layer + moe_fraction * ep_layer)
+
+
+def _pipeline_terms(request: PlanRequest, cols: Columns) -> dict:
+    """What :func:`train_phase_s` reads of the layouts alone (the same at each of the run's
+    points): whether a pipeline has stages to cross, the VPP chunks, the bubble's
+    micro-batch slots ``(pp - 1) / vpp`` and the stage-boundary P2P bandwidth."""
+    cluster, eff = request.cluster, request.efficiency
+    pp, vpp = _f(cols["pp"]), _f(cols["vpp"])
+    return {"pipelined": pp > 1, "vpp": vpp, "bubble_slots": (pp - 1) / vpp,
+            "p2p_bandwidth": link_bandwidth(cluster, eff, cluster.num_gpus)}
+
+
+def _training_passes(cols: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """A training micro-batch's forward passes (3: the forward and a 2x backward, plus the
+    recompute: 1 full, :data:`SELECTIVE_RECOMPUTE_OVERHEAD` selective) and communication passes
+    (2, 3 with full recompute), of the layouts alone."""
+    recompute = np.select([cols["recompute"] == 2, cols["recompute"] == 1],
+                          [1.0, SELECTIVE_RECOMPUTE_OVERHEAD], 0.0)
+    return 3 + recompute, 2 + (cols["recompute"] == 2)
 
 
 def train_phase_s(request: PlanRequest, cols: Columns, shape: TrainShape
                   ) -> dict[str, np.ndarray]:
     """Seconds of one training (or forward-only) pass over a step's data, with a breakdown."""
     model, cluster, eff = request.model, request.cluster, request.efficiency
-    pp, vpp = _f(cols["pp"]), _f(cols["vpp"])
+    stages = of_layouts(cols, "pipeline_terms", (model, cluster, eff),
+                        lambda: _pipeline_terms(request, cols))
     forward, layers_on_stage = _stage_compute_s(request, cols, shape)
     comm = _stage_comm_s(request, cols, shape, layers_on_stage)
     if shape.forward_only:
         compute, exposed_comm = forward, comm
     else:
-        recompute = np.select([cols["recompute"] == 2, cols["recompute"] == 1],
-                              [1.0, SELECTIVE_RECOMPUTE_OVERHEAD], 0.0)
-        compute = forward * (3 + recompute)
-        exposed_comm = comm * (2 + (cols["recompute"] == 2))
+        compute_passes, comm_passes = of_layouts(cols, "training_passes", model,
+                                                 lambda: _training_passes(cols))
+        compute = forward * compute_passes
+        exposed_comm = comm * comm_passes
     per_micro = compute + exposed_comm
     # pipeline P2P of the SP-sharded activation at each stage boundary, forward and backward
     p2p_bytes = shape.tokens_per_micro_batch / _f(cols["cp"]) / _f(cols["tp"]) \
         * model.hidden_size * WEIGHT_BYTES
-    p2p = np.where(pp > 1, p2p_bytes / link_bandwidth(cluster, eff, cluster.num_gpus), 0.0)
+    p2p = np.where(stages["pipelined"], p2p_bytes / stages["p2p_bandwidth"], 0.0)
     # with VPP model chunks a micro-batch crosses vpp times as many stage boundaries
-    p2p_per_micro = p2p * vpp * (1 if shape.forward_only else 2)
+    p2p_per_micro = p2p * stages["vpp"] * (1 if shape.forward_only else 2)
     exposed_comm = exposed_comm + p2p_per_micro  # booked as communication (comm_s, bubble_s)
     per_micro = per_micro + p2p_per_micro
     m = _f(shape.micro_batches)
@@ -320,42 +354,55 @@ def train_phase_s(request: PlanRequest, cols: Columns, shape: TrainShape
     # ``nemo_rl/algorithms/loss_functions.py``).  Every stage runs its own loop at once: the
     # floor is per stage, not summed over PP.
     slot = np.maximum(per_micro, shape.host_per_layer_s * layers_on_stage)
-    pipeline = (m + (pp - 1) / vpp) * slot
-    bubble = (pp - 1) / vpp * per_micro
+    behind = stages["bubble_slots"]
+    pipeline = (m + behind) * slot
+    bubble = behind * per_micro
     out = {"compute_s": m * compute * shape.optimizer_steps,
            "comm_s": m * exposed_comm * shape.optimizer_steps,
            "bubble_s": bubble * shape.optimizer_steps,
-           "host_s": (m + (pp - 1) / vpp) * (slot - per_micro) * shape.optimizer_steps}
+           "host_s": (m + behind) * (slot - per_micro) * shape.optimizer_steps}
     total = pipeline * shape.optimizer_steps
     if not shape.forward_only:
-        shards = of_layouts(cols, "actor_params_per_gpu", model,
-                            lambda: actor_params_per_gpu(model, cols))
-        non_expert = np.max([ne for ne, _ in shards], axis=0)
-        expert = np.max([exp for _, exp in shards], axis=0)
-        dense_dp = _f(cols["dp"] * cols["cp"])
-        expert_dp = np.where(cols["ep"] > 1,
-                             _f(cluster.num_gpus // (cols["etp"] * cols["ep"] * cols["pp"])),
-                             dense_dp)
-        grad_and_param = MAIN_GRAD_BYTES + WEIGHT_BYTES  # RS fp32 grads + AG bf16 params
-        dp_span = _f(cols["tp"] * cols["cp"]) * dense_dp / _f(cols["cp"])
-        dp = (ring_time(non_expert * grad_and_param, dense_dp,
-                        link_bandwidth(cluster, eff, dp_span))
-              + ring_time(expert * grad_and_param, expert_dp,
-                          link_bandwidth(cluster, eff, _f(cols["ep"] * cols["etp"]) * expert_dp)))
-        dp_exposed = dp * (1 - eff.dp_overlap) if shape.overlap_grad_reduce else dp
-        shards = np.where(cols["distributed_optimizer"].astype(bool), 1, 0)
-        local = (non_expert / np.where(shards, dense_dp, 1)
-                 + expert / np.where(shards, expert_dp, 1))
-        on_host = cpu_fraction(cols)
-        optimizer = (1 - on_host) * local * ADAM_BYTES_PER_PARAM / (
-            cluster.gpu.hbm_bandwidth_bytes_per_s * eff.hbm)
+        # per optimizer step, of the layouts alone: the same at each of the run's points
+        dp_exposed, optimizer, cpu_optimizer = of_layouts(
+            cols, "update_terms", (model, cluster, eff, shape.overlap_grad_reduce,
+                                   shape.cpu_adam_bytes_per_s, shape.cpu_adam_streamed_bytes),
+            lambda: _update_terms(request, cols, shape))
         out["dp_comm_s"] = dp_exposed * shape.optimizer_steps
         out["optimizer_s"] = optimizer * shape.optimizer_steps
-        out["cpu_optimizer_s"] = cpu_optimizer_s(cluster, on_host * local,
-                                                 shape) * shape.optimizer_steps
+        out["cpu_optimizer_s"] = cpu_optimizer * shape.optimizer_steps
         total = total + out["dp_comm_s"] + out["optimizer_s"] + out["cpu_optimizer_s"]
     out["total_s"] = total
     return out
+
+
+def _update_terms(request: PlanRequest, cols: Columns, shape: TrainShape) -> tuple:
+    """Seconds per optimizer step of an update's data-parallel gradient traffic (exposed), its
+    optimizer step on the GPU and on the host: of the layouts, the model, the cluster and the
+    shape's optimizer settings alone (not of the response length)."""
+    model, cluster, eff = request.model, request.cluster, request.efficiency
+    shards = of_layouts(cols, "actor_params_per_gpu", model,
+                        lambda: actor_params_per_gpu(model, cols))
+    non_expert = np.max([ne for ne, _ in shards], axis=0)
+    expert = np.max([exp for _, exp in shards], axis=0)
+    dense_dp = _f(cols["dp"] * cols["cp"])
+    expert_dp = np.where(cols["ep"] > 1,
+                         _f(cluster.num_gpus // (cols["etp"] * cols["ep"] * cols["pp"])),
+                         dense_dp)
+    grad_and_param = MAIN_GRAD_BYTES + WEIGHT_BYTES  # RS fp32 grads + AG bf16 params
+    dp_span = _f(cols["tp"] * cols["cp"]) * dense_dp / _f(cols["cp"])
+    dp = (ring_time(non_expert * grad_and_param, dense_dp,
+                    link_bandwidth(cluster, eff, dp_span))
+          + ring_time(expert * grad_and_param, expert_dp,
+                      link_bandwidth(cluster, eff, _f(cols["ep"] * cols["etp"]) * expert_dp)))
+    dp_exposed = dp * (1 - eff.dp_overlap) if shape.overlap_grad_reduce else dp
+    shards = np.where(cols["distributed_optimizer"].astype(bool), 1, 0)
+    local = (non_expert / np.where(shards, dense_dp, 1)
+             + expert / np.where(shards, expert_dp, 1))
+    on_host = cpu_fraction(cols)
+    optimizer = (1 - on_host) * local * ADAM_BYTES_PER_PARAM / (
+        cluster.gpu.hbm_bandwidth_bytes_per_s * eff.hbm)
+    return dp_exposed, optimizer, cpu_optimizer_s(cluster, on_host * local, shape)
 
 
 def cpu_optimizer_s(cluster: ClusterSpec, host_params, shape: TrainShape) -> np.ndarray:
