@@ -95,6 +95,7 @@ from planner.cost.memory import (
     decode_cache_bytes,
     drafter_kv_per_token,
     drafter_rollout_bytes,
+    engine_of,
     estimate_memory,
     rank_layers,
     rollout_weight_bytes,
@@ -475,6 +476,36 @@ def longest_response(mean_tokens, max_tokens, sequences) -> np.ndarray:
     return np.minimum(_f(max_tokens), _f(mean_tokens) * (np.log(n) + EULER_GAMMA + 0.5 / n))
 
 
+def _decode_terms(request: PlanRequest, cols: Columns) -> dict:
+    """What :func:`decode_step_s` reads of the rollout layouts alone (the same at each of the
+    run's points): the weights a step reads but the routed experts (all of them with a dense
+    model) and the experts' shards, whether TP and EP are on, the latencies of an all-reduce
+    and of an EP dispatch + combine (inside an NVLink domain or across nodes), the TP and the
+    replica's bandwidths, the share of a token's copies sent both ways (``2 (ep - 1) / ep``)
+    and the fixed cost of a step."""
+    model, cluster, workload = request.model, request.cluster, request.workload
+    eff = request.efficiency
+    rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
+    rollout_ep = _f(cols["rollout_ep"])
+    out = {"weights": rollout_weight_bytes(model, cols, workload)}
+    if model.is_moe:
+        weight_bytes = 1 if workload.rollout_precision == "fp8" else WEIGHT_BYTES
+        out["expert_shards"] = np.where(cols["rollout_ep"] > 1, rollout_ep, rtp)
+        out["weights"] = out["weights"] - model.params.experts * weight_bytes \
+            / out["expert_shards"]
+    inside = rtp * rdp <= cluster.fast_domain_gpus
+    out.update(
+        tp_on=rtp > 1, ep_on=rollout_ep > 1,
+        allreduce_latency=np.where(inside, ALLREDUCE_LATENCY_NVLINK_S,
+                                   ALLREDUCE_LATENCY_NETWORK_S),
+        ep_latency=np.where(inside, EP_DISPATCH_COMBINE_NVLINK_S, EP_DISPATCH_COMBINE_NETWORK_S),
+        tp_bandwidth=link_bandwidth(cluster, eff, rtp),
+        ep_bandwidth=link_bandwidth(cluster, eff, rtp * rdp),
+        ep_both_ways=2 * (rollout_ep - 1) / rollout_ep,
+        fixed=eff.decode_step_s + np.where(rtp > 1, eff.decode_tp_step_s, 0.0))
+    return out
+
+
 def decode_step_s(request: PlanRequest, cols: Columns, batch, context
                   ) -> dict[str, np.ndarray]:
     """Seconds of one decode step of a rollout rank running ``batch`` sequences whose mean
@@ -486,48 +517,45 @@ def decode_step_s(request: PlanRequest, cols: Columns, batch, context
     model, cluster, workload = request.model, request.cluster, request.workload
     eff = request.efficiency
     gpu = cluster.gpu
-    rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
+    rtp = _f(cols["rollout_tp"])
+    terms = of_layouts(cols, "decode_terms", (model, cluster, eff, engine_of(workload),
+                                              workload.rollout_precision),
+                       lambda: _decode_terms(request, cols))
     sequences = _f(batch)
     batch = sequences * verified_tokens(workload)  # query tokens of the step
     active_linear = active_linear_params_per_token(model)
     peak = gpu.peak_flops(workload.precision if workload.precision == "fp8" else "bf16")
-    weights = rollout_weight_bytes(model, cols, workload)
+    weights = terms["weights"]
     if model.is_moe:
         # only the experts the rank's batch routes to are read: E * (1 - (1 - k/E)^b)
         p = model.params
         weight_bytes = 1 if workload.rollout_precision == "fp8" else WEIGHT_BYTES
         per_expert = p.experts_per_layer / model.num_experts * model.num_moe_layers * weight_bytes
-        expert_shards = np.where(cols["rollout_ep"] > 1, _f(cols["rollout_ep"]), rtp)
         touched = model.num_experts * (1 - (1 - model.moe_top_k / model.num_experts) ** batch)
-        weights = weights - p.experts * weight_bytes / expert_shards \
-            + touched * per_expert / expert_shards
+        weights = weights + touched * per_expert / terms["expert_shards"]
     kv_read = sequences * decode_cache_bytes(model, cols, workload, context)
     memory = (weights + kv_read) / (gpu.hbm_bandwidth_bytes_per_s * eff.decode_hbm)
     compute = (2 * batch * active_linear / rtp
                + batch * decode_mixing_flops_per_token(model, context)
                / rtp) / (peak * gemm_efficiency(eff, batch))
-    inside = rtp * rdp <= cluster.fast_domain_gpus
-    latency = np.where(inside, ALLREDUCE_LATENCY_NVLINK_S, ALLREDUCE_LATENCY_NETWORK_S)
     # one all-reduce after each row-parallel block: the mixer and the feed-forward block of a
     # layer (Nemotron-H's layers hold one of them each)
-    tp_allreduce = np.where(rtp > 1, _sub_blocks(model)
-                            * (latency + 2 * batch * model.hidden_size * WEIGHT_BYTES
-                               / link_bandwidth(cluster, eff, rtp)), 0.0)
+    tp_allreduce = np.where(terms["tp_on"], _sub_blocks(model)
+                            * (terms["allreduce_latency"]
+                               + 2 * batch * model.hidden_size * WEIGHT_BYTES
+                               / terms["tp_bandwidth"]), 0.0)
     # expert parallel: dispatch + combine of the batch's k token copies per MoE layer
-    rollout_ep = _f(cols["rollout_ep"])
     dispatched = batch * max(model.moe_top_k, 1) * model.hidden_size * WEIGHT_BYTES
-    ep_latency = np.where(inside, EP_DISPATCH_COMBINE_NVLINK_S, EP_DISPATCH_COMBINE_NETWORK_S)
-    ep_alltoall = np.where(rollout_ep > 1, model.num_moe_layers
-                           * (ep_latency + 2 * (rollout_ep - 1) / rollout_ep * dispatched
-                              / link_bandwidth(cluster, eff, rtp * rdp)), 0.0)
+    ep_alltoall = np.where(terms["ep_on"], model.num_moe_layers
+                           * (terms["ep_latency"] + terms["ep_both_ways"] * dispatched
+                              / terms["ep_bandwidth"]), 0.0)
     kernels = ((model.num_layers - model.num_moe_layers) * DENSE_LAYER_KERNELS
                + model.num_moe_layers * MOE_LAYER_KERNELS)
     per_kernel = eff.decode_layer_s / DENSE_LAYER_KERNELS
     launches = kernels * (per_kernel + (EAGER_LAUNCH_S_PER_KERNEL if workload.enforce_eager
                                         else 0.0))
     roofline = np.maximum(memory, compute)
-    fixed = eff.decode_step_s + np.where(rtp > 1, eff.decode_tp_step_s, 0.0)
-    comm, latency = tp_allreduce + ep_alltoall, launches + fixed
+    comm, latency = tp_allreduce + ep_alltoall, launches + terms["fixed"]
     drafts = float(verified_tokens(workload) - 1)
     if drafts:  # the drafter's k forward steps
         draft = draft_forward_s(request, cols, sequences, context)
