@@ -622,6 +622,28 @@ def rollout_concurrency(workload: GrpoWorkload, kv_tokens, state_tokens=0.0) -> 
     return np.clip(np.floor(_f(kv_tokens) / per_sequence), 1, workload.max_num_seqs)
 
 
+def _prefill(request: PlanRequest, cols: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences per attention rank of a rollout replica (all replicas get equal shares) and
+    the seconds of their prefill: a compute-bound forward over the prompts, split over the
+    rollout TP group; with prefix caching the n samples of a prompt share one prefill.  Of the
+    layouts and the prompts alone (the same at each of the run's points)."""
+    model, cluster, workload = request.model, request.cluster, request.workload
+    eff = request.efficiency
+    rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
+    prompt = mean_prompt_length(workload)
+    replicas = np.maximum(np.floor(cluster.num_gpus / (rtp * rdp)), 1)
+    seqs = np.ceil(workload.sequences_per_step / replicas / rdp)  # per attention rank
+    active_linear = active_linear_params_per_token(model)
+    peak = cluster.gpu.peak_flops(workload.precision if workload.precision == "fp8" else "bf16")
+    prompts = seqs / workload.rollout_n if workload.prefix_caching else seqs
+    prefill_flops = prompts * (2 * prompt * active_linear
+                               + mixing_flops_per_sequence(model, prompt))
+    prefill = prefill_flops / (rtp * peak * gemm_efficiency(eff, prompts * prompt))
+    for shared in (seqs, prefill):  # every point of the run returns these very arrays
+        shared.flags.writeable = False
+    return seqs, prefill
+
+
 def generate_s(request: PlanRequest, cols: Columns, memory: Columns) -> dict[str, np.ndarray]:
     """Rollout generation time of the slowest replica (all replicas get equal shares).
 
@@ -631,22 +653,14 @@ def generate_s(request: PlanRequest, cols: Columns, memory: Columns) -> dict[str
     whose KV cache cannot hold one longest sequence cannot run at all: infinite time (vLLM
     refuses to start), never concurrency 1.
     """
-    model, cluster, workload = request.model, request.cluster, request.workload
-    eff = request.efficiency
-    gpu = cluster.gpu
-    rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
+    model, workload = request.model, request.workload
     prompt, r_max = mean_prompt_length(workload), float(workload.response_length)
     r_mean = mean_response_length(workload)
-    replicas = np.maximum(np.floor(cluster.num_gpus / (rtp * rdp)), 1)
-    seqs = np.ceil(workload.sequences_per_step / replicas / rdp)  # per attention rank
-    active_linear = active_linear_params_per_token(model)
-    peak = gpu.peak_flops(workload.precision if workload.precision == "fp8" else "bf16")
-    # prefill: compute-bound forward over the prompts, split over the rollout TP group; with
-    # prefix caching the n samples of a prompt share one prefill
-    prompts = seqs / workload.rollout_n if workload.prefix_caching else seqs
-    prefill_flops = prompts * (2 * prompt * active_linear
-                               + mixing_flops_per_sequence(model, prompt))
-    prefill = prefill_flops / (rtp * peak * gemm_efficiency(eff, prompts * prompt))
+    seqs, prefill = of_layouts(
+        cols, "prefill", (model, request.cluster, request.efficiency, prompt,
+                          workload.sequences_per_step, workload.rollout_n,
+                          workload.prefix_caching, workload.precision),
+        lambda: _prefill(request, cols))
     kv_tokens = _f(memory["kv_cache_tokens_per_gpu"])
     state_tokens = _f(memory.get("kv_state_tokens_per_seq", 0.0))
     holds_one = kv_tokens >= workload.sequence_length + state_tokens

@@ -75,7 +75,7 @@ def test_memoised_layout_terms_equal_fresh_ones_at_every_point_of_the_run(case):
         at = request_at(request, point)
         assert_same(phases(at, shared), phases(at, dict(rows)))
     assert {"pipeline_terms", "training_passes", "update_terms", "comm_links",
-            "decode_terms", "stage_layers"} <= {key[0] for key in shared.memo}
+            "decode_terms", "stage_layers", "prefill"} <= {key[0] for key in shared.memo}
 
 
 def test_a_memo_is_not_read_for_another_cluster_or_rollout_precision(case):
