@@ -125,32 +125,14 @@ def columns_over_run(request, evaluate: Callable) -> tuple[dict, tuple[dict, dic
         middle = evaluate(request)
         return middle, (middle, middle, middle)
     at_nodes = tuple(evaluate(request_at(request, point)) for point in node_lengths(lengths))
-    expected, together = {}, []
+    expected = {}
     for name, value in at_nodes[1].items():
         array = np.asarray(value)
-        if not np.issubdtype(array.dtype, np.floating) or name in RATIO_COLUMNS:
-            expected[name] = value
-        elif _stackable(at_nodes, name, at_nodes[1].get("step_time_s")):
-            together.append(name)
-            expected[name] = None  # filled below, in the columns' order
-        else:
+        if np.issubdtype(array.dtype, np.floating) and name not in RATIO_COLUMNS:
             expected[name] = expected_over_run([node[name] for node in at_nodes])
-    if together:
-        # one Simpson's rule over every float column of the layouts (the same element-wise
-        # operations as column by column, so the same numbers to the bit)
-        stacked = expected_over_run([np.stack([node[name] for name in together])
-                                     for node in at_nodes])
-        expected.update(zip(together, stacked))
+        else:
+            expected[name] = value
     return expected, at_nodes
-
-
-def _stackable(at_nodes, name: str, like) -> bool:
-    """Whether column ``name`` is a float64 array over the layouts (shaped as ``like``) at every
-    node: what :func:`columns_over_run` stacks into one Simpson's rule."""
-    shape = np.shape(like)
-    return len(shape) == 1 and all(
-        isinstance(node[name], np.ndarray) and node[name].dtype == np.float64
-        and node[name].shape == shape for node in at_nodes)
 
 
 def step_columns_over_run(request, evaluate: Callable) -> dict:

@@ -1,8 +1,7 @@
 """What the phase functions compute of the layouts alone is computed once per
 :class:`LayoutRows` and shared by the run's three points (issue 24): the same numbers to the bit
 as computed afresh at each point (a plain dict has no memo), on several jobs; a memo made for
-one cluster or rollout precision is not read for another; and the run's expected columns,
-Simpson's rule on every float column at once, equal it column by column."""
+one cluster or rollout precision is not read for another."""
 
 from __future__ import annotations
 
@@ -21,16 +20,9 @@ from planner.cost.timing import (
     LayoutRows,
     generate_s,
     log_prob_phase_s,
-    step_columns,
     update_phase_s,
 )
-from planner.cost.trajectory import (
-    RATIO_COLUMNS,
-    columns_over_run,
-    expected_over_run,
-    node_lengths,
-    request_at,
-)
+from planner.cost.trajectory import node_lengths, request_at
 from planner.plan import choose_rollout, evaluate_actors
 
 SMALL = GrpoWorkload(train_batch_size=64, rollout_n=4, mini_batch_size=16)
@@ -87,17 +79,3 @@ def test_a_memo_is_not_read_for_another_cluster_or_rollout_precision(case):
     fp8 = replace(request, workload=replace(request.workload, rollout_precision="fp8"))
     assert_same(phases(fp8, shared), phases(fp8, dict(rows)))
 
-
-def test_the_expected_columns_equal_simpsons_rule_column_by_column(case):
-    request, rows = case
-    expected, at_nodes = columns_over_run(request, lambda at: step_columns(at, rows, rows))
-    assert list(expected) == list(at_nodes[1])  # the columns' order is kept
-    floats = 0
-    for name, middle in at_nodes[1].items():
-        if np.issubdtype(np.asarray(middle).dtype, np.floating) and name not in RATIO_COLUMNS:
-            floats += 1
-            want = expected_over_run([node[name] for node in at_nodes])
-            np.testing.assert_array_equal(expected[name], want, err_msg=name)
-        else:
-            assert expected[name] is middle, name
-    assert floats > 20
