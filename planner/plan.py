@@ -37,7 +37,7 @@ from planner.cost.memory import (
     rollout_memory,
 )
 from planner.cost.request import OfRequest, PlanRequest
-from planner.cost.timing import StepGroups, generate_s, step_columns, step_time_s
+from planner.cost.timing import LayoutRows, StepGroups, generate_s, step_columns, step_time_s
 from planner.cost.trajectory import (
     expected_over_run,
     node_lengths,
@@ -320,7 +320,8 @@ def rollout_choice(request: PlanRequest, rollouts: Columns, utilization: float |
             pair = (np.repeat(np.arange(options), m) * 1000
                     + np.round(picked * 100).astype(np.int64))
             once, back = distinct(pair)
-            few = {name: values[once] for name, values in cells.items()}
+            # (LayoutRows: the options' layout terms found once for the run's three points)
+            few = LayoutRows({name: values[once] for name, values in cells.items()})
             at_utils = rollout_memory(request, few, np.zeros(len(once)), picked[once])
             seconds = seconds_over_run(request, lambda at, few=few, kv=at_utils:
                                        generate_s(at, few, kv)["total_s"])[0][back]

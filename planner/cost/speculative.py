@@ -33,6 +33,8 @@ layer keeps ``k`` more state pages and ``k`` more conv columns
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from planner.catalog.layers import LayerSpec, MixerKind, MlpKind
@@ -76,7 +78,9 @@ def mtp_layer(model: ModelSpec) -> LayerSpec:
     return LayerSpec(mixer, mlp)
 
 
+@lru_cache(maxsize=32)
 def mtp_is_moe(model: ModelSpec) -> bool:
+    """Whether the MTP layers' feed-forward is MoE (once per model: every training pass asks)."""
     return mtp_layer(model).mlp is MlpKind.MOE
 
 

@@ -95,6 +95,7 @@ from planner.cost.memory import (
     decode_cache_bytes,
     drafter_kv_per_token,
     drafter_rollout_bytes,
+    engine_of,
     estimate_memory,
     rank_layers,
     rollout_weight_bytes,
@@ -235,7 +236,8 @@ def _stage_compute_s(request: PlanRequest, cols: Columns, shape: TrainShape):
     ranks = of_layouts(cols, "rank_layers", model, lambda: rank_layers(model, cols))
     stage_times = [r.dense * per_dense + r.moe * per_moe + np.where(r.head, head, 0)
                    for r in ranks]
-    layers = np.max([r.dense + r.moe for r in ranks], axis=0)
+    layers = of_layouts(cols, "stage_layers", model,
+                        lambda: np.max([r.dense + r.moe for r in ranks], axis=0))
     return np.max(stage_times, axis=0), layers
 
 
@@ -254,62 +256,95 @@ def mtp_forward_s(request: PlanRequest, tokens_per_tp, layer_s, output_s, flops_
     return model.mtp_layers * (_f(layer_s) + eh_proj + _f(output_s))
 
 
+def _comm_links(request: PlanRequest, cols: Columns) -> dict:
+    """What :func:`_stage_comm_s` reads of the layouts alone (the same at each of the run's
+    points): the TP, TP x CP and ETP groups' bandwidths; the EP group's share of remote token
+    copies, and across nodes (DeepEP-style dispatch: one copy per destination node) the copies
+    per token, the other nodes and the nodes (at least 1) its EP x ETP span covers."""
+    model, cluster, eff = request.model, request.cluster, request.efficiency
+    tp, cp, ep, etp = (_f(cols[k]) for k in ("tp", "cp", "ep", "etp"))
+    nodes = np.ceil(ep * etp / cluster.fast_domain_gpus)
+    return {"tp": link_bandwidth(cluster, eff, tp), "cp": link_bandwidth(cluster, eff, tp * cp),
+            "etp": link_bandwidth(cluster, eff, etp), "ep_share": (ep - 1) / ep,
+            "node_copies": np.minimum(max(model.moe_top_k, 1), nodes),
+            "other_nodes": nodes - 1, "nodes_at_least_1": np.maximum(nodes, 1), "ep_on": ep > 1}
+
+
 def _stage_comm_s(request: PlanRequest, cols: Columns, shape: TrainShape, stage_layers_count):
     """Exposed TP, CP and EP communication of one micro-batch forward on a stage."""
     model, cluster, eff = request.model, request.cluster, request.efficiency
     h = model.hidden_size
     tp, cp, ep, etp = (_f(cols[k]) for k in ("tp", "cp", "ep", "etp"))
+    links = of_layouts(cols, "comm_links", (model, cluster, eff),
+                       lambda: _comm_links(request, cols))
     tokens = shape.tokens_per_micro_batch / cp
     activation_bytes = tokens * h * WEIGHT_BYTES
-    tp_bw = link_bandwidth(cluster, eff, tp)
-    tp_layer = 4 * ring_time(activation_bytes, tp, tp_bw) * (1 - eff.tp_overlap)
+    tp_layer = 4 * ring_time(activation_bytes, tp, links["tp"]) * (1 - eff.tp_overlap)
     kv_width = (model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla
                 else 2 * model.num_query_groups * model.head_dim)
     cp_bytes = (cp - 1) * tokens * kv_width * WEIGHT_BYTES / tp
-    cp_layer = cp_bytes / link_bandwidth(cluster, eff, tp * cp) * (1 - eff.cp_overlap)
+    cp_layer = cp_bytes / links["cp"] * (1 - eff.cp_overlap)
     k = max(model.moe_top_k, 1)
     dispatched = tokens / tp * k * h * WEIGHT_BYTES
     # Inside one NVLink domain every token copy crosses NVLink.  Across nodes, DeepEP-style
     # dispatch (megatron-core's flex dispatcher) sends a token once per destination node and
     # fans it out over NVLink there, so the network carries min(k, nodes) copies per token
     # (DeepSeek-V3 report, arXiv 2412.19437 §3.2.2), overlapped with the NVLink leg.
-    span = ep * etp
-    nodes = np.ceil(span / cluster.fast_domain_gpus)
     nvlink_bw = cluster.gpu.nvlink_bandwidth_bytes_per_s * eff.nvlink
     network_bw = cluster.gpu.inter_node_bandwidth_bytes_per_s * eff.network
-    intra = (ep - 1) / ep * dispatched / nvlink_bw
-    inter = (tokens / tp * np.minimum(k, nodes) * h * WEIGHT_BYTES * (nodes - 1)
-             / np.maximum(nodes, 1) / network_bw)
-    ep_layer = np.where(ep > 1, 2 * np.maximum(intra, inter), 0.0)
+    intra = links["ep_share"] * dispatched / nvlink_bw
+    inter = (tokens / tp * links["node_copies"] * h * WEIGHT_BYTES * links["other_nodes"]
+             / links["nodes_at_least_1"] / network_bw)
+    ep_layer = np.where(links["ep_on"], 2 * np.maximum(intra, inter), 0.0)
     # ETP: the dispatched tokens are all-gathered over the expert-TP group and the expert
     # outputs reduce-scattered back (megatron-core token_dispatcher.py).
-    etp_layer = 2 * ring_time(dispatched * etp, etp, link_bandwidth(cluster, eff, etp))
+    etp_layer = 2 * ring_time(dispatched * etp, etp, links["etp"])
     ep_layer = (ep_layer + etp_layer) * (1 - eff.ep_overlap)
     moe_fraction = model.num_moe_layers / model.num_layers
     return stage_layers_count * (tp_layer + cp_layer + moe_fraction * ep_layer)
+
+
+def _pipeline_terms(request: PlanRequest, cols: Columns) -> dict:
+    """What :func:`train_phase_s` reads of the layouts alone (the same at each of the run's
+    points): whether a pipeline has stages to cross, the VPP chunks, the bubble's
+    micro-batch slots ``(pp - 1) / vpp`` and the stage-boundary P2P bandwidth."""
+    cluster, eff = request.cluster, request.efficiency
+    pp, vpp = _f(cols["pp"]), _f(cols["vpp"])
+    return {"pipelined": pp > 1, "vpp": vpp, "bubble_slots": (pp - 1) / vpp,
+            "p2p_bandwidth": link_bandwidth(cluster, eff, cluster.num_gpus)}
+
+
+def _training_passes(cols: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """A training micro-batch's forward passes (3: the forward and a 2x backward, plus the
+    recompute: 1 full, :data:`SELECTIVE_RECOMPUTE_OVERHEAD` selective) and communication passes
+    (2, 3 with full recompute), of the layouts alone."""
+    recompute = np.select([cols["recompute"] == 2, cols["recompute"] == 1],
+                          [1.0, SELECTIVE_RECOMPUTE_OVERHEAD], 0.0)
+    return 3 + recompute, 2 + (cols["recompute"] == 2)
 
 
 def train_phase_s(request: PlanRequest, cols: Columns, shape: TrainShape
                   ) -> dict[str, np.ndarray]:
     """Seconds of one training (or forward-only) pass over a step's data, with a breakdown."""
     model, cluster, eff = request.model, request.cluster, request.efficiency
-    pp, vpp = _f(cols["pp"]), _f(cols["vpp"])
+    stages = of_layouts(cols, "pipeline_terms", (model, cluster, eff),
+                        lambda: _pipeline_terms(request, cols))
     forward, layers_on_stage = _stage_compute_s(request, cols, shape)
     comm = _stage_comm_s(request, cols, shape, layers_on_stage)
     if shape.forward_only:
         compute, exposed_comm = forward, comm
     else:
-        recompute = np.select([cols["recompute"] == 2, cols["recompute"] == 1],
-                              [1.0, SELECTIVE_RECOMPUTE_OVERHEAD], 0.0)
-        compute = forward * (3 + recompute)
-        exposed_comm = comm * (2 + (cols["recompute"] == 2))
+        compute_passes, comm_passes = of_layouts(cols, "training_passes", model,
+                                                 lambda: _training_passes(cols))
+        compute = forward * compute_passes
+        exposed_comm = comm * comm_passes
     per_micro = compute + exposed_comm
     # pipeline P2P of the SP-sharded activation at each stage boundary, forward and backward
     p2p_bytes = shape.tokens_per_micro_batch / _f(cols["cp"]) / _f(cols["tp"]) \
         * model.hidden_size * WEIGHT_BYTES
-    p2p = np.where(pp > 1, p2p_bytes / link_bandwidth(cluster, eff, cluster.num_gpus), 0.0)
+    p2p = np.where(stages["pipelined"], p2p_bytes / stages["p2p_bandwidth"], 0.0)
     # with VPP model chunks a micro-batch crosses vpp times as many stage boundaries
-    p2p_per_micro = p2p * vpp * (1 if shape.forward_only else 2)
+    p2p_per_micro = p2p * stages["vpp"] * (1 if shape.forward_only else 2)
     exposed_comm = exposed_comm + p2p_per_micro  # booked as communication (comm_s, bubble_s)
     per_micro = per_micro + p2p_per_micro
     m = _f(shape.micro_batches)
@@ -320,42 +355,55 @@ def train_phase_s(request: PlanRequest, cols: Columns, shape: TrainShape
     # ``nemo_rl/algorithms/loss_functions.py``).  Every stage runs its own loop at once: the
     # floor is per stage, not summed over PP.
     slot = np.maximum(per_micro, shape.host_per_layer_s * layers_on_stage)
-    pipeline = (m + (pp - 1) / vpp) * slot
-    bubble = (pp - 1) / vpp * per_micro
+    behind = stages["bubble_slots"]
+    pipeline = (m + behind) * slot
+    bubble = behind * per_micro
     out = {"compute_s": m * compute * shape.optimizer_steps,
            "comm_s": m * exposed_comm * shape.optimizer_steps,
            "bubble_s": bubble * shape.optimizer_steps,
-           "host_s": (m + (pp - 1) / vpp) * (slot - per_micro) * shape.optimizer_steps}
+           "host_s": (m + behind) * (slot - per_micro) * shape.optimizer_steps}
     total = pipeline * shape.optimizer_steps
     if not shape.forward_only:
-        shards = of_layouts(cols, "actor_params_per_gpu", model,
-                            lambda: actor_params_per_gpu(model, cols))
-        non_expert = np.max([ne for ne, _ in shards], axis=0)
-        expert = np.max([exp for _, exp in shards], axis=0)
-        dense_dp = _f(cols["dp"] * cols["cp"])
-        expert_dp = np.where(cols["ep"] > 1,
-                             _f(cluster.num_gpus // (cols["etp"] * cols["ep"] * cols["pp"])),
-                             dense_dp)
-        grad_and_param = MAIN_GRAD_BYTES + WEIGHT_BYTES  # RS fp32 grads + AG bf16 params
-        dp_span = _f(cols["tp"] * cols["cp"]) * dense_dp / _f(cols["cp"])
-        dp = (ring_time(non_expert * grad_and_param, dense_dp,
-                        link_bandwidth(cluster, eff, dp_span))
-              + ring_time(expert * grad_and_param, expert_dp,
-                          link_bandwidth(cluster, eff, _f(cols["ep"] * cols["etp"]) * expert_dp)))
-        dp_exposed = dp * (1 - eff.dp_overlap) if shape.overlap_grad_reduce else dp
-        shards = np.where(cols["distributed_optimizer"].astype(bool), 1, 0)
-        local = (non_expert / np.where(shards, dense_dp, 1)
-                 + expert / np.where(shards, expert_dp, 1))
-        on_host = cpu_fraction(cols)
-        optimizer = (1 - on_host) * local * ADAM_BYTES_PER_PARAM / (
-            cluster.gpu.hbm_bandwidth_bytes_per_s * eff.hbm)
+        # per optimizer step, of the layouts alone: the same at each of the run's points
+        dp_exposed, optimizer, cpu_optimizer = of_layouts(
+            cols, "update_terms", (model, cluster, eff, shape.overlap_grad_reduce,
+                                   shape.cpu_adam_bytes_per_s, shape.cpu_adam_streamed_bytes),
+            lambda: _update_terms(request, cols, shape))
         out["dp_comm_s"] = dp_exposed * shape.optimizer_steps
         out["optimizer_s"] = optimizer * shape.optimizer_steps
-        out["cpu_optimizer_s"] = cpu_optimizer_s(cluster, on_host * local,
-                                                 shape) * shape.optimizer_steps
+        out["cpu_optimizer_s"] = cpu_optimizer * shape.optimizer_steps
         total = total + out["dp_comm_s"] + out["optimizer_s"] + out["cpu_optimizer_s"]
     out["total_s"] = total
     return out
+
+
+def _update_terms(request: PlanRequest, cols: Columns, shape: TrainShape) -> tuple:
+    """Seconds per optimizer step of an update's data-parallel gradient traffic (exposed), its
+    optimizer step on the GPU and on the host: of the layouts, the model, the cluster and the
+    shape's optimizer settings alone (not of the response length)."""
+    model, cluster, eff = request.model, request.cluster, request.efficiency
+    shards = of_layouts(cols, "actor_params_per_gpu", model,
+                        lambda: actor_params_per_gpu(model, cols))
+    non_expert = np.max([ne for ne, _ in shards], axis=0)
+    expert = np.max([exp for _, exp in shards], axis=0)
+    dense_dp = _f(cols["dp"] * cols["cp"])
+    expert_dp = np.where(cols["ep"] > 1,
+                         _f(cluster.num_gpus // (cols["etp"] * cols["ep"] * cols["pp"])),
+                         dense_dp)
+    grad_and_param = MAIN_GRAD_BYTES + WEIGHT_BYTES  # RS fp32 grads + AG bf16 params
+    dp_span = _f(cols["tp"] * cols["cp"]) * dense_dp / _f(cols["cp"])
+    dp = (ring_time(non_expert * grad_and_param, dense_dp,
+                    link_bandwidth(cluster, eff, dp_span))
+          + ring_time(expert * grad_and_param, expert_dp,
+                      link_bandwidth(cluster, eff, _f(cols["ep"] * cols["etp"]) * expert_dp)))
+    dp_exposed = dp * (1 - eff.dp_overlap) if shape.overlap_grad_reduce else dp
+    shards = np.where(cols["distributed_optimizer"].astype(bool), 1, 0)
+    local = (non_expert / np.where(shards, dense_dp, 1)
+             + expert / np.where(shards, expert_dp, 1))
+    on_host = cpu_fraction(cols)
+    optimizer = (1 - on_host) * local * ADAM_BYTES_PER_PARAM / (
+        cluster.gpu.hbm_bandwidth_bytes_per_s * eff.hbm)
+    return dp_exposed, optimizer, cpu_optimizer_s(cluster, on_host * local, shape)
 
 
 def cpu_optimizer_s(cluster: ClusterSpec, host_params, shape: TrainShape) -> np.ndarray:
@@ -428,6 +476,36 @@ def longest_response(mean_tokens, max_tokens, sequences) -> np.ndarray:
     return np.minimum(_f(max_tokens), _f(mean_tokens) * (np.log(n) + EULER_GAMMA + 0.5 / n))
 
 
+def _decode_terms(request: PlanRequest, cols: Columns) -> dict:
+    """What :func:`decode_step_s` reads of the rollout layouts alone (the same at each of the
+    run's points): the weights a step reads but the routed experts (all of them with a dense
+    model) and the experts' shards, whether TP and EP are on, the latencies of an all-reduce
+    and of an EP dispatch + combine (inside an NVLink domain or across nodes), the TP and the
+    replica's bandwidths, the share of a token's copies sent both ways (``2 (ep - 1) / ep``)
+    and the fixed cost of a step."""
+    model, cluster, workload = request.model, request.cluster, request.workload
+    eff = request.efficiency
+    rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
+    rollout_ep = _f(cols["rollout_ep"])
+    out = {"weights": rollout_weight_bytes(model, cols, workload)}
+    if model.is_moe:
+        weight_bytes = 1 if workload.rollout_precision == "fp8" else WEIGHT_BYTES
+        out["expert_shards"] = np.where(cols["rollout_ep"] > 1, rollout_ep, rtp)
+        out["weights"] = out["weights"] - model.params.experts * weight_bytes \
+            / out["expert_shards"]
+    inside = rtp * rdp <= cluster.fast_domain_gpus
+    out.update(
+        tp_on=rtp > 1, ep_on=rollout_ep > 1,
+        allreduce_latency=np.where(inside, ALLREDUCE_LATENCY_NVLINK_S,
+                                   ALLREDUCE_LATENCY_NETWORK_S),
+        ep_latency=np.where(inside, EP_DISPATCH_COMBINE_NVLINK_S, EP_DISPATCH_COMBINE_NETWORK_S),
+        tp_bandwidth=link_bandwidth(cluster, eff, rtp),
+        ep_bandwidth=link_bandwidth(cluster, eff, rtp * rdp),
+        ep_both_ways=2 * (rollout_ep - 1) / rollout_ep,
+        fixed=eff.decode_step_s + np.where(rtp > 1, eff.decode_tp_step_s, 0.0))
+    return out
+
+
 def decode_step_s(request: PlanRequest, cols: Columns, batch, context
                   ) -> dict[str, np.ndarray]:
     """Seconds of one decode step of a rollout rank running ``batch`` sequences whose mean
@@ -439,48 +517,45 @@ def decode_step_s(request: PlanRequest, cols: Columns, batch, context
     model, cluster, workload = request.model, request.cluster, request.workload
     eff = request.efficiency
     gpu = cluster.gpu
-    rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
+    rtp = _f(cols["rollout_tp"])
+    terms = of_layouts(cols, "decode_terms", (model, cluster, eff, engine_of(workload),
+                                              workload.rollout_precision),
+                       lambda: _decode_terms(request, cols))
     sequences = _f(batch)
     batch = sequences * verified_tokens(workload)  # query tokens of the step
     active_linear = active_linear_params_per_token(model)
     peak = gpu.peak_flops(workload.precision if workload.precision == "fp8" else "bf16")
-    weights = rollout_weight_bytes(model, cols, workload)
+    weights = terms["weights"]
     if model.is_moe:
         # only the experts the rank's batch routes to are read: E * (1 - (1 - k/E)^b)
         p = model.params
         weight_bytes = 1 if workload.rollout_precision == "fp8" else WEIGHT_BYTES
         per_expert = p.experts_per_layer / model.num_experts * model.num_moe_layers * weight_bytes
-        expert_shards = np.where(cols["rollout_ep"] > 1, _f(cols["rollout_ep"]), rtp)
         touched = model.num_experts * (1 - (1 - model.moe_top_k / model.num_experts) ** batch)
-        weights = weights - p.experts * weight_bytes / expert_shards \
-            + touched * per_expert / expert_shards
+        weights = weights + touched * per_expert / terms["expert_shards"]
     kv_read = sequences * decode_cache_bytes(model, cols, workload, context)
     memory = (weights + kv_read) / (gpu.hbm_bandwidth_bytes_per_s * eff.decode_hbm)
     compute = (2 * batch * active_linear / rtp
                + batch * decode_mixing_flops_per_token(model, context)
                / rtp) / (peak * gemm_efficiency(eff, batch))
-    inside = rtp * rdp <= cluster.fast_domain_gpus
-    latency = np.where(inside, ALLREDUCE_LATENCY_NVLINK_S, ALLREDUCE_LATENCY_NETWORK_S)
     # one all-reduce after each row-parallel block: the mixer and the feed-forward block of a
     # layer (Nemotron-H's layers hold one of them each)
-    tp_allreduce = np.where(rtp > 1, _sub_blocks(model)
-                            * (latency + 2 * batch * model.hidden_size * WEIGHT_BYTES
-                               / link_bandwidth(cluster, eff, rtp)), 0.0)
+    tp_allreduce = np.where(terms["tp_on"], _sub_blocks(model)
+                            * (terms["allreduce_latency"]
+                               + 2 * batch * model.hidden_size * WEIGHT_BYTES
+                               / terms["tp_bandwidth"]), 0.0)
     # expert parallel: dispatch + combine of the batch's k token copies per MoE layer
-    rollout_ep = _f(cols["rollout_ep"])
     dispatched = batch * max(model.moe_top_k, 1) * model.hidden_size * WEIGHT_BYTES
-    ep_latency = np.where(inside, EP_DISPATCH_COMBINE_NVLINK_S, EP_DISPATCH_COMBINE_NETWORK_S)
-    ep_alltoall = np.where(rollout_ep > 1, model.num_moe_layers
-                           * (ep_latency + 2 * (rollout_ep - 1) / rollout_ep * dispatched
-                              / link_bandwidth(cluster, eff, rtp * rdp)), 0.0)
+    ep_alltoall = np.where(terms["ep_on"], model.num_moe_layers
+                           * (terms["ep_latency"] + terms["ep_both_ways"] * dispatched
+                              / terms["ep_bandwidth"]), 0.0)
     kernels = ((model.num_layers - model.num_moe_layers) * DENSE_LAYER_KERNELS
                + model.num_moe_layers * MOE_LAYER_KERNELS)
     per_kernel = eff.decode_layer_s / DENSE_LAYER_KERNELS
     launches = kernels * (per_kernel + (EAGER_LAUNCH_S_PER_KERNEL if workload.enforce_eager
                                         else 0.0))
     roofline = np.maximum(memory, compute)
-    fixed = eff.decode_step_s + np.where(rtp > 1, eff.decode_tp_step_s, 0.0)
-    comm, latency = tp_allreduce + ep_alltoall, launches + fixed
+    comm, latency = tp_allreduce + ep_alltoall, launches + terms["fixed"]
     drafts = float(verified_tokens(workload) - 1)
     if drafts:  # the drafter's k forward steps
         draft = draft_forward_s(request, cols, sequences, context)
@@ -547,6 +622,28 @@ def rollout_concurrency(workload: GrpoWorkload, kv_tokens, state_tokens=0.0) -> 
     return np.clip(np.floor(_f(kv_tokens) / per_sequence), 1, workload.max_num_seqs)
 
 
+def _prefill(request: PlanRequest, cols: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences per attention rank of a rollout replica (all replicas get equal shares) and
+    the seconds of their prefill: a compute-bound forward over the prompts, split over the
+    rollout TP group; with prefix caching the n samples of a prompt share one prefill.  Of the
+    layouts and the prompts alone (the same at each of the run's points)."""
+    model, cluster, workload = request.model, request.cluster, request.workload
+    eff = request.efficiency
+    rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
+    prompt = mean_prompt_length(workload)
+    replicas = np.maximum(np.floor(cluster.num_gpus / (rtp * rdp)), 1)
+    seqs = np.ceil(workload.sequences_per_step / replicas / rdp)  # per attention rank
+    active_linear = active_linear_params_per_token(model)
+    peak = cluster.gpu.peak_flops(workload.precision if workload.precision == "fp8" else "bf16")
+    prompts = seqs / workload.rollout_n if workload.prefix_caching else seqs
+    prefill_flops = prompts * (2 * prompt * active_linear
+                               + mixing_flops_per_sequence(model, prompt))
+    prefill = prefill_flops / (rtp * peak * gemm_efficiency(eff, prompts * prompt))
+    for shared in (seqs, prefill):  # every point of the run returns these very arrays
+        shared.flags.writeable = False
+    return seqs, prefill
+
+
 def generate_s(request: PlanRequest, cols: Columns, memory: Columns) -> dict[str, np.ndarray]:
     """Rollout generation time of the slowest replica (all replicas get equal shares).
 
@@ -556,22 +653,14 @@ def generate_s(request: PlanRequest, cols: Columns, memory: Columns) -> dict[str
     whose KV cache cannot hold one longest sequence cannot run at all: infinite time (vLLM
     refuses to start), never concurrency 1.
     """
-    model, cluster, workload = request.model, request.cluster, request.workload
-    eff = request.efficiency
-    gpu = cluster.gpu
-    rtp, rdp = _f(cols["rollout_tp"]), _f(cols["rollout_dp"])
+    model, workload = request.model, request.workload
     prompt, r_max = mean_prompt_length(workload), float(workload.response_length)
     r_mean = mean_response_length(workload)
-    replicas = np.maximum(np.floor(cluster.num_gpus / (rtp * rdp)), 1)
-    seqs = np.ceil(workload.sequences_per_step / replicas / rdp)  # per attention rank
-    active_linear = active_linear_params_per_token(model)
-    peak = gpu.peak_flops(workload.precision if workload.precision == "fp8" else "bf16")
-    # prefill: compute-bound forward over the prompts, split over the rollout TP group; with
-    # prefix caching the n samples of a prompt share one prefill
-    prompts = seqs / workload.rollout_n if workload.prefix_caching else seqs
-    prefill_flops = prompts * (2 * prompt * active_linear
-                               + mixing_flops_per_sequence(model, prompt))
-    prefill = prefill_flops / (rtp * peak * gemm_efficiency(eff, prompts * prompt))
+    seqs, prefill = of_layouts(
+        cols, "prefill", (model, request.cluster, request.efficiency, prompt,
+                          workload.sequences_per_step, workload.rollout_n,
+                          workload.prefix_caching, workload.precision),
+        lambda: _prefill(request, cols))
     kv_tokens = _f(memory["kv_cache_tokens_per_gpu"])
     state_tokens = _f(memory.get("kv_state_tokens_per_seq", 0.0))
     holds_one = kv_tokens >= workload.sequence_length + state_tokens

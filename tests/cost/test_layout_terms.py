@@ -1,0 +1,81 @@
+"""What the phase functions compute of the layouts alone is computed once per
+:class:`LayoutRows` and shared by the run's three points (issue 24): the same numbers to the bit
+as computed afresh at each point (a plain dict has no memo), on several jobs; a memo made for
+one cluster or rollout precision is not read for another."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from planner.catalog.hardware import ClusterSpec, get_gpu
+from planner.catalog.lengths import ResponseLengths
+from planner.catalog.models import resolve_model
+from planner.catalog.workload import GrpoWorkload
+from planner.cost.memory import estimate_memory
+from planner.cost.request import PlanRequest
+from planner.cost.timing import (
+    LayoutRows,
+    generate_s,
+    log_prob_phase_s,
+    update_phase_s,
+)
+from planner.cost.trajectory import node_lengths, request_at
+from planner.plan import choose_rollout, evaluate_actors
+
+SMALL = GrpoWorkload(train_batch_size=64, rollout_n=4, mini_batch_size=16)
+CASES = ["qwen3-8b", "qwen3-30b", "deepseek-v3", "Qwen3-Next-80B-A3B"]
+GPUS = {"deepseek-v3": 64}
+
+
+def moving(request: PlanRequest) -> PlanRequest:
+    return replace(request, workload=replace(request.workload, lengths=ResponseLengths(
+        300.0, 900.0, request.workload.response_length)))
+
+
+@pytest.fixture(scope="module", params=CASES)
+def case(request):
+    name = request.param
+    plan = PlanRequest(resolve_model(name),
+                       ClusterSpec(get_gpu("h100"), GPUS.get(name, 16), 8), SMALL)
+    actors = evaluate_actors(plan)
+    cols, actor = choose_rollout(plan, actors.space.columns, actors.space.rollouts, None,
+                                 actors.memory)
+    memory = estimate_memory(plan, cols, pick_utilization=True, actor=actor)
+    return moving(plan), {**cols, **memory}
+
+
+def phases(request: PlanRequest, rows) -> dict:
+    return {"log_prob": log_prob_phase_s(request, rows), "update": update_phase_s(request, rows),
+            "generate": generate_s(request, rows, rows)}
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for phase, columns in want.items():
+        assert got[phase].keys() == columns.keys(), phase
+        for name, values in columns.items():
+            np.testing.assert_array_equal(got[phase][name], values, err_msg=f"{phase} {name}")
+
+
+def test_memoised_layout_terms_equal_fresh_ones_at_every_point_of_the_run(case):
+    request, rows = case
+    shared = LayoutRows(rows)
+    for point in node_lengths(request.workload.lengths):
+        at = request_at(request, point)
+        assert_same(phases(at, shared), phases(at, dict(rows)))
+    assert {"pipeline_terms", "training_passes", "update_terms", "comm_links",
+            "decode_terms", "stage_layers", "prefill"} <= {key[0] for key in shared.memo}
+
+
+def test_a_memo_is_not_read_for_another_cluster_or_rollout_precision(case):
+    request, rows = case
+    shared = LayoutRows(rows)
+    phases(request, shared)
+    other_gpu = request.on(ClusterSpec(get_gpu("a100"), request.cluster.num_gpus, 4))
+    assert_same(phases(other_gpu, shared), phases(other_gpu, dict(rows)))
+    fp8 = replace(request, workload=replace(request.workload, rollout_precision="fp8"))
+    assert_same(phases(fp8, shared), phases(fp8, dict(rows)))
+
