@@ -162,13 +162,18 @@ class Plan(OfRequest):
             return np.arange(len(head))
         return np.flatnonzero(fits)
 
+    def _check_fits_counted(self, what: str) -> None:
+        """Refuse a count of every layout (those ``what``) where the kept rows were found
+        without scoring every layout (:attr:`fits_counted`)."""
+        if not self.fits_counted:
+            raise ValueError(f"this plan found its first rows without scoring every layout "
+                             f"(PlanReads(count_fits=False)): the count of those {what} is "
+                             f"not known")
+
     @property
     def fitting_count(self) -> int:
         """Layouts that fit in memory (all of them, also when the frame keeps fewer)."""
-        if not self.fits_counted:
-            raise ValueError("this plan found its first rows without scoring every layout "
-                             "(PlanReads(count_fits=False)): the count of those that fit is "
-                             "not known")
+        self._check_fits_counted("that fit")
         if self.fit_total is not None:
             return self.fit_total
         return int(np.count_nonzero(self.columns["fits"]))
@@ -177,6 +182,7 @@ class Plan(OfRequest):
     def fitting_below_top(self) -> int:
         """Layouts that fit with their nvidia-smi peak at most the memory band's top (all of
         them, also when the frame keeps fewer)."""
+        self._check_fits_counted("that fit below the band's top")
         if self.below_top_total is not None:
             return self.below_top_total
         fraction = np.asarray(self.columns["memory_utilization"])[self.fitting_rows()]

@@ -102,21 +102,23 @@ def _batches(workload, cols: Columns, sequences: np.ndarray, micro: np.ndarray,
                              lambda: np.maximum(np.ceil(sequences / fixed_micro), 1)))
 
 
+def _update_pass(workload, cols: Columns) -> tuple:
+    """The actor update's pass per rank: its sequences (``ppo_mini_batch_size * n / DP``), its
+    fixed micro-batch and its token budget (``max_token_len``; 0 where not set)."""
+    sequences = _f(workload.sequences_per_mini_batch) / np.maximum(_f(cols["dp"]), 1)
+    budget = np.asarray(cols.get("max_token_len", np.zeros(len(cols["tp"]))))
+    return sequences, cols["micro_batch"], budget
+
+
 def update_batches(workload, cols: Columns) -> MicroBatches:
     """The actor update's micro-batches per optimizer step (``ppo_mini_batch_size * n / DP``
     sequences per rank)."""
-    sequences = _f(workload.sequences_per_mini_batch) / np.maximum(_f(cols["dp"]), 1)
-    n = len(cols["tp"])
-    budget = np.asarray(cols.get("max_token_len", np.zeros(n)))
-    return _batches(workload, cols, sequences, cols["micro_batch"], budget)
+    return _batches(workload, cols, *_update_pass(workload, cols))
 
 
 def update_batch_count(workload, cols: Columns) -> np.ndarray:
     """:func:`update_batches`' ``count`` alone (the same numbers)."""
-    sequences = _f(workload.sequences_per_mini_batch) / np.maximum(_f(cols["dp"]), 1)
-    n = len(cols["tp"])
-    budget = np.asarray(cols.get("max_token_len", np.zeros(n)))
-    return _batch_count(workload, cols, sequences, cols["micro_batch"], budget)
+    return _batch_count(workload, cols, *_update_pass(workload, cols))
 
 
 def log_prob_micro_batch(cols: Columns) -> np.ndarray:

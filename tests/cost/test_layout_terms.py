@@ -79,3 +79,17 @@ def test_a_memo_is_not_read_for_another_cluster_or_rollout_precision(case):
     fp8 = replace(request, workload=replace(request.workload, rollout_precision="fp8"))
     assert_same(phases(fp8, shared), phases(fp8, dict(rows)))
 
+
+
+@pytest.mark.parametrize("change", [
+    {"prompt_length": 4096}, {"rollout_n": 8}, {"train_batch_size": 128},
+    {"prefix_caching": False}, {"overlap_grad_reduce": True}, {"adam_moment_bytes": 2},
+    {"free_cache_engine": False}, {"precision": "fp8"}], ids=lambda change: next(iter(change)))
+def test_a_memo_is_not_read_for_another_workload(case, change):
+    """Each workload field a memoised term reads is in its key: a memo made for one workload
+    gives another the numbers computed afresh."""
+    request, rows = case
+    shared = LayoutRows(rows)
+    phases(request, shared)
+    other = replace(request, workload=replace(request.workload, **change))
+    assert_same(phases(other, shared), phases(other, dict(rows)))

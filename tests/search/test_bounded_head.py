@@ -105,3 +105,15 @@ def test_the_bound_is_below_every_fitting_rows_step_time(name):
     np.testing.assert_allclose(bound[plain], step[plain], rtol=1e-6)
     best = np.min(step[fits & ~every.column("flag_memory_tight").astype(bool)])
     assert np.count_nonzero(may_fit & ~(bound > best)) < fits.sum() / 4
+
+
+def test_a_bounded_plan_does_not_count_the_layouts_below_the_bands_top():
+    """A bounded plan kept its first rows without scoring every layout: the count of those
+    that fit below the band's top is not known either (not the count of the kept rows)."""
+    req, policy, _ = JOBS["dense-constant"]
+    first = make_plan(req, reads=PlanReads.text_table(5))
+    fast = make_plan(replace(req, policy=policy), tie_tolerance=0.0, actors=first.actors,
+                     reads=PlanReads.first_rows(1))
+    assert fast.bounded
+    with pytest.raises(ValueError, match="not known"):
+        fast.fitting_below_top
