@@ -895,13 +895,14 @@ class StepGroups:
 
 
 def _apart_from_mean_length(request: PlanRequest) -> tuple:
-    """``request`` as a key that the run's points share: every field, the workload's but its
-    mean response length."""
+    """``request`` as a key that the run's points share: every field its equality compares
+    (a field added later is in it too), the workload's but its mean response length."""
     workload = request.workload
-    return (request.model, request.cluster, request.options, request.cost, request.policy,
-            type(workload), tuple((item.name, getattr(workload, item.name))
-                                  for item in fields(workload)
-                                  if item.name != "mean_response_length"))
+    apart = (type(workload), tuple((item.name, getattr(workload, item.name))
+                                   for item in fields(workload)
+                                   if item.name != "mean_response_length"))
+    return tuple(apart if item.name == "workload" else getattr(request, item.name)
+                 for item in fields(request) if item.compare)
 
 
 def _booked(phase: dict) -> dict:

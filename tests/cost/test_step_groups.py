@@ -161,3 +161,23 @@ def test_the_weight_sync_and_offload_trips_are_timed_once_for_every_point_of_the
     assert len(calls) == 1
     timing.step_time_s(points[0], dict(rows), rows, groups)  # other columns: computed again
     assert len(calls) == 2
+
+
+def test_the_point_free_key_is_every_compared_field_but_the_mean_length():
+    """What the run's points share (``StepGroups.point_free``'s memo) is keyed on every field
+    of the request its equality compares -- a field added later included -- and on the
+    workload's fields but its mean response length (review8: the key listed the fields by
+    hand)."""
+    from dataclasses import fields, replace
+
+    from planner.cost.timing import _apart_from_mean_length
+    from planner.cost.trajectory import request_at
+    from planner.policy import FILL_POLICY
+
+    request = PlanRequest(resolve_model("qwen3-8b"), ClusterSpec(get_gpu("h100"), 8, 8), SMALL)
+    key = _apart_from_mean_length(request)
+    assert len(key) == sum(1 for item in fields(request) if item.compare)
+    assert _apart_from_mean_length(request_at(request, 300.0)) == key
+    assert _apart_from_mean_length(replace(request, policy=FILL_POLICY)) != key
+    assert _apart_from_mean_length(replace(request, workload=replace(
+        SMALL, rollout_n=8))) != key
