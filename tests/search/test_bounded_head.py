@@ -24,6 +24,7 @@ from planner.plan import (
     score_rows,
 )
 from planner.policy import DEFAULT_POLICY, FILL_POLICY, MemoryPolicy
+from planner.search.space import SearchOptions
 from planner.step_bound import row_bounds
 
 TIGHT = MemoryPolicy(low=0.01, high=0.02)  # every layout that fits peaks above the band
@@ -117,3 +118,44 @@ def test_a_bounded_plan_does_not_count_the_layouts_below_the_bands_top():
     assert fast.bounded
     with pytest.raises(ValueError, match="not known"):
         fast.fitting_below_top
+
+
+# the step terms the bound treats as the policy's alone under other settings (review8): MTP
+# drafting (the drafter's weights load with the rollout's), an engine that stays awake through
+# training (its whole pool joins every training phase), a fixed gpu_memory_utilization (no
+# pick), and the bucketed weight sync
+MORE_JOBS = {
+    "mtp-drafting": request("mimo-7b", 8, replace(MOVING_GRPO, speculative="mtp")),
+    "engine-awake": request("qwen3-8b", 16, replace(MOVING_GRPO, free_cache_engine=False)),
+    "fixed-utilization": replace(request("qwen3-30b", 16, MOVING_GRPO),
+                                 options=SearchOptions(gpu_memory_utilization=0.5)),
+    "bucketed-sync": request("qwen3-30b", 16, replace(MOVING_GRPO, weight_sync="bucketed")),
+}
+
+
+@pytest.mark.parametrize("name", list(MORE_JOBS))
+def test_the_bound_holds_and_finds_the_head_under_other_settings(name):
+    """Row by row, the bound is at most every fitting row's expected step time under the
+    filled-GPU policy, and the bounded head is the head of every row scored."""
+    req = MORE_JOBS[name]
+    first = make_plan(req, reads=PlanReads.text_table(5))
+    actors = first.actors
+    other = replace(req, policy=FILL_POLICY)
+    utilization = req.options.gpu_memory_utilization
+    choice = rollout_choice(other, actors.space.rollouts, utilization, actors.memory)
+    bound, may_fit = row_bounds(actors.records["steps"], other, choice)
+    every = score_rows(other, choice.spread(actors.space.columns), actors.memory,
+                       pick_utilization=utilization is None, time_rows="fitting")
+    fits = every.column("fits").astype(bool)
+    step = every.column("step_time_s")
+    known = fits & ~np.isnan(bound)
+    assert known.any() and (may_fit | ~fits).all()
+    assert (bound[known] <= step[known]).all()
+    fast = make_plan(other, tie_tolerance=0.0, actors=actors, reads=PlanReads.first_rows(1))
+    assert fast.bounded
+    full = make_plan(other, tie_tolerance=0.0, actors=evaluate_actors(req),
+                     reads=PlanReads(keep=1, fill=False))
+    for column in ("tp", "pp", "ep", "micro_batch", "rollout_tp", "gpu_memory_utilization",
+                   "fits", "step_time_s", "peak_bytes"):
+        np.testing.assert_array_equal(np.asarray(fast.columns[column]),
+                                      np.asarray(full.columns[column]), err_msg=column)
