@@ -2,27 +2,31 @@
 
 import json
 
+import pytest
+
 from planner.catalog.models import builtin_config_dict
 from planner.cli.main import main
 
 
-def test_a_job_planned_from_a_local_model_directory_launches_from_it(tmp_path, capsys):
-    """plan --model DIR --write: the script's MODEL_PATH defaulted to $HOME/models/<DIR's name>,
-    not DIR whose config.json was planned, so the check its header names (`plan-parallel
-    validate run_grpo.sh`) could not read the model (exit 2), and a launch pointed verl at a
-    path that need not exist.  DIR is the default now (a --model-path or $MODEL_PATH wins)."""
+def _local_model(tmp_path):
+    """A model directory holding Qwen3-8B's config.json under another name."""
     model = tmp_path / "my-qwen3"
     model.mkdir()
     config = {k: v for k, v in builtin_config_dict("Qwen3-8B").items() if not k.startswith("_")}
     (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_a_job_planned_from_a_local_model_directory_launches_from_it(tmp_path, capsys):
+    """plan --model DIR --write: the script's MODEL_PATH defaulted to $HOME/models/<DIR's name>,
+    not DIR whose config.json was planned, so a launch pointed verl at a path that need not
+    exist.  DIR is the default now (a --model-path or $MODEL_PATH wins)."""
+    model = _local_model(tmp_path)
     job = tmp_path / "job"
     assert main(["plan", "--model", str(model), "--gpus", "8", "--gpu-type", "h100", "--top", "1",
                  "--write", str(job)]) == 0
-    capsys.readouterr()
     script = (job / "run_grpo.sh").read_text()
     assert f'MODEL_PATH="${{MODEL_PATH:-{model}}}"' in script
-    assert main(["validate", str(job / "run_grpo.sh"), "--gpu-type", "h100"]) == 0
-    assert "my-qwen3 on 8 x H100-80GB" in capsys.readouterr().out
     # a config.json path: its folder
     assert main(["plan", "--model", str(model / "config.json"), "--gpus", "8", "--gpu-type",
                  "h100", "--top", "1", "--write", str(job), "--force"]) == 0
@@ -31,6 +35,19 @@ def test_a_job_planned_from_a_local_model_directory_launches_from_it(tmp_path, c
     assert main(["plan", "--model", str(model), "--gpus", "8", "--gpu-type", "h100", "--top", "1",
                  "--write", str(job), "--force", "--model-path", "/data/ckpt"]) == 0
     assert 'MODEL_PATH="${MODEL_PATH:-/data/ckpt}"' in (job / "run_grpo.sh").read_text()
+
+
+@pytest.mark.needs("verl")
+def test_the_check_a_job_from_a_local_model_names_passes(tmp_path, capsys):
+    """The check the script's header names (`plan-parallel validate run_grpo.sh`) could not
+    read the model of a job planned from a local directory (exit 2)."""
+    model = _local_model(tmp_path)
+    job = tmp_path / "job"
+    assert main(["plan", "--model", str(model), "--gpus", "8", "--gpu-type", "h100", "--top", "1",
+                 "--write", str(job)]) == 0
+    capsys.readouterr()
+    assert main(["validate", str(job / "run_grpo.sh"), "--gpu-type", "h100"]) == 0
+    assert "my-qwen3 on 8 x H100-80GB" in capsys.readouterr().out
 
 
 def test_head_and_width_refusals_name_the_valid_sizes():
