@@ -46,6 +46,5 @@ def modes_remedy(plans) -> str:
     plan's, whose every GPU holds both the trainer and the rollout -- a job short of host
     memory there is short of it on the split pools' trainers too, which hold the same actor
     state on fewer GPUs; without a colocated plan, more or larger GPUs."""
-    colocated = next((plan.sync_plan for plan in plans
-                      if getattr(plan, "sync_plan", None) is not None), None)
+    colocated = next((plan.sync_plan for plan in plans if plan.sync_plan is not None), None)
     return GPU_REMEDY if colocated is None else remedy(colocated)

@@ -77,7 +77,6 @@ from planner.search.space import (
 from planner.step_bound import (
     StepRecord,
     actor_fits_alone,
-    moving,
     row_bounds,
     step_rest_s,
 )
@@ -668,7 +667,7 @@ def _expected_s(request: PlanRequest, subset: Mapping) -> np.ndarray:
     each (:func:`planner.cost.timing.step_time_s`, whose operations are those of
     :func:`planner.cost.timing.step_columns`: the same number to the bit)."""
     groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
-    if not moving(request):  # one point: its step time
+    if not request.workload.moving_lengths:  # one point: its step time
         return step_time_s(request, subset, subset, groups)
     return expected_over_run([step_time_s(request_at(request, point), subset, subset, groups)
                               for point in node_lengths(request.workload.lengths)])
@@ -918,10 +917,10 @@ class PlanReads:
         return cls(keep=top, fill=False, count_fits=False)
 
     @classmethod
-    def text_table(cls, top: int) -> PlanReads:
+    def text_table(cls, top: int, filled_next: bool = True) -> PlanReads:
         """The text table's: its first ``top`` rows, its fastest layout in the band, counts;
-        what bounds the filled-GPU plan that follows it recorded."""
-        return cls(keep=top, table=True, record=True)
+        with ``filled_next`` (a filled-GPU plan follows it), what bounds that plan recorded."""
+        return cls(keep=top, table=True, record=filled_next)
 
     @classmethod
     def best(cls, top: int) -> PlanReads:
@@ -961,7 +960,7 @@ def make_plan(request: PlanRequest, tie_tolerance: float | None = None,
         if bounded is not None:
             return _bounded_plan(request, actors, bounded, reads, tie)
     # without counting ties, a moving length's head times only its first ties (Head)
-    counted = reads.count_ties or table or not (head and moving(request))
+    counted = reads.count_ties or table or not (head and request.workload.moving_lengths)
     rows = score_rows(request, actor, memory,
                       pick_utilization=options.gpu_memory_utilization is None,
                       time_rows=Head(keep, tolerance, table, counted, reads.record)

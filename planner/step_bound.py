@@ -49,13 +49,6 @@ from planner.search.layout import Columns
 BOUND_MARGIN = 1e-9  # relative slack for rounding (module docstring)
 
 
-def moving(request: PlanRequest) -> bool:
-    """Whether the request's step is timed at several points of the run (a GRPO workload
-    whose mean response length moves, :mod:`planner.cost.trajectory`)."""
-    lengths = getattr(request.workload, "lengths", None)
-    return request.workload.has_rollout and lengths is not None and not lengths.constant
-
-
 @dataclass(frozen=True)
 class StepRecord:
     """What a plan read at its head found that bounds the rows' step times under another
@@ -109,7 +102,7 @@ def pair_seconds(request: PlanRequest, chosen: Columns, resident: np.ndarray,
 
     seconds = (expected_over_run([at(request_at(request, length))
                                   for length in node_lengths(workload.lengths)])
-               if moving(request) else at(request))
+               if request.workload.moving_lengths else at(request))
     fits = np.asarray(pool["rollout_fits"]).astype(bool)
     if "generate" in workload.phases:
         joins = pool["rollout_weights_bytes" if engine_of(workload).free_cache_engine

@@ -5,7 +5,10 @@ import pytest
 
 from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.lengths import ResponseLengths
+from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
+from planner.cost.request import PlanRequest
+from planner.policy import MemoryPolicy
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 
@@ -57,3 +60,11 @@ def pytest_runtest_setup(item):
             if missing:
                 pytest.skip(f"needs the {extra} extra ({', '.join(missing)} not installed): "
                             f"pip install 'plan-parallel[{extra}]'")
+
+
+def h100_request(model: str, gpus: int, workload, policy: MemoryPolicy | None = None
+                 ) -> PlanRequest:
+    """A scoring test's job: ``model`` on ``gpus`` H100s, 8 per node, under ``policy`` (None:
+    the default memory band)."""
+    return PlanRequest(resolve_model(model), ClusterSpec(get_gpu("h100"), gpus, 8), workload,
+                       policy=policy or MemoryPolicy())

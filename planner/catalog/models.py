@@ -43,7 +43,7 @@ from planner.extras import available
 
 __all__ = ["ModelSpec", "ParamCounts", "param_counts", "spec_from_hf_config", "resolve_model",
            "builtin_model", "builtin_config_dict", "catalog_names", "catalog_name",
-           "load_model_config_path", "check_config_fields"]
+           "load_model_config_path", "check_config_fields", "local_model_path"]
 
 
 @dataclass(frozen=True)
@@ -608,15 +608,23 @@ def catalog_name(text: str) -> str | None:
     return _lookup(text)
 
 
+def local_model_path(name_or_path: str) -> Path | None:
+    """The local config.json, or model directory holding one, that ``--model`` names (None:
+    not one -- a catalog name)."""
+    path = Path(name_or_path).expanduser()
+    return path if path.is_file() or (path / "config.json").is_file() else None
+
+
 def resolve_model(name_or_path: str) -> ModelSpec:
     """A catalog name or alias, or a local model directory / config.json path."""
     if not name_or_path.strip():
         raise PlanInputError("--model is empty; give a catalog name or a config.json path")
     check_text("--model", name_or_path, what="a catalog name or a config.json path")
-    path = Path(name_or_path).expanduser()
-    if path.is_file() or (path / "config.json").is_file():
+    local = local_model_path(name_or_path)
+    if local is not None:
         # a local download named after its model (~/models/Qwen3-8B) is read from its own file
-        return load_model_config_path(path)
+        return load_model_config_path(local)
+    path = Path(name_or_path).expanduser()
     found = _lookup(name_or_path)
     if found is not None:
         return builtin_model(found)

@@ -48,8 +48,12 @@ def cmd_plan(args) -> int:
     # the text table reads the plan's first rows, its fastest layout inside the memory band and
     # counts: only what it reads is ranked (JSON, CSV and --write read every layout)
     table = args.format not in ("json", "csv") and not args.write
+    # the same search were the GPU filled prices the band's headroom (a second search, after
+    # the table's when a layout fits)
+    filled_next = table and not request.policy.fills_gpu and workload.has_rollout
     plan = make_plan(request, tie_tolerance=args.tie_tolerance,
-                     reads=PlanReads.text_table(args.top) if table else PlanReads())
+                     reads=PlanReads.text_table(args.top, filled_next) if table
+                     else PlanReads())
     inputs.note_versions(args, request.cost, request.workload)
     fitting = plan.fitting_count
     if args.write:
@@ -72,11 +76,9 @@ def cmd_plan(args) -> int:
     elif args.format == "csv":
         print(plan_csv(plan, args.top), end="")
     else:
-        # the same search were the GPU filled prices the band's headroom (a second search);
-        # the table reads its best layout's step and peak alone, not that layout's own
-        # headroom nor counts (bounded by the first plan's step times)
-        fill_plan = (None if request.policy.fills_gpu or not fitting
-                     or not workload.has_rollout else
+        # the table reads the filled-GPU plan's best layout's step and peak alone, not that
+        # layout's own headroom nor counts (bounded by the first plan's step times)
+        fill_plan = (None if not filled_next or not fitting else
                      make_plan(replace(request, policy=FILL_POLICY), tie_tolerance=0.0,
                                actors=plan.actors, reads=PlanReads.first_rows(1)))
         print(plan_table(plan, args.top, fill_plan))

@@ -21,7 +21,7 @@ from planner.catalog.hardware import (
     get_gpu,
     gpu_from_detected,
 )
-from planner.catalog.models import model_at_length, windows_within
+from planner.catalog.models import local_model_path, model_at_length, windows_within
 from planner.catalog.workload import GrpoWorkload, PretrainWorkload
 from planner.cli import notes
 from planner.cli.args import UsageError
@@ -485,11 +485,7 @@ def job_model_path(args) -> str | None:
     if getattr(args, "model_path", None):
         return args.model_path
     given = str(getattr(args, "model", None) or "")
-    path = Path(given).expanduser()
-    if not given.strip():
+    local = local_model_path(given) if given.strip() else None
+    if local is None:
         return None
-    if path.is_file():
-        path = path.parent
-    elif not (path / "config.json").is_file():
-        return None
-    return str(path.absolute())
+    return str((local.parent if local.is_file() else local).absolute())

@@ -11,11 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import MOVING_GRPO, SMALL_GRPO
+from conftest import MOVING_GRPO, SMALL_GRPO, h100_request
 
-from planner.catalog.hardware import ClusterSpec, get_gpu
-from planner.catalog.models import resolve_model
-from planner.cost.request import PlanRequest
 from planner.plan import (
     PlanReads,
     evaluate_actors,
@@ -30,9 +27,7 @@ from planner.step_bound import row_bounds
 TIGHT = MemoryPolicy(low=0.01, high=0.02)  # every layout that fits peaks above the band
 
 
-def request(model: str, gpus: int, workload) -> PlanRequest:
-    return PlanRequest(resolve_model(model), ClusterSpec(get_gpu("h100"), gpus, 8), workload)
-
+request = h100_request
 
 JOBS = {  # name: request, the second policy, whether the bound finds its head
     "dense-moving": (request("qwen3-8b", 16, MOVING_GRPO), FILL_POLICY, True),

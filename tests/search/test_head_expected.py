@@ -14,13 +14,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import MOVING_GRPO, SMALL_GRPO
+from conftest import MOVING_GRPO, SMALL_GRPO, h100_request
 
 import planner.plan as plan_module
-from planner.catalog.hardware import ClusterSpec, get_gpu
 from planner.catalog.lengths import ResponseLengths
-from planner.catalog.models import resolve_model
-from planner.cost.request import PlanRequest
 from planner.plan import (
     Head,
     PlanReads,
@@ -38,10 +35,7 @@ BAND = MemoryPolicy(low=0.6, high=0.7)
 TIGHT = MemoryPolicy(low=0.01, high=0.02)  # every layout that fits peaks above the band
 
 
-def request(model: str, gpus: int, workload, policy: MemoryPolicy | None = None) -> PlanRequest:
-    return PlanRequest(resolve_model(model), ClusterSpec(get_gpu("h100"), gpus, 8), workload,
-                       policy=policy or MemoryPolicy())
-
+request = h100_request
 
 JOBS = {
     "qwen3-30b-moving": request("qwen3-30b", 16, MOVING),

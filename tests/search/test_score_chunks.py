@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import MOVING_GRPO, SMALL_GRPO
+from conftest import MOVING_GRPO, SMALL_GRPO, h100_request
 
 import planner.plan as plan_module
 from planner.catalog.hardware import ClusterSpec, get_gpu
@@ -32,10 +32,7 @@ NARROW = MemoryPolicy(low=0.5, high=0.6)
 CHUNK = 3001  # rows per chunk forced on score_rows (a prime)
 
 
-def request(model: str, gpus: int, workload, policy: MemoryPolicy | None = None) -> PlanRequest:
-    return PlanRequest(resolve_model(model), ClusterSpec(get_gpu("h100"), gpus, 8), workload,
-                       policy=policy or MemoryPolicy())
-
+request = h100_request
 
 JOBS = [
     (request("qwen3-30b", 16, MOVING), None),  # MoE, moving lengths: three points
