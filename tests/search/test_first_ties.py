@@ -63,7 +63,7 @@ def test_first_rows_without_counting_ties(req, tolerance, chunk, monkeypatch):
                                           err_msg=f"{name}, keep {keep}")
         # every column of the best, as the plan that times every fitting layout has it
         assert head.records(np.arange(1)) == full.records(np.arange(1))
-        if plan_module.moving(req):
+        if req.workload.moving_lengths:
             with pytest.raises(ValueError, match="count is not known"):
                 head.ties
         else:  # nothing pruned: every tie timed and counted
