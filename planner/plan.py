@@ -26,15 +26,15 @@ from planner.cost.columns import (
     flag_column,
     memory_column,
 )
+from planner.cost.engine_pairs import engine_pairs
 from planner.cost.memory import (
     actor_memory,
     actor_reduction,
-    actor_resident_bytes,
     actor_rows,
     estimate_memory,
-    max_rows,
-    over_rows,
+    rollout_layout_terms,
     rollout_memory,
+    rollout_pool,
 )
 from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import LayoutRows, StepGroups, generate_s, step_columns, step_time_s
@@ -59,7 +59,7 @@ from planner.ranking import (
     tied_with_best,
 )
 from planner.results import COLOCATED_MODE, ColocatedCandidate, Placement, Staleness
-from planner.search.layout import RECOMPUTE, Columns, Layout, RowsAt, distinct, distinct_pair
+from planner.search.layout import RECOMPUTE, Columns, Layout, RowsAt, distinct
 from planner.search.rules import (
     UNWISE_FLAGS,
     PipelineStarvation,
@@ -288,67 +288,63 @@ def rollout_choice(request: PlanRequest, rollouts: Columns, utilization: float |
     joined = ("weight_sync",) if sleeps else tuple(
         phase for phase in TRAINING_PHASES if phase in workload.phases)
 
-    def pairs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        resident_all, beside_all = over_rows(memory, lambda rows: (
-            actor_resident_bytes(rows),
-            max_rows([max_rows(rows["phases"][phase]) for phase in joined])), SCORE_CHUNK_ROWS,
-            only=("generate", *joined))
-        first, inverse = distinct_pair(resident_all, beside_all)
-        return resident_all[first], beside_all[first], inverse
-
     # the actor's memory alone: found once per actor evaluation (the plans that share it)
-    resident, beside, inverse = actor_reduction(memory, "rollout_pairs_" + "+".join(joined),
-                                                pairs)
+    resident, beside, inverse = actor_reduction(
+        memory, "rollout_pairs_" + "+".join(joined),
+        lambda: engine_pairs(memory, joined, SCORE_CHUNK_ROWS))
     n, options = len(resident), len(rollouts["rollout_tp"])
     chosen = {name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS}
     chosen["gpu_memory_utilization"] = np.full(n, 0.5)
-    # every option against a chunk of resident sizes at once, option-major: cell i * m + j is
-    # option i beside resident size j (chunks keep the cells, and so memory, bounded)
+    # every option against a chunk of resident sizes at once, (option, size) tables: the
+    # options' own terms found once, each a column beside a row of sizes (rollout_pool
+    # broadcasts; chunks keep the cells, and so memory, bounded)
+    terms = {name: np.asarray(values)[:, None] if np.ndim(values) else values
+             for name, values in rollout_layout_terms(request, rollouts).items()}
     step = max(1, CHOICE_CELLS // max(options, 1))
     for start in range(0, n, step):
-        part = resident[start:start + step]
-        m = len(part)
-        cells = {name: np.repeat(values, m) for name, values in rollouts.items()}
-        fixed_util = None if utilization is None else np.full(options * m, utilization)
-        result = rollout_memory(request, cells, np.tile(part, options), fixed_util)
+        part = resident[None, start:start + step]
+        m = part.shape[1]
+        fixed_util = None if utilization is None else np.full((options, m), utilization)
+        result = rollout_pool(request, terms, part, fixed_util)
         # where nothing fits, a miss whose rollout weights alone fit under the band's top
         # first (a larger TP / EP), not the first option, which may not hold them at all
         holds = result["rollout_weights_bytes"] <= request.policy.high * capacity
         fits = np.where(result["rollout_fits"], 0, np.where(holds, 1e12, 2e12))
+        picked = np.broadcast_to(result["gpu_memory_utilization"], (options, m))
         if timed:
             # fits first, then inside the memory band (an option whose pool cannot shrink
             # below the band's top for one sequence takes more: planner.ranking's rule ranks
             # it after those inside), then the predicted generation time.  The time depends on
             # the resident memory only through the picked utilization (a few 0.01 steps): time
             # each option at each of its utilizations once
-            picked = result["gpu_memory_utilization"]
-            pair = (np.repeat(np.arange(options), m) * 1000
-                    + np.round(picked * 100).astype(np.int64))
+            pair = (np.arange(options)[:, None] * 1000
+                    + np.round(picked * 100).astype(np.int64)).reshape(-1)
             once, back = distinct(pair)
             # (LayoutRows: the options' layout terms found once for the run's three points)
-            few = LayoutRows({name: values[once] for name, values in cells.items()})
-            at_utils = rollout_memory(request, few, np.zeros(len(once)), picked[once])
+            few = LayoutRows({name: values[once // m] for name, values in rollouts.items()})
+            at_utils = rollout_memory(request, few, np.zeros(len(once)),
+                                      picked.reshape(-1)[once])
             seconds = seconds_over_run(request, lambda at, few=few, kv=at_utils:
                                        generate_s(at, few, kv)["total_s"])[0][back]
             joins = result["rollout_weights_bytes" if sleeps else "rollout_budget_bytes"]
             peak = np.maximum(result["mem_generate_bytes"],
-                              np.tile(beside[start:start + step], options) + joins)
+                              beside[None, start:start + step] + joins)
             over_band = peak > request.policy.high * capacity + 1.0
-            key = fits + np.where(over_band, 5e11, 0.0) + np.minimum(seconds, 1e11)
+            key = (fits + np.where(over_band, 5e11, 0.0)
+                   + np.minimum(seconds, 1e11).reshape(options, m))
         else:
             # fits first, then fewest waves, then the smallest replica
-            replica = cells["rollout_tp"] * cells["rollout_dp"]
+            replica = (rollouts["rollout_tp"] * rollouts["rollout_dp"])[:, None]
             key = fits + np.minimum(result["rollout_waves"], 1e6) * 1e4 + replica
         # the first option with the smallest key (a NaN key is never chosen; none: defaults)
-        key = np.where(np.isnan(key), np.inf, key).reshape(options, m)
+        key = np.where(np.isnan(key), np.inf, key)
         best = np.argmin(key, axis=0)
         found = np.isfinite(key[best, np.arange(m)])
-        cell = best * m + np.arange(m)
         where = slice(start, start + m)
         for name in ROLLOUT_FIELDS:
-            chosen[name][where] = np.where(found, cells[name][cell], chosen[name][where])
+            chosen[name][where] = np.where(found, rollouts[name][best], chosen[name][where])
         chosen["gpu_memory_utilization"][where] = np.where(
-            found, result["gpu_memory_utilization"][cell], chosen["gpu_memory_utilization"][where])
+            found, picked[best, np.arange(m)], chosen["gpu_memory_utilization"][where])
     return RolloutChoice(chosen, resident, beside, inverse)
 
 

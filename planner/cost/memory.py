@@ -1321,10 +1321,20 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
     With ``utilization=None`` it is picked (:func:`pick_utilization`): enough KV for the
     replica's whole batch (at most ``max_num_seqs`` running), kept with the resident state
     below the request's memory policy's band top; where that leaves no room for one sequence,
-    as much as fits beside the resident state.
+    as much as fits beside the resident state.  (:func:`rollout_pool` of the rollout layouts'
+    own terms, :func:`rollout_layout_terms`.)
     """
+    return rollout_pool(request, rollout_layout_terms(request, cols), resident_bytes,
+                        utilization)
+
+
+def rollout_layout_terms(request: PlanRequest, cols: Columns) -> dict:
+    """What :func:`rollout_memory` reads of the rollout layouts ``cols`` alone (their rollout
+    TP/DP/EP; no resident bytes nor utilization): the weights, the reserve, the K/V bytes per
+    token, the tokens of each sequence, the sequences each attention rank holds, and the
+    fractions of the GPU a whole batch's pool and one sequence's take.  Per layout: a caller
+    that prices a few layouts beside many resident sizes finds them once per layout."""
     model, cluster, workload = request.model, request.cluster, request.workload
-    ceiling = request.policy.high
     engine = engine_of(workload)
     capacity = float(cluster.gpu.memory_bytes)
     seq = workload.sequence_length
@@ -1345,15 +1355,37 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
     seqs_per_replica = -(-workload.sequences_per_step // replicas)
     # Attention-DP ranks of one replica each hold the KV cache of their own sequences.
     seqs_per_attention_rank = -(-seqs_per_replica // cols["rollout_dp"])
+    wanted_kv = (np.minimum(seqs_per_attention_rank, engine.max_num_seqs) * kv_per_seq
+                 * kv_per_token)
+    return {"weights": weights, "reserve": reserve, "kv_per_token": kv_per_token,
+            "state_tokens": state_tokens, "kv_per_seq": kv_per_seq,
+            "seqs_per_attention_rank": seqs_per_attention_rank,
+            "wanted": (weights + reserve + wanted_kv) / capacity,
+            "one_seq": (weights + reserve + kv_per_seq * kv_per_token) / capacity}
+
+
+def rollout_pool(request: PlanRequest, terms: Mapping, resident_bytes: np.ndarray,
+                 utilization: np.ndarray | None = None) -> Columns:
+    """:func:`rollout_memory` from the rollout layouts' ``terms`` (:func:`rollout_layout_terms`)
+    beside ``resident_bytes``.  Element by element, so terms of shape ``(layouts, 1)`` beside
+    resident bytes of shape ``(1, sizes)`` give every layout beside every size, ``(layouts,
+    sizes)``, the same values as the repeated rows (a column no size changes keeps its
+    ``(layouts, 1)`` shape)."""
+    model, workload = request.model, request.workload
+    ceiling = request.policy.high
+    engine = engine_of(workload)
+    capacity = float(request.cluster.gpu.memory_bytes)
+    seq = workload.sequence_length
+    weights, reserve = terms["weights"], terms["reserve"]
+    kv_per_token, state_tokens = terms["kv_per_token"], terms["state_tokens"]
+    kv_per_seq = terms["kv_per_seq"]
+    seqs_per_attention_rank = terms["seqs_per_attention_rank"]
     if utilization is None:
-        wanted_kv = (np.minimum(seqs_per_attention_rank, engine.max_num_seqs) * kv_per_seq
-                     * kv_per_token)
-        wanted = (weights + reserve + wanted_kv) / capacity
+        wanted = terms["wanted"]
         utilization = pick_utilization(wanted, resident_bytes, capacity, ceiling)
         # Below the band's top there may be no room for one sequence: then the pool takes what
         # fits (the layout is over the band, and ranked after those inside it).
-        one_seq = (weights + reserve + kv_per_seq * kv_per_token) / capacity
-        starved = np.round(utilization, 2) < one_seq - 1e-9
+        starved = np.round(utilization, 2) < terms["one_seq"] - 1e-9
         if ceiling < 1 - ROLLOUT_HEADROOM_FRACTION and starved.any():
             filled = pick_utilization(wanted, resident_bytes, capacity,
                                       1 - ROLLOUT_HEADROOM_FRACTION)

@@ -361,17 +361,59 @@ def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return _by_position(np.searchsorted(present, values), len(present))
 
 
-def distinct_pair(real: np.ndarray, imag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def distinct_pair(real: np.ndarray, imag: np.ndarray,
+                  period: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """:func:`distinct` of the pairs ``(real[i], imag[i])`` of two float arrays: that of
     ``real + 1j * imag``, to the bit, without building the complex array.  Finite pairs,
     :data:`HASHED_VALUES` or more, are hashed as the two arrays' patterns (:func:`_first_equal`
     reads only which rows are equal, and ``real + 1j * imag`` has exactly these parts, -0.0 as
     0.0); anything else (NaN, an infinity, which ``1j * inf`` turns into a NaN part, or few
-    rows) goes through :func:`distinct` of the complex numbers."""
+    rows) goes through :func:`distinct` of the complex numbers.  ``period`` (> 0): rows that
+    repeat the pair ``period`` rows before are likely (a (core row, knob combination) table
+    read row by row, ``period`` combinations wide), and only the others are hashed
+    (:func:`_distinct_beyond_repeats`)."""
     real, imag = np.asarray(real, dtype=np.float64), np.asarray(imag, dtype=np.float64)
     if not _hashed(len(real)) or not (np.isfinite(real).all() and np.isfinite(imag).all()):
         return distinct(real + 1j * imag)
+    if 0 < period < len(real):
+        return _distinct_beyond_repeats(real, imag, period)
     return _first_occurrences(_first_equal([*_hash_keys(real), *_hash_keys(imag)]))
+
+
+def _distinct_beyond_repeats(real: np.ndarray, imag: np.ndarray,
+                             period: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`distinct_pair` of finite pairs, the rows equal to the row ``period`` before
+    (a repeat; -0.0 equal to 0.0, as hashed) taking that row's position: the first occurrence
+    of each pair is never a repeat, so the other rows (the heads, in order) hold every pair in
+    the same order of first appearance, and a repeat's pair is that of the last head before it
+    ``period`` rows apart (a chain of equal rows)."""
+    n = len(real)
+    repeat = np.zeros(n, dtype=bool)
+    np.equal(real[period:], real[:-period], out=repeat[period:])
+    repeat[period:] &= imag[period:] == imag[:-period]
+    heads = np.flatnonzero(~repeat)
+    first, inverse = distinct_pair(real[heads], imag[heads])
+    # per row, its last head at or before it in its residue class mod ``period``: the head's
+    # position among the heads, carried down each column of the rows laid out ``period`` wide
+    rows = -(-n // period)
+    head_of = np.zeros(rows * period, dtype=np.int64)
+    head_of[heads] = np.arange(len(heads))
+    np.maximum.accumulate(head_of.reshape(rows, period), axis=0, out=head_of.reshape(rows, period))
+    return heads[first], inverse[head_of[:n]]
+
+
+def distinct_bit_patterns(arrays: list[np.ndarray],
+                          count: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`distinct` of the ``count`` rows of several 1-D arrays (numbers), two rows equal
+    where every array holds the same bits at both (-0.0 and 0.0 apart, a NaN equal to the
+    same NaN): rows any computation reads alike.  No array: one row kind."""
+    if not arrays:
+        return np.zeros(min(count, 1), dtype=np.int64), np.zeros(count, dtype=np.int64)
+    parts = [part for values in map(np.asarray, arrays) for part in
+             ((values.real, values.imag) if values.dtype.kind == "c" else (values,))]
+    return _first_occurrences(_first_equal([
+        np.ascontiguousarray(part, dtype=np.float64 if part.dtype.kind == "f" else np.int64)
+        .view(np.uint64) for part in parts]))
 
 
 # At most this many distinct floats are found by comparison (:func:`_few_floats`).

@@ -163,3 +163,20 @@ def test_few_floats_are_found_by_comparison_as_hashing_finds_them(values):
     assert first.dtype == inverse.dtype == np.int64
     found = layout._few_floats(values)
     assert (found is None) == (len(want_first) > layout.FEW_FLOATS)
+
+
+@pytest.mark.parametrize("period", [1, 3, 12])
+@pytest.mark.parametrize("name", ["bytes + code", "signed zeros", "distinct"])
+def test_distinct_pair_beyond_repeats_is_the_same_coding(name, period):
+    """Rows repeating the pair ``period`` rows before (a knob table read row by row) hashed
+    once: the same first occurrences and codes, whatever the period."""
+    real, imag = PAIRS[name]
+    # runs of repeated blocks, as neighbouring core rows' knob tables
+    block = np.repeat(np.arange(len(real) // (4 * period)), 4)
+    at = (block[:, None] * period + np.arange(period)).reshape(-1)
+    for values in ((real, imag), (real[at], imag[at])):
+        first, inverse = layout.distinct_pair(*values, period=period)
+        want_first, want_inverse = distinct(values[0] + 1j * values[1])
+        np.testing.assert_array_equal(first, want_first)
+        np.testing.assert_array_equal(inverse, want_inverse)
+        assert first.dtype == inverse.dtype == np.int64
