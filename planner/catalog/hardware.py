@@ -8,7 +8,6 @@ the number vLLM's ``gpu_memory_utilization`` and PyTorch's allocator work agains
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 
@@ -251,6 +250,8 @@ def get_gpu(name: str) -> GpuSpec:
     index = _gpu_index()
     found = index.get(_key(name))
     if found is None:
+        import difflib  # an unknown name's hint alone: not at every start
+
         close = difflib.get_close_matches(_key(name), list(index), n=3, cutoff=0.5)
         hint = ", ".join(dict.fromkeys(index[c].name for c in close)) or ", ".join(gpu_names())
         raise PlanInputError(f"unknown GPU type {name!r}; closest: {hint}")

@@ -14,7 +14,6 @@ device.
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from dataclasses import asdict, dataclass, fields, replace
@@ -631,6 +630,8 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     if path.exists():
         return load_model_config_path(path)
     index = _alias_index()
+    import difflib  # an unknown name's hint alone: not at every start
+
     close = difflib.get_close_matches(_key(name_or_path), list(index), n=4, cutoff=0.5)
     hint = ", ".join(dict.fromkeys(index[c] for c in close))
     raise PlanInputError(

@@ -264,3 +264,16 @@ def test_param_counts_match_transformers_exactly(name, hf_counts):
     for component in ("embedding", "output_layer", "attention", "dense_mlp", "router",
                       "experts", "shared_experts", "norms", "total"):
         assert ours[component] == theirs[component], component
+
+
+def test_difflib_is_imported_by_an_unknown_name_alone():
+    """The closest-name hints import difflib when a name is unknown, not at every start."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import planner.plan, planner.cli.commands, planner.report.text; "
+            "print('difflib' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stdout + result.stderr
+    with pytest.raises(PlanInputError, match="Qwen3-32B"):
+        resolve_model("qwen3-31b")
