@@ -792,8 +792,15 @@ def _knob_combinations(cols: Columns) -> tuple[list[_Knobs], np.ndarray]:
     flags = [np.asarray(cols[name]).astype(bool)
              for name in ("param_offload", "optimizer_offload", "ref_param_offload")]
     on_host = cpu_fraction(cols)
-    _, fraction = distinct(on_host)
-    first, which = distinct(flags[0] + 2 * flags[1] + 4 * flags[2] + 8 * fraction)
+    fractions, fraction = distinct(on_host)
+    if len(fractions) <= 32 and all(flag.ndim == 1 for flag in flags):
+        # the same combinations coded in one byte (equal rows, equal codes: the same first
+        # rows and positions), fewer passes over the rows than int64 sums
+        bits = [flag.view(np.uint8) for flag in flags]
+        code = bits[0] | (bits[1] << 1) | (bits[2] << 2) | (fraction.astype(np.uint8) << 3)
+    else:
+        code = flags[0] + 2 * flags[1] + 4 * flags[2] + 8 * fraction
+    first, which = distinct(code)
     return [_Knobs(bool(flags[0][i]), bool(flags[1][i]), bool(flags[2][i]), float(on_host[i]))
             for i in first], which
 
@@ -810,12 +817,29 @@ def _core_rows(cols: Columns, knob: np.ndarray, combinations: int
                                                              (n // combinations, combinations))):
         # a column of one element read n times (stride 0: a search's constant column) holds
         # one value throughout, NaN aside; the others are compared block by block
-        blocks = {name: np.asarray(cols[name]).reshape(-1, combinations)
-                  for name in core_fields(cols) if not _one_value(np.asarray(cols[name]))}
-        if all((values == values[:, :1]).all() for values in blocks.values()):
+        blocks = [np.asarray(cols[name]) for name in core_fields(cols)
+                  if not _one_value(np.asarray(cols[name]))]
+        if _constant_in_blocks(blocks, combinations):
             core = np.repeat(np.arange(n // combinations), combinations)
             return {name: np.asarray(values)[::combinations] for name, values in cols.items()}, core
     return unique_rows(cols, core_fields(cols))
+
+
+def _constant_in_blocks(columns: list, size: int) -> bool:
+    """Whether every column (1-D, a multiple of ``size`` long) holds one value (``==``) in each
+    block of ``size`` rows: every change between neighbours falls between two blocks.  Counted
+    over the whole column in a pass, not compared block by block (a short inner loop each).
+    A NaN equals nothing, itself included, so a column holding one is not."""
+    if not columns or not len(columns[0]):
+        return True
+    changes = np.empty(len(columns[0]) - 1, dtype=bool)
+    for values in columns:
+        if values.dtype.kind in "fc" and np.isnan(values).any():
+            return False
+        np.not_equal(values[1:], values[:-1], out=changes)
+        if np.count_nonzero(changes) != np.count_nonzero(changes[size - 1::size]):
+            return False
+    return True
 
 
 def _one_value(values: np.ndarray) -> bool:

@@ -125,3 +125,45 @@ def test_runs_of_rows_compare_floats_by_their_bits():
     assert first.tolist() == [0, 3] and lengths.tolist() == [3, 2]
     empty = m.runs_of_rows({"tp": np.zeros(0, dtype=np.int64)}, ("tp",))
     assert empty[0].tolist() == [] and empty[1].tolist() == []
+
+
+def _former_knob_combinations(cols):
+    """The former ``_knob_combinations``: the combination coded as an int64 sum."""
+    flags = [np.asarray(cols[name]).astype(bool)
+             for name in ("param_offload", "optimizer_offload", "ref_param_offload")]
+    on_host = m.cpu_fraction(cols)
+    _, fraction = m.distinct(on_host)
+    first, which = m.distinct(flags[0] + 2 * flags[1] + 4 * flags[2] + 8 * fraction)
+    return [m._Knobs(bool(flags[0][i]), bool(flags[1][i]), bool(flags[2][i]), float(on_host[i]))
+            for i in first], which
+
+
+@pytest.mark.parametrize("fractions", [None, 3, 40])
+def test_knob_combinations_coded_in_a_byte_are_the_former_ones(fractions):
+    request = PlanRequest(resolve_model("qwen3-30b"), cluster(16), SMALL)
+    cols = dict(build_space(request.model, request.cluster, SMALL, SearchOptions()).columns)
+    if fractions:  # more distinct CPU-optimizer fractions than a byte's code holds (40)
+        rng = np.random.default_rng(fractions)
+        cols["optimizer_cpu_fraction"] = rng.integers(0, fractions, len(cols["tp"])) / fractions
+    knobs, which = m._knob_combinations(cols)
+    former, former_which = _former_knob_combinations(cols)
+    assert knobs == former
+    assert which.dtype == former_which.dtype and which.tobytes() == former_which.tobytes()
+
+
+@pytest.mark.parametrize("size", [1, 2, 12])
+def test_constant_blocks_counted_over_the_column_are_those_compared_per_block(size):
+    rng = np.random.default_rng(size)
+    blocks = 500
+    columns = [np.repeat(rng.integers(0, 3, blocks), size),  # constant per block
+               rng.integers(0, 2, blocks * size),  # changes inside blocks (size > 1)
+               np.repeat(rng.random(blocks) < 0.5, size),
+               np.repeat(np.where(rng.random(blocks) < 0.5, 0.0, -0.0), size),  # 0.0 == -0.0
+               np.repeat(np.array([1.0, np.nan])[rng.integers(0, 2, blocks)], size),
+               np.repeat(rng.choice(np.array(["", "Et|tL"]), blocks), size),
+               np.zeros(0, dtype=np.int64)]
+    for column in columns:
+        shaped = column.reshape(-1, size)
+        expected = bool((shaped == shaped[:, :1]).all())
+        assert m._constant_in_blocks([column], size) == expected, column[:8]
+    assert m._constant_in_blocks([], size)
