@@ -67,12 +67,14 @@ DISTINCT_SPLIT_ROWS = 4096  # from this many rows on, pipeline_split computes di
 def _split_key(pp: np.ndarray, first: np.ndarray, last: np.ndarray, counted: tuple
                ) -> np.ndarray | None:
     """One int64 per row that differs between rows of different splits (PP, first and last
-    stage layers, the embedding and loss counted), or None for few rows, or values too wide."""
+    stage layers, the embedding and loss counted), or None for few rows, or keys spanning
+    more values than :func:`planner.search.layout.distinct` codes through a table (hashing
+    them costs more than the split)."""
     if pp.ndim != 1 or len(pp) < DISTINCT_SPLIT_ROWS:
         return None
     low = min(int(pp.min()), int(first.min()), int(last.min()))
     width = max(int(first.max()), int(last.max())) + 1
-    if low < 0 or int(pp.max()) >= (1 << 20) or width > (1 << 20):
+    if low < 0 or (int(pp.max()) + 1) * width * width * 4 > 4 * len(pp) + (1 << 16):
         return None
     embedding, loss = counted
     return ((pp * width + first) * width + last) * 4 + embedding * 2 + loss
