@@ -74,6 +74,7 @@ from planner.search.layout import (
     LAYOUT_FIELDS,
     RECOMPUTE_MODULES,
     Columns,
+    RowsAt,
     distinct,
     distinct_pair,
     sorted_distinct,
@@ -791,8 +792,15 @@ def _knob_combinations(cols: Columns) -> tuple[list[_Knobs], np.ndarray]:
     flags = [np.asarray(cols[name]).astype(bool)
              for name in ("param_offload", "optimizer_offload", "ref_param_offload")]
     on_host = cpu_fraction(cols)
-    _, fraction = distinct(on_host)
-    first, which = distinct(flags[0] + 2 * flags[1] + 4 * flags[2] + 8 * fraction)
+    fractions, fraction = distinct(on_host)
+    if len(fractions) <= 32 and all(flag.ndim == 1 for flag in flags):
+        # the same combinations coded in one byte (equal rows, equal codes: the same first
+        # rows and positions), fewer passes over the rows than int64 sums
+        bits = [flag.view(np.uint8) for flag in flags]
+        code = bits[0] | (bits[1] << 1) | (bits[2] << 2) | (fraction.astype(np.uint8) << 3)
+    else:
+        code = flags[0] + 2 * flags[1] + 4 * flags[2] + 8 * fraction
+    first, which = distinct(code)
     return [_Knobs(bool(flags[0][i]), bool(flags[1][i]), bool(flags[2][i]), float(on_host[i]))
             for i in first], which
 
@@ -809,12 +817,29 @@ def _core_rows(cols: Columns, knob: np.ndarray, combinations: int
                                                              (n // combinations, combinations))):
         # a column of one element read n times (stride 0: a search's constant column) holds
         # one value throughout, NaN aside; the others are compared block by block
-        blocks = {name: np.asarray(cols[name]).reshape(-1, combinations)
-                  for name in core_fields(cols) if not _one_value(np.asarray(cols[name]))}
-        if all((values == values[:, :1]).all() for values in blocks.values()):
+        blocks = [np.asarray(cols[name]) for name in core_fields(cols)
+                  if not _one_value(np.asarray(cols[name]))]
+        if _constant_in_blocks(blocks, combinations):
             core = np.repeat(np.arange(n // combinations), combinations)
             return {name: np.asarray(values)[::combinations] for name, values in cols.items()}, core
     return unique_rows(cols, core_fields(cols))
+
+
+def _constant_in_blocks(columns: list, size: int) -> bool:
+    """Whether every column (1-D, a multiple of ``size`` long) holds one value (``==``) in each
+    block of ``size`` rows: every change between neighbours falls between two blocks.  Counted
+    over the whole column in a pass, not compared block by block (a short inner loop each).
+    A NaN equals nothing, itself included, so a column holding one is not."""
+    if not columns or not len(columns[0]):
+        return True
+    changes = np.empty(len(columns[0]) - 1, dtype=bool)
+    for values in columns:
+        if values.dtype.kind in "fc" and np.isnan(values).any():
+            return False
+        np.not_equal(values[1:], values[:-1], out=changes)
+        if np.count_nonzero(changes) != np.count_nonzero(changes[size - 1::size]):
+            return False
+    return True
 
 
 def _one_value(values: np.ndarray) -> bool:
@@ -937,14 +962,86 @@ class _StageView(Mapping):
         return len(STAGE_PARTS)
 
 
-def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
-    """Per rank of :data:`STAGES`: the bytes that do not depend on offload or the CPU optimizer
-    (weights, grads, the whole optimizer state, the parameters it covers, activations and
-    log-prob buffers of the update and of the forward passes)."""
+# Core-row columns a layout's batch choices set (what the micro-batches read) and its recompute
+# choices set; the others are its parallel sizes and split, which a search repeats over the
+# rows of its batch and recompute choices, one after the other.
+BATCH_FIELDS = ("micro_batch", "max_token_len", "log_prob_max_token_len", "log_prob_micro_batch",
+                "dynamic_batch")
+RECOMPUTE_FIELDS = ("recompute", "recompute_modules", "recompute_num_layers", "recompute_block")
+
+
+def runs_of_rows(cols: Columns, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped into runs of consecutive rows equal in every column of ``names`` (floats
+    by their bits: a -0.0 is not a 0.0, a NaN is the NaN of its bits): the first row of each
+    run and each run's length.  A value computed from those columns alone is its run's first
+    row's, to the bit."""
+    n = len(cols["tp"])
+    starts = np.zeros(n, dtype=bool)
+    starts[:1] = True
+    for name in names:
+        values = np.asarray(cols[name])
+        if _one_value(values):
+            continue
+        if values.dtype.kind == "f":
+            values = values.view(f"i{values.itemsize}")
+        starts[1:] |= values[1:] != values[:-1]
+    first = np.flatnonzero(starts)
+    return first, np.diff(first, append=n)
+
+
+def _rows_of(cols: Columns, first: np.ndarray, names: tuple[str, ...]) -> Columns:
+    """The columns ``names`` on rows ``first`` (one row of each run, :func:`runs_of_rows`)."""
+    # indexed, not np.take: a search's core rows are strided views, which np.take would copy
+    # whole first
+    return {name: np.asarray(cols[name])[first] for name in names}
+
+
+def _at(values, lengths: np.ndarray):
+    """``values`` (an array per run, or a scalar) on every row of runs of ``lengths`` rows."""
+    return np.repeat(values, lengths) if isinstance(values, np.ndarray) and values.ndim == 1 \
+        else values
+
+
+def _ranks_at(ranks: list[RankLayers], lengths: np.ndarray, fields=_FIELDS) -> list[RankLayers]:
+    """``ranks`` on every row of runs of ``lengths`` rows; the fields not in ``fields`` left
+    None."""
+    return [RankLayers(*(_at(getattr(r, f), lengths) if f in fields else None
+                         for f in _FIELDS)) for r in ranks]
+
+
+class _FullRecompute:
+    """:func:`kept_activations` on the rows of full recompute alone (``cols``' ``recompute``
+    2): on the others it is the layers' kept activations (``kept_per_layer`` on the rank) and
+    no recompute working set.  The rows' columns and a layer's activations on them are
+    gathered once, for every rank."""
+
+    def __init__(self, cols: Columns, none: LayerActivations,
+                 kept_per_layer: LayerActivations) -> None:
+        self.rows = np.asarray(cols["recompute"]) == 2
+        self.kept_per_layer = kept_per_layer
+        self.cols = RowsAt(cols, self.rows) if self.rows.any() else None
+        self.none, self.kept = (LayerActivations(self._at(layers.dense), self._at(layers.moe))
+                                for layers in (none, kept_per_layer))
+
+    def _at(self, values):
+        return None if values is None or self.cols is None else values[self.rows]
+
+    def on(self, ranks: RankLayers) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`kept_activations` on rank ``ranks`` (its ``dense`` and ``moe`` read)."""
+        kept = self.kept_per_layer.on_rank(ranks)
+        working = np.zeros(len(kept))
+        if self.cols is not None:
+            kept[self.rows], working[self.rows] = kept_activations(
+                self.cols, RankLayers(self._at(ranks.dense), self._at(ranks.moe), None, None,
+                                      None), self.none, self.kept)
+        return kept, working
+
+
+def _layout_core(request: PlanRequest, cols: Columns) -> list[dict]:
+    """Per rank of :data:`STAGES`: what the parallel sizes and split alone set (the rows of
+    one layout, :func:`_actor_core`): weights, grads, the optimizer state and the parameters it
+    covers, and the ranks' layers and ends (``ranks``)."""
     model, cluster, workload = request.model, request.cluster, request.workload
-    update = update_batches(workload, cols)
-    log_prob = log_prob_batches(workload, cols)
-    train_tokens, forward_tokens = update.memory_tokens, log_prob.memory_tokens
     state = optimizer_state_bytes(workload)
     grad_bytes = MAIN_GRAD_BYTES if getattr(workload, "grad_reduce_in_fp32", True) else 2
     all_ranks = rank_layers(model, cols)
@@ -953,38 +1050,92 @@ def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
     mtp_dense, mtp_expert = mtp_stage_params(model, workload, cols["tp"], cols["ep"], cols["etp"])
     dense_shards, expert_shards = optimizer_shards(cluster, cols)
     mtp_owned = mtp_dense / dense_shards + mtp_expert / expert_shards
-    mtp_kept, mtp_logits = mtp_training_bytes(model, workload, cols, train_tokens)
-    # a layer's activations are the same on every stage: computed once, read per stage
-    train_none = LayerActivations.of(model, cols, train_tokens)
-    train_kept = LayerActivations.of(model, cols, train_tokens, cols["recompute"])
-    forward_none = LayerActivations.of(model, cols, forward_tokens)
     out = []
     for ranks, (non_expert, expert), params in zip(
             all_ranks, actor_params_per_gpu(model, cols, all_ranks), owned):
         held = non_expert + expert + np.where(ranks.head, mtp_dense + mtp_expert, 0)
         params = params + np.where(ranks.head, mtp_owned, 0)
+        out.append({"ranks": ranks, "weights": WEIGHT_BYTES * held, "grads": grad_bytes * held,
+                    "optimizer_state": state * params, "optimizer_params": params})
+    return out
+
+
+def _batch_core(request: PlanRequest, cols: Columns, ranks: list[RankLayers]) -> dict:
+    """What a layout's batch choices set besides (the rows of one layout and micro-batch,
+    :func:`_actor_core`, ``ranks`` on those rows): the passes' tokens, a layer's activations
+    without recompute, and per rank of :data:`STAGES` the in-flight micro-batches, the
+    embedding's inputs, the forward passes' working set and the log-prob buffers."""
+    model, workload = request.model, request.workload
+    update = update_batches(workload, cols)
+    train_tokens = update.memory_tokens
+    forward_tokens = log_prob_batches(workload, cols).memory_tokens
+    forward_none = LayerActivations.of(model, cols, forward_tokens)
+    stages = []
+    for rank in ranks:
         # judged at the maximum length (planner.search.batches.MicroBatches.memory_count)
-        in_flight = in_flight_stage_equivalents(cols, update.memory_count, ranks.rank)
-        kept, recompute_working = kept_activations(cols, ranks, train_none, train_kept)
-        working = forward_none.working_set(ranks)
-        is_first, is_last = ranks.embedding, ranks.head
-        embedding_inputs = np.where(is_first, TOKEN_ID_BYTES * train_tokens * in_flight, 0)
-        weights = WEIGHT_BYTES * held
-        out.append({
-            "weights": weights,
-            "grads": grad_bytes * held,
-            "optimizer_state": state * params,
-            "optimizer_params": params,
-            "train_activations": kept * in_flight + recompute_working + embedding_inputs
-            + np.where(is_last, mtp_kept * in_flight, 0),
-            "train_logits": np.where(is_last, logits_bytes(model, workload, cols, train_tokens,
-                                                           "train") + mtp_logits, 0),
+        in_flight = in_flight_stage_equivalents(cols, update.memory_count, rank.rank)
+        is_first, is_last = rank.embedding, rank.head
+        stages.append({
+            "in_flight": in_flight,
+            "embedding_inputs": np.where(is_first, TOKEN_ID_BYTES * train_tokens * in_flight, 0),
+            "train_logits": logits_bytes(model, workload, cols, train_tokens, "train"),
             # Forward-only passes keep one layer's working set and the layer input at a time.
-            "forward": working + ACTIVATION_BYTES * model.hidden_size * forward_tokens,
+            "forward": forward_none.working_set(rank)
+            + ACTIVATION_BYTES * model.hidden_size * forward_tokens,
             "actor_logits": np.where(is_last, logits_bytes(model, workload, cols,
                                                            forward_tokens, "actor"), 0),
             "ref_logits": np.where(is_last, logits_bytes(model, workload, cols, forward_tokens,
                                                          "ref"), 0),
+        })
+    return {"train_tokens": train_tokens, "stages": stages,
+            "train_none": LayerActivations.of(model, cols, train_tokens)}
+
+
+def _actor_core(request: PlanRequest, cols: Columns) -> list[dict]:
+    """Per rank of :data:`STAGES`: the bytes that do not depend on offload or the CPU optimizer
+    (weights, grads, the whole optimizer state, the parameters it covers, activations and
+    log-prob buffers of the update and of the forward passes).
+
+    Each value is computed on the columns it reads alone: what the parallel sizes and split
+    set once per run of rows of one layout (:func:`_layout_core`), what the batch choices set
+    once per run of one layout and micro-batch (:func:`_batch_core`), each read per row by a
+    gather; the activations the recompute choices keep per row."""
+    model, workload = request.model, request.workload
+    fields = core_fields(cols)
+    batch_fields = tuple(name for name in fields if name not in RECOMPUTE_FIELDS)
+    layout_fields = tuple(name for name in batch_fields if name not in BATCH_FIELDS)
+    # runs of rows of one layout and micro-batch (their lengths), and runs of those of one
+    # layout
+    batch_first, batch_rows = runs_of_rows(cols, batch_fields)
+    batch_cols = _rows_of(cols, batch_first, batch_fields)
+    layout_first, layout_batches = runs_of_rows(batch_cols, layout_fields)
+    layouts = _layout_core(request, _rows_of(batch_cols, layout_first, layout_fields))
+    batch = _batch_core(request, batch_cols,
+                        _ranks_at([s["ranks"] for s in layouts], layout_batches))
+    layout_rows = np.diff(batch_first[layout_first], append=len(cols["tp"]))
+    train_tokens = _at(batch["train_tokens"], batch_rows)
+    mtp_kept, mtp_logits = mtp_training_bytes(model, workload, cols, train_tokens)
+    train_none = LayerActivations(*(_at(part, batch_rows) for part in
+                                    (batch["train_none"].dense, batch["train_none"].moe)))
+    full = _FullRecompute(cols, train_none,
+                          LayerActivations.of(model, cols, train_tokens, cols["recompute"]))
+    out = []
+    for layout, per_batch, ranks in zip(
+            layouts, batch["stages"],
+            _ranks_at([s["ranks"] for s in layouts], layout_rows, ("dense", "moe", "head"))):
+        in_flight = _at(per_batch["in_flight"], batch_rows)
+        kept, recompute_working = full.on(ranks)
+        is_last = ranks.head
+        out.append({
+            **{part: _at(layout[part], layout_rows) for part in
+               ("weights", "grads", "optimizer_state", "optimizer_params")},
+            "train_activations": kept * in_flight + recompute_working
+            + _at(per_batch["embedding_inputs"], batch_rows)
+            + np.where(is_last, mtp_kept * in_flight, 0),
+            "train_logits": np.where(is_last, _at(per_batch["train_logits"], batch_rows)
+                                     + mtp_logits, 0),
+            **{part: _at(per_batch[part], batch_rows) for part in
+               ("forward", "actor_logits", "ref_logits")},
         })
     return out
 

@@ -26,6 +26,7 @@ import re
 import numpy as np
 
 from planner.errors import PlanInputError
+from planner.search.layout import distinct
 
 LAYOUT_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
 MAX_LAYOUT_LAYERS = 1 << 16  # a layout string may not unroll to more layer marks than this
@@ -43,13 +44,47 @@ def pipeline_split(num_layers: int, pp, first=None, last=None, account_embedding
 
     ``first``/``last`` non-zero: the uneven stages (0: not set).  ``account_embedding`` /
     ``account_loss`` true: the embedding / loss counts as a layer.  Returns ``(first, middle,
-    last, valid)`` arrays; ``middle`` is 0 when a pipeline has no middle stage.
+    last, valid)`` arrays; ``middle`` is 0 when a pipeline has no middle stage.  Many rows
+    (a search's) are computed once per distinct split and gathered: the same values.
     """
     pp = np.asarray(pp, dtype=np.int64)
     first = _array(first, pp)
     last = _array(last, pp)
     embedding = _array(account_embedding, pp).astype(bool)
     loss = _array(account_loss, pp).astype(bool)
+    key = _split_key(pp, first, last, (embedding, loss))
+    if key is None:
+        return _split_rows(num_layers, pp, (first, last), (embedding, loss))
+    rows, inverse = distinct(key)
+    parts = _split_rows(num_layers, pp[rows], (first[rows], last[rows]),
+                        (embedding[rows], loss[rows]))
+    return tuple(np.take(part, inverse) for part in parts)
+
+
+DISTINCT_SPLIT_ROWS = 4096  # from this many rows on, pipeline_split computes distinct splits
+
+
+def _split_key(pp: np.ndarray, first: np.ndarray, last: np.ndarray, counted: tuple
+               ) -> np.ndarray | None:
+    """One int64 per row that differs between rows of different splits (PP, first and last
+    stage layers, the embedding and loss counted), or None for few rows, or keys spanning
+    more values than :func:`planner.search.layout.distinct` codes through a table (hashing
+    them costs more than the split)."""
+    if pp.ndim != 1 or len(pp) < DISTINCT_SPLIT_ROWS:
+        return None
+    low = min(int(pp.min()), int(first.min()), int(last.min()))
+    width = max(int(first.max()), int(last.max())) + 1
+    if low < 0 or (int(pp.max()) + 1) * width * width * 4 > 4 * len(pp) + (1 << 16):
+        return None
+    embedding, loss = counted
+    return ((pp * width + first) * width + last) * 4 + embedding * 2 + loss
+
+
+def _split_rows(num_layers: int, pp: np.ndarray, ends: tuple, counted: tuple):
+    """:func:`pipeline_split` of every row: ``ends`` the first/last stage layers, ``counted``
+    the embedding/loss counted as layers (arrays of ``pp``'s shape)."""
+    first, last = ends
+    embedding, loss = counted
     accounted = embedding | loss
     first_set, last_set = first > 0, last > 0
     uneven = first_set | last_set

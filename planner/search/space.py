@@ -31,6 +31,7 @@ from planner.search.layout import (
     DEFAULT_SELECTIVE_MODULES,
     RECOMPUTE,
     Columns,
+    RowsAt,
     applicable_modules,
     distinct,
     sorted_distinct,
@@ -148,6 +149,33 @@ def _count(rejected: dict[str, int], names: tuple[str, ...], broken: dict[str, n
     return first < 0
 
 
+def _valid_in_order(rejected: dict[str, int], rules: tuple, check, cols: Columns,
+                    weight: "int | np.ndarray") -> np.ndarray:
+    """:func:`_count` of ``rules`` (``check(rule, rows)``: where ``rows`` break ``rule``) on
+    ``cols``, each rule checked on the rows no earlier rule rejected alone: the rules are
+    row-wise, and a row counts for the first rule it breaks only.  The same counts, added in
+    the same order, and the same valid mask."""
+    n = len(cols["tp"])
+    alive = np.arange(n)
+    rows = cols
+    for rule in rules:
+        if not len(alive):
+            break
+        broken = np.broadcast_to(np.asarray(check(rule, rows), dtype=bool), (len(alive),))
+        hit = np.flatnonzero(broken)
+        if not len(hit):
+            continue
+        count = int(np.sum(np.take(weight, alive[hit]))) if np.ndim(weight) \
+            else int(np.sum(np.full(len(hit), weight)))
+        if count:
+            rejected[rule.name] = rejected.get(rule.name, 0) + count
+        alive = alive[~broken]
+        rows = RowsAt(cols, alive)
+    valid = np.zeros(n, dtype=bool)
+    valid[alive] = True
+    return valid
+
+
 def parallel_grid(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions) -> Columns:
     """Every combination of the parallel sizes (TP, PP, VPP, CP, EP, ETP) and the DP they
     leave, before the ways of splitting the layers are added (``options.parallel_rows``: those
@@ -204,14 +232,19 @@ def _with_split_candidates(model: ModelSpec, cols: Columns) -> Columns:
               for pp in sizes]
     which = np.searchsorted(sizes, cols["pp"])
     counts = np.array([len(table) for table in tables])[which]
-    rows = np.repeat(np.arange(len(cols["pp"])), counts)
-    out = {name: values[rows] for name, values in cols.items()}
-    # the k-th copy of a row takes the k-th split candidate of its PP
+    # each row repeated once per candidate (np.repeat: the same values as an index)
+    out = {name: np.repeat(values, counts) for name, values in cols.items()}
+    # the k-th copy of a row takes the k-th split candidate of its PP: its position in the
+    # concatenated tables is the copy's position less (its row's first copy less its PP's
+    # first candidate)
     offsets = np.concatenate([[0], np.cumsum([len(table) for table in tables])])
-    within = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-    flat = np.concatenate(tables)[offsets[which][rows] + within]
-    out["first_stage_layers"], out["last_stage_layers"] = flat[:, 0], flat[:, 1]
-    out["account_embedding"], out["account_loss"] = flat[:, 2] > 0, flat[:, 3] > 0
+    start = np.cumsum(counts) - counts
+    at = np.arange(int(counts.sum())) - np.repeat(start - offsets[which], counts)
+    flat = np.concatenate(tables)
+    out["first_stage_layers"] = np.take(flat[:, 0], at)
+    out["last_stage_layers"] = np.take(flat[:, 1], at)
+    out["account_embedding"] = np.take(flat[:, 2] > 0, at)
+    out["account_loss"] = np.take(flat[:, 3] > 0, at)
     return out
 
 
@@ -313,13 +346,15 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     explicit = options.parallel_rows is not None  # rows that carry their split already
     weight = (np.ones_like(grid["pp"]) if explicit
               else _split_counts(model, grid["pp"])) * (n_knobs * n_rollouts)
-    broken = violations(model, cluster, workload, grid, _rules(SPLIT_FREE_RULES))
-    ok = _count(rejected, SPLIT_FREE_RULES, broken, weight)
+    # each rule checked on the rows the earlier ones left (:func:`_valid_in_order`)
+    def check(rule, rows):
+        return rule.check(model, cluster, workload, rows)
+
+    ok = _valid_in_order(rejected, _rules(SPLIT_FREE_RULES), check, grid, weight)
     parallel = _take(grid, ok) if explicit else _with_split_candidates(model, _take(grid, ok))
     enumerated = int(weight.sum())
 
-    broken = violations(model, cluster, workload, parallel, _rules(SPLIT_RULES))
-    ok = _count(rejected, SPLIT_RULES, broken, n_knobs * n_rollouts)
+    ok = _valid_in_order(rejected, _rules(SPLIT_RULES), check, parallel, n_knobs * n_rollouts)
     parallel = _take(parallel, ok)
 
     # The batch rules read the parallel sizes and the micro-batch alone (not recompute nor
@@ -330,20 +365,21 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     micro_first, micro_of_knob = distinct(knobs["micro_batch"])
     micro = {"micro_batch": knobs["micro_batch"][micro_first]}
     probe = _with_batching(model, workload, options, _cross(parallel, micro))
-    broken = violations(model, cluster, workload, probe, _rules(BATCH_RULES))
     knobs_per_micro = np.bincount(micro_of_knob, minlength=len(micro_first))
-    ok_probe = _count(rejected, BATCH_RULES, broken,
-                      np.tile(knobs_per_micro, len(parallel["tp"])) * n_rollouts)
+    ok_probe = _valid_in_order(rejected, _rules(BATCH_RULES), check, probe,
+                               np.tile(knobs_per_micro, len(parallel["tp"])) * n_rollouts)
     ok = ok_probe.reshape(len(parallel["tp"]), len(micro_first))[:, micro_of_knob]
     merged = 0
     if not options.exhaustive:
         repeated = ok & repeats[:, None]
         merged = int(np.count_nonzero(repeated))
         ok &= ~repeated
-    rows = np.flatnonzero(ok)  # row-major over (parallel row, knob row), as _cross orders them
-    parallel_row, knob_row = np.divmod(rows, max(n_knobs, 1))
-    actor = {name: values[parallel_row] for name, values in parallel.items()}
-    actor.update({name: values[knob_row] for name, values in knobs.items()})
+    # row-major over (parallel row, knob row), as _cross orders them: each parallel row
+    # repeated for its valid knob rows (np.repeat, np.take: the same values as an index)
+    knob_row = np.broadcast_to(np.arange(n_knobs), ok.shape)[ok]
+    per_parallel = np.count_nonzero(ok, axis=1)
+    actor = {name: np.repeat(values, per_parallel) for name, values in parallel.items()}
+    actor.update({name: np.take(values, knob_row) for name, values in knobs.items()})
     actor = _with_batching(model, workload, options, actor)
 
     # Every valid actor layout paired with an invalid rollout option is a rejected pair.
@@ -377,7 +413,7 @@ def _with_batching(model: ModelSpec, workload: GrpoWorkload, options: SearchOpti
     dynamic = bool(options.dynamic_batch) and workload.has_rollout  # verl's use_dynamic_bsz
     actor["dynamic_batch"] = constant_column(dynamic, n)
     if dynamic:
-        per_cp_rank = -(-workload.sequence_length // actor["cp"])
+        per_cp_rank = _per_cp_rank(workload.sequence_length, actor["cp"])
         actor["max_token_len"] = (np.full(n, options.max_token_len) if options.max_token_len
                                   else actor["micro_batch"] * per_cp_rank)
     else:
@@ -385,6 +421,16 @@ def _with_batching(model: ModelSpec, workload: GrpoWorkload, options: SearchOpti
     actor["log_prob_max_token_len"] = constant_column(np.int64(0), n)
     actor["log_prob_micro_batch"] = constant_column(np.int64(0), n)
     return actor
+
+
+def _per_cp_rank(tokens: int, cp: np.ndarray) -> np.ndarray:
+    """``-(-tokens // cp)``, the tokens per CP rank rounded up: read from a table per CP value
+    where the CPs are few small positive integers (an integer division per row is slow)."""
+    cp = np.asarray(cp)
+    if cp.dtype.kind not in "iu" or len(cp) < 4096 or cp.min() < 1 or cp.max() > 4096:
+        return -(-tokens // cp)
+    table = -(-tokens // np.arange(cp.max() + 1, dtype=cp.dtype)[1:])
+    return np.take(table, cp - 1)
 
 
 def constant_column(value, n: int) -> np.ndarray:
