@@ -119,6 +119,7 @@ from planner.search.batches import (
 )
 from planner.search.layout import (
     Columns,
+    distinct,
     rows_column,
     scalar_columns,
     share_rows,
@@ -819,6 +820,8 @@ UPDATE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "sequence_parallel"
 GENERATE_FIELDS = ("rollout_tp", "rollout_dp", "rollout_ep", "kv_cache_tokens_per_gpu",
                    "kv_state_tokens_per_seq")  # layout and memory columns
 DISTINCT_MIN_ROWS = 256  # below this many rows every row is timed as it is
+# the fields the weight sync reads (:func:`weight_sync_s`): of the log-prob and generate groups'
+WEIGHT_SYNC_FIELDS = ("tp", "pp", "ep", "cp", "rollout_tp", "rollout_dp", "rollout_ep")
 # the fields both training passes read (coded once for both, :meth:`StepGroups.of`)
 SHARED_FIELDS = tuple(name for name in LOG_PROB_FIELDS if name in UPDATE_FIELDS)
 
@@ -1035,14 +1038,53 @@ def grpo_step_time_s(request: PlanRequest, cols: Columns, memory: Columns,
         "log_prob": groups.log_prob.spread_one(
             log_prob_phase_s(request, groups.log_prob.rows)["total_s"]),
         "update": groups.update.spread_one(update_phase_s(request, groups.update.rows)["total_s"]),
-        "generate": groups.generate.spread_one(generate_s(request, few, few)["total_s"])}
+        "generate": groups.generate.spread_one(_generate_total_s(request, few))}
     n = len(cols["tp"])
     trips = groups.point_free(request, (cols, memory), "trips",
                               lambda: _offload_trips(request, cols, memory))
     totals["weight_sync"] = groups.point_free(
         request, (cols, memory), "weight_sync_phase",
-        lambda: _sync_phase_s(request, weight_sync_s(request, cols)["total_s"], trips[0]))
+        lambda: _sync_phase_s(request, _sync_total_s(request, cols, groups), trips[0]))
     return _summed(_phase_times(request, totals, trips, n))
+
+
+def _generate_total_s(request: PlanRequest, rows: Columns) -> np.ndarray:
+    """:func:`generate_s`' total of the rows ``rows`` (its layout and memory columns alike):
+    of a few rows (a plan's pieces share their rollouts' few distinct rows), kept per request
+    and values (:func:`_generate_total_of`); else computed."""
+    columns = [np.asarray(rows[name]) for name in GENERATE_FIELDS if name in rows]
+    if any(values.ndim != 1 or len(values) > GENERATE_KEPT_ROWS for values in columns):
+        return generate_s(request, rows, rows)["total_s"]
+    return _generate_total_of(request, tuple(
+        (name, np.asarray(rows[name]).dtype.str, np.asarray(rows[name]).tobytes())
+        for name in GENERATE_FIELDS if name in rows))
+
+
+GENERATE_KEPT_ROWS = 64  # at most this many rows' generation totals are kept
+
+
+@lru_cache(maxsize=64)
+def _generate_total_of(request: PlanRequest, columns: tuple) -> np.ndarray:
+    """:func:`generate_s`' total of the rows whose :data:`GENERATE_FIELDS` (what it reads)
+    are ``columns`` (``(name, dtype, bytes)``), read-only: the same function of the same
+    values, so the same numbers."""
+    rows = LayoutRows({name: np.frombuffer(data, dtype=np.dtype(kind))
+                       for name, kind, data in columns})
+    total = np.array(generate_s(request, rows, rows)["total_s"], dtype=np.float64)
+    total.flags.writeable = False
+    return total
+
+
+def _sync_total_s(request: PlanRequest, cols: Columns, groups: StepGroups) -> np.ndarray:
+    """:func:`weight_sync_s`' total of the rows ``cols``, timed once per distinct row of the
+    fields it reads (:data:`WEIGHT_SYNC_FIELDS`: the log-prob and generate groups' rows
+    together hold them equal) and spread: the same numbers."""
+    log_prob, generate = groups.log_prob.inverse, groups.generate.inverse
+    if log_prob is None or generate is None:
+        return weight_sync_s(request, cols)["total_s"]
+    first, inverse = distinct(log_prob * len(groups.generate.rows["tp"]) + generate)
+    few = {name: np.take(cols[name], first) for name in WEIGHT_SYNC_FIELDS}
+    return np.take(weight_sync_s(request, few)["total_s"], inverse)
 
 
 def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,

@@ -158,3 +158,50 @@ def test_rows_column_reads_a_constant_column_without_gathering_it():
     assert constant.strides == (0,) and same_bits(constant, [4, 4, 4]) and rows._taken == {}
     assert same_bits(rows_column(rows, "v"), [1, 5, 7]) and "v" in rows._taken
     assert same_bits(rows_column({"k": np.arange(3)}, "k"), [0, 1, 2])
+
+
+def test_the_weight_sync_reads_its_fields_alone_and_times_as_on_every_row(case):
+    """The weight sync is timed on the distinct rows of its fields (WEIGHT_SYNC_FIELDS, held
+    equal by the log-prob and generate groups together), spread: what it reads is among them,
+    and its total the same as on every row."""
+    from planner.cost import timing
+
+    class Recording(dict):
+        """Columns that remember which names were read."""
+
+        read: set = set()
+
+        def __getitem__(self, name):
+            self.read.add(name)
+            return super().__getitem__(name)
+
+        def get(self, name, default=None):
+            self.read.add(name)
+            return super().get(name, default)
+
+    request, rows = case
+    recording = Recording(rows)
+    recording.read = set()
+    timing.weight_sync_s(request, recording)
+    assert recording.read and recording.read <= set(timing.WEIGHT_SYNC_FIELDS), recording.read
+    assert set(timing.WEIGHT_SYNC_FIELDS) <= set(LOG_PROB_FIELDS) | set(
+        timing.GENERATE_FIELDS) | {"tp"}
+    groups = StepGroups.of(rows, rows)
+    assert same_bits(timing._sync_total_s(request, rows, groups),
+                     timing.weight_sync_s(request, rows)["total_s"])
+
+
+def test_the_generation_of_a_few_rows_is_kept_per_request_and_values(case):
+    """A plan's pieces share their rollouts' few distinct rows: the generation's total is
+    kept per request and values (read-only), the same numbers as generate_s."""
+    from planner.cost import timing
+
+    request, rows = case
+    few = StepGroups.of(rows, rows).generate.rows
+    assert len(few["rollout_tp"]) <= timing.GENERATE_KEPT_ROWS
+    for point in node_lengths(request.workload.lengths):
+        moved = request_at(request, point)
+        kept = timing._generate_total_s(moved, few)
+        assert same_bits(kept, timing.generate_s(moved, few, few)["total_s"])
+        assert not kept.flags.writeable
+        assert timing._generate_total_s(moved, LayoutRows(few)) is kept
