@@ -117,7 +117,14 @@ from planner.search.batches import (
     mean_response_length,
     update_batches,
 )
-from planner.search.layout import Columns, scalar_columns, unique_rows
+from planner.search.layout import (
+    Columns,
+    distinct,
+    rows_column,
+    scalar_columns,
+    share_rows,
+    unique_rows,
+)
 
 SELECTIVE_RECOMPUTE_OVERHEAD = 0.03  # layernorm + activation recompute, of a forward pass
 ADAM_BYTES_PER_PARAM = 4 * 2 * 3 + MAIN_GRAD_BYTES + WEIGHT_BYTES  # r/w master, m, v; grad; param
@@ -327,10 +334,26 @@ def train_phase_s(request: PlanRequest, cols: Columns, shape: TrainShape
                   ) -> dict[str, np.ndarray]:
     """Seconds of one training (or forward-only) pass over a step's data, with a breakdown."""
     model, cluster, eff = request.model, request.cluster, request.efficiency
-    stages = of_layouts(cols, "pipeline_terms", (model, cluster, eff),
-                        lambda: _pipeline_terms(request, cols))
-    forward, layers_on_stage = _stage_compute_s(request, cols, shape)
-    comm = _stage_comm_s(request, cols, shape, layers_on_stage)
+    # what reads the fields both training passes share is computed on their distinct rows
+    # where ``cols`` has them (``shape`` is then theirs) and taken per row of ``cols``: the
+    # same numbers (:attr:`LayoutRows.coarse`)
+    coarse = getattr(cols, "coarse", None)
+    rows = cols if coarse is None else coarse[0]
+    stages = of_layouts(rows, "pipeline_terms", (model, cluster, eff),
+                        lambda: _pipeline_terms(request, rows))
+    forward, layers_on_stage = _stage_compute_s(request, rows, shape)
+    comm = _stage_comm_s(request, rows, shape, layers_on_stage)
+    # pipeline P2P of the SP-sharded activation at each stage boundary, forward and backward
+    p2p_bytes = shape.tokens_per_micro_batch / _f(rows["cp"]) / _f(rows["tp"]) \
+        * model.hidden_size * WEIGHT_BYTES
+    p2p = np.where(stages["pipelined"], p2p_bytes / stages["p2p_bandwidth"], 0.0)
+    # with VPP model chunks a micro-batch crosses vpp times as many stage boundaries
+    p2p_per_micro = p2p * stages["vpp"] * (1 if shape.forward_only else 2)
+    m, behind = _f(shape.micro_batches), stages["bubble_slots"]
+    if coarse is not None:
+        forward, comm, layers_on_stage, p2p_per_micro, m, behind = (
+            np.take(values, coarse[1])
+            for values in (forward, comm, layers_on_stage, p2p_per_micro, m, behind))
     if shape.forward_only:
         compute, exposed_comm = forward, comm
     else:
@@ -339,15 +362,8 @@ def train_phase_s(request: PlanRequest, cols: Columns, shape: TrainShape
         compute = forward * compute_passes
         exposed_comm = comm * comm_passes
     per_micro = compute + exposed_comm
-    # pipeline P2P of the SP-sharded activation at each stage boundary, forward and backward
-    p2p_bytes = shape.tokens_per_micro_batch / _f(cols["cp"]) / _f(cols["tp"]) \
-        * model.hidden_size * WEIGHT_BYTES
-    p2p = np.where(stages["pipelined"], p2p_bytes / stages["p2p_bandwidth"], 0.0)
-    # with VPP model chunks a micro-batch crosses vpp times as many stage boundaries
-    p2p_per_micro = p2p * stages["vpp"] * (1 if shape.forward_only else 2)
     exposed_comm = exposed_comm + p2p_per_micro  # booked as communication (comm_s, bubble_s)
     per_micro = per_micro + p2p_per_micro
-    m = _f(shape.micro_batches)
     # The host's floor (module docstring): the RL trainers block the host on the GPU in every
     # micro-batch (verl: ``.tolist()`` in ``verl/models/mcore/util.py::preprocess_packed_seqs``
     # and ``postprocess_packed_seqs``, the loss's ``.item()`` in 0.9.1's
@@ -355,7 +371,6 @@ def train_phase_s(request: PlanRequest, cols: Columns, shape: TrainShape
     # ``nemo_rl/algorithms/loss_functions.py``).  Every stage runs its own loop at once: the
     # floor is per stage, not summed over PP.
     slot = np.maximum(per_micro, shape.host_per_layer_s * layers_on_stage)
-    behind = stages["bubble_slots"]
     pipeline = (m + behind) * slot
     bubble = behind * per_micro
     out = {"compute_s": m * compute * shape.optimizer_steps,
@@ -382,10 +397,12 @@ def _update_terms(request: PlanRequest, cols: Columns, shape: TrainShape) -> tup
     optimizer step on the GPU and on the host: of the layouts, the model, the cluster and the
     shape's optimizer settings alone (not of the response length)."""
     model, cluster, eff = request.model, request.cluster, request.efficiency
-    shards = of_layouts(cols, "actor_params_per_gpu", model,
-                        lambda: actor_params_per_gpu(model, cols))
-    non_expert = np.max([ne for ne, _ in shards], axis=0)
-    expert = np.max([exp for _, exp in shards], axis=0)
+    # the parameter shards read the fields both training passes share: on their rows where
+    # ``cols`` has them (:attr:`LayoutRows.coarse`), taken per row
+    coarse = getattr(cols, "coarse", None)
+    non_expert, expert = _largest_shards(model, cols if coarse is None else coarse[0])
+    if coarse is not None:
+        non_expert, expert = np.take(non_expert, coarse[1]), np.take(expert, coarse[1])
     dense_dp = _f(cols["dp"] * cols["cp"])
     expert_dp = np.where(cols["ep"] > 1,
                          _f(cluster.num_gpus // (cols["etp"] * cols["ep"] * cols["pp"])),
@@ -404,6 +421,14 @@ def _update_terms(request: PlanRequest, cols: Columns, shape: TrainShape) -> tup
     optimizer = (1 - on_host) * local * ADAM_BYTES_PER_PARAM / (
         cluster.gpu.hbm_bandwidth_bytes_per_s * eff.hbm)
     return dp_exposed, optimizer, cpu_optimizer_s(cluster, on_host * local, shape)
+
+
+def _largest_shards(model: ModelSpec, cols: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """The most non-expert and expert parameters a rank of the layouts ``cols`` holds (of
+    :func:`planner.cost.memory.actor_params_per_gpu`'s ranks, those of the layouts' memo)."""
+    shards = of_layouts(cols, "actor_params_per_gpu", model, lambda: actor_params_per_gpu(
+        model, cols, of_layouts(cols, "rank_layers", model, lambda: rank_layers(model, cols))))
+    return np.max([ne for ne, _ in shards], axis=0), np.max([exp for _, exp in shards], axis=0)
 
 
 def cpu_optimizer_s(cluster: ClusterSpec, host_params, shape: TrainShape) -> np.ndarray:
@@ -763,9 +788,12 @@ def update_phase_s(request: PlanRequest, cols: Columns) -> dict[str, np.ndarray]
     """The actor update over the step's mini-batches (:func:`train_phase_s` on the layouts'
     update micro-batches, :func:`planner.search.batches.update_batches`)."""
     workload = request.workload
-    batches = update_batches(workload, cols)
-    shape = TrainShape(tokens_per_micro_batch=batches.mean_tokens * _f(cols["cp"]),
-                       seq_len=np.full(len(cols["tp"]), workload.mean_sequence_length),
+    # the batches read the fields both passes share: on their rows where ``cols`` has them
+    # (:attr:`LayoutRows.coarse`; :func:`train_phase_s` reads the shape there too)
+    rows = cols if getattr(cols, "coarse", None) is None else cols.coarse[0]
+    batches = update_batches(workload, rows)
+    shape = TrainShape(tokens_per_micro_batch=batches.mean_tokens * _f(rows["cp"]),
+                       seq_len=np.full(len(rows["tp"]), workload.mean_sequence_length),
                        micro_batches=batches.count,
                        optimizer_steps=workload.ppo_epochs
                        * np.ceil(workload.train_batch_size / workload.mini_batch_size),
@@ -792,6 +820,10 @@ UPDATE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "sequence_parallel"
 GENERATE_FIELDS = ("rollout_tp", "rollout_dp", "rollout_ep", "kv_cache_tokens_per_gpu",
                    "kv_state_tokens_per_seq")  # layout and memory columns
 DISTINCT_MIN_ROWS = 256  # below this many rows every row is timed as it is
+# the fields the weight sync reads (:func:`weight_sync_s`): of the log-prob and generate groups'
+WEIGHT_SYNC_FIELDS = ("tp", "pp", "ep", "cp", "rollout_tp", "rollout_dp", "rollout_ep")
+# the fields both training passes read (coded once for both, :meth:`StepGroups.of`)
+SHARED_FIELDS = tuple(name for name in LOG_PROB_FIELDS if name in UPDATE_FIELDS)
 
 
 class LayoutRows(dict):
@@ -801,11 +833,14 @@ class LayoutRows(dict):
     do not move with the response length.  Treat as read-only (the memo follows the columns
     it was made from)."""
 
-    __slots__ = ("memo",)
+    __slots__ = ("memo", "coarse")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.memo: dict = {}
+        # (the update pass's rows) the rows over the fields both training passes read and,
+        # per row, its row among them (:meth:`StepGroups.of`, :func:`update_phase_s`)
+        self.coarse: tuple[LayoutRows, np.ndarray] | None = None
 
 
 def of_layouts(cols: Columns, name: str, model, compute: Callable):
@@ -839,9 +874,7 @@ class DistinctRows:
         # the distinct rows carry the fields ``names`` alone (and ``tp``, which counts rows):
         # what the phase reads (tests/cost/test_step_groups.py), not every column of a plan
         scalars = scalar_columns(cols)
-        few, inverse = unique_rows({name: cols[name] for name in ("tp", *names)
-                                    if name in cols and np.ndim(cols[name]) == 1}, names,
-                                   codes_of)
+        few, inverse = unique_rows(_row_fields(cols, ("tp", *names)), names, codes_of)
         return cls(LayoutRows({**scalars, **few}), inverse)
 
     def spread(self, out: dict) -> dict:
@@ -887,11 +920,28 @@ class StepGroups:
         # (``tp`` only counts the rows: generate_s does not read it)
         rollout = {"tp": cols["tp"], **{name: cols[name] for name in GENERATE_FIELDS[:3]},
                    **{name: memory[name] for name in GENERATE_FIELDS[3:] if name in memory}}
-        # the two training passes share most fields: each field coded once for both
+        # the two training passes share most fields: each field coded once for both, and
+        # the rows over their shared fields coded once (each pass then codes its own few)
         codes_of: dict = {}
-        return cls(DistinctRows.of(cols, LOG_PROB_FIELDS, codes_of),
-                   DistinctRows.of(cols, UPDATE_FIELDS, codes_of),
-                   DistinctRows.of(rollout, GENERATE_FIELDS))
+        shared = (share_rows(_row_fields(cols, ("tp", *SHARED_FIELDS)), SHARED_FIELDS, codes_of)
+                  if len(cols["tp"]) >= DISTINCT_MIN_ROWS else 0)
+        log_prob = DistinctRows.of(cols, LOG_PROB_FIELDS, codes_of)
+        update = DistinctRows.of(cols, UPDATE_FIELDS, codes_of)
+        if update.inverse is not None and len(log_prob.rows["tp"]) == shared:
+            # the log-prob rows are the rows over the shared fields (its own fields hold one
+            # value each): the update times what reads those alone on them
+            # (:func:`update_phase_s`); each update row's log-prob row, by scatter
+            at = np.empty(len(update.rows["tp"]), dtype=np.int64)
+            at[update.inverse] = log_prob.inverse
+            update.rows.coarse = (log_prob.rows, at)
+        return cls(log_prob, update, DistinctRows.of(rollout, GENERATE_FIELDS))
+
+
+def _row_fields(cols: Columns, names: tuple[str, ...]) -> dict:
+    """The 1-D columns ``names`` of ``cols`` (those it has; a constant column of a
+    :class:`planner.search.layout.RowsAt` not gathered, :func:`rows_column`)."""
+    return {name: column for name in names if name in cols
+            for column in (rows_column(cols, name),) if np.ndim(column) == 1}
 
 
 def _apart_from_mean_length(request: PlanRequest) -> tuple:
@@ -947,8 +997,9 @@ def offload_trips_s(request: PlanRequest, cols: Columns, memory: Columns) -> np.
 
 def _phase_times(request: PlanRequest, totals: dict, trips: tuple, n: int) -> dict:
     """Seconds of each GRPO phase (:data:`PHASES`) from the passes' totals (``totals``: the
-    generation, one log-prob pass, the update and the weight sync) and the offload ``trips``
-    (:func:`_offload_trips`); a phase the workload does not run takes 0."""
+    generation, one log-prob pass, the update, and the weight-sync phase,
+    :func:`_sync_phase_s`) and the offload ``trips`` (:func:`_offload_trips`); a phase the
+    workload does not run takes 0."""
     param_trip, optim_trip, ref_trip = trips
     ran = request.workload.phases
     zero = np.zeros(n)
@@ -957,8 +1008,24 @@ def _phase_times(request: PlanRequest, totals: dict, trips: tuple, n: int) -> di
         "old_log_prob": (totals["log_prob"] + param_trip) if "old_log_prob" in ran else zero,
         "ref": (totals["log_prob"] + ref_trip) if "ref" in ran else zero,
         "update_actor": totals["update"] + param_trip + optim_trip,
-        "weight_sync": totals["weight_sync"] + param_trip + request.efficiency.step_fixed_s,
+        "weight_sync": totals["weight_sync"],
     }
+
+
+def _sync_phase_s(request: PlanRequest, sync_s, param_trip) -> np.ndarray:
+    """The weight-sync phase: the sync (``sync_s``), the parameters' trip back to the GPU
+    (``param_trip``) and the step's fixed costs, booked there (:func:`grpo_step`)."""
+    return sync_s + param_trip + request.efficiency.step_fixed_s
+
+
+def _summed(times: dict):
+    """``sum(times.values())`` -- from 0, left to right -- with the sum kept in one array: the
+    same additions, so the same numbers."""
+    values = iter(times.values())
+    total = 0 + next(values)
+    for value in values:
+        total += value
+    return total
 
 
 def grpo_step_time_s(request: PlanRequest, cols: Columns, memory: Columns,
@@ -971,13 +1038,53 @@ def grpo_step_time_s(request: PlanRequest, cols: Columns, memory: Columns,
         "log_prob": groups.log_prob.spread_one(
             log_prob_phase_s(request, groups.log_prob.rows)["total_s"]),
         "update": groups.update.spread_one(update_phase_s(request, groups.update.rows)["total_s"]),
-        "generate": groups.generate.spread_one(generate_s(request, few, few)["total_s"]),
-        "weight_sync": groups.point_free(request, (cols,), "weight_sync", lambda: weight_sync_s(
-            request, cols))["total_s"]}
+        "generate": groups.generate.spread_one(_generate_total_s(request, few))}
     n = len(cols["tp"])
     trips = groups.point_free(request, (cols, memory), "trips",
                               lambda: _offload_trips(request, cols, memory))
-    return sum(_phase_times(request, totals, trips, n).values())
+    totals["weight_sync"] = groups.point_free(
+        request, (cols, memory), "weight_sync_phase",
+        lambda: _sync_phase_s(request, _sync_total_s(request, cols, groups), trips[0]))
+    return _summed(_phase_times(request, totals, trips, n))
+
+
+def _generate_total_s(request: PlanRequest, rows: Columns) -> np.ndarray:
+    """:func:`generate_s`' total of the rows ``rows`` (its layout and memory columns alike):
+    of a few rows (a plan's pieces share their rollouts' few distinct rows), kept per request
+    and values (:func:`_generate_total_of`); else computed."""
+    columns = [np.asarray(rows[name]) for name in GENERATE_FIELDS if name in rows]
+    if any(values.ndim != 1 or len(values) > GENERATE_KEPT_ROWS for values in columns):
+        return generate_s(request, rows, rows)["total_s"]
+    return _generate_total_of(request, tuple(
+        (name, np.asarray(rows[name]).dtype.str, np.asarray(rows[name]).tobytes())
+        for name in GENERATE_FIELDS if name in rows))
+
+
+GENERATE_KEPT_ROWS = 64  # at most this many rows' generation totals are kept
+
+
+@lru_cache(maxsize=64)
+def _generate_total_of(request: PlanRequest, columns: tuple) -> np.ndarray:
+    """:func:`generate_s`' total of the rows whose :data:`GENERATE_FIELDS` (what it reads)
+    are ``columns`` (``(name, dtype, bytes)``), read-only: the same function of the same
+    values, so the same numbers."""
+    rows = LayoutRows({name: np.frombuffer(data, dtype=np.dtype(kind))
+                       for name, kind, data in columns})
+    total = np.array(generate_s(request, rows, rows)["total_s"], dtype=np.float64)
+    total.flags.writeable = False
+    return total
+
+
+def _sync_total_s(request: PlanRequest, cols: Columns, groups: StepGroups) -> np.ndarray:
+    """:func:`weight_sync_s`' total of the rows ``cols``, timed once per distinct row of the
+    fields it reads (:data:`WEIGHT_SYNC_FIELDS`: the log-prob and generate groups' rows
+    together hold them equal) and spread: the same numbers."""
+    log_prob, generate = groups.log_prob.inverse, groups.generate.inverse
+    if log_prob is None or generate is None:
+        return weight_sync_s(request, cols)["total_s"]
+    first, inverse = distinct(log_prob * len(groups.generate.rows["tp"]) + generate)
+    few = {name: np.take(cols[name], first) for name in WEIGHT_SYNC_FIELDS}
+    return np.take(weight_sync_s(request, few)["total_s"], inverse)
 
 
 def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
@@ -1021,7 +1128,8 @@ def grpo_step(request: PlanRequest, cols: Columns, memory: Columns,
     }
     times = _phase_times(request, {"generate": gen["total_s"], "log_prob": log_prob["total_s"],
                                    "update": update["total_s"],
-                                   "weight_sync": sync["total_s"]}, trips, n)
+                                   "weight_sync": _sync_phase_s(request, sync["total_s"],
+                                                                param_trip)}, trips, n)
     step = sum(times.values())
     tokens = sequences * seq
     out = {time_column(phase): times[phase] for phase in PHASES}

@@ -271,22 +271,55 @@ def unique_rows(cols: Columns, names: tuple[str, ...],
     Each field becomes codes ``0..k-1`` (:func:`_codes`), the codes combine into one int64 key
     (re-coded whenever the next field would overflow it), and the key is coded once more
     (:func:`distinct`).  ``codes_of``: each field's codes (None: one value) kept across calls
-    on the same columns (the step's groups read many of the same fields).
+    on the same columns (the step's groups read many of the same fields), and the rows'
+    codes over some of ``names`` (:func:`share_rows`), from which the key then starts: rows
+    are equal on ``names`` exactly when they are equal on those and on the rest, and
+    :func:`distinct` codes rows by which rows are equal, so the result is the same.
     """
     n = len(cols["tp"])
     if n == 0:
         return dict(cols), np.zeros(0, dtype=np.int64)
-    key = np.zeros(n, dtype=np.int64)
-    combinations = 1
     codes_of = {} if codes_of is None else codes_of
+    shared = codes_of.get(_SHARED_ROWS)
+    if shared is None or not set(shared[0]) <= set(names):
+        first, inverse = distinct(_row_key(cols, names, codes_of))
+    else:
+        rest = tuple(name for name in names if name not in shared[0])
+        key = _row_key(cols, rest, codes_of, (shared[2], len(shared[1])))
+        # no other field varies: the shared rows' codes are in order of appearance already
+        first, inverse = (shared[1], shared[2]) if key is shared[2] else distinct(key)
+    return {name: np.take(values, first, axis=0) for name, values in cols.items()}, inverse
+
+
+# the key of :data:`codes_of` (:func:`unique_rows`) that keeps :func:`share_rows`' codes
+_SHARED_ROWS = ("rows over",)
+
+
+def share_rows(cols: Columns, names: tuple[str, ...], codes_of: dict) -> int:
+    """Code the rows of ``cols`` over the fields ``names`` (:func:`distinct`'s first rows and
+    codes) into ``codes_of``, for the :func:`unique_rows` calls on the same columns whose
+    fields include them (the step's two training passes share all but a few fields): each
+    such call then codes its other fields alone.  Returns how many distinct rows there are."""
+    if not len(cols["tp"]):
+        return 0
+    codes_of[_SHARED_ROWS] = (tuple(names), *distinct(_row_key(cols, names, codes_of)))
+    return len(codes_of[_SHARED_ROWS][1])
+
+
+def _row_key(cols: Columns, names: tuple[str, ...], codes_of: dict,
+             start: tuple[np.ndarray, int] | None = None) -> np.ndarray:
+    """One int64 key per row, equal exactly where the rows' fields ``names`` all are (and
+    ``start``'s codes, of the count given, when given; ``start``'s very array when no field
+    varies)."""
+    key, combinations = start or (np.zeros(len(cols["tp"]), dtype=np.int64), 1)
     for name in names:
         if name not in cols:
             continue
         if name not in codes_of:
             values = np.asarray(cols[name])
-            # one value distinguishes nothing
-            codes_of[name] = (None if values.ndim != 1 or (values[0] == values).all()
-                              else _codes(values))
+            # one value distinguishes nothing (a column read from one element: at once)
+            codes_of[name] = (None if values.ndim != 1 or values.strides == (0,)
+                              or (values[0] == values).all() else _codes(values))
         if codes_of[name] is None:
             continue
         codes, count = codes_of[name]
@@ -295,8 +328,18 @@ def unique_rows(cols: Columns, names: tuple[str, ...],
             combinations = len(compressed)
         key = key * count + codes
         combinations *= count
-    first, inverse = distinct(key)
-    return {name: np.take(values, first, axis=0) for name, values in cols.items()}, inverse
+    return key
+
+
+def rows_column(cols: Mapping, name: str) -> np.ndarray:
+    """``cols[name]``, but a :class:`RowsAt`'s column that is one element read throughout
+    (stride 0: a search's constant column) as such a view of the rows' length, not gathered
+    (the same values)."""
+    if isinstance(cols, RowsAt) and cols._by_position:
+        source = cols._columns.get(name) if name not in cols._taken else None
+        if isinstance(source, np.ndarray) and source.ndim == 1 and source.strides == (0,):
+            return np.broadcast_to(source[:1], (len(cols._index),))
+    return cols[name]
 
 
 def _codes(values: np.ndarray) -> tuple[np.ndarray, int]:
