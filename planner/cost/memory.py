@@ -50,6 +50,13 @@ from planner.catalog.params import layer_params
 from planner.catalog.workload import RolloutEngine
 from planner.cost.columns import memory_column, part_column, working_set_column
 from planner.cost.flops import kv_grows_only
+from planner.cost.knob_sums import (
+    PHASE_SUMS,
+    CombinationTables,
+    KnobPatterns,
+    SumConstants,
+    stage_states,
+)
 from planner.cost.layer_kinds import (
     VLLM_BLOCK_SIZE,
     EngineCache,
@@ -1050,6 +1057,7 @@ class ActorCells:
         self.n = len(core)
         in_order = np.array_equal(core * len(knobs) + knob, np.arange(self.n))
         self._index = None if in_order else (core, knob)
+        self._positions: tuple = (None, {})  # CombinationTables' positions of the last width
 
     def __len__(self) -> int:
         return self.n
@@ -1080,7 +1088,94 @@ class ActorCells:
     def _spread(self, cores: slice | np.ndarray, width: int, index: CellIndex,
                 only: tuple[str, ...] | None) -> dict:
         """The arrays of the rows ``index`` reads (their ``core`` an index into ``cores``, the
-        ``width`` core rows read); ``only``: :meth:`rows`'."""
+        ``width`` core rows read); ``only``: :meth:`rows`'.  Summed once per distinct knob
+        pattern (:mod:`planner.cost.knob_sums`), or with no combination on the cell tables."""
+        if not self.knobs or not width:
+            return self._spread_tables(cores, width, index, only)
+        c = [{name: values[cores] if np.ndim(values) else values
+              for name, values in whole.items()} for whole in self.core_parts]
+        # the optimizer's share is an exact 0 where it is 0.0 of a finite, non-negative state
+        zeroes = all(bool(np.all(np.isfinite(s["optimizer_state"]) & (s["optimizer_state"] >= 0)))
+                     for s in c)
+        patterns = KnobPatterns(self.knobs, self.needs_ref, zeroes)
+        key = (width, zeroes)  # the positions of a chunk's width, kept for the next chunk
+        if self._positions[0] != key:
+            self._positions = (key, {})
+        tables = CombinationTables(patterns, width, self._positions[1])
+        parts = ActorParts(index, width, self.knobs, self.needs_ref)
+        phase_rows = {phase: [] for phase in PHASES
+                      if phase in (self.joined if only is None else only)}
+        wanted = PHASES if only is None else [phase for phase in PHASES if phase in only]
+        needed = frozenset([PHASE_SUMS[phase][1] for phase in wanted]
+                           + ([] if only is not None else ["host"]))
+        largest = {phase: None for phase in PHASES if phase not in self.joined and only is None}
+        allocated = {}
+        consts = SumConstants(CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES,
+                              1 + FRAGMENTATION_FRACTION, WEIGHT_SYNC_BUCKET_BYTES,
+                              HOST_WORKER_BYTES, self.host_state)
+        for stage, s in enumerate(c):
+            vectors = {"W": np.asarray(s["weights"]), "G": np.asarray(s["grads"]),
+                       "optimizer_state": np.asarray(s["optimizer_state"]),
+                       "optimizer_params": np.asarray(s["optimizer_params"])}
+            states = stage_states(patterns, vectors, consts, needed)
+            transients = {"update": s["train_activations"] + s["train_logits"],
+                          "log_prob": s["forward"] + s["actor_logits"],
+                          "reference": s["forward"] + s["ref_logits"],
+                          "sync": WEIGHT_SYNC_BUCKET_BYTES}
+            for phase in wanted:
+                family, name, part = PHASE_SUMS[phase]
+                state, transient = states[name], transients.get(part)
+                term = (None if transient is None else transient if part == "sync"
+                        else consts.fragmentation * transient)
+                values = state + term if term is not None else state + consts.fixed
+                if term is not None:
+                    values += consts.fixed
+                if phase in phase_rows:
+                    phase_rows[phase].append(parts.rows(tables.of(family, values)))
+                if only is not None:
+                    continue
+                tensors = state if transient is None else state + transient
+                if stage:
+                    np.maximum(allocated[phase], tensors, out=allocated[phase])
+                else:
+                    allocated[phase] = np.array(tensors, dtype=np.float64)
+                if phase in largest:
+                    kept = largest[phase]
+                    if kept is None:
+                        largest[phase] = (np.zeros(values.shape, dtype=np.int8), values)
+                    else:
+                        larger = values > kept[1]
+                        np.copyto(kept[0], stage, where=larger)
+                        np.copyto(kept[1], values, where=larger)
+            if only is not None:
+                continue
+            parts.tables.append({"weights": s["weights"], "grads": s["grads"],
+                                 "optimizer_state": s["optimizer_state"],
+                                 "train_activations": s["train_activations"],
+                                 "train_logits": s["train_logits"],
+                                 "host": tables.of("host", states["host"])})
+        if only is not None:
+            return {"phases": phase_rows, "reduced": {}}
+
+        def spread(phase: str, table: np.ndarray) -> np.ndarray:
+            return parts.rows(tables.of(PHASE_SUMS[phase][0], table))
+
+        out = {"phases": phase_rows,
+               "allocated": {phase: spread(phase, t) for phase, t in allocated.items()},
+               "stages": [_StageView(parts, index) for index in range(len(parts.tables))],
+               "parts": parts}
+        if self.reduced:
+            out["reduced"] = {}
+            for phase, (index, values) in largest.items():
+                kept = (spread(phase, index), spread(phase, values))
+                for array in kept:
+                    array.flags.writeable = False
+                out["reduced"][f"largest_{phase}"] = kept
+        return out
+
+    def _spread_tables(self, cores: slice | np.ndarray, width: int, index: CellIndex,
+                       only: tuple[str, ...] | None) -> dict:
+        """:meth:`_spread` on (core row, combination) tables, every term in every cell."""
         knobs, needs_ref = self.knobs, self.needs_ref
         fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
         frag = 1 + FRAGMENTATION_FRACTION
