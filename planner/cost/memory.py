@@ -1134,11 +1134,8 @@ class ActorCells:
                     phase_rows[phase].append(parts.rows(tables.of(family, values)))
                 if only is not None:
                     continue
-                tensors = state if transient is None else state + transient
-                if stage:
-                    np.maximum(allocated[phase], tensors, out=allocated[phase])
-                else:
-                    allocated[phase] = np.array(tensors, dtype=np.float64)
+                _keep_largest(allocated, phase,
+                              state if transient is None else state + transient)
                 if phase in largest:
                     kept = largest[phase]
                     if kept is None:
@@ -1243,11 +1240,8 @@ class ActorCells:
                 phases[phase] = (state if term is None else state + term) + fixed
                 if only is not None:
                     continue
-                tensors = state if transient is None else state + transient
-                if stage:
-                    np.maximum(allocated[phase], tensors, out=allocated[phase])
-                else:
-                    allocated[phase] = np.array(tensors, dtype=np.float64)
+                _keep_largest(allocated, phase,
+                              state if transient is None else state + transient)
             for phase in phase_rows:
                 phase_rows[phase].append(parts.rows(phases[phase]))
             for phase, kept in largest.items():
@@ -1278,6 +1272,15 @@ class ActorCells:
                     array.flags.writeable = False
                 out["reduced"][f"largest_{phase}"] = kept
         return out
+
+
+def _keep_largest(allocated: dict, phase: str, tensors: np.ndarray) -> None:
+    """``allocated[phase]``: the largest ``tensors`` over the stages so far (a copy of the
+    first stage's, then the elementwise maximum in place)."""
+    if phase in allocated:
+        np.maximum(allocated[phase], tensors, out=allocated[phase])
+    else:
+        allocated[phase] = np.array(tensors, dtype=np.float64)
 
 
 def _masked_columns(values: np.ndarray, where: np.ndarray) -> np.ndarray:
