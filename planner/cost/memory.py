@@ -39,7 +39,7 @@ import copy
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache, reduce
+from functools import lru_cache, partial, reduce
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from planner.catalog.models import ModelSpec
 from planner.catalog.params import layer_params
 from planner.catalog.workload import RolloutEngine
 from planner.cost.columns import memory_column, part_column, working_set_column
+from planner.cost.deferred import DeferredColumns
 from planner.cost.flops import kv_grows_only
 from planner.cost.knob_sums import (
     PHASE_SUMS,
@@ -1109,7 +1110,7 @@ class ActorCells:
         needed = frozenset([PHASE_SUMS[phase][1] for phase in wanted]
                            + ([] if only is not None else ["host"]))
         largest = {phase: None for phase in PHASES if phase not in self.joined and only is None}
-        allocated = {}
+        allocated, host = {}, None
         consts = SumConstants(CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES,
                               1 + FRAGMENTATION_FRACTION, WEIGHT_SYNC_BUCKET_BYTES,
                               HOST_WORKER_BYTES, self.host_state)
@@ -1146,23 +1147,31 @@ class ActorCells:
                         np.copyto(kept[1], values, where=larger)
             if only is not None:
                 continue
-            parts.tables.append({"weights": s["weights"], "grads": s["grads"],
-                                 "optimizer_state": s["optimizer_state"],
-                                 "train_activations": s["train_activations"],
-                                 "train_logits": s["train_logits"],
-                                 "host": tables.of("host", states["host"])})
+            table = DeferredColumns()  # the host memory spread when read
+            for name in ("weights", "grads", "optimizer_state", "train_activations",
+                         "train_logits"):
+                table[name] = s[name]
+            table.defer("host", partial(tables.of, "host", states["host"]))
+            parts.tables.append(table)
+            # the busiest stage's host memory, per pattern (max_rows' maxima in its order)
+            host = (states["host"] if host is None else np.maximum(host, states["host"]))
         if only is not None:
             return {"phases": phase_rows, "reduced": {}}
 
         def spread(phase: str, table: np.ndarray) -> np.ndarray:
             return parts.rows(tables.of(PHASE_SUMS[phase][0], table))
 
-        out = {"phases": phase_rows,
-               "allocated": {phase: spread(phase, t) for phase, t in allocated.items()},
+        spread_allocated = DeferredColumns()  # spread when read (a plan's chunk reads none)
+        for phase, table in allocated.items():
+            spread_allocated.defer(phase, partial(spread, phase, table))
+        out = {"phases": phase_rows, "allocated": spread_allocated,
                "stages": [_StageView(parts, index) for index in range(len(parts.tables))],
                "parts": parts}
         if self.reduced:
-            out["reduced"] = {}
+            # actor_host_bytes' reduction: a row's largest is its cell's (a gather commutes
+            # with the elementwise maximum)
+            out["reduced"] = {"host": parts.rows(tables.of("host", host))}
+            out["reduced"]["host"].flags.writeable = False
             for phase, (index, values) in largest.items():
                 kept = (spread(phase, index), spread(phase, values))
                 for array in kept:
@@ -1510,7 +1519,10 @@ def _rollout_memory_once(request: PlanRequest, cols: Columns, resident_bytes: np
            zip(("rollout_tp", "rollout_dp", "rollout_ep"), (tp, dp, ep))}
     out = rollout_memory(request, few, _f(resident_bytes)[first],
                          None if utilization is None else _f(utilization)[first])
-    return {name: np.take(values, inverse, axis=0) for name, values in out.items()}
+    spread = DeferredColumns()  # each column spread when read (a plan's chunk reads few)
+    for name, values in out.items():
+        spread.defer(name, partial(np.take, values, inverse, axis=0))
+    return spread
 
 
 def argmax_rows(arrays) -> tuple[np.ndarray, np.ndarray]:
@@ -1542,7 +1554,7 @@ def pick_rows(index: np.ndarray, arrays) -> np.ndarray:
 
 
 def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool = False,
-                    actor: dict | None = None) -> Columns:
+                    actor: dict | None = None, deferred: bool = False) -> Columns:
     """Memory columns for every layout in ``cols`` (bytes unless named otherwise).
 
     Per phase two quantities (:mod:`planner.policy`): ``mem_<phase>_bytes``, what nvidia-smi
@@ -1552,7 +1564,10 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
 
     ``pick_utilization``: choose ``gpu_memory_utilization`` per layout (see
     :func:`rollout_memory`, below the memory policy's band top) instead of reading it from
-    ``cols``.
+    ``cols``.  ``deferred``: returned as a :class:`planner.cost.deferred.DeferredColumns`
+    whose columns no fit or peak reads (the working sets, the peak stage and its parts, most
+    of the rollout engine's) are computed when first read (a plan's scoring chunk reads few);
+    else a dict of every column.  The same values either way.
     """
     cluster, workload = request.cluster, request.workload
     capacity = float(cluster.gpu.memory_bytes)
@@ -1563,23 +1578,27 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
         actor = actor_rows(actor, slice(None))
     phase_stages = {phase: list(values) for phase, values in actor["phases"].items()}
     resident = actor_resident_bytes(actor)
-    out = _rollout_memory_once(request, cols, resident,
-                               None if pick_utilization else cols["gpu_memory_utilization"])
-    allocated = dict(actor["allocated"])  # per phase, on its largest stage
+    # (the deferred columns' functions read these mappings, never ``out``: no reference cycle
+    # keeps a chunk's columns alive after its last read)
+    rollout = _rollout_memory_once(request, cols, resident,
+                                   None if pick_utilization else cols["gpu_memory_utilization"])
+    out = DeferredColumns()
+    out.update_from(rollout)
     phase_stages["generate"] = [stage + out["mem_generate_bytes"] - resident
                                 for stage in phase_stages["generate"]]
-    allocated["generate"] = allocated["generate"] + out["rollout_working_bytes"]
+    # per phase, the rollout column its working set adds to the actor's (on its largest stage)
+    added = {"generate": "rollout_working_bytes"}
     if engine_of(workload).free_cache_engine:
         # vLLM wakes its weights for the sync (sleep level 2 drops them otherwise).
         phase_stages["weight_sync"] = [stage + out["rollout_weights_bytes"]
                                        for stage in phase_stages["weight_sync"]]
-        allocated["weight_sync"] = allocated["weight_sync"] + out["rollout_weights_bytes"]
+        added["weight_sync"] = "rollout_weights_bytes"
     else:
         # Without sleep mode the engine keeps its whole budget through training.
         for phase in TRAINING_PHASES:
             phase_stages[phase] = [stage + out["rollout_budget_bytes"]
                                    for stage in phase_stages[phase]]
-            allocated[phase] = allocated[phase] + out["rollout_budget_bytes"]
+            added[phase] = "rollout_budget_bytes"
     joined = engine_phases(workload)
     # the other phases' largest stage is the actor's own: reduced once per actor evaluation
     worst = {phase: argmax_rows(phase_stages[phase]) if phase in joined else
@@ -1589,16 +1608,18 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     zero = np.zeros_like(phases["update_actor"])
     out["peak_phase"], out["peak_bytes"] = argmax_rows(
         [phases[p] if p in workload.phases else zero for p in PHASES])
-    out["peak_stage"] = pick_rows(out["peak_phase"], [worst[p][0] for p in PHASES])
+    peak = DeferredColumns()
+    peak.defer("peak_stage", partial(pick_rows, out["peak_phase"], [worst[p][0] for p in PHASES]))
+    out.update_from(peak)
     if "generate" not in workload.phases:
         out["rollout_fits"] = np.ones_like(out["rollout_fits"])
     for phase in PHASES:
         out[memory_column(phase)] = phases[phase]
-        out[working_set_column(phase)] = allocated[phase]
-    parts = actor["parts"]
+        out.defer(working_set_column(phase),
+                  partial(_working_set, actor["allocated"], rollout, (phase, added.get(phase))))
     for part in ("weights", "grads", "optimizer", "train_activations", "train_logits",
                  "ref_weights"):
-        out[part_column(part)] = parts.pick(part, out["peak_stage"])
+        out.defer(part_column(part), partial(_peak_part, actor["parts"], peak, part))
     # Host memory: every GPU of a node runs one worker; the busiest stage sets the node.
     host_per_gpu = actor_host_bytes(actor)
     gpus_per_node = min(cluster.gpus_per_node, cluster.num_gpus)
@@ -1607,4 +1628,16 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     out["host_fits"] = out["host_bytes_per_node"] <= cluster.host_memory_per_node_bytes
     out["memory_utilization"] = out["peak_bytes"] / capacity
     out["fits"] = (out["peak_bytes"] <= capacity) & out["rollout_fits"] & out["host_fits"]
-    return out
+    return out if deferred else dict(out)
+
+
+def _working_set(allocated: Mapping, rollout: Mapping, phase_added: tuple) -> np.ndarray:
+    """``phase``'s allocated working set: the actor's on its largest stage (``allocated``)
+    plus the rollout engine's column ``added`` (None: nothing added)."""
+    phase, added = phase_added
+    return allocated[phase] if added is None else allocated[phase] + rollout[added]
+
+
+def _peak_part(parts: ActorParts, peak: Mapping, part: str) -> np.ndarray:
+    """Per row, ``part`` on the row's peak stage (``peak["peak_stage"]``)."""
+    return parts.pick(part, peak["peak_stage"])

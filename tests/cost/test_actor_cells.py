@@ -9,7 +9,7 @@ from conftest import cluster
 
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
-from planner.cost.memory import STAGE_PARTS, actor_memory, estimate_memory
+from planner.cost.memory import STAGE_PARTS, actor_host_bytes, actor_memory, estimate_memory
 from planner.cost.request import PlanRequest
 from planner.phases import PHASES
 from planner.search.space import SearchOptions, build_space
@@ -155,7 +155,10 @@ def _arrays(out: dict) -> dict:
               for i, values in enumerate(stages)}
     arrays.update({f"allocated/{phase}": v for phase, v in out.get("allocated", {}).items()})
     for name, kept in out.get("reduced", {}).items():
-        arrays.update({f"{name}/index": kept[0], f"{name}/values": kept[1]})
+        if isinstance(kept, tuple):
+            arrays.update({f"{name}/index": kept[0], f"{name}/values": kept[1]})
+        else:
+            arrays[f"reduced/{name}"] = kept
     for i, stage in enumerate(out.get("stages", [])):
         arrays.update({f"{part}/{i}": stage[part] for part in STAGE_PARTS})
     return arrays
@@ -192,7 +195,12 @@ def test_the_sums_per_knob_pattern_are_the_cell_tables_sums(name, world, workloa
             got = _arrays(cells.rows(rows, only))
             cells._spread = tables
             try:
-                want = _arrays(cells.rows(rows, only))
+                want_out = cells.rows(rows, only)
+                if only is None and "reduced" in want_out:
+                    # the knob patterns' path keeps the busiest stage's host memory, found
+                    # on the patterns: the tables' is found on the rows when first read
+                    actor_host_bytes(want_out)
+                want = _arrays(want_out)
             finally:
                 cells._spread = original
             assert got.keys() == want.keys()
