@@ -1509,11 +1509,20 @@ def _rollout_memory_once(request: PlanRequest, cols: Columns, resident_bytes: np
         return rollout_memory(request, cols, resident_bytes, utilization)  # NaN: no hashing
     tp, dp, ep = (np.asarray(cols[name], dtype=np.int64)
                   for name in ("rollout_tp", "rollout_dp", "rollout_ep"))
-    _, layout = distinct((tp << 42) + (dp << 21) + ep)  # each below 2**21 GPUs
-    code = layout
+    fraction, fractions = None, 1
     if utilization is not None:
         _, fraction = distinct(_f(utilization))
-        code = layout * (int(fraction.max(initial=0)) + 1) + fraction
+        fractions = int(fraction.max(initial=0)) + 1
+    # distinct_pair reads only which rows are equal: any code one-to-one with the row's
+    # (TP, DP, EP, utilization) serves, here their mixed-radix number (exact as a float
+    # below 2**53), else their coding by first appearance
+    sizes = [int(values.max(initial=0)) + 1 for values in (dp, ep)]
+    if (min(tp.min(initial=0), dp.min(initial=0), ep.min(initial=0)) >= 0
+            and (int(tp.max(initial=0)) + 1) * sizes[0] * sizes[1] * fractions < 1 << 53):
+        layout = (tp * sizes[0] + dp) * sizes[1] + ep
+    else:
+        _, layout = distinct((tp << 42) + (dp << 21) + ep)  # each below 2**21 GPUs
+    code = layout if fraction is None else layout * fractions + fraction
     first, inverse = distinct_pair(resident_bytes, code)
     few = {name: tp_dp_ep[first] for name, tp_dp_ep in
            zip(("rollout_tp", "rollout_dp", "rollout_ep"), (tp, dp, ep))}
