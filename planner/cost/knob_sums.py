@@ -74,19 +74,18 @@ def _term(name, vectors: dict) -> np.ndarray:
 
 
 def _sums(term_lists: list[tuple], vectors: dict) -> np.ndarray:
-    """(pattern, core row): each pattern's terms summed in order (none: 0.0); prefixes shared."""
+    """(pattern, core row): each pattern's terms summed in order (none: 0.0); prefixes shared
+    (a prefix's sum is its shorter prefix's plus its last term; held in a plain dict, freed
+    as this returns: no recursive closure, whose reference cycle would keep them)."""
     width = len(vectors["W"])
     out = np.empty((len(term_lists), width))
     memo: dict[tuple, np.ndarray] = {}
-
-    def total(terms: tuple) -> np.ndarray:
-        if terms not in memo:
-            memo[terms] = (np.zeros(width) if not terms else _term(terms[0], vectors)
-                           if len(terms) == 1 else total(terms[:-1]) + _term(terms[-1], vectors))
-        return memo[terms]
-
     for row, terms in enumerate(term_lists):
-        out[row] = total(terms)
+        for end in range(1, len(terms) + 1):
+            if terms[:end] not in memo:
+                memo[terms[:end]] = (_term(terms[0], vectors) if end == 1
+                                     else memo[terms[:end - 1]] + _term(terms[end - 1], vectors))
+        out[row] = memo[terms] if terms else np.zeros(width)
     return out
 
 

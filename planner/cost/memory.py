@@ -1111,6 +1111,9 @@ class ActorCells:
                            + ([] if only is not None else ["host"]))
         largest = {phase: None for phase in PHASES if phase not in self.joined and only is None}
         allocated, host = {}, None
+        # every row (an evaluation kept whole) spreads what it keeps at once; a part of the
+        # rows (a plan's chunk of a held evaluation) when read
+        every_row = len(index.core) == self.n
         consts = SumConstants(CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES,
                               1 + FRAGMENTATION_FRACTION, WEIGHT_SYNC_BUCKET_BYTES,
                               HOST_WORKER_BYTES, self.host_state)
@@ -1147,11 +1150,13 @@ class ActorCells:
                         np.copyto(kept[1], values, where=larger)
             if only is not None:
                 continue
-            table = DeferredColumns()  # the host memory spread when read
+            table = DeferredColumns()  # a part of the rows: the host memory spread when read
             for name in ("weights", "grads", "optimizer_state", "train_activations",
                          "train_logits"):
                 table[name] = s[name]
             table.defer("host", partial(tables.of, "host", states["host"]))
+            if every_row:
+                table["host"]  # spread now: the pattern tables freed (a plan's peak follows)
             parts.tables.append(table)
             # the busiest stage's host memory, per pattern (max_rows' maxima in its order)
             host = (states["host"] if host is None else np.maximum(host, states["host"]))
@@ -1164,6 +1169,8 @@ class ActorCells:
         spread_allocated = DeferredColumns()  # spread when read (a plan's chunk reads none)
         for phase, table in allocated.items():
             spread_allocated.defer(phase, partial(spread, phase, table))
+            if every_row:
+                spread_allocated[phase]  # the whole evaluation: kept, its tables freed now
         out = {"phases": phase_rows, "allocated": spread_allocated,
                "stages": [_StageView(parts, index) for index in range(len(parts.tables))],
                "parts": parts}
