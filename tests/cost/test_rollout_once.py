@@ -58,10 +58,4 @@ def test_rollout_layouts_past_a_floats_exact_integers_are_coded_by_appearance(ro
     some = np.arange(len(resident)) % 3 == 0
     cols = {**cols, **{name: np.where(some, 1 << 20, cols[name])
                        for name in ("rollout_tp", "rollout_dp", "rollout_ep")}}
-    request = PlanRequest(resolve_model("qwen3-30b"), cluster(16), GrpoWorkload())
-    utilization = cols["gpu_memory_utilization"] if fixed else None
-    expected = rollout_memory(request, cols, resident, utilization)
-    got = _rollout_memory_once(request, cols, resident, utilization)
-    assert list(got) == list(expected)
-    for name, values in expected.items():
-        np.testing.assert_array_equal(got[name], values, err_msg=name)
+    test_once_per_distinct_combination_is_every_row_evaluated((cols, resident), fixed)
