@@ -26,6 +26,7 @@ from planner.cost.columns import (
     flag_column,
     memory_column,
 )
+from planner.cost.deferred import DeferredColumns
 from planner.cost.engine_pairs import engine_pairs
 from planner.cost.memory import (
     actor_memory,
@@ -493,25 +494,33 @@ def _columns_at(request: PlanRequest, cols: Columns, actor: dict, rows: slice | 
     gathered when read): the layout columns, and the memory and flag columns computed for
     those rows alone (:func:`planner.cost.memory.estimate_memory`,
     :func:`planner.search.rules.unwise_flags`; row by row, so the same values as computed for
-    every row)."""
+    every row).  A chunk (a slice of the rows, not all of them: :func:`score_rows`') comes as
+    a :class:`planner.cost.deferred.DeferredColumns` whose memory columns no fit or peak reads
+    are computed when first read (:func:`planner.cost.memory.estimate_memory`'s
+    ``deferred``)."""
     whole = isinstance(rows, slice) and rows == slice(0, len(cols["tp"]))
+    chunk = isinstance(rows, slice) and not whole
     if whole:
         layout, rows_actor = cols, actor
-    elif isinstance(rows, slice):
+    elif chunk:
         layout = {name: values[rows] if np.ndim(values) else values
                   for name, values in cols.items()}
         rows_actor = actor_rows(actor, rows)
     else:
         layout, rows_actor = RowsAt(cols, rows), actor_rows(actor, rows)
-    memory = estimate_memory(request, layout, pick_utilization=pick_utilization,
-                             actor=rows_actor)
+    memory = estimate_memory(request, layout, pick_utilization, rows_actor, deferred=chunk)
     flags = unwise_flags(request.model, request.cluster, request.workload,
                          ChainMap({"peak_fraction": memory["memory_utilization"]}, layout),
                          request.policy)
-    scored = dict(memory)
+    scored = DeferredColumns() if chunk else dict(memory)
+    if chunk:
+        scored.update_from(layout)
+        scored.update_from(memory)
     for name in UNWISE_FLAGS:
         scored[flag_column(name)] = flags[name]
     scored["unwise_count"] = np.sum([flags[name] for name in UNWISE_FLAGS], axis=0)
+    if chunk:
+        return scored
     return RowsAt(cols, rows, scored) if isinstance(layout, RowsAt) else {**layout, **scored}
 
 

@@ -39,7 +39,7 @@ import copy
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache, reduce
+from functools import lru_cache, partial, reduce
 
 import numpy as np
 
@@ -49,7 +49,15 @@ from planner.catalog.models import ModelSpec
 from planner.catalog.params import layer_params
 from planner.catalog.workload import RolloutEngine
 from planner.cost.columns import memory_column, part_column, working_set_column
+from planner.cost.deferred import DeferredColumns
 from planner.cost.flops import kv_grows_only
+from planner.cost.knob_sums import (
+    PHASE_SUMS,
+    CombinationTables,
+    KnobPatterns,
+    SumConstants,
+    stage_states,
+)
 from planner.cost.layer_kinds import (
     VLLM_BLOCK_SIZE,
     EngineCache,
@@ -1201,6 +1209,7 @@ class ActorCells:
         self.n = len(core)
         in_order = np.array_equal(core * len(knobs) + knob, np.arange(self.n))
         self._index = None if in_order else (core, knob)
+        self._positions: tuple = (None, {})  # CombinationTables' positions of the last width
 
     def __len__(self) -> int:
         return self.n
@@ -1231,7 +1240,106 @@ class ActorCells:
     def _spread(self, cores: slice | np.ndarray, width: int, index: CellIndex,
                 only: tuple[str, ...] | None) -> dict:
         """The arrays of the rows ``index`` reads (their ``core`` an index into ``cores``, the
-        ``width`` core rows read); ``only``: :meth:`rows`'."""
+        ``width`` core rows read); ``only``: :meth:`rows`'.  Summed once per distinct knob
+        pattern (:mod:`planner.cost.knob_sums`), or with no combination on the cell tables."""
+        if not self.knobs or not width:
+            return self._spread_tables(cores, width, index, only)
+        c = [{name: values[cores] if np.ndim(values) else values
+              for name, values in whole.items()} for whole in self.core_parts]
+        # the optimizer's share is an exact 0 where it is 0.0 of a finite, non-negative state
+        zeroes = all(bool(np.all(np.isfinite(s["optimizer_state"]) & (s["optimizer_state"] >= 0)))
+                     for s in c)
+        patterns = KnobPatterns(self.knobs, self.needs_ref, zeroes)
+        key = (width, zeroes)  # the positions of a chunk's width, kept for the next chunk
+        if self._positions[0] != key:
+            self._positions = (key, {})
+        tables = CombinationTables(patterns, width, self._positions[1])
+        parts = ActorParts(index, width, self.knobs, self.needs_ref)
+        phase_rows = {phase: [] for phase in PHASES
+                      if phase in (self.joined if only is None else only)}
+        wanted = PHASES if only is None else [phase for phase in PHASES if phase in only]
+        needed = frozenset([PHASE_SUMS[phase][1] for phase in wanted]
+                           + ([] if only is not None else ["host"]))
+        largest = {phase: None for phase in PHASES if phase not in self.joined and only is None}
+        allocated, host = {}, None
+        # every row (an evaluation kept whole) spreads what it keeps at once; a part of the
+        # rows (a plan's chunk of a held evaluation) when read
+        every_row = len(index.core) == self.n
+        consts = SumConstants(CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES,
+                              1 + FRAGMENTATION_FRACTION, WEIGHT_SYNC_BUCKET_BYTES,
+                              HOST_WORKER_BYTES, self.host_state)
+        for stage, s in enumerate(c):
+            vectors = {"W": np.asarray(s["weights"]), "G": np.asarray(s["grads"]),
+                       "optimizer_state": np.asarray(s["optimizer_state"]),
+                       "optimizer_params": np.asarray(s["optimizer_params"])}
+            states = stage_states(patterns, vectors, consts, needed)
+            transients = {"update": s["train_activations"] + s["train_logits"],
+                          "log_prob": s["forward"] + s["actor_logits"],
+                          "reference": s["forward"] + s["ref_logits"],
+                          "sync": WEIGHT_SYNC_BUCKET_BYTES}
+            for phase in wanted:
+                family, name, part = PHASE_SUMS[phase]
+                state, transient = states[name], transients.get(part)
+                term = (None if transient is None else transient if part == "sync"
+                        else consts.fragmentation * transient)
+                values = state + term if term is not None else state + consts.fixed
+                if term is not None:
+                    values += consts.fixed
+                if phase in phase_rows:
+                    phase_rows[phase].append(parts.rows(tables.of(family, values)))
+                if only is not None:
+                    continue
+                _keep_largest(allocated, phase,
+                              state if transient is None else state + transient)
+                if phase in largest:
+                    kept = largest[phase]
+                    if kept is None:
+                        largest[phase] = (np.zeros(values.shape, dtype=np.int8), values)
+                    else:
+                        larger = values > kept[1]
+                        np.copyto(kept[0], stage, where=larger)
+                        np.copyto(kept[1], values, where=larger)
+            if only is not None:
+                continue
+            table = DeferredColumns()  # a part of the rows: the host memory spread when read
+            for name in ("weights", "grads", "optimizer_state", "train_activations",
+                         "train_logits"):
+                table[name] = s[name]
+            table.defer("host", partial(tables.of, "host", states["host"]))
+            if every_row:
+                table["host"]  # spread now: the pattern tables freed (a plan's peak follows)
+            parts.tables.append(table)
+            # the busiest stage's host memory, per pattern (max_rows' maxima in its order)
+            host = (states["host"] if host is None else np.maximum(host, states["host"]))
+        if only is not None:
+            return {"phases": phase_rows, "reduced": {}}
+
+        def spread(phase: str, table: np.ndarray) -> np.ndarray:
+            return parts.rows(tables.of(PHASE_SUMS[phase][0], table))
+
+        spread_allocated = DeferredColumns()  # spread when read (a plan's chunk reads none)
+        for phase, table in allocated.items():
+            spread_allocated.defer(phase, partial(spread, phase, table))
+            if every_row:
+                spread_allocated[phase]  # the whole evaluation: kept, its tables freed now
+        out = {"phases": phase_rows, "allocated": spread_allocated,
+               "stages": [_StageView(parts, index) for index in range(len(parts.tables))],
+               "parts": parts}
+        if self.reduced:
+            # actor_host_bytes' reduction: a row's largest is its cell's (a gather commutes
+            # with the elementwise maximum)
+            out["reduced"] = {"host": parts.rows(tables.of("host", host))}
+            out["reduced"]["host"].flags.writeable = False
+            for phase, (index, values) in largest.items():
+                kept = (spread(phase, index), spread(phase, values))
+                for array in kept:
+                    array.flags.writeable = False
+                out["reduced"][f"largest_{phase}"] = kept
+        return out
+
+    def _spread_tables(self, cores: slice | np.ndarray, width: int, index: CellIndex,
+                       only: tuple[str, ...] | None) -> dict:
+        """:meth:`_spread` on (core row, combination) tables, every term in every cell."""
         knobs, needs_ref = self.knobs, self.needs_ref
         fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
         frag = 1 + FRAGMENTATION_FRACTION
@@ -1299,11 +1407,8 @@ class ActorCells:
                 phases[phase] = (state if term is None else state + term) + fixed
                 if only is not None:
                     continue
-                tensors = state if transient is None else state + transient
-                if stage:
-                    np.maximum(allocated[phase], tensors, out=allocated[phase])
-                else:
-                    allocated[phase] = np.array(tensors, dtype=np.float64)
+                _keep_largest(allocated, phase,
+                              state if transient is None else state + transient)
             for phase in phase_rows:
                 phase_rows[phase].append(parts.rows(phases[phase]))
             for phase, kept in largest.items():
@@ -1334,6 +1439,15 @@ class ActorCells:
                     array.flags.writeable = False
                 out["reduced"][f"largest_{phase}"] = kept
         return out
+
+
+def _keep_largest(allocated: dict, phase: str, tensors: np.ndarray) -> None:
+    """``allocated[phase]``: the largest ``tensors`` over the stages so far (a copy of the
+    first stage's, then the elementwise maximum in place)."""
+    if phase in allocated:
+        np.maximum(allocated[phase], tensors, out=allocated[phase])
+    else:
+        allocated[phase] = np.array(tensors, dtype=np.float64)
 
 
 def _masked_columns(values: np.ndarray, where: np.ndarray) -> np.ndarray:
@@ -1585,17 +1699,29 @@ def _rollout_memory_once(request: PlanRequest, cols: Columns, resident_bytes: np
         return rollout_memory(request, cols, resident_bytes, utilization)  # NaN: no hashing
     tp, dp, ep = (np.asarray(cols[name], dtype=np.int64)
                   for name in ("rollout_tp", "rollout_dp", "rollout_ep"))
-    _, layout = distinct((tp << 42) + (dp << 21) + ep)  # each below 2**21 GPUs
-    code = layout
+    fraction, fractions = None, 1
     if utilization is not None:
         _, fraction = distinct(_f(utilization))
-        code = layout * (int(fraction.max(initial=0)) + 1) + fraction
+        fractions = int(fraction.max(initial=0)) + 1
+    # distinct_pair reads only which rows are equal: any code one-to-one with the row's
+    # (TP, DP, EP, utilization) serves, here their mixed-radix number (exact as a float
+    # below 2**53), else their coding by first appearance
+    sizes = [int(values.max(initial=0)) + 1 for values in (dp, ep)]
+    if (min(tp.min(initial=0), dp.min(initial=0), ep.min(initial=0)) >= 0
+            and (int(tp.max(initial=0)) + 1) * sizes[0] * sizes[1] * fractions < 1 << 53):
+        layout = (tp * sizes[0] + dp) * sizes[1] + ep
+    else:
+        _, layout = distinct((tp << 42) + (dp << 21) + ep)  # each below 2**21 GPUs
+    code = layout if fraction is None else layout * fractions + fraction
     first, inverse = distinct_pair(resident_bytes, code)
     few = {name: tp_dp_ep[first] for name, tp_dp_ep in
            zip(("rollout_tp", "rollout_dp", "rollout_ep"), (tp, dp, ep))}
     out = rollout_memory(request, few, _f(resident_bytes)[first],
                          None if utilization is None else _f(utilization)[first])
-    return {name: np.take(values, inverse, axis=0) for name, values in out.items()}
+    spread = DeferredColumns()  # each column spread when read (a plan's chunk reads few)
+    for name, values in out.items():
+        spread.defer(name, partial(np.take, values, inverse, axis=0))
+    return spread
 
 
 def argmax_rows(arrays) -> tuple[np.ndarray, np.ndarray]:
@@ -1627,7 +1753,7 @@ def pick_rows(index: np.ndarray, arrays) -> np.ndarray:
 
 
 def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool = False,
-                    actor: dict | None = None) -> Columns:
+                    actor: dict | None = None, deferred: bool = False) -> Columns:
     """Memory columns for every layout in ``cols`` (bytes unless named otherwise).
 
     Per phase two quantities (:mod:`planner.policy`): ``mem_<phase>_bytes``, what nvidia-smi
@@ -1637,7 +1763,10 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
 
     ``pick_utilization``: choose ``gpu_memory_utilization`` per layout (see
     :func:`rollout_memory`, below the memory policy's band top) instead of reading it from
-    ``cols``.
+    ``cols``.  ``deferred``: returned as a :class:`planner.cost.deferred.DeferredColumns`
+    whose columns no fit or peak reads (the working sets, the peak stage and its parts, most
+    of the rollout engine's) are computed when first read (a plan's scoring chunk reads few);
+    else a dict of every column.  The same values either way.
     """
     cluster, workload = request.cluster, request.workload
     capacity = float(cluster.gpu.memory_bytes)
@@ -1648,23 +1777,27 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
         actor = actor_rows(actor, slice(None))
     phase_stages = {phase: list(values) for phase, values in actor["phases"].items()}
     resident = actor_resident_bytes(actor)
-    out = _rollout_memory_once(request, cols, resident,
-                               None if pick_utilization else cols["gpu_memory_utilization"])
-    allocated = dict(actor["allocated"])  # per phase, on its largest stage
+    # (the deferred columns' functions read these mappings, never ``out``: no reference cycle
+    # keeps a chunk's columns alive after its last read)
+    rollout = _rollout_memory_once(request, cols, resident,
+                                   None if pick_utilization else cols["gpu_memory_utilization"])
+    out = DeferredColumns()
+    out.update_from(rollout)
     phase_stages["generate"] = [stage + out["mem_generate_bytes"] - resident
                                 for stage in phase_stages["generate"]]
-    allocated["generate"] = allocated["generate"] + out["rollout_working_bytes"]
+    # per phase, the rollout column its working set adds to the actor's (on its largest stage)
+    added = {"generate": "rollout_working_bytes"}
     if engine_of(workload).free_cache_engine:
         # vLLM wakes its weights for the sync (sleep level 2 drops them otherwise).
         phase_stages["weight_sync"] = [stage + out["rollout_weights_bytes"]
                                        for stage in phase_stages["weight_sync"]]
-        allocated["weight_sync"] = allocated["weight_sync"] + out["rollout_weights_bytes"]
+        added["weight_sync"] = "rollout_weights_bytes"
     else:
         # Without sleep mode the engine keeps its whole budget through training.
         for phase in TRAINING_PHASES:
             phase_stages[phase] = [stage + out["rollout_budget_bytes"]
                                    for stage in phase_stages[phase]]
-            allocated[phase] = allocated[phase] + out["rollout_budget_bytes"]
+            added[phase] = "rollout_budget_bytes"
     joined = engine_phases(workload)
     # the other phases' largest stage is the actor's own: reduced once per actor evaluation
     worst = {phase: argmax_rows(phase_stages[phase]) if phase in joined else
@@ -1674,16 +1807,18 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     zero = np.zeros_like(phases["update_actor"])
     out["peak_phase"], out["peak_bytes"] = argmax_rows(
         [phases[p] if p in workload.phases else zero for p in PHASES])
-    out["peak_stage"] = pick_rows(out["peak_phase"], [worst[p][0] for p in PHASES])
+    peak = DeferredColumns()
+    peak.defer("peak_stage", partial(pick_rows, out["peak_phase"], [worst[p][0] for p in PHASES]))
+    out.update_from(peak)
     if "generate" not in workload.phases:
         out["rollout_fits"] = np.ones_like(out["rollout_fits"])
     for phase in PHASES:
         out[memory_column(phase)] = phases[phase]
-        out[working_set_column(phase)] = allocated[phase]
-    parts = actor["parts"]
+        out.defer(working_set_column(phase),
+                  partial(_working_set, actor["allocated"], rollout, (phase, added.get(phase))))
     for part in ("weights", "grads", "optimizer", "train_activations", "train_logits",
                  "ref_weights"):
-        out[part_column(part)] = parts.pick(part, out["peak_stage"])
+        out.defer(part_column(part), partial(_peak_part, actor["parts"], peak, part))
     # Host memory: every GPU of a node runs one worker; the busiest stage sets the node.
     host_per_gpu = actor_host_bytes(actor)
     gpus_per_node = min(cluster.gpus_per_node, cluster.num_gpus)
@@ -1692,4 +1827,16 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     out["host_fits"] = out["host_bytes_per_node"] <= cluster.host_memory_per_node_bytes
     out["memory_utilization"] = out["peak_bytes"] / capacity
     out["fits"] = (out["peak_bytes"] <= capacity) & out["rollout_fits"] & out["host_fits"]
-    return out
+    return out if deferred else dict(out)
+
+
+def _working_set(allocated: Mapping, rollout: Mapping, phase_added: tuple) -> np.ndarray:
+    """``phase``'s allocated working set: the actor's on its largest stage (``allocated``)
+    plus the rollout engine's column ``added`` (None: nothing added)."""
+    phase, added = phase_added
+    return allocated[phase] if added is None else allocated[phase] + rollout[added]
+
+
+def _peak_part(parts: ActorParts, peak: Mapping, part: str) -> np.ndarray:
+    """Per row, ``part`` on the row's peak stage (``peak["peak_stage"]``)."""
+    return parts.pick(part, peak["peak_stage"])

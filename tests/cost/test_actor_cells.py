@@ -9,7 +9,7 @@ from conftest import cluster
 
 from planner.catalog.models import resolve_model
 from planner.catalog.workload import GrpoWorkload
-from planner.cost.memory import STAGE_PARTS, actor_memory, estimate_memory
+from planner.cost.memory import STAGE_PARTS, actor_host_bytes, actor_memory, estimate_memory
 from planner.cost.request import PlanRequest
 from planner.phases import PHASES
 from planner.search.space import SearchOptions, build_space
@@ -147,3 +147,65 @@ def test_a_range_of_held_rows_reads_the_cells_an_index_reads(start, stop):
     for phase in by_index["reduced"]:
         for got, want in zip(by_range["reduced"][phase], by_index["reduced"][phase]):
             np.testing.assert_array_equal(got, want)
+
+
+def _arrays(out: dict) -> dict:
+    """Every array of ActorCells._spread's output, by name (the stage parts read per stage)."""
+    arrays = {f"{phase}/{i}": values for phase, stages in out["phases"].items()
+              for i, values in enumerate(stages)}
+    arrays.update({f"allocated/{phase}": v for phase, v in out.get("allocated", {}).items()})
+    for name, kept in out.get("reduced", {}).items():
+        if isinstance(kept, tuple):
+            arrays.update({f"{name}/index": kept[0], f"{name}/values": kept[1]})
+        else:
+            arrays[f"reduced/{name}"] = kept
+    for i, stage in enumerate(out.get("stages", [])):
+        arrays.update({f"{part}/{i}": stage[part] for part in STAGE_PARTS})
+    return arrays
+
+
+@pytest.mark.parametrize("name, world, workload, options", [
+    ("deepseek-v3", 64, GrpoWorkload(), SearchOptions()),
+    ("qwen2.5-7b", 8, GrpoWorkload(use_kl_loss=False), SearchOptions()),  # no reference
+    ("qwen3-30b", 16, GrpoWorkload(), SearchOptions(optimizer_cpu_fraction=(0.0, 0.5, 1.0))),
+    ("qwen3-8b", 8, GrpoWorkload(free_cache_engine=False),
+     SearchOptions()),  # an awake engine joins every phase
+])
+@pytest.mark.parametrize("reduced", [True, False])
+def test_the_sums_per_knob_pattern_are_the_cell_tables_sums(name, world, workload, options,
+                                                            reduced):
+    """ActorCells._spread sums each distinct pattern of kept terms once
+    (planner.cost.knob_sums) and spreads it over the combinations: every array, to the bit
+    (NaN, signed zeros), is the one of the (core row, combination) tables with every term in
+    every cell (_spread_tables), on a range, an unaligned range, scattered rows and the
+    rollout choice's phases alone."""
+    request = PlanRequest(resolve_model(name), cluster(world), workload)
+    cols = build_space(request.model, request.cluster, request.workload, options).columns
+    cells = actor_memory(request, cols, reduced=True, held=True)["cells"]
+    cells.reduced = reduced
+    n = len(cells)
+    scattered = np.sort(np.random.default_rng(2).choice(n, min(n, 3000), replace=False))
+    for rows in (slice(0, n), slice(5, min(n, 40_005)), scattered):
+        for only in (None, ("generate", "weight_sync"), ("generate",)):
+            original = cells._spread
+
+            def tables(*args, original=original):
+                return cells._spread_tables(*args)
+
+            got = _arrays(cells.rows(rows, only))
+            cells._spread = tables
+            try:
+                want_out = cells.rows(rows, only)
+                if only is None and "reduced" in want_out:
+                    # the knob patterns' path keeps the busiest stage's host memory, found
+                    # on the patterns: the tables' is found on the rows when first read
+                    actor_host_bytes(want_out)
+                want = _arrays(want_out)
+            finally:
+                cells._spread = original
+            assert got.keys() == want.keys()
+            for key, values in want.items():
+                values = np.asarray(values)
+                assert np.asarray(got[key]).dtype == values.dtype, key
+                np.testing.assert_array_equal(np.asarray(got[key]).view(np.uint8),
+                                              values.view(np.uint8), err_msg=key)

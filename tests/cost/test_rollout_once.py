@@ -47,3 +47,15 @@ def test_a_nan_resident_size_is_evaluated_row_by_row(rows):
     got = _rollout_memory_once(request, cols, resident, None)
     for name, values in expected.items():
         np.testing.assert_array_equal(got[name], values, err_msg=name)
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_rollout_layouts_past_a_floats_exact_integers_are_coded_by_appearance(rows, fixed):
+    """The rows' (TP, DP, EP, utilization) are coded as one mixed-radix number while it stays
+    below 2**53 (exact as a float); past it (sizes of 2**20 here, on some rows) by first
+    appearance: the same values either way."""
+    cols, resident = rows
+    some = np.arange(len(resident)) % 3 == 0
+    cols = {**cols, **{name: np.where(some, 1 << 20, cols[name])
+                       for name in ("rollout_tp", "rollout_dp", "rollout_ep")}}
+    test_once_per_distinct_combination_is_every_row_evaluated((cols, resident), fixed)
