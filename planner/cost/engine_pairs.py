@@ -67,7 +67,7 @@ def _per_core_kind(cells: ActorCells, joined: tuple[str, ...],
     half the core rows (every row costs as little then), or a phase reads parts
     :data:`ENGINE_PHASE_PARTS` does not name."""
     width, n = len(cells.knobs), len(cells)
-    if (cells._index is not None or width == 0 or n == 0 or n % width
+    if (not cells.in_order or width == 0 or n == 0 or n % width
             or any(phase not in ENGINE_PHASE_PARTS for phase in ("generate", *joined))):
         return None
     cores = n // width

@@ -824,7 +824,7 @@ def _core_rows(cols: Columns, knob: np.ndarray, combinations: int
             knob.reshape(-1, combinations), np.broadcast_to(np.arange(combinations),
                                                              (n // combinations, combinations))):
         # a column of one element read n times (stride 0: a search's constant column) holds
-        # one value throughout, NaN aside; the others are compared block by block
+        # one value throughout, NaN aside; the others' changes are counted (_constant_in_blocks)
         blocks = [np.asarray(cols[name]) for name in core_fields(cols)
                   if not _one_value(np.asarray(cols[name]))]
         if _constant_in_blocks(blocks, combinations):
@@ -1192,9 +1192,10 @@ class ActorCells:
     """The actor's memory of a set of rows held per core row (:func:`_actor_core`'s parts,
     which no knob changes) and knob combination, each row's per-phase and per-stage bytes
     computed for the rows asked (:meth:`rows`): the knob sums of the core rows those rows
-    read, a (combination, core row) table each, spread over the rows.  Rows that list every
-    knob combination of each core row in order (a search's cross product) keep no row
-    indices: a range of them reads a range of core rows."""
+    read, once per distinct knob pattern (:mod:`planner.cost.knob_sums`), spread over the
+    rows.  Rows that list every knob combination of each core row in order (a search's cross
+    product, :attr:`in_order`) keep no row indices: a range of them reads a range of core
+    rows."""
 
     def __init__(self, request: PlanRequest, core_rows: Columns, cells: CellIndex,
                  knobs: list[_Knobs], reduced: bool) -> None:
@@ -1213,6 +1214,12 @@ class ActorCells:
 
     def __len__(self) -> int:
         return self.n
+
+    @property
+    def in_order(self) -> bool:
+        """Whether the rows are every knob combination of each core row in order, one core
+        row after the other (row ``i`` the cell ``i``)."""
+        return self._index is None
 
     def rows(self, rows: np.ndarray | slice, only: tuple[str, ...] | None = None) -> dict:
         """:func:`actor_memory`'s arrays on ``rows`` (a slice or an index of these rows);

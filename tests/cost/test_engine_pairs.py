@@ -14,7 +14,7 @@ from planner.catalog.models import resolve_model
 from planner.catalog.workload import PretrainWorkload
 from planner.cost import engine_pairs as pairs_module
 from planner.cost.engine_pairs import engine_pairs, pairs_of_rows
-from planner.cost.memory import rollout_layout_terms, rollout_memory, rollout_pool
+from planner.cost.memory import actor_memory, rollout_layout_terms, rollout_memory, rollout_pool
 from planner.cost.request import PlanRequest
 from planner.plan import evaluate_actors, rollout_choice
 from planner.policy import MemoryPolicy
@@ -112,3 +112,23 @@ def test_bit_patterns_tell_signed_zeros_apart_and_match_nans():
     first, inverse = distinct_bit_patterns([], 3)
     np.testing.assert_array_equal(first, [0])
     np.testing.assert_array_equal(inverse, [0, 0, 0])
+
+
+def test_rows_out_of_order_take_every_row_and_give_the_same_pairs():
+    """A held evaluation of shuffled rows (not every combination of each core row in order):
+    no pairs per kind (a kind's cells are not a block of rows), every row's, the same pair per
+    row as the rows in order."""
+    model, gpus, workload = JOBS["mla"]
+    request = PlanRequest(resolve_model(model), cluster(gpus), workload)
+    cols = evaluate_actors(request).space.columns
+    order = np.random.default_rng(5).permutation(len(cols["tp"]))
+    shuffled = {name: values[order] if np.ndim(values) else values
+                for name, values in cols.items()}
+    in_order = actor_memory(request, cols, reduced=True, held=True)
+    scattered = actor_memory(request, shuffled, reduced=True, held=True)
+    assert in_order["cells"].in_order and not scattered["cells"].in_order
+    assert pairs_module._per_core_kind(scattered["cells"], ("weight_sync",), 1000) is None
+    resident, beside, inverse = engine_pairs(in_order, ("weight_sync",), 1000)
+    got_resident, got_beside, got_inverse = engine_pairs(scattered, ("weight_sync",), 1000)
+    _same_bits(got_resident[got_inverse], resident[inverse][order])
+    _same_bits(got_beside[got_inverse], beside[inverse][order])
