@@ -35,7 +35,7 @@ from planner.cost.memory import (
     estimate_memory,
     rollout_layout_terms,
     rollout_memory,
-    rollout_pool,
+    rollout_memory_of_terms,
 )
 from planner.cost.request import OfRequest, PlanRequest
 from planner.cost.timing import LayoutRows, StepGroups, generate_s, step_columns, step_time_s
@@ -297,8 +297,8 @@ def rollout_choice(request: PlanRequest, rollouts: Columns, utilization: float |
     chosen = {name: np.ones(n, dtype=np.int64) for name in ROLLOUT_FIELDS}
     chosen["gpu_memory_utilization"] = np.full(n, 0.5)
     # every option against a chunk of resident sizes at once, (option, size) tables: the
-    # options' own terms found once, each a column beside a row of sizes (rollout_pool
-    # broadcasts; chunks keep the cells, and so memory, bounded)
+    # options' own terms found once, each a column beside a row of sizes
+    # (rollout_memory_of_terms broadcasts; chunks keep the cells, and so memory, bounded)
     terms = {name: np.asarray(values)[:, None] if np.ndim(values) else values
              for name, values in rollout_layout_terms(request, rollouts).items()}
     step = max(1, CHOICE_CELLS // max(options, 1))
@@ -306,7 +306,7 @@ def rollout_choice(request: PlanRequest, rollouts: Columns, utilization: float |
         part = resident[None, start:start + step]
         m = part.shape[1]
         fixed_util = None if utilization is None else np.full((options, m), utilization)
-        result = rollout_pool(request, terms, part, fixed_util)
+        result = rollout_memory_of_terms(request, terms, part, fixed_util)
         # where nothing fits, a miss whose rollout weights alone fit under the band's top
         # first (a larger TP / EP), not the first option, which may not hold them at all
         holds = result["rollout_weights_bytes"] <= request.policy.high * capacity

@@ -1593,10 +1593,10 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
     With ``utilization=None`` it is picked (:func:`pick_utilization`): enough KV for the
     replica's whole batch (at most ``max_num_seqs`` running), kept with the resident state
     below the request's memory policy's band top; where that leaves no room for one sequence,
-    as much as fits beside the resident state.  (:func:`rollout_pool` of the rollout layouts'
-    own terms, :func:`rollout_layout_terms`.)
+    as much as fits beside the resident state.  (:func:`rollout_memory_of_terms` of the rollout
+    layouts' own terms, :func:`rollout_layout_terms`.)
     """
-    return rollout_pool(request, rollout_layout_terms(request, cols), resident_bytes,
+    return rollout_memory_of_terms(request, rollout_layout_terms(request, cols), resident_bytes,
                         utilization)
 
 
@@ -1636,8 +1636,8 @@ def rollout_layout_terms(request: PlanRequest, cols: Columns) -> dict:
             "one_seq": (weights + reserve + kv_per_seq * kv_per_token) / capacity}
 
 
-def rollout_pool(request: PlanRequest, terms: Mapping, resident_bytes: np.ndarray,
-                 utilization: np.ndarray | None = None) -> Columns:
+def rollout_memory_of_terms(request: PlanRequest, terms: Mapping, resident_bytes: np.ndarray,
+                            utilization: np.ndarray | None = None) -> Columns:
     """:func:`rollout_memory` from the rollout layouts' ``terms`` (:func:`rollout_layout_terms`)
     beside ``resident_bytes``.  Element by element, so terms of shape ``(layouts, 1)`` beside
     resident bytes of shape ``(1, sizes)`` give every layout beside every size, ``(layouts,

@@ -1,7 +1,8 @@
 """The rollout choice's (resident, beside) pairs and its options' pools, computed the fast way
 (per kind of core row: planner.cost.engine_pairs; every option's own terms once, broadcast
-beside the resident sizes: planner.cost.memory.rollout_pool), are the former computation's
-to the bit: every row's pair over all rows, and rollout_memory of the repeated rows."""
+beside the resident sizes: planner.cost.memory.rollout_memory_of_terms), are the former
+computation's to the bit: every row's pair over all rows, and rollout_memory of the repeated
+rows."""
 
 from dataclasses import replace
 
@@ -14,7 +15,12 @@ from planner.catalog.models import resolve_model
 from planner.catalog.workload import PretrainWorkload
 from planner.cost import engine_pairs as pairs_module
 from planner.cost.engine_pairs import engine_pairs, pairs_of_rows
-from planner.cost.memory import actor_memory, rollout_layout_terms, rollout_memory, rollout_pool
+from planner.cost.memory import (
+    actor_memory,
+    rollout_layout_terms,
+    rollout_memory,
+    rollout_memory_of_terms,
+)
 from planner.cost.request import PlanRequest
 from planner.plan import evaluate_actors, rollout_choice
 from planner.policy import MemoryPolicy
@@ -68,8 +74,9 @@ def test_pairs_per_core_kind_are_those_of_every_row(job, chunk, monkeypatch):
 @pytest.mark.parametrize("policy", [MemoryPolicy(), MemoryPolicy(0.5, 0.6)])
 @pytest.mark.parametrize("job", list(JOBS))
 def test_pools_beside_every_size_are_those_of_the_repeated_rows(job, policy, utilization):
-    """rollout_pool of the options' terms as a column beside a row of resident sizes: each
-    column the one rollout_memory gives the option-major repeated rows (the former choice)."""
+    """rollout_memory_of_terms of the options' terms as a column beside a row of resident
+    sizes: each column the one rollout_memory gives the option-major repeated rows (the former
+    choice)."""
     model, gpus, workload = JOBS[job]
     request = PlanRequest(resolve_model(model), cluster(gpus), workload, policy=policy)
     rollouts = evaluate_actors(request).space.rollouts
@@ -82,7 +89,7 @@ def test_pools_beside_every_size_are_those_of_the_repeated_rows(job, policy, uti
     want = rollout_memory(request, cells, np.tile(resident, options), fixed)
     terms = {name: np.asarray(values)[:, None] if np.ndim(values) else values
              for name, values in rollout_layout_terms(request, rollouts).items()}
-    got = rollout_pool(request, terms, resident[None, :],
+    got = rollout_memory_of_terms(request, terms, resident[None, :],
                        None if utilization is None else np.full((options, m), utilization))
     assert list(got) == list(want)
     for name, values in want.items():
