@@ -153,9 +153,16 @@ class CombinationTables:
         tables of these patterns and width)."""
         self._patterns, self._width, self._flat = patterns, width, flat
 
-    def of(self, family: str, table: np.ndarray) -> np.ndarray:
+    def _positions(self, family: str) -> np.ndarray:
         flat = self._flat.get(family)
         if flat is None:
             flat = self._flat[family] = ((self._patterns.index[family] * self._width)[None, :]
                                          + np.arange(self._width)[:, None])
-        return np.take(table.reshape(-1), flat)
+        return flat
+
+    def of(self, family: str, table: np.ndarray) -> np.ndarray:
+        return np.take(table.reshape(-1), self._positions(family))
+
+    def at(self, family: str, table: np.ndarray, cells: np.ndarray) -> np.ndarray:
+        """:meth:`of`'s values at the flat (core row, combination) cells ``cells`` alone."""
+        return np.take(table.reshape(-1), np.take(self._positions(family).reshape(-1), cells))
