@@ -163,6 +163,8 @@ class CombinationTables:
     def of(self, family: str, table: np.ndarray) -> np.ndarray:
         return np.take(table.reshape(-1), self._positions(family))
 
-    def at(self, family: str, table: np.ndarray, cells: np.ndarray) -> np.ndarray:
-        """:meth:`of`'s values at the flat (core row, combination) cells ``cells`` alone."""
-        return np.take(table.reshape(-1), np.take(self._positions(family).reshape(-1), cells))
+    def positions_at(self, family: str, cells: np.ndarray) -> np.ndarray:
+        """The flat positions in a (pattern, core row) table of the flat (core row,
+        combination) cells ``cells``: ``np.take(table.reshape(-1), positions)`` is :meth:`of`'s
+        values at those cells alone."""
+        return np.take(self._positions(family).reshape(-1), cells)

@@ -1015,8 +1015,10 @@ class _SpreadStages(Sequence):
     def top(self) -> np.ndarray:
         return self._spread(max_rows(self.tables))
 
-    def at(self, index: int, rows: np.ndarray) -> np.ndarray:
-        return self._tables.at(self._family, self.tables[index], self._parts.cell_positions(rows))
+    def at(self, rows: np.ndarray, count: int) -> list[np.ndarray]:
+        """The first ``count`` stages on ``rows`` alone (their cells' positions found once)."""
+        at = self._tables.positions_at(self._family, self._parts.cell_positions(rows))
+        return [np.take(table.reshape(-1), at) for table in self.tables[:count]]
 
 
 def stages_max(stages) -> np.ndarray:
@@ -1024,11 +1026,11 @@ def stages_max(stages) -> np.ndarray:
     return stages.top() if isinstance(stages, _SpreadStages) else max_rows(stages)
 
 
-def _stage_at(stages, index: int, rows: np.ndarray) -> np.ndarray:
-    """Stage ``index`` of ``stages`` on ``rows`` alone."""
+def _stages_at(stages, rows: np.ndarray, count: int) -> list[np.ndarray]:
+    """The first ``count`` stages of ``stages`` on ``rows`` alone."""
     if isinstance(stages, _SpreadStages):
-        return stages.at(index, rows)
-    return np.take(stages[index], rows)
+        return stages.at(rows, count)
+    return [np.take(stages[index], rows) for index in range(count)]
 
 # Core-row columns a layout's batch choices set (what the micro-batches read) and its recompute
 # choices set; the others are its parallel sizes and split, which a search repeats over the
@@ -1269,9 +1271,7 @@ class ActorCells:
         self.n = len(core)
         in_order = np.array_equal(core * len(knobs) + knob, np.arange(self.n))
         self._index = None if in_order else (core, knob)
-        # CombinationTables' positions of the last two widths (a plan's chunks of 131,072 rows
-        # alternate between two core-row widths where the combinations do not divide it)
-        self._positions: dict = {}
+        self._positions: tuple = (None, {})  # CombinationTables' positions of the last width
 
     def __len__(self) -> int:
         return self.n
@@ -1313,11 +1313,9 @@ class ActorCells:
                      for s in c)
         patterns = KnobPatterns(self.knobs, self.needs_ref, zeroes)
         key = (width, zeroes)  # the positions of a chunk's width, kept for the next chunk
-        if key not in self._positions:
-            if len(self._positions) >= 2:
-                del self._positions[next(iter(self._positions))]
-            self._positions[key] = {}
-        tables = CombinationTables(patterns, width, self._positions[key])
+        if self._positions[0] != key:
+            self._positions = (key, {})
+        tables = CombinationTables(patterns, width, self._positions[1])
         parts = ActorParts(index, width, self.knobs, self.needs_ref)
         # every row (an evaluation kept whole) spreads what it keeps at once; a part of the
         # rows (a plan's chunk of a held evaluation) when read
@@ -1860,14 +1858,23 @@ def _joined_largest(stages: list, lift: tuple, top: np.ndarray | None) -> tuple:
     if not exact:
         index, value = argmax_rows([_lifted(stage, lift, slice(None)) for stage in stages])
         return partial(np.take, index), value
-    return partial(_lifted_argmax, stages, lift), _lifted(top, lift, slice(None))
+    largest = _lifted(top, lift, slice(None))
+    return partial(_lifted_argmax, stages, lift, largest), largest
 
 
-def _lifted_argmax(stages: list, lift: tuple, rows: np.ndarray) -> np.ndarray:
-    """:func:`argmax_rows`' index of the lifted ``stages`` on ``rows`` alone (each element
-    the same operations on the same values as on every row)."""
-    return argmax_rows([_lifted(_stage_at(stages, index, rows), lift, rows)
-                        for index in range(len(stages))])[0]
+def _lifted_argmax(stages: list, lift: tuple, largest: np.ndarray, rows: np.ndarray
+                   ) -> np.ndarray:
+    """:func:`argmax_rows`' index of the lifted ``stages`` on ``rows`` alone, ``largest``
+    their largest (:func:`_joined_largest`'s exact bytes, no NaN): the first stage that
+    equals it (the last one left uncomputed: one does).  Each element the same operations
+    on the same values as on every row."""
+    lift = tuple(_term_at(term, rows) for term in lift)  # gathered once for every stage
+    largest = np.take(largest, rows)
+    index = np.full(len(rows), len(stages) - 1, dtype=np.int64)
+    at = _stages_at(stages, rows, len(stages) - 1)
+    for stage in reversed(range(len(stages) - 1)):
+        np.copyto(index, stage, where=_lifted(at[stage], lift, slice(None)) == largest)
+    return index
 
 
 def _peak_stage(peak_phase: np.ndarray, indices: list) -> np.ndarray:
