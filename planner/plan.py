@@ -60,9 +60,11 @@ from planner.ranking import (
     tied_with_best,
 )
 from planner.results import COLOCATED_MODE, ColocatedCandidate, Placement, Staleness
+from planner.search.batches import update_batch_count
 from planner.search.layout import RECOMPUTE, Columns, Layout, RowsAt, distinct
 from planner.search.rules import (
     UNWISE_FLAGS,
+    UPDATE_COUNT,
     PipelineStarvation,
     explain,
     pipeline_starvation,
@@ -509,9 +511,14 @@ def _columns_at(request: PlanRequest, cols: Columns, actor: dict, rows: slice | 
     else:
         layout, rows_actor = RowsAt(cols, rows), actor_rows(actor, rows)
     memory = estimate_memory(request, layout, pick_utilization, rows_actor, deferred=chunk)
+    read = {"peak_fraction": memory["memory_utilization"]}
+    heads = rows_actor["parts"].core_heads() if chunk else None
+    if heads is not None:
+        # the update's micro-batches read core-row fields alone: once per core row
+        read[UPDATE_COUNT] = np.take(update_batch_count(request.workload, RowsAt(layout, heads)),
+                                     rows_actor["parts"].core)
     flags = unwise_flags(request.model, request.cluster, request.workload,
-                         ChainMap({"peak_fraction": memory["memory_utilization"]}, layout),
-                         request.policy)
+                         ChainMap(read, layout), request.policy)
     scored = DeferredColumns() if chunk else dict(memory)
     if chunk:
         scored.update_from(layout)

@@ -153,9 +153,18 @@ class CombinationTables:
         tables of these patterns and width)."""
         self._patterns, self._width, self._flat = patterns, width, flat
 
-    def of(self, family: str, table: np.ndarray) -> np.ndarray:
+    def _positions(self, family: str) -> np.ndarray:
         flat = self._flat.get(family)
         if flat is None:
             flat = self._flat[family] = ((self._patterns.index[family] * self._width)[None, :]
                                          + np.arange(self._width)[:, None])
-        return np.take(table.reshape(-1), flat)
+        return flat
+
+    def of(self, family: str, table: np.ndarray) -> np.ndarray:
+        return np.take(table.reshape(-1), self._positions(family))
+
+    def positions_at(self, family: str, cells: np.ndarray) -> np.ndarray:
+        """The flat positions in a (pattern, core row) table of the flat (core row,
+        combination) cells ``cells``: ``np.take(table.reshape(-1), positions)`` is :meth:`of`'s
+        values at those cells alone."""
+        return np.take(self._positions(family).reshape(-1), cells)

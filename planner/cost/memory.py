@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial, reduce
 
@@ -893,6 +893,25 @@ class ActorParts:
         self._offset = offset
         self._cells = None if offset is not None else cells
 
+    def cell_positions(self, rows: np.ndarray) -> np.ndarray:
+        """The flat (core row, combination) cells of ``rows`` (an index of these rows)."""
+        return rows + self._offset if self._offset is not None else self._cells[rows]
+
+    def core_heads(self) -> np.ndarray | None:
+        """The first row of each core row these rows read, in order (``core`` is each row's
+        position among them), where the rows are the cells in order; else None."""
+        if self._offset is None or not self._knobs:
+            return None
+        start = (self._knobs - self._offset % self._knobs) % self._knobs
+        heads = np.arange(start, len(self.core), self._knobs)
+        return heads if start == 0 or not len(self.core) else np.concatenate(([0], heads))
+
+    @property
+    def cell_period(self) -> int:
+        """The knob combinations per core row where the rows are the cells in order (a
+        search's cross product read in a range), else 0."""
+        return self._knobs if self._offset is not None else 0
+
     def at(self, rows: np.ndarray | slice) -> "ActorParts":
         """These parts on ``rows`` of these rows (an index or a slice), the tables shared."""
         parts = copy.copy(self)
@@ -969,6 +988,49 @@ class _StageView(Mapping):
     def __len__(self) -> int:
         return len(STAGE_PARTS)
 
+
+
+class _SpreadStages(Sequence):
+    """A phase's bytes per stage on a part of the rows (a plan's chunk of a held evaluation),
+    kept as the stages' (pattern, core row) tables (:attr:`tables`) and spread over the rows
+    when read: a stage (``[index]``), their largest (:meth:`top`: the gather of the tables'
+    elementwise maximum, the same values as :func:`max_rows` of the spread stages), or a
+    stage on a few rows (:meth:`at`)."""
+
+    def __init__(self, parts: ActorParts, tables: CombinationTables, family: str) -> None:
+        self._parts, self._tables, self._family = parts, tables, family
+        self.tables: list[np.ndarray] = []
+
+    def _spread(self, table: np.ndarray) -> np.ndarray:
+        return self._parts.rows(self._tables.of(self._family, table))
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[at] for at in range(len(self))[index]]
+        return self._spread(self.tables[index])
+
+    def __len__(self) -> int:
+        return len(self.tables)
+
+    def top(self) -> np.ndarray:
+        return self._spread(max_rows(self.tables))
+
+    def at(self, rows: np.ndarray, count: int) -> list[np.ndarray]:
+        """The first ``count`` stages on ``rows`` alone (their cells' positions found once)."""
+        at = self._tables.positions_at(self._family, self._parts.cell_positions(rows))
+        return [np.take(table.reshape(-1), at) for table in self.tables[:count]]
+
+
+def stages_max(stages) -> np.ndarray:
+    """Per row, the largest of a phase's ``stages`` (:func:`max_rows`)."""
+    return stages.top() if isinstance(stages, _SpreadStages) else max_rows(stages)
+
+
+def _stages_at(stages, rows: np.ndarray, count: int) -> list[np.ndarray]:
+    """The first ``count`` stages of ``stages`` on ``rows`` alone."""
+    if isinstance(stages, _SpreadStages):
+        return stages.at(rows, count)
+    return [np.take(stages[index], rows) for index in range(count)]
 
 # Core-row columns a layout's batch choices set (what the micro-batches read) and its recompute
 # choices set; the others are its parallel sizes and split, which a search repeats over the
@@ -1262,16 +1324,17 @@ class ActorCells:
             self._positions = (key, {})
         tables = CombinationTables(patterns, width, self._positions[1])
         parts = ActorParts(index, width, self.knobs, self.needs_ref)
-        phase_rows = {phase: [] for phase in PHASES
+        # every row (an evaluation kept whole) spreads what it keeps at once; a part of the
+        # rows (a plan's chunk of a held evaluation) when read
+        every_row = len(index.core) == self.n
+        phase_rows = {phase: [] if every_row or only is not None
+                      else _SpreadStages(parts, tables, PHASE_SUMS[phase][0]) for phase in PHASES
                       if phase in (self.joined if only is None else only)}
         wanted = PHASES if only is None else [phase for phase in PHASES if phase in only]
         needed = frozenset([PHASE_SUMS[phase][1] for phase in wanted]
                            + ([] if only is not None else ["host"]))
         largest = {phase: None for phase in PHASES if phase not in self.joined and only is None}
         allocated, host = {}, None
-        # every row (an evaluation kept whole) spreads what it keeps at once; a part of the
-        # rows (a plan's chunk of a held evaluation) when read
-        every_row = len(index.core) == self.n
         consts = SumConstants(CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES,
                               1 + FRAGMENTATION_FRACTION, WEIGHT_SYNC_BUCKET_BYTES,
                               HOST_WORKER_BYTES, self.host_state)
@@ -1292,7 +1355,9 @@ class ActorCells:
                 values = state + term if term is not None else state + consts.fixed
                 if term is not None:
                     values += consts.fixed
-                if phase in phase_rows:
+                if isinstance(phase_rows.get(phase), _SpreadStages):
+                    phase_rows[phase].tables.append(values)
+                elif phase in phase_rows:
                     phase_rows[phase].append(parts.rows(tables.of(family, values)))
                 if only is not None:
                     continue
@@ -1513,7 +1578,7 @@ def engine_phases(workload) -> tuple[str, ...]:
 def actor_resident_bytes(actor: dict) -> np.ndarray:
     """Per row, the actor's bytes resident beside the rollout engine: its generate phase's
     largest stage (kept: :func:`actor_reduction`)."""
-    return actor_reduction(actor, "resident", lambda: max_rows(actor["phases"]["generate"]))
+    return actor_reduction(actor, "resident", lambda: stages_max(actor["phases"]["generate"]))
 
 
 def actor_host_bytes(actor: dict) -> np.ndarray:
@@ -1696,11 +1761,16 @@ def rollout_memory_of_terms(request: PlanRequest, terms: Mapping, resident_bytes
 
 
 def _rollout_memory_once(request: PlanRequest, cols: Columns, resident_bytes: np.ndarray,
-                         utilization: np.ndarray | None) -> Columns:
+                         utilization: np.ndarray | None, period: int = 0) -> Columns:
     """:func:`rollout_memory` evaluated once per distinct (rollout TP, DP, EP, utilization,
     resident bytes) and spread over the rows: it reads nothing else of a row, and a plan's
     rows hold few such combinations (DeepSeek-V3 on 1,024 GPUs: about 6,000 in 1.6 million
-    rows).  The same values, row by row."""
+    rows).  The same values, row by row.  ``period`` (> 0): the rows are (core row, knob
+    combination) cells in order, ``period`` combinations wide, so a row likely repeats the
+    one ``period`` before (the same knobs of the core row before: its layout's next batch or
+    recompute choice, which the resident bytes and the rollout do not read); only the
+    others are hashed (:func:`planner.search.layout.distinct_pair`'s ``period``, the same
+    distinct pairs in the same order)."""
     if np.isnan(resident_bytes).any() or (utilization is not None
                                           and np.isnan(_f(utilization)).any()):
         return rollout_memory(request, cols, resident_bytes, utilization)  # NaN: no hashing
@@ -1720,7 +1790,7 @@ def _rollout_memory_once(request: PlanRequest, cols: Columns, resident_bytes: np
     else:
         _, layout = distinct((tp << 42) + (dp << 21) + ep)  # each below 2**21 GPUs
     code = layout if fraction is None else layout * fractions + fraction
-    first, inverse = distinct_pair(resident_bytes, code)
+    first, inverse = distinct_pair(resident_bytes, code, period)
     few = {name: tp_dp_ep[first] for name, tp_dp_ep in
            zip(("rollout_tp", "rollout_dp", "rollout_ep"), (tp, dp, ep))}
     out = rollout_memory(request, few, _f(resident_bytes)[first],
@@ -1759,6 +1829,71 @@ def pick_rows(index: np.ndarray, arrays) -> np.ndarray:
     return out
 
 
+
+
+def _term_at(term, at):
+    """``term`` at the rows ``at`` (a number: itself)."""
+    return term if np.ndim(term) == 0 else term[at]
+
+
+def _lifted(stage: np.ndarray, lift: tuple, at) -> np.ndarray:
+    """``stage + lift[0] - lift[1] ...`` (each of ``lift`` taken at ``at``, a row index or
+    ``slice(None)``), left to right."""
+    out = stage + _term_at(lift[0], at)
+    for subtracted in lift[1:]:
+        out = out - _term_at(subtracted, at)
+    return out
+
+
+def _joined_largest(stages: list, lift: tuple, top: np.ndarray | None) -> tuple:
+    """(stage index, bytes) of a joined phase's largest stage per row, the engine's ``lift``
+    applied to each stage (:func:`_lifted`: its bytes added, and for the generate phase the
+    actor's resident bytes, ``top``, subtracted): :func:`argmax_rows` of the lifted stages.
+    The index is a function of the rows read (:func:`_peak_stage` reads it on the rows whose
+    peak is this phase alone).  ``top``: ``max_rows(stages)`` when already found.
+
+    The bytes are the lifted largest stage where that is exact: adding a finite number and
+    subtracting the finite largest stage are monotone in a float, so the largest lifted stage
+    is the lifted largest; the added bytes never -0.0, no lifted value is -0.0 (``x + a`` is
+    -0.0 only if both are, ``y - t`` only if ``y`` is -0.0), so equal lifted values have
+    equal bits.  A NaN or an infinity in the largest stage or the added bytes, a -0.0 or a
+    negative added byte count, or a subtracted term other than ``top``: every stage lifted
+    (``argmax_rows``' NaN rule)."""
+    top = stages_max(stages) if top is None else top
+    exact = (all(term is top for term in lift[1:]) and bool(np.isfinite(top).all())
+             and bool(np.isfinite(lift[0]).all()) and not bool(np.signbit(lift[0]).any()))
+    if not exact:
+        index, value = argmax_rows([_lifted(stage, lift, slice(None)) for stage in stages])
+        return partial(np.take, index), value
+    largest = _lifted(top, lift, slice(None))
+    return partial(_lifted_argmax, stages, lift, largest), largest
+
+
+def _lifted_argmax(stages: list, lift: tuple, largest: np.ndarray, rows: np.ndarray
+                   ) -> np.ndarray:
+    """:func:`argmax_rows`' index of the lifted ``stages`` on ``rows`` alone, ``largest``
+    their largest (:func:`_joined_largest`'s exact bytes, no NaN): the first stage that
+    equals it (the last one left uncomputed: one does).  Each element the same operations
+    on the same values as on every row."""
+    lift = tuple(_term_at(term, rows) for term in lift)  # gathered once for every stage
+    largest = np.take(largest, rows)
+    index = np.full(len(rows), len(stages) - 1, dtype=np.int64)
+    at = _stages_at(stages, rows, len(stages) - 1)
+    for stage in reversed(range(len(stages) - 1)):
+        np.copyto(index, stage, where=_lifted(at[stage], lift, slice(None)) == largest)
+    return index
+
+
+def _peak_stage(peak_phase: np.ndarray, indices: list) -> np.ndarray:
+    """Per row, ``indices[peak_phase]``'s stage index at that row (:func:`pick_rows`; each
+    index a function of the rows read: a phase's read on its peak rows alone)."""
+    out = np.zeros(len(peak_phase), dtype=np.int64)
+    for phase, index in enumerate(indices):
+        rows = np.flatnonzero(peak_phase == phase)
+        if len(rows):
+            out[rows] = index(rows)
+    return out
+
 def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool = False,
                     actor: dict | None = None, deferred: bool = False) -> Columns:
     """Memory columns for every layout in ``cols`` (bytes unless named otherwise).
@@ -1782,40 +1917,42 @@ def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool 
     actor = actor or actor_memory(request, cols)
     if "cells" in actor:  # held per cell (a plan's shared evaluation): its arrays for cols
         actor = actor_rows(actor, slice(None))
-    phase_stages = {phase: list(values) for phase, values in actor["phases"].items()}
+    phase_stages = dict(actor["phases"])
     resident = actor_resident_bytes(actor)
     # (the deferred columns' functions read these mappings, never ``out``: no reference cycle
     # keeps a chunk's columns alive after its last read)
     rollout = _rollout_memory_once(request, cols, resident,
-                                   None if pick_utilization else cols["gpu_memory_utilization"])
+                                   None if pick_utilization else cols["gpu_memory_utilization"],
+                                   actor["parts"].cell_period)
     out = DeferredColumns()
     out.update_from(rollout)
-    phase_stages["generate"] = [stage + out["mem_generate_bytes"] - resident
-                                for stage in phase_stages["generate"]]
+    # per joined phase, what the engine adds to each of its stages: ``stage + a[0] - a[1]...``
+    # (the generate phase: the engine's pool beside the actor's resident bytes)
+    lifts = {"generate": (out["mem_generate_bytes"], resident)}
     # per phase, the rollout column its working set adds to the actor's (on its largest stage)
     added = {"generate": "rollout_working_bytes"}
     if engine_of(workload).free_cache_engine:
         # vLLM wakes its weights for the sync (sleep level 2 drops them otherwise).
-        phase_stages["weight_sync"] = [stage + out["rollout_weights_bytes"]
-                                       for stage in phase_stages["weight_sync"]]
+        lifts["weight_sync"] = (out["rollout_weights_bytes"],)
         added["weight_sync"] = "rollout_weights_bytes"
     else:
         # Without sleep mode the engine keeps its whole budget through training.
         for phase in TRAINING_PHASES:
-            phase_stages[phase] = [stage + out["rollout_budget_bytes"]
-                                   for stage in phase_stages[phase]]
+            lifts[phase] = (out["rollout_budget_bytes"],)
             added[phase] = "rollout_budget_bytes"
     joined = engine_phases(workload)
     # the other phases' largest stage is the actor's own: reduced once per actor evaluation
-    worst = {phase: argmax_rows(phase_stages[phase]) if phase in joined else
-             _largest_stage(actor, phase) for phase in PHASES}
+    worst = {phase: _joined_largest(phase_stages[phase], lifts[phase],
+                                    resident if phase == "generate" else None)
+             if phase in joined else _largest_stage(actor, phase) for phase in PHASES}
     phases = {phase: worst[phase][1] for phase in PHASES}
     # The phases the workload runs set the peak (a pretraining step has only the update).
     zero = np.zeros_like(phases["update_actor"])
     out["peak_phase"], out["peak_bytes"] = argmax_rows(
         [phases[p] if p in workload.phases else zero for p in PHASES])
     peak = DeferredColumns()
-    peak.defer("peak_stage", partial(pick_rows, out["peak_phase"], [worst[p][0] for p in PHASES]))
+    peak.defer("peak_stage", partial(_peak_stage, out["peak_phase"], [
+        worst[p][0] if p in joined else partial(np.take, worst[p][0]) for p in PHASES]))
     out.update_from(peak)
     if "generate" not in workload.phases:
         out["rollout_fits"] = np.ones_like(out["rollout_fits"])

@@ -456,6 +456,11 @@ UNWISE_FLAGS = ("tp_across_nodes", "rollout_tp_across_nodes", "expert_tp_across_
 SHORT_SEQUENCE_PER_CP_TOKENS = 2048  # below this per CP rank, CP's ring exchange dominates
 
 
+# a column of :func:`planner.search.batches.update_batch_count`'s values that
+# :func:`unwise_flags` reads when given (its own otherwise)
+UPDATE_COUNT = "update_batch_count"
+
+
 def unwise_flags(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
                  cols: Columns, policy: MemoryPolicy = DEFAULT_POLICY) -> dict[str, np.ndarray]:
     """Legal layouts that are slow for a known reason; the ranking penalises each flag.
@@ -464,13 +469,13 @@ def unwise_flags(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     pool included) above the memory policy's band -- users hold jobs to the band, the model's
     fixed overheads are estimates, and verl's responses vary in length step to step."""
     domain = cluster.fast_domain_gpus
-    m = update_batch_count(workload, cols)
+    # (a plan's chunk: the count found once per core row, UPDATE_COUNT)
+    m = cols[UPDATE_COUNT] if UPDATE_COUNT in cols else update_batch_count(workload, cols)
     return {
         "tp_across_nodes": cols["tp"] > domain,
         "rollout_tp_across_nodes": cols["rollout_tp"] > domain,
         "expert_tp_across_nodes": cols["etp"] > domain,
-        "cp_short_sequences": (cols["cp"] > 1)
-        & (workload.sequence_length // cols["cp"] < SHORT_SEQUENCE_PER_CP_TOKENS),
+        "cp_short_sequences": _short_per_cp(workload.sequence_length, cols["cp"]),
         # fewer micro-batches than stages leaves the 1F1B pipeline mostly idle
         "pipeline_starved": (cols["pp"] > 1) & (m < cols["pp"]),
         # a peak above the band OOMs on a long response or fragmentation
@@ -478,6 +483,16 @@ def unwise_flags(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
         else cols["peak_fraction"] > policy.high + 1e-9,
     }
 
+
+
+def _short_per_cp(sequence_length, cp) -> np.ndarray:
+    """``(cp > 1) & (sequence_length // cp < SHORT_SEQUENCE_PER_CP_TOKENS)``; for integers (cp
+    above 1, so positive: ``s // c < t`` is ``s < t * c`` for an integer ``t``) by a product,
+    not a division per row."""
+    cp = np.asarray(cp)
+    if isinstance(sequence_length, int) and cp.dtype.kind in "iu" and sequence_length >= 0:
+        return (cp > 1) & (cp * SHORT_SEQUENCE_PER_CP_TOKENS > sequence_length)
+    return (cp > 1) & (sequence_length // cp < SHORT_SEQUENCE_PER_CP_TOKENS)
 
 @dataclass(frozen=True)
 class PipelineStarvation:
