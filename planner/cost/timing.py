@@ -872,8 +872,10 @@ class DistinctRows:
         if len(cols["tp"]) < DISTINCT_MIN_ROWS:
             return cls(LayoutRows(cols), None)
         # the distinct rows carry the fields ``names`` alone (and ``tp``, which counts rows):
-        # what the phase reads (tests/cost/test_step_groups.py), not every column of a plan
-        scalars = scalar_columns(cols)
+        # what the phase reads (tests/cost/test_step_groups.py), not every column of a plan;
+        # their 0-d values too, no other column read (a scoring chunk's deferred memory
+        # columns, :class:`planner.cost.deferred.DeferredColumns`, stay deferred)
+        scalars = scalar_columns(cols, frozenset(("tp", *names)))
         few, inverse = unique_rows(_row_fields(cols, ("tp", *names)), names, codes_of)
         return cls(LayoutRows({**scalars, **few}), inverse)
 
