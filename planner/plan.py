@@ -576,6 +576,9 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
             expected_parts += pieces
             if record is not None:
                 _record_chunk(request, out, fitting, pieces, record)
+        # a chunk's columns freed before the next chunk's are computed (its deferred memory
+        # columns hold their inputs until read or freed)
+        del out
     timed = timed_parts[0] if whole else np.concatenate(timed_parts)
     untimed = kept[0] if whole else {**cols, **{name: np.concatenate([part[name] for part in kept])
                                                for name in RANKING_COLUMNS}}
