@@ -1214,6 +1214,13 @@ class ActorCells:
     def __len__(self) -> int:
         return self.n
 
+    @property
+    def in_blocks(self) -> bool:
+        """Whether the rows list every knob combination of each core row in order, one core
+        row after the other (a search's cross product): row ``i`` holds core row ``i //
+        len(knobs)``'s core fields (:func:`core_fields`) and combination ``i % len(knobs)``."""
+        return self._index is None
+
     def rows(self, rows: np.ndarray | slice, only: tuple[str, ...] | None = None) -> dict:
         """:func:`actor_memory`'s arrays on ``rows`` (a slice or an index of these rows);
         ``only``: the per-stage arrays of these phases alone (no working sets, largest
