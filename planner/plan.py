@@ -38,7 +38,14 @@ from planner.cost.memory import (
     rollout_memory_of_terms,
 )
 from planner.cost.request import OfRequest, PlanRequest
-from planner.cost.timing import LayoutRows, StepGroups, generate_s, step_columns, step_time_s
+from planner.cost.timing import (
+    LayoutRows,
+    Runs,
+    StepGroups,
+    generate_s,
+    step_columns,
+    step_time_s,
+)
 from planner.cost.trajectory import (
     expected_over_run,
     node_lengths,
@@ -564,6 +571,10 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
     # policy
     record = ([], []) if head is not None and head.record and request.workload.has_rollout \
         else None
+    # (a GRPO step's head) rows in blocks of each core row's knob combinations: their size
+    cells = actor.get("cells") if head is not None and request.workload.has_rollout else None
+    blocks = (len(cells.knobs) if cells is not None and cells.in_order and cells.knobs
+              and len(cells) == n else None)
     for start in range(0, max(n, 1), size):
         out = _columns_at(request, cols, actor, slice(start, start + size), pick_utilization)
         if memory_names is None:
@@ -578,11 +589,16 @@ def score_rows(request: PlanRequest, cols: Columns, actor: dict | None = None, *
             # step's arrays of a whole chunk would raise the peak); the head is found from it
             fitting = np.flatnonzero(timed)
             piece = max(SCORE_CHUNK_ROWS // 4, 1)
-            pieces = [_expected_s(request, RowsAt(out, fitting[at:at + piece]))
-                      for at in range(0, len(fitting), piece)]
+            pieces = [_expected_s(request, RowsAt(out, rows),
+                                  None if blocks is None else _runs(out, rows, start, blocks))
+                      for at in range(0, len(fitting), piece)
+                      for rows in (fitting[at:at + piece],)]
             expected_parts += pieces
             if record is not None:
                 _record_chunk(request, out, fitting, pieces, record)
+        # a chunk's columns freed before the next chunk's are computed (its deferred memory
+        # columns hold their inputs until read or freed)
+        del out
     timed = timed_parts[0] if whole else np.concatenate(timed_parts)
     untimed = kept[0] if whole else {**cols, **{name: np.concatenate([part[name] for part in kept])
                                                for name in RANKING_COLUMNS}}
@@ -672,17 +688,27 @@ def _rows_timed_at(request: PlanRequest, untimed: Columns, memory_names: list[st
                       _column_names(cols_names, memory_names, time_names), rest)
 
 
-def _expected_s(request: PlanRequest, subset: Mapping) -> np.ndarray:
+def _expected_s(request: PlanRequest, subset: Mapping, runs: Runs | None = None
+                ) -> np.ndarray:
     """The run's expected step time of the rows ``subset`` alone (``step_time_s`` of
     :func:`_step_over_run`, the same sum of the same values; a length that does not move: its
-    one point's), the groups found once for every point and the step time alone computed at
-    each (:func:`planner.cost.timing.step_time_s`, whose operations are those of
+    one point's), the groups found once for every point (``runs``: the rows' runs of one core
+    row, :class:`planner.cost.timing.Runs`) and the step time alone computed at each
+    (:func:`planner.cost.timing.step_time_s`, whose operations are those of
     :func:`planner.cost.timing.step_columns`: the same number to the bit)."""
-    groups = StepGroups.of(subset, subset) if request.workload.has_rollout else None
+    groups = StepGroups.of(subset, subset, runs) if request.workload.has_rollout else None
     if not request.workload.moving_lengths:  # one point: its step time
         return step_time_s(request, subset, subset, groups)
     return expected_over_run([step_time_s(request_at(request, point), subset, subset, groups)
                               for point in node_lengths(request.workload.lengths)])
+
+
+def _runs(chunk: Mapping, rows: np.ndarray, start: int, knobs: int) -> Runs:
+    """The :class:`planner.cost.timing.Runs` of the rows ``rows`` (in order) of ``chunk``, the
+    rows from ``start`` on of rows in blocks of ``knobs`` combinations of each core row."""
+    core = (rows + start) // knobs
+    starts = np.flatnonzero(np.concatenate(([True], core[1:] != core[:-1])))
+    return Runs(RowsAt(chunk, np.take(rows, starts)), np.diff(np.append(starts, len(rows))))
 
 
 def _step_over_run(request: PlanRequest, subset: Mapping) -> Columns:

@@ -1279,8 +1279,9 @@ class ActorCells:
 
     @property
     def in_order(self) -> bool:
-        """Whether the rows are every knob combination of each core row in order, one core
-        row after the other (row ``i`` the cell ``i``)."""
+        """Whether the rows list every knob combination of each core row in order, one core
+        row after the other (a search's cross product): row ``i`` holds core row ``i //
+        len(knobs)``'s core fields (:func:`core_fields`) and combination ``i % len(knobs)``."""
         return self._index is None
 
     def rows(self, rows: np.ndarray | slice, only: tuple[str, ...] | None = None) -> dict:

@@ -872,8 +872,10 @@ class DistinctRows:
         if len(cols["tp"]) < DISTINCT_MIN_ROWS:
             return cls(LayoutRows(cols), None)
         # the distinct rows carry the fields ``names`` alone (and ``tp``, which counts rows):
-        # what the phase reads (tests/cost/test_step_groups.py), not every column of a plan
-        scalars = scalar_columns(cols)
+        # what the phase reads (tests/cost/test_step_groups.py), not every column of a plan;
+        # their 0-d values too, no other column read (a scoring chunk's deferred memory
+        # columns, :class:`planner.cost.deferred.DeferredColumns`, stay deferred)
+        scalars = scalar_columns(cols, frozenset(("tp", *names)))
         few, inverse = unique_rows(_row_fields(cols, ("tp", *names)), names, codes_of)
         return cls(LayoutRows({**scalars, **few}), inverse)
 
@@ -916,17 +918,24 @@ class StepGroups:
         return kept[1]
 
     @classmethod
-    def of(cls, cols: Columns, memory: Columns) -> "StepGroups":
+    def of(cls, cols: Columns, memory: Columns, runs: "Runs | None" = None) -> "StepGroups":
+        """``runs``: the rows come in :class:`Runs` (coded per run, the same groups)."""
         # (``tp`` only counts the rows: generate_s does not read it)
         rollout = {"tp": cols["tp"], **{name: cols[name] for name in GENERATE_FIELDS[:3]},
                    **{name: memory[name] for name in GENERATE_FIELDS[3:] if name in memory}}
         # the two training passes share most fields: each field coded once for both, and
         # the rows over their shared fields coded once (each pass then codes its own few)
         codes_of: dict = {}
-        shared = (share_rows(_row_fields(cols, ("tp", *SHARED_FIELDS)), SHARED_FIELDS, codes_of)
-                  if len(cols["tp"]) >= DISTINCT_MIN_ROWS else 0)
-        log_prob = DistinctRows.of(cols, LOG_PROB_FIELDS, codes_of)
-        update = DistinctRows.of(cols, UPDATE_FIELDS, codes_of)
+        if runs is not None and len(cols["tp"]) >= DISTINCT_MIN_ROWS:
+            shared = share_rows(_row_fields(runs.first, ("tp", *SHARED_FIELDS)), SHARED_FIELDS,
+                                codes_of)
+            log_prob, update = (runs.distinct(cols, names, codes_of)
+                                for names in (LOG_PROB_FIELDS, UPDATE_FIELDS))
+        else:
+            shared = (share_rows(_row_fields(cols, ("tp", *SHARED_FIELDS)), SHARED_FIELDS,
+                                 codes_of) if len(cols["tp"]) >= DISTINCT_MIN_ROWS else 0)
+            log_prob = DistinctRows.of(cols, LOG_PROB_FIELDS, codes_of)
+            update = DistinctRows.of(cols, UPDATE_FIELDS, codes_of)
         if update.inverse is not None and len(log_prob.rows["tp"]) == shared:
             # the log-prob rows are the rows over the shared fields (its own fields hold one
             # value each): the update times what reads those alone on them
@@ -935,6 +944,39 @@ class StepGroups:
             at[update.inverse] = log_prob.inverse
             update.rows.coarse = (log_prob.rows, at)
         return cls(log_prob, update, DistinctRows.of(rollout, GENERATE_FIELDS))
+
+
+KNOB_FIELD = "optimizer_cpu_fraction"  # the one knob the training passes read
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Rows in runs of one core row each: a search's knob combinations of a core row, of an
+    actor evaluation whose rows list every combination of each core row in order
+    (:attr:`planner.cost.memory.ActorCells.in_order`), so every field the training passes
+    read but :data:`KNOB_FIELD` holds one value in a run.  ``first``: the columns at each
+    run's first row; ``lengths``: the runs' rows.  A run's first row is the first appearance
+    of its fields, so the rows coded per run (:meth:`distinct`) are the rows' distinct rows,
+    in the same order, with the same codes."""
+
+    first: Columns
+    lengths: np.ndarray
+
+    def distinct(self, cols: Columns, names: tuple[str, ...], codes_of: dict) -> DistinctRows:
+        """:meth:`DistinctRows.of` of ``cols`` (these runs' rows) over ``names``
+        (``codes_of``: the runs' codes, kept across calls)."""
+        core = tuple(name for name in names if name != KNOB_FIELD)
+        few, inverse = unique_rows(_row_fields(self.first, ("tp", *core)), core, codes_of)
+        inverse = np.repeat(inverse, self.lengths)
+        knob = _row_fields(cols, (KNOB_FIELD,)).get(KNOB_FIELD) if KNOB_FIELD in names else None
+        if knob is not None:  # (each row) its run's group with its own knob value
+            values, code = distinct(knob)
+            rows, inverse = distinct(inverse * len(values) + code)
+            run = np.take(np.repeat(np.arange(len(self.lengths)), self.lengths), rows)
+            few = {name: np.take(knob, rows) if name == KNOB_FIELD else np.take(column, run)
+                   for name, column in _row_fields(self.first, ("tp", *names)).items()}
+        scalars = scalar_columns(cols, frozenset(("tp", *names)))
+        return DistinctRows(LayoutRows({**scalars, **few}), inverse)
 
 
 def _row_fields(cols: Columns, names: tuple[str, ...]) -> dict:

@@ -13,7 +13,7 @@ so a single layout and a search space of millions go through the same code.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import numpy as np
 
@@ -255,10 +255,15 @@ class RowsAt(Mapping):
                       {name: self._taken[name][index] for name in self._given})
 
 
-def scalar_columns(cols: Mapping) -> dict:
-    """The 0-d values of ``cols`` (a :class:`RowsAt`'s, without gathering its columns)."""
+def scalar_columns(cols: Mapping, names: Collection[str] | None = None) -> dict:
+    """The 0-d values of ``cols`` (a :class:`RowsAt`'s, without gathering its columns), in its
+    order; ``names``: of those columns alone (no other column read: a
+    :class:`planner.cost.deferred.DeferredColumns`' deferred ones stay deferred)."""
     source = cols._columns if isinstance(cols, RowsAt) else cols  # a 0-d value is not gathered
-    return {name: values for name, values in source.items() if np.ndim(values) == 0}
+    if names is None:
+        return {name: values for name, values in source.items() if np.ndim(values) == 0}
+    return {name: source[name] for name in source
+            if name in names and np.ndim(source[name]) == 0}
 
 
 def unique_rows(cols: Columns, names: tuple[str, ...],

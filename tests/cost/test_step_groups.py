@@ -181,3 +181,45 @@ def test_the_point_free_key_is_every_compared_field_but_the_mean_length():
     assert _apart_from_mean_length(replace(request, policy=FILL_POLICY)) != key
     assert _apart_from_mean_length(replace(request, workload=replace(
         SMALL, rollout_n=8))) != key
+
+
+def test_the_groups_of_a_scoring_chunk_read_only_their_fields(case):
+    """A plan's piece of a scoring chunk (a :class:`planner.search.layout.RowsAt` of a
+    :class:`planner.cost.deferred.DeferredColumns` whose memory columns are computed when
+    read): its groups read the fields the phases read alone -- every other deferred column
+    stays deferred -- and are those of the plain columns (the scalars among the fields
+    kept), so the step time is the same to the bit."""
+    from planner.cost.deferred import DeferredColumns
+    from planner.search.layout import RowsAt
+
+    request, rows = case
+    fields = {"tp", *LOG_PROB_FIELDS, *UPDATE_FIELDS, *GENERATE_FIELDS}
+    chunk, computed = DeferredColumns(), []
+    for name, values in rows.items():
+        if name in fields or np.ndim(values) == 0:
+            chunk[name] = values
+        else:
+            chunk.defer(name, lambda name=name, values=values: computed.append(name) or values)
+    chunk["unread_scalar"] = np.float64(2.0)
+    # a field of one value as a 0-d column: kept on the distinct rows
+    chunk["log_prob_micro_batch"] = np.int64(np.asarray(rows["log_prob_micro_batch"])[0])
+    plain = {**rows, "log_prob_micro_batch": chunk["log_prob_micro_batch"]}
+    index = np.arange(0, len(rows["tp"]), 2)
+    subset = RowsAt(chunk, index)
+    groups = StepGroups.of(subset, subset)
+    assert computed == []
+    assert "unread_scalar" not in groups.log_prob.rows
+    assert groups.log_prob.rows["log_prob_micro_batch"] == chunk["log_prob_micro_batch"]
+    taken = {name: values if np.ndim(values) == 0 else np.asarray(values)[index]
+             for name, values in plain.items()}
+    theirs = StepGroups.of(taken, taken)
+    for mine, their in ((groups.log_prob, theirs.log_prob), (groups.update, theirs.update)):
+        for name in mine.rows:
+            np.testing.assert_array_equal(mine.rows[name], their.rows[name], err_msg=name)
+        np.testing.assert_array_equal(mine.inverse, their.inverse)
+    steps = [step_time_s(request, subset, subset, groups)]
+    # what the offload trips read
+    assert set(computed) <= {"weights_bytes", "optimizer_bytes", "param_offload",
+                             "optimizer_offload", "ref_param_offload"}
+    steps.append(step_time_s(request, taken, taken, None))
+    np.testing.assert_array_equal(*steps)

@@ -46,3 +46,15 @@ def test_a_step_timed_on_rows_at_reads_few_columns_and_times_the_same():
     for name in expected:
         np.testing.assert_array_equal(timed[name], expected[name], err_msg=name)
     assert len(lazy._taken) < len(out) / 2  # the step reads a few of the columns
+
+
+def test_scalar_columns_of_some_names_read_no_other_column():
+    from planner.cost.deferred import DeferredColumns
+
+    columns = DeferredColumns()
+    columns["a"], columns["k"], columns["j"] = np.arange(4), np.float64(3.0), np.int64(2)
+    columns.defer("later", lambda: (_ for _ in ()).throw(AssertionError("read")))
+    rows = RowsAt(columns, np.array([3, 0]))
+    assert scalar_columns(rows, {"j", "k", "a"}) == {"k": 3.0, "j": 2}  # in the columns' order
+    assert list(scalar_columns(rows, {"j", "k"})) == ["k", "j"]
+    assert scalar_columns(columns, {"a", "missing"}) == {} and rows._taken == {}
