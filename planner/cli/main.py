@@ -15,6 +15,7 @@ from typing import Iterator, Sequence
 from planner.cli import notes
 from planner.cli.args import SUBCOMMANDS, build_parser, trailing_inputs
 from planner.cli.codes import ExitCode
+from planner.cli.heap import keep_freed_heap
 from planner.errors import InvalidLayoutError, NoFitError, PlanInputError
 from planner.extras import missing_extra
 
@@ -115,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             build_parser().print_help()
             return ExitCode.USAGE
         module, name = HANDLERS[args.command]
+        if args.command in ONE_BLAS_THREAD:
+            keep_freed_heap()  # a planning command's chunks reuse the heap (planner.cli.heap)
         try:
             with _blas_threads(args.command in ONE_BLAS_THREAD):
                 if hasattr(args, "mode") and args.mode is None:  # no --mode: the baseline
