@@ -487,11 +487,12 @@ def unwise_flags(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
 
 def _short_per_cp(sequence_length, cp) -> np.ndarray:
     """``(cp > 1) & (sequence_length // cp < SHORT_SEQUENCE_PER_CP_TOKENS)``; for integers (cp
-    above 1, so positive: ``s // c < t`` is ``s < t * c`` for an integer ``t``) by a product,
-    not a division per row."""
+    above 1, so positive: ``s // c < t`` is ``s < t * c``, which for an integer ``c`` is
+    ``s // t < c``) by one division of the length, not a division per row (nor a product per
+    row, which wraps in a narrow or large ``cp``: int16 from 16 on)."""
     cp = np.asarray(cp)
     if isinstance(sequence_length, int) and cp.dtype.kind in "iu" and sequence_length >= 0:
-        return (cp > 1) & (cp * SHORT_SEQUENCE_PER_CP_TOKENS > sequence_length)
+        return (cp > 1) & (cp > sequence_length // SHORT_SEQUENCE_PER_CP_TOKENS)
     return (cp > 1) & (sequence_length // cp < SHORT_SEQUENCE_PER_CP_TOKENS)
 
 @dataclass(frozen=True)

@@ -220,3 +220,16 @@ def test_short_sequences_per_cp_by_a_product():
         for length in (0, 1, 2047, 2048, 4096, 4097, 65536, 131071, 131072, 131073, 4096.0):
             expected = (cp > 1) & (length // cp < SHORT_SEQUENCE_PER_CP_TOKENS)
             assert _short_per_cp(length, cp).tolist() == expected.tolist()
+
+
+def test_short_sequences_per_cp_no_overflow_in_narrow_or_large_cp():
+    """The product ``cp * 2048`` wraps in a narrow integer column (int16 from 16 on, int32
+    from 2**20, int64 from 2**52): the flag must still be the division's."""
+    from planner.search.rules import _short_per_cp
+
+    for dtype, values in ((np.int16, (2, 15, 16, 17, 32767)), (np.int32, (2, 2**20, 2**31 - 1)),
+                          (np.int64, (2, 2**52, 2**62)), (np.uint64, (2, 2**63))):
+        cp = np.array(values, dtype=dtype)
+        for length in (0, 4095, 4096, 30000, 32767):
+            expected = (cp > 1) & (length // cp < 2048)
+            assert _short_per_cp(length, cp).tolist() == expected.tolist(), (dtype, length)
