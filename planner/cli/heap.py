@@ -4,15 +4,16 @@ A plan scores its layouts in chunks of some hundred thousand rows, each chunk al
 freeing hundreds of arrays of about 1 MB.  glibc's malloc hands such blocks to the kernel and
 takes them back (its trim threshold starts at 128 KiB, and a block above the mmap threshold is
 its own mapping), so every chunk's fresh arrays fault their pages in again: on DeepSeek-V3 x
-1024 about 89 K minor faults and 0.17-0.19 s of system time of a ~0.85 s command.  Raising the
+1024 about 91 K minor faults and 0.15-0.30 s of system time of a ~0.85 s command.  Raising the
 two thresholds (mallopt(3): ``M_TRIM_THRESHOLD``, ``M_MMAP_THRESHOLD``) keeps the freed blocks
-in the heap for the next chunk: 66 K faults, 0.11-0.12 s of system time, the same peak
-resident set (the peak is the largest live heap either way), the same answers (only where
-memory comes from changes).  Measured with ``/usr/bin/time`` in docs/development.md (stop 36).
+in the heap for the next chunk: 65 K faults, 0.11-0.22 s of system time, a lower peak resident
+set (519 -> 501 MB: blocks reused, not mapped anew), the same answers (only where memory comes
+from changes).  Measured with ``/usr/bin/time`` (docs/development.md, stop 36).
 
-Only the CLI's planning commands set it, in their own short-lived process: a program that
-imports the planner keeps its allocator as it is, and a user's own ``MALLOC_*`` or
-``GLIBC_TUNABLES`` setting is left alone.
+Only the CLI's planning commands set it (:func:`planner.cli.main.main`), for the rest of their
+process, and never undo it: a program that imports the planner keeps its allocator as it is
+(one that calls ``main()`` in its own process keeps the raised thresholds after it), and a
+user's own ``MALLOC_*`` or ``GLIBC_TUNABLES`` setting is left alone.
 """
 
 from __future__ import annotations
