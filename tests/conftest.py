@@ -33,6 +33,28 @@ SMALL_GRPO = GrpoWorkload(train_batch_size=64, rollout_n=4, mini_batch_size=16)
 MOVING_GRPO = replace(SMALL_GRPO, lengths=ResponseLengths(400.0, 900.0,
                                                           SMALL_GRPO.response_length))
 
+# the timing memo tests' jobs (tests/cost/test_layout_terms.py, test_shared_rows.py): dense, MoE,
+# MLA with MTP (on 64 GPUs), Gated DeltaNet
+TIMED_MODELS = ["qwen3-8b", "qwen3-30b", "deepseek-v3", "Qwen3-Next-80B-A3B"]
+
+
+def timed_rows(name: str) -> tuple[PlanRequest, dict]:
+    """:data:`SMALL_GRPO` of model ``name`` on H100s (16, DeepSeek-V3 64): every layout with
+    its chosen rollout and memory columns, and the request with a mean response length that
+    moves 300 -> 900 tokens over the run (timed at three points)."""
+    from planner.cost.memory import estimate_memory
+    from planner.plan import choose_rollout, evaluate_actors
+
+    plan = PlanRequest(resolve_model(name), cluster(64 if name == "deepseek-v3" else 16),
+                       SMALL_GRPO)
+    actors = evaluate_actors(plan)
+    cols, actor = choose_rollout(plan, actors.space.columns, actors.space.rollouts, None,
+                                 actors.memory)
+    memory = estimate_memory(plan, cols, pick_utilization=True, actor=actor)
+    moving = replace(plan, workload=replace(
+        plan.workload, lengths=ResponseLengths(300.0, 900.0, plan.workload.response_length)))
+    return moving, {**cols, **memory}
+
 
 # Tests that need an optional extra are marked ``@pytest.mark.needs("verl")`` (or a module's
 # ``pytestmark``); without the extra's packages they are skipped with the reason, and the full

@@ -9,12 +9,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import TIMED_MODELS, timed_rows
 
 from planner.catalog.hardware import ClusterSpec, get_gpu
-from planner.catalog.lengths import ResponseLengths
-from planner.catalog.models import resolve_model
-from planner.catalog.workload import GrpoWorkload
-from planner.cost.memory import estimate_memory
 from planner.cost.request import PlanRequest
 from planner.cost.timing import (
     LayoutRows,
@@ -23,28 +20,11 @@ from planner.cost.timing import (
     update_phase_s,
 )
 from planner.cost.trajectory import node_lengths, request_at
-from planner.plan import choose_rollout, evaluate_actors
-
-SMALL = GrpoWorkload(train_batch_size=64, rollout_n=4, mini_batch_size=16)
-CASES = ["qwen3-8b", "qwen3-30b", "deepseek-v3", "Qwen3-Next-80B-A3B"]
-GPUS = {"deepseek-v3": 64}
 
 
-def moving(request: PlanRequest) -> PlanRequest:
-    return replace(request, workload=replace(request.workload, lengths=ResponseLengths(
-        300.0, 900.0, request.workload.response_length)))
-
-
-@pytest.fixture(scope="module", params=CASES)
+@pytest.fixture(scope="module", params=TIMED_MODELS)
 def case(request):
-    name = request.param
-    plan = PlanRequest(resolve_model(name),
-                       ClusterSpec(get_gpu("h100"), GPUS.get(name, 16), 8), SMALL)
-    actors = evaluate_actors(plan)
-    cols, actor = choose_rollout(plan, actors.space.columns, actors.space.rollouts, None,
-                                 actors.memory)
-    memory = estimate_memory(plan, cols, pick_utilization=True, actor=actor)
-    return moving(plan), {**cols, **memory}
+    return timed_rows(request.param)
 
 
 def phases(request: PlanRequest, rows) -> dict:

@@ -4,17 +4,10 @@ rows (what reads those fields alone) the same, to the bit, at every point of a m
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
+from conftest import TIMED_MODELS, timed_rows
 
-from planner.catalog.hardware import ClusterSpec, get_gpu
-from planner.catalog.lengths import ResponseLengths
-from planner.catalog.models import resolve_model
-from planner.catalog.workload import GrpoWorkload
-from planner.cost.memory import estimate_memory
-from planner.cost.request import PlanRequest
 from planner.cost.timing import (
     LOG_PROB_FIELDS,
     UPDATE_FIELDS,
@@ -26,13 +19,7 @@ from planner.cost.timing import (
     update_phase_s,
 )
 from planner.cost.trajectory import node_lengths, request_at
-from planner.plan import choose_rollout, evaluate_actors
 from planner.search.layout import RowsAt, rows_column, share_rows, unique_rows
-
-SMALL = GrpoWorkload(train_batch_size=64, rollout_n=4, mini_batch_size=16)
-# dense, MoE, MLA with MTP, Gated DeltaNet
-CASES = ["qwen3-8b", "qwen3-30b", "deepseek-v3", "Qwen3-Next-80B-A3B"]
-GPUS = {"deepseek-v3": 64}
 
 
 def same_bits(mine, theirs) -> bool:
@@ -44,18 +31,9 @@ def same_bits(mine, theirs) -> bool:
     return np.array_equal(mine, theirs)
 
 
-@pytest.fixture(scope="module", params=CASES)
+@pytest.fixture(scope="module", params=TIMED_MODELS)
 def case(request):
-    name = request.param
-    plan = PlanRequest(resolve_model(name), ClusterSpec(get_gpu("h100"), GPUS.get(name, 16), 8),
-                       SMALL)
-    actors = evaluate_actors(plan)
-    cols, actor = choose_rollout(plan, actors.space.columns, actors.space.rollouts, None,
-                                 actors.memory)
-    memory = estimate_memory(plan, cols, pick_utilization=True, actor=actor)
-    moving = replace(plan, workload=replace(
-        plan.workload, lengths=ResponseLengths(300.0, 900.0, plan.workload.response_length)))
-    return moving, {**cols, **memory}
+    return timed_rows(request.param)
 
 
 def test_the_groups_are_those_of_each_pass_coding_every_field(case):
