@@ -989,7 +989,6 @@ class _StageView(Mapping):
         return len(STAGE_PARTS)
 
 
-
 class _SpreadStages(Sequence):
     """A phase's bytes per stage on a part of the rows (a plan's chunk of a held evaluation),
     kept as the stages' (pattern, core row) tables (:attr:`tables`) and spread over the rows
@@ -1031,6 +1030,7 @@ def _stages_at(stages, rows: np.ndarray, count: int) -> list[np.ndarray]:
     if isinstance(stages, _SpreadStages):
         return stages.at(rows, count)
     return [np.take(stages[index], rows) for index in range(count)]
+
 
 # Core-row columns a layout's batch choices set (what the micro-batches read) and its recompute
 # choices set; the others are its parallel sizes and split, which a search repeats over the
@@ -1663,7 +1663,7 @@ def rollout_memory(request: PlanRequest, cols: Columns, resident_bytes: np.ndarr
     layouts' own terms, :func:`rollout_layout_terms`.)
     """
     return rollout_memory_of_terms(request, rollout_layout_terms(request, cols), resident_bytes,
-                        utilization)
+                                   utilization)
 
 
 def rollout_layout_terms(request: PlanRequest, cols: Columns) -> dict:
@@ -1830,8 +1830,6 @@ def pick_rows(index: np.ndarray, arrays) -> np.ndarray:
     return out
 
 
-
-
 def _term_at(term, at):
     """``term`` at the rows ``at`` (a number: itself)."""
     return term if np.ndim(term) == 0 else term[at]
@@ -1894,6 +1892,7 @@ def _peak_stage(peak_phase: np.ndarray, indices: list) -> np.ndarray:
         if len(rows):
             out[rows] = index(rows)
     return out
+
 
 def estimate_memory(request: PlanRequest, cols: Columns, pick_utilization: bool = False,
                     actor: dict | None = None, deferred: bool = False) -> Columns:

@@ -212,7 +212,7 @@ def test_a_lifted_largest_stage_keeps_argmax_rows_rules():
         assert picked.dtype == np.int64 and picked.tolist() == index.tolist()
 
 
-def test_short_sequences_per_cp_by_a_product():
+def test_short_sequences_per_cp_by_one_division_of_the_length():
     from planner.search.rules import SHORT_SEQUENCE_PER_CP_TOKENS, _short_per_cp
 
     cp = np.arange(0, 70)

@@ -89,8 +89,9 @@ def test_pools_beside_every_size_are_those_of_the_repeated_rows(job, policy, uti
     want = rollout_memory(request, cells, np.tile(resident, options), fixed)
     terms = {name: np.asarray(values)[:, None] if np.ndim(values) else values
              for name, values in rollout_layout_terms(request, rollouts).items()}
-    got = rollout_memory_of_terms(request, terms, resident[None, :],
-                       None if utilization is None else np.full((options, m), utilization))
+    got = rollout_memory_of_terms(
+        request, terms, resident[None, :],
+        None if utilization is None else np.full((options, m), utilization))
     assert list(got) == list(want)
     for name, values in want.items():
         _same_bits(np.broadcast_to(got[name], (options, m)).reshape(-1), np.asarray(values))
