@@ -1821,15 +1821,6 @@ def max_rows(arrays) -> np.ndarray:
     return reduce(np.maximum, arrays[1:], np.asarray(arrays[0]))
 
 
-def pick_rows(index: np.ndarray, arrays) -> np.ndarray:
-    """Per row ``i``, ``arrays[index[i]][i]``: ``np.choose(index, arrays)`` without stacking
-    the arrays into one first."""
-    out = np.array(arrays[0], dtype=np.result_type(*arrays))
-    for i, values in enumerate(arrays[1:], start=1):
-        np.copyto(out, values, where=index == i)
-    return out
-
-
 def _term_at(term, at):
     """``term`` at the rows ``at`` (a number: itself)."""
     return term if np.ndim(term) == 0 else term[at]
@@ -1884,8 +1875,9 @@ def _lifted_argmax(stages: list, lift: tuple, largest: np.ndarray, rows: np.ndar
 
 
 def _peak_stage(peak_phase: np.ndarray, indices: list) -> np.ndarray:
-    """Per row, ``indices[peak_phase]``'s stage index at that row (:func:`pick_rows`; each
-    index a function of the rows read: a phase's read on its peak rows alone)."""
+    """Per row, ``indices[peak_phase]``'s stage index at that row (``np.choose`` of the
+    phases' indices; each index a function of the rows read: a phase's read on its peak rows
+    alone)."""
     out = np.zeros(len(peak_phase), dtype=np.int64)
     for phase, index in enumerate(indices):
         rows = np.flatnonzero(peak_phase == phase)

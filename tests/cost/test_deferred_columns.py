@@ -133,7 +133,6 @@ def _former_peak(request, actor: dict, out) -> dict:
         engine_of,
         engine_phases,
         max_rows,
-        pick_rows,
     )
     from planner.phases import PHASES, TRAINING_PHASES
 
@@ -156,7 +155,7 @@ def _former_peak(request, actor: dict, out) -> dict:
                                           for p in PHASES])
     former = {memory_column(phase): worst[phase][1] for phase in PHASES}
     former.update(peak_phase=peak_phase, peak_bytes=peak_bytes, resident=resident,
-                  peak_stage=pick_rows(peak_phase, [worst[p][0] for p in PHASES]))
+                  peak_stage=np.choose(peak_phase, [worst[p][0] for p in PHASES]))
     return former
 
 

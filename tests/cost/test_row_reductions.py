@@ -4,7 +4,7 @@ ones, value for value and dtype for dtype (NaN, ties and mixed dtypes included).
 import numpy as np
 import pytest
 
-from planner.cost.memory import argmax_rows, max_rows, pick_rows
+from planner.cost.memory import argmax_rows, max_rows
 
 
 @pytest.fixture
@@ -37,11 +37,3 @@ def test_argmax_rows_takes_the_first_largest_and_never_a_nan(stages):
     assert index.dtype == np.int64 and best.dtype == np.float64
     for values, kept in zip(stages, before):  # the inputs are left as they were
         np.testing.assert_array_equal(values, kept)
-
-
-def test_pick_rows_is_numpys_choose(stages):
-    index, _ = argmax_rows(stages)
-    expected = np.choose(index, stages)
-    got = pick_rows(index, stages)
-    assert got.dtype == expected.dtype
-    np.testing.assert_array_equal(got, expected)
