@@ -926,14 +926,15 @@ class StepGroups:
         # the two training passes share most fields: each field coded once for both, and
         # the rows over their shared fields coded once (each pass then codes its own few)
         codes_of: dict = {}
-        if runs is not None and len(cols["tp"]) >= DISTINCT_MIN_ROWS:
-            shared = share_rows(_row_fields(runs.first, ("tp", *SHARED_FIELDS)), SHARED_FIELDS,
-                                codes_of)
+        coded = len(cols["tp"]) >= DISTINCT_MIN_ROWS
+        runs = runs if coded else None
+        shared = (share_rows(_row_fields(cols if runs is None else runs.first,
+                                         ("tp", *SHARED_FIELDS)), SHARED_FIELDS, codes_of)
+                  if coded else 0)
+        if runs is not None:
             log_prob, update = (runs.distinct(cols, names, codes_of)
                                 for names in (LOG_PROB_FIELDS, UPDATE_FIELDS))
         else:
-            shared = (share_rows(_row_fields(cols, ("tp", *SHARED_FIELDS)), SHARED_FIELDS,
-                                 codes_of) if len(cols["tp"]) >= DISTINCT_MIN_ROWS else 0)
             log_prob = DistinctRows.of(cols, LOG_PROB_FIELDS, codes_of)
             update = DistinctRows.of(cols, UPDATE_FIELDS, codes_of)
         if update.inverse is not None and len(log_prob.rows["tp"]) == shared:
