@@ -281,7 +281,7 @@ def _stage_comm_s(request: PlanRequest, cols: Columns, shape: TrainShape, stage_
     """Exposed TP, CP and EP communication of one micro-batch forward on a stage."""
     model, cluster, eff = request.model, request.cluster, request.efficiency
     h = model.hidden_size
-    tp, cp, ep, etp = (_f(cols[k]) for k in ("tp", "cp", "ep", "etp"))
+    tp, cp, etp = (_f(cols[k]) for k in ("tp", "cp", "etp"))
     links = of_layouts(cols, "comm_links", (model, cluster, eff),
                        lambda: _comm_links(request, cols))
     tokens = shape.tokens_per_micro_batch / cp
@@ -926,14 +926,15 @@ class StepGroups:
         # the two training passes share most fields: each field coded once for both, and
         # the rows over their shared fields coded once (each pass then codes its own few)
         codes_of: dict = {}
-        if runs is not None and len(cols["tp"]) >= DISTINCT_MIN_ROWS:
-            shared = share_rows(_row_fields(runs.first, ("tp", *SHARED_FIELDS)), SHARED_FIELDS,
-                                codes_of)
+        coded = len(cols["tp"]) >= DISTINCT_MIN_ROWS
+        runs = runs if coded else None
+        shared = (share_rows(_row_fields(cols if runs is None else runs.first,
+                                         ("tp", *SHARED_FIELDS)), SHARED_FIELDS, codes_of)
+                  if coded else 0)
+        if runs is not None:
             log_prob, update = (runs.distinct(cols, names, codes_of)
                                 for names in (LOG_PROB_FIELDS, UPDATE_FIELDS))
         else:
-            shared = (share_rows(_row_fields(cols, ("tp", *SHARED_FIELDS)), SHARED_FIELDS,
-                                 codes_of) if len(cols["tp"]) >= DISTINCT_MIN_ROWS else 0)
             log_prob = DistinctRows.of(cols, LOG_PROB_FIELDS, codes_of)
             update = DistinctRows.of(cols, UPDATE_FIELDS, codes_of)
         if update.inverse is not None and len(log_prob.rows["tp"]) == shared:
@@ -1094,12 +1095,11 @@ def _generate_total_s(request: PlanRequest, rows: Columns) -> np.ndarray:
     """:func:`generate_s`' total of the rows ``rows`` (its layout and memory columns alike):
     of a few rows (a plan's pieces share their rollouts' few distinct rows), kept per request
     and values (:func:`_generate_total_of`); else computed."""
-    columns = [np.asarray(rows[name]) for name in GENERATE_FIELDS if name in rows]
-    if any(values.ndim != 1 or len(values) > GENERATE_KEPT_ROWS for values in columns):
+    columns = {name: np.asarray(rows[name]) for name in GENERATE_FIELDS if name in rows}
+    if any(values.ndim != 1 or len(values) > GENERATE_KEPT_ROWS for values in columns.values()):
         return generate_s(request, rows, rows)["total_s"]
     return _generate_total_of(request, tuple(
-        (name, np.asarray(rows[name]).dtype.str, np.asarray(rows[name]).tobytes())
-        for name in GENERATE_FIELDS if name in rows))
+        (name, values.dtype.str, values.tobytes()) for name, values in columns.items()))
 
 
 GENERATE_KEPT_ROWS = 64  # at most this many rows' generation totals are kept
