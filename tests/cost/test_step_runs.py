@@ -100,3 +100,26 @@ def test_an_evaluation_out_of_order_or_held_per_row_codes_every_row(monkeypatch)
         request_, {name: values[order] if np.ndim(values) else values
                    for name, values in space.items()}, reduced=True, held=True)
     assert actors.memory["cells"].in_order and not shuffled["cells"].in_order
+
+
+def test_score_rows_codes_runs_only_for_rows_in_order(monkeypatch):
+    """A head's pieces are coded per run where the held rows list each core row's
+    combinations in order, and row by row where they do not (shuffled): the same head."""
+    request_ = JOBS[1]
+    monkeypatch.setattr(plan_module, "HELD_ACTOR_ROWS", 0)
+    calls, runs = [], plan_module._runs
+    monkeypatch.setattr(plan_module, "_runs", lambda *args: calls.append(1) or runs(*args))
+    space = evaluate_actors(request_).space
+    heads = []
+    for order in (np.arange(len(space.columns["tp"])),
+                  np.random.default_rng(1).permutation(len(space.columns["tp"]))):
+        cols = {name: values[order] if np.ndim(values) else values
+                for name, values in space.columns.items()}
+        actor = plan_module.actor_memory(request_, cols, reduced=True, held=True)
+        chosen, actor = plan_module.choose_rollout(request_, cols, space.rollouts, None, actor)
+        del calls[:]
+        rows = plan_module.score_rows(request_, chosen, actor, pick_utilization=True,
+                                      time_rows=plan_module.Head(5))
+        heads.append(sorted(rows.column("step_time_s")[rows.timed]))
+        assert bool(calls) == (order[1] == 1), "runs exactly when the rows are in order"
+    assert heads[0] == heads[1]
