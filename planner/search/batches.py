@@ -69,7 +69,12 @@ def _batch_count(workload, cols: Columns, sequences: np.ndarray, micro: np.ndarr
     dynamic = np.asarray(cols.get("dynamic_batch", np.zeros(n, dtype=bool))).astype(bool)
     return _either(dynamic, lambda: _packed(cols, sequences * float(workload.mean_sequence_length),
                                             sequences, budget),
-                   lambda: np.maximum(np.ceil(sequences / np.maximum(_f(micro), 1)), 1))
+                   lambda: _fixed_count(sequences, micro))
+
+
+def _fixed_count(sequences: np.ndarray, micro) -> np.ndarray:
+    """The fixed micro-batch's count: ``ceil(sequences / micro)``, at least 1."""
+    return np.maximum(np.ceil(sequences / np.maximum(_f(micro), 1)), 1)
 
 
 def _packed(cols: Columns, tokens, sequences: np.ndarray, budget: np.ndarray) -> np.ndarray:
@@ -99,7 +104,7 @@ def _batches(workload, cols: Columns, sequences: np.ndarray, micro: np.ndarray,
         count=count,
         memory_count=_either(dynamic, lambda: _packed(cols, sequences * seq_max, sequences,
                                                       budget),
-                             lambda: np.maximum(np.ceil(sequences / fixed_micro), 1)))
+                             lambda: _fixed_count(sequences, micro)))
 
 
 def _update_pass(workload, cols: Columns) -> tuple:

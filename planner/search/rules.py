@@ -484,7 +484,6 @@ def unwise_flags(model: ModelSpec, cluster: ClusterSpec, workload: GrpoWorkload,
     }
 
 
-
 def _short_per_cp(sequence_length, cp) -> np.ndarray:
     """``(cp > 1) & (sequence_length // cp < SHORT_SEQUENCE_PER_CP_TOKENS)``; for integers (cp
     above 1, so positive: ``s // c < t`` is ``s < t * c``, which for an integer ``c`` is
@@ -494,6 +493,7 @@ def _short_per_cp(sequence_length, cp) -> np.ndarray:
     if isinstance(sequence_length, int) and cp.dtype.kind in "iu" and sequence_length >= 0:
         return (cp > 1) & (cp > sequence_length // SHORT_SEQUENCE_PER_CP_TOKENS)
     return (cp > 1) & (sequence_length // cp < SHORT_SEQUENCE_PER_CP_TOKENS)
+
 
 @dataclass(frozen=True)
 class PipelineStarvation:

@@ -166,7 +166,7 @@ def _valid_in_order(rejected: dict[str, int], rules: tuple, check, cols: Columns
         if not len(hit):
             continue
         count = int(np.sum(np.take(weight, alive[hit]))) if np.ndim(weight) \
-            else int(np.sum(np.full(len(hit), weight)))
+            else len(hit) * int(weight)
         if count:
             rejected[rule.name] = rejected.get(rule.name, 0) + count
         alive = alive[~broken]
